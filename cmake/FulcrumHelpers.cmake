@@ -1,0 +1,27 @@
+# Two helpers, in the manner of absl_cc_library / absl_cc_test: every module is
+# one library target, every test one Catch2 binary registered with ctest.
+
+set(FULCRUM_WARNINGS -Wall -Wextra -Werror)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  list(APPEND FULCRUM_WARNINGS -Wthread-safety)
+endif()
+
+# fulcrum_cc_library(NAME name SRCS ... DEPS ... [COPTS ...])
+function(fulcrum_cc_library)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;COPTS" ${ARGN})
+  add_library(${ARG_NAME} STATIC ${ARG_SRCS})
+  target_include_directories(${ARG_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${ARG_NAME} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${FULCRUM_WARNINGS} ${ARG_COPTS}>)
+  target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
+endfunction()
+
+# fulcrum_cc_test(NAME name SRCS ... DEPS ...)
+function(fulcrum_cc_test)
+  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_compile_options(${ARG_NAME} PRIVATE ${FULCRUM_WARNINGS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} fulcrum_testing Catch2::Catch2WithMain)
+  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: "
+                       PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+endfunction()

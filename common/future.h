@@ -1,0 +1,90 @@
+// Future<T>: the result of an asynchronous call, completed once by a Promise.
+// Wait() blocks on a condition variable; Then() runs a callback on completion
+// (on the completing thread, or inline when already complete). Thread-safe.
+#ifndef FULCRUM_COMMON_FUTURE_H_
+#define FULCRUM_COMMON_FUTURE_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace fulcrum {
+
+template <typename T>
+class Future;
+
+template <typename T>
+class Promise {
+ public:
+  Promise() : state_(std::make_shared<State>()) {}
+  Future<T> future() const { return Future<T>(state_); }
+  // Completes the future; later calls are ignored.
+  void Set(T value) const {
+    std::vector<std::function<void(const T&)>> callbacks;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->value.has_value()) return;
+      state_->value.emplace(std::move(value));
+      callbacks.swap(state_->callbacks);
+    }
+    for (auto& cb : callbacks) cb(*state_->value);
+  }
+
+ private:
+  friend class Future<T>;
+  struct State {
+    absl::Mutex mu;
+    std::optional<T> value ABSL_GUARDED_BY(mu);
+    std::vector<std::function<void(const T&)>> callbacks ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<State> state_;
+};
+
+template <typename T>
+class Future {
+ public:
+  Future() = default;
+  bool valid() const { return state_ != nullptr; }
+  bool Ready() const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->value.has_value();
+  }
+  // Blocks until complete; the value stays owned by the future.
+  const T& Wait() const {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](std::optional<T>* v) { return v->has_value(); }, &state_->value));
+    return *state_->value;
+  }
+  // False on timeout.
+  bool WaitFor(absl::Duration timeout) const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->mu.AwaitWithTimeout(
+        absl::Condition(+[](std::optional<T>* v) { return v->has_value(); }, &state_->value),
+        timeout);
+  }
+  void Then(std::function<void(const T&)> cb) const {
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->value.has_value()) {
+        state_->callbacks.push_back(std::move(cb));
+        return;
+      }
+    }
+    cb(*state_->value);
+  }
+
+ private:
+  friend class Promise<T>;
+  explicit Future(std::shared_ptr<typename Promise<T>::State> s) : state_(std::move(s)) {}
+  std::shared_ptr<typename Promise<T>::State> state_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_FUTURE_H_

@@ -1,0 +1,40 @@
+#include "common/logging.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+namespace fulcrum {
+namespace {
+std::atomic<int> g_min_severity{0};
+}  // namespace
+
+void SetMinLogSeverity(LogSeverity severity) { g_min_severity = static_cast<int>(severity); }
+
+LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : severity_(severity) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  const char* base = std::strrchr(file, '/');
+  static constexpr char kLetters[] = {'I', 'W', 'E'};
+  char frac[16];
+  std::snprintf(frac, sizeof(frac), ".%06ldZ", static_cast<long>(micros));
+  stream_ << kLetters[static_cast<int>(severity)] << ' ' << buf << frac << ' '
+          << (base ? base + 1 : file) << ':' << line << "] ";
+}
+
+LogMessage::~LogMessage() {
+  if (static_cast<int>(severity_) < g_min_severity.load(std::memory_order_relaxed)) return;
+  stream_ << '\n';
+  const std::string s = stream_.str();
+  std::fwrite(s.data(), 1, s.size(), stderr);
+}
+
+}  // namespace fulcrum

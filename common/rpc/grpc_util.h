@@ -1,0 +1,35 @@
+// The one place where absl::Status and grpc::Status meet.
+#ifndef FULCRUM_COMMON_RPC_GRPC_UTIL_H_
+#define FULCRUM_COMMON_RPC_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace fulcrum {
+
+// Carries a WrongShardError's map version in the status details.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Largest gRPC message Fulcrum accepts. Clients split requests so messages
+// stay under kMaxPayloadBytes (4 MiB); the receive limit leaves headroom for
+// headers so a full-size payload plus framing always fits.
+inline constexpr int kMaxPayloadBytes = 4 << 20;
+inline constexpr int kMaxMessageBytes = 8 << 20;
+
+// A channel to `target` with Fulcrum's message limits. `index` distinguishes
+// otherwise identical channels so each gets its own TCP connection.
+std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index);
+
+// Applies Fulcrum's limits and channel args to a server builder.
+void ConfigureServerBuilder(grpc::ServerBuilder& builder);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_RPC_GRPC_UTIL_H_

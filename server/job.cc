@@ -1,0 +1,816 @@
+#include "server/job.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/errors.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr uint32_t kMaxWorkers = 65536;
+constexpr uint32_t kMaxParts = 4096;
+constexpr size_t kMaxTables = 1024;
+// BSP buffers at most this many steps ahead of the first unapplied one.
+constexpr uint64_t kMaxPendingSteps = 16;
+
+std::string Who(const std::string& worker, uint32_t rank) {
+  return absl::StrCat("worker '", worker, "' (rank ", rank, ")");
+}
+
+absl::Status CheckDType(DType dtype, const std::string& table, absl::string_view field) {
+  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", field, " dtype ",
+                                                   static_cast<int>(dtype),
+                                                   " is not fp32 (1), fp16 (2) or bf16 (3)"));
+  }
+  return absl::OkStatus();
+}
+
+// Gathers a possibly multi-piece payload of `n` elements of dtype into fp32.
+void DecodePayload(const Payload& p, DType dtype, size_t n, float* out) {
+  if (dtype == DType::kFp32) {
+    p.CopyTo(out);
+    return;
+  }
+  if (const uint8_t* c = p.contiguous()) {
+    DecodeFloats(c, n, dtype, out);
+    return;
+  }
+  thread_local std::vector<uint8_t> scratch;
+  scratch.resize(p.size());
+  p.CopyTo(scratch.data());
+  DecodeFloats(scratch.data(), n, dtype, out);
+}
+
+std::vector<uint64_t> DecodeKeys(const Payload& p) {
+  std::vector<uint64_t> keys(p.size() / 8);
+  p.CopyTo(keys.data());
+  return keys;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
+                                                 uint32_t num_virtual_shards,
+                                                 uint64_t default_quota_bytes,
+                                                 DeadlineTimer* timer) {
+  const std::string& id = spec.job_id();
+  if (id.empty() || id.size() > 128 ||
+      !std::all_of(id.begin(), id.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id '", id, "' must be 1 to 128 characters of letters, digits, '-', '_' or '.'"));
+  }
+  if (spec.num_workers() == 0 || spec.num_workers() > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", id, "': num_workers ",
+                                                   spec.num_workers(), " must be 1 to ",
+                                                   kMaxWorkers));
+  }
+  if (spec.tables_size() == 0 || static_cast<size_t>(spec.tables_size()) > kMaxTables) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", id, "' declares ", spec.tables_size(),
+                                                   " tables; 1 to ", kMaxTables, " allowed"));
+  }
+  Model model;
+  switch (spec.consistency().model()) {
+    case v1::ConsistencySpec::MODEL_UNSPECIFIED:
+    case v1::ConsistencySpec::BSP: model = Model::kBsp; break;
+    case v1::ConsistencySpec::SSP: model = Model::kSsp; break;
+    case v1::ConsistencySpec::ASP: model = Model::kAsp; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("job '", id, "': consistency.model ",
+                                                     static_cast<int>(spec.consistency().model()),
+                                                     " is not BSP, SSP or ASP"));
+  }
+  if (model != Model::kSsp && spec.consistency().staleness() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", id, "': consistency.staleness applies only to SSP"));
+  }
+  if (!v1::Aggregation_IsValid(spec.aggregation())) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", id, "': aggregation ",
+                                                   static_cast<int>(spec.aggregation()),
+                                                   " is not MEAN or SUM"));
+  }
+  const uint64_t quota = spec.quota_bytes() != 0 ? spec.quota_bytes() : default_quota_bytes;
+  std::shared_ptr<Job> job(new Job(spec, model, quota, timer));
+  job->num_virtual_shards_ = num_virtual_shards;
+  for (const v1::TableSpec& t : spec.tables()) {
+    if (job->tables_.contains(t.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", id, "' declares table '", t.name(), "' twice"));
+    }
+    auto table = CreateTable(t, num_virtual_shards, &job->quota_);
+    if (!table.ok()) return Annotate(table.status(), absl::StrCat("job '", id, "'"));
+    job->tables_.emplace(t.name(), std::move(table).value());
+  }
+  return job;
+}
+
+Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer)
+    : spec_(spec),
+      model_(model),
+      num_workers_(spec.num_workers()),
+      staleness_(spec.consistency().staleness()),
+      mean_(spec.aggregation() != v1::SUM),
+      timer_(timer),
+      quota_(spec.job_id(), quota) {
+  absl::MutexLock lock(&mu_);
+  active_.assign(num_workers_, true);
+  clock_.assign(num_workers_, 0);
+  done_ahead_.resize(num_workers_);
+}
+
+Job::~Job() {
+  // Tables release their quota in their destructors; drop them first.
+  tables_.clear();
+}
+
+absl::Status Job::MaterializeOwned(const ShardMap& map, uint32_t self) {
+  for (auto& [name, table] : tables_) {
+    if (!table->is_dense()) continue;
+    auto* dense = static_cast<DenseTable*>(table.get());
+    for (uint32_t c = 0; c < dense->num_chunks(); ++c) {
+      if (map.owner(VShardOfChunk(dense->name_hash(), c, num_virtual_shards_)) == self) {
+        RETURN_IF_ERROR(dense->EnsureChunk(c));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ push
+
+absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out) {
+  // Pass 1: validate shapes and ownership, size the buffer.
+  size_t total = 0;
+  for (const DenseSliceView& d : m.dense) {
+    auto it = tables_.find(d.table);
+    if (it == tables_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", id(), "' has no table '", d.table,
+                                                     "' (push from ", Who(m.worker_id, m.rank),
+                                                     ")"));
+    }
+    if (!it->second->is_dense()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", d.table, "' is sparse; push its rows as keys and values, not dense chunks"));
+    }
+    auto* t = static_cast<DenseTable*>(it->second.get());
+    RETURN_IF_ERROR(CheckDType(d.dtype, d.table, "gradient"));
+    if (d.chunk >= t->num_chunks()) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", d.table, "' has ", t->num_chunks(),
+                                                     " chunks; push names chunk ", d.chunk));
+    }
+    const size_t want = size_t{t->ChunkLength(d.chunk)} * DTypeSize(d.dtype);
+    if (d.data.size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", d.table, "' chunk ", d.chunk, " expects ", t->ChunkLength(d.chunk), " ",
+          DTypeName(d.dtype), " elements (", want, " bytes), got ", d.data.size(),
+          " bytes in push from ", Who(m.worker_id, m.rank)));
+    }
+    const uint32_t v = VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_);
+    if (map.owner(v) != self) {
+      return WrongShardError(
+          absl::StrCat("table '", d.table, "' chunk ", d.chunk, " is in virtual shard ", v,
+                       ", owned by server ", map.owner(v), " not server ", self,
+                       " under shard map version ", map.version(), " (request used version ",
+                       m.shard_map_version, ")"),
+          map.version());
+    }
+    total += t->ChunkLength(d.chunk);
+  }
+  for (const SparseSliceView& s : m.sparse) {
+    auto it = tables_.find(s.table);
+    if (it == tables_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", id(), "' has no table '", s.table,
+                                                     "' (push from ", Who(m.worker_id, m.rank),
+                                                     ")"));
+    }
+    if (it->second->is_dense()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", s.table, "' is dense; push it as chunks, not keyed rows"));
+    }
+    auto* t = static_cast<SparseTable*>(it->second.get());
+    RETURN_IF_ERROR(CheckDType(s.dtype, s.table, "gradient"));
+    if (s.keys.size() % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", s.table, "': keys field has ",
+                                                     s.keys.size(),
+                                                     " bytes, not a multiple of 8 (uint64)"));
+    }
+    const size_t nkeys = s.keys.size() / 8;
+    const size_t want = nkeys * t->dim() * DTypeSize(s.dtype);
+    if (s.values.size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", s.table, "' expects dim ", t->dim(), ": ", nkeys, " keys need ", want,
+          " bytes of ", DTypeName(s.dtype), " values, got ", s.values.size(), " in push from ",
+          Who(m.worker_id, m.rank)));
+    }
+    total += nkeys * t->dim();
+  }
+
+  // Pass 2: decode into fp32, check ownership of sparse keys, check finiteness.
+  out->grads.resize(total);
+  size_t offset = 0;
+  for (const DenseSliceView& d : m.dense) {
+    auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
+    const size_t n = t->ChunkLength(d.chunk);
+    DecodePayload(d.data, d.dtype, n, out->grads.data() + offset);
+    out->dense.push_back({t, d.chunk, offset});
+    offset += n;
+  }
+  for (const SparseSliceView& s : m.sparse) {
+    auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());
+    std::vector<uint64_t> keys = DecodeKeys(s.keys);
+    for (uint64_t k : keys) {
+      const uint32_t v = VShardOfKey(t->name_hash(), k, num_virtual_shards_);
+      if (map.owner(v) != self) {
+        return WrongShardError(
+            absl::StrCat("table '", s.table, "' key ", k, " is in virtual shard ", v,
+                         ", owned by server ", map.owner(v), " not server ", self,
+                         " under shard map version ", map.version(), " (request used version ",
+                         m.shard_map_version, ")"),
+            map.version());
+      }
+    }
+    const size_t n = keys.size() * t->dim();
+    DecodePayload(s.values, s.dtype, n, out->grads.data() + offset);
+    out->sparse.push_back({t, std::move(keys), offset});
+    offset += n;
+  }
+  if (!AllFinite(out->grads.data(), out->grads.size())) {
+    rejected_nonfinite_.fetch_add(1, std::memory_order_relaxed);
+    // Name the first offending table so the user knows where to look.
+    std::string where;
+    for (const DenseItem& d : out->dense) {
+      if (!AllFinite(out->grads.data() + d.offset, d.table->ChunkLength(d.chunk))) {
+        where = absl::StrCat("table '", d.table->name(), "' chunk ", d.chunk);
+        break;
+      }
+    }
+    if (where.empty()) {
+      for (const SparseItem& s : out->sparse) {
+        if (!AllFinite(out->grads.data() + s.offset, s.keys.size() * s.table->dim())) {
+          where = absl::StrCat("table '", s.table->name(), "'");
+          break;
+        }
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat("gradient for ", where, " from ",
+                                                    Who(m.worker_id, m.rank), " at step ", m.step,
+                                                    " contains NaN or Inf; push rejected, nothing applied"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads) {
+  const uint32_t dim = table->dim();
+  // Order indices by (virtual shard, key) so each partition is locked once
+  // and duplicate keys are adjacent.
+  std::vector<uint32_t> vs(n);
+  for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table->name_hash(), keys[i], num_virtual_shards_);
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
+    if (vs[a] != vs[b]) return vs[a] < vs[b];
+    if (keys[a] != keys[b]) return keys[a] < keys[b];
+    return a < b;
+  });
+  // Sum duplicates into their first occurrence (in request order) and drop them.
+  size_t w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (w > 0 && keys[idx[i]] == keys[idx[w - 1]]) {
+      float* dst = grads + size_t{idx[w - 1]} * dim;
+      const float* src = grads + size_t{idx[i]} * dim;
+      for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
+    } else {
+      idx[w++] = idx[i];
+    }
+  }
+  size_t begin = 0;
+  while (begin < w) {
+    size_t end = begin;
+    while (end < w && vs[idx[end]] == vs[idx[begin]]) ++end;
+    RETURN_IF_ERROR(table->Apply(vs[idx[begin]], keys, idx.data() + begin, end - begin, grads));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::ApplyDecoded(Decoded& d) {
+  for (const DenseItem& item : d.dense) {
+    RETURN_IF_ERROR(item.table->Apply(item.chunk, d.grads.data() + item.offset));
+  }
+  for (SparseItem& item : d.sparse) {
+    RETURN_IF_ERROR(ApplySparse(item.table, item.keys.data(), item.keys.size(),
+                                d.grads.data() + item.offset));
+  }
+  return absl::OkStatus();
+}
+
+bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Decoded* bsp_part,
+                           absl::Status* error) {
+  std::vector<RankStep>& ranks = steps_[step];
+  if (ranks.empty()) ranks.resize(num_workers_);
+  RankStep& rs = ranks[rank];
+  if (rs.num_parts != 0 && rs.num_parts != num_parts) {
+    *error = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " announced ", rs.num_parts,
+                                                     " parts for step ", step, ", then ",
+                                                     num_parts));
+    return false;
+  }
+  if (rs.received >= num_parts) {
+    *error = absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " already sent all ", num_parts, " parts for step ", step));
+    return false;
+  }
+  rs.num_parts = num_parts;
+  ++rs.received;
+  if (bsp_part != nullptr) rs.parts.push_back(std::move(*bsp_part));
+  const bool complete = rs.received == rs.num_parts;
+  if (complete && model_ != Model::kBsp) {
+    // Clocks only matter to SSP/ASP; BSP tracks completion through steps_.
+    done_ahead_[rank].insert(step);
+    while (done_ahead_[rank].count(clock_[rank])) {
+      done_ahead_[rank].erase(clock_[rank]);
+      ++clock_[rank];
+    }
+    // Outside BSP steps_ only counts parts: forget this rank's count, and the
+    // step once no rank has parts of it in flight.
+    rs = RankStep();
+    if (std::all_of(ranks.begin(), ranks.end(),
+                    [](const RankStep& x) { return x.num_parts == 0; })) {
+      steps_.erase(step);
+    }
+  }
+  return complete;
+}
+
+absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self, PushResult* out) {
+  if (m.worker_id.empty()) {
+    return absl::InvalidArgumentError("push has no worker_id; (worker_id, seq) identifies a push");
+  }
+  if (m.rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("push from worker '", m.worker_id, "' has rank ",
+                                                   m.rank, " but job '", id(), "' has ",
+                                                   num_workers_, " workers"));
+  }
+  if (m.num_parts == 0 || m.num_parts > kMaxParts) {
+    return absl::InvalidArgumentError(absl::StrCat("push num_parts ", m.num_parts,
+                                                   " must be 1 to ", kMaxParts));
+  }
+  // A retry of a push already taken is acknowledged before anything else:
+  // its step may have been applied since.
+  if (!dedup_.Begin(m.worker_id, m.seq)) {
+    duplicates_.fetch_add(1, std::memory_order_relaxed);
+    out->duplicate = true;
+    absl::MutexLock lock(&mu_);
+    out->applied_step = applied_step_;
+    return absl::OkStatus();
+  }
+  if (model_ == Model::kBsp) {
+    absl::Status bad;
+    {
+      absl::MutexLock lock(&mu_);
+      if (m.step < applied_step_) {
+        bad = absl::FailedPreconditionError(absl::StrCat(
+            "push from ", Who(m.worker_id, m.rank), " is for step ", m.step, ", but job '", id(),
+            "' has already applied steps up to ", applied_step_ - 1));
+      } else if (m.step >= applied_step_ + kMaxPendingSteps) {
+        bad = absl::FailedPreconditionError(absl::StrCat(
+            "push from ", Who(m.worker_id, m.rank), " is for step ", m.step, ", more than ",
+            kMaxPendingSteps, " steps ahead of step ", applied_step_, " still being collected"));
+      } else if (!active_[m.rank]) {
+        bad = absl::FailedPreconditionError(
+            absl::StrCat(Who(m.worker_id, m.rank), " is not an active worker of job '", id(), "'"));
+      }
+    }
+    if (!bad.ok()) {
+      dedup_.Abort(m.worker_id, m.seq);
+      return bad;
+    }
+  }
+  Decoded decoded;
+  decoded.seq = m.seq;
+  absl::Status s = Decode(m, map, self, &decoded);
+  if (s.ok() && model_ != Model::kBsp) s = ApplyDecoded(decoded);
+  if (!s.ok()) {
+    dedup_.Abort(m.worker_id, m.seq);
+    return s;
+  }
+  std::vector<std::function<void(absl::Status)>> ready;
+  bool drain = false;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status record;
+    const bool complete = RecordPartLocked(m.rank, m.step, m.num_parts,
+                                           model_ == Model::kBsp ? &decoded : nullptr, &record);
+    if (!record.ok()) {
+      dedup_.Abort(m.worker_id, m.seq);
+      return record;
+    }
+    if (complete) {
+      if (model_ == Model::kBsp) drain = !applying_ && StepCompleteLocked(applied_step_);
+      else CollectReadyLocked(&ready);
+    }
+    out->applied_step = applied_step_;
+  }
+  dedup_.Commit(m.worker_id, m.seq);
+  pushes_applied_.fetch_add(1, std::memory_order_relaxed);
+  absl::Status drained = drain ? DrainBspSteps(&ready) : absl::OkStatus();
+  for (auto& r : ready) r(absl::OkStatus());
+  if (drain) {
+    absl::MutexLock lock(&mu_);
+    out->applied_step = applied_step_;
+  }
+  return drained;
+}
+
+bool Job::StepCompleteLocked(uint64_t step) const {
+  auto it = steps_.find(step);
+  if (it == steps_.end()) return false;
+  bool any = false;
+  for (uint32_t r = 0; r < num_workers_; ++r) {
+    if (!active_[r]) continue;
+    any = true;
+    const RankStep& rs = it->second[r];
+    if (rs.num_parts == 0 || rs.received < rs.num_parts) return false;
+  }
+  return any;
+}
+
+absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready) {
+  absl::Status result;
+  mu_.Lock();
+  if (applying_) {
+    mu_.Unlock();
+    return result;
+  }
+  applying_ = true;
+  while (!shut_down_ && StepCompleteLocked(applied_step_)) {
+    const uint64_t step = applied_step_;
+    std::vector<RankStep> ranks = std::move(steps_[step]);
+    steps_.erase(step);
+    std::vector<bool> active = active_;
+    mu_.Unlock();
+
+    // Combine in rank order, and within a rank in sequence order, so the sum
+    // (and so the run) is bit-for-bit reproducible.
+    uint32_t contributors = 0;
+    absl::flat_hash_map<std::pair<DenseTable*, uint32_t>, std::vector<float>> dense;
+    absl::flat_hash_map<SparseTable*, std::pair<absl::flat_hash_map<uint64_t, size_t>, std::vector<float>>> sparse;
+    std::vector<std::pair<DenseTable*, uint32_t>> dense_order;
+    std::vector<SparseTable*> sparse_order;
+    for (uint32_t r = 0; r < ranks.size(); ++r) {
+      if (!active[r]) continue;
+      ++contributors;
+      auto& parts = ranks[r].parts;
+      std::sort(parts.begin(), parts.end(),
+                [](const Decoded& a, const Decoded& b) { return a.seq < b.seq; });
+      for (Decoded& part : parts) {
+        for (const DenseItem& d : part.dense) {
+          const size_t n = d.table->ChunkLength(d.chunk);
+          const float* g = part.grads.data() + d.offset;
+          auto [it, inserted] = dense.try_emplace({d.table, d.chunk});
+          if (inserted) {
+            it->second.assign(g, g + n);
+            dense_order.push_back({d.table, d.chunk});
+          } else {
+            float* acc = it->second.data();
+            for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+          }
+        }
+        for (const SparseItem& s : part.sparse) {
+          const uint32_t dim = s.table->dim();
+          auto [it, inserted] = sparse.try_emplace(s.table);
+          if (inserted) sparse_order.push_back(s.table);
+          auto& [index, values] = it->second;
+          for (size_t k = 0; k < s.keys.size(); ++k) {
+            const float* g = part.grads.data() + s.offset + k * dim;
+            auto [kit, kinserted] = index.try_emplace(s.keys[k], values.size());
+            if (kinserted) {
+              values.insert(values.end(), g, g + dim);
+            } else {
+              float* acc = values.data() + kit->second;
+              for (uint32_t j = 0; j < dim; ++j) acc[j] += g[j];
+            }
+          }
+        }
+      }
+    }
+    const float scale = mean_ && contributors > 0 ? 1.0f / static_cast<float>(contributors) : 1.0f;
+    absl::Status s;
+    for (const auto& key : dense_order) {
+      std::vector<float>& g = dense[key];
+      if (scale != 1.0f) for (float& x : g) x *= scale;
+      s.Update(key.first->Apply(key.second, g.data()));
+    }
+    for (SparseTable* t : sparse_order) {
+      auto& [index, values] = sparse[t];
+      if (scale != 1.0f) for (float& x : values) x *= scale;
+      std::vector<uint64_t> keys(index.size());
+      for (const auto& [key, off] : index) keys[off / t->dim()] = key;
+      s.Update(ApplySparse(t, keys.data(), keys.size(), values.data()));
+    }
+    result.Update(s);
+
+    mu_.Lock();
+    applied_step_ = step + 1;
+    CollectReadyLocked(ready);
+  }
+  applying_ = false;
+  mu_.Unlock();
+  return result;
+}
+
+// ------------------------------------------------------------------ pull
+
+uint64_t Job::MinClockLocked() const {
+  uint64_t min = UINT64_MAX;
+  for (uint32_t r = 0; r < num_workers_; ++r) {
+    if (active_[r]) min = std::min(min, clock_[r]);
+  }
+  return min;
+}
+
+bool Job::ReadyLocked(uint64_t step) const {
+  switch (model_) {
+    case Model::kBsp: return applied_step_ >= step;
+    case Model::kSsp: return step <= staleness_ || MinClockLocked() >= step - staleness_;
+    case Model::kAsp: return true;
+  }
+  return true;
+}
+
+std::string Job::WaitReasonLocked(uint64_t step) const {
+  std::vector<std::string> missing;
+  if (model_ == Model::kBsp) {
+    auto it = steps_.find(applied_step_);
+    for (uint32_t r = 0; r < num_workers_; ++r) {
+      if (!active_[r]) continue;
+      if (it == steps_.end() || it->second[r].num_parts == 0 ||
+          it->second[r].received < it->second[r].num_parts) {
+        missing.push_back(absl::StrCat(r));
+      }
+    }
+    return absl::StrCat("step ", applied_step_, " waits for workers ", absl::StrJoin(missing, ", "));
+  }
+  const uint64_t need = step - staleness_;
+  for (uint32_t r = 0; r < num_workers_; ++r) {
+    if (active_[r] && clock_[r] < need) missing.push_back(absl::StrCat(r, " (at clock ", clock_[r], ")"));
+  }
+  return absl::StrCat("clock ", step, " waits for workers ", absl::StrJoin(missing, ", "),
+                      " to reach clock ", need, " (staleness bound ", staleness_, ")");
+}
+
+void Job::CollectReadyLocked(std::vector<std::function<void(absl::Status)>>* ready) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (ReadyLocked(it->second.step)) {
+      // A timer that already fired finds the waiter gone and does nothing.
+      timer_->Cancel(it->second.timer_id);
+      ready->push_back(std::move(it->second.resume));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Job::Expire(uint64_t waiter_id) {
+  std::function<void(absl::Status)> resume;
+  std::string message;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(waiter_id);
+    if (it == waiters_.end()) return;
+    const Waiter& w = it->second;
+    message = absl::StrCat("job '", id(), "': pull for step ", w.step, " by ",
+                           Who(w.worker, w.rank), " timed out after ",
+                           absl::FormatDuration(absl::Now() - w.start), ": ",
+                           WaitReasonLocked(w.step));
+    resume = std::move(it->second.resume);
+    waiters_.erase(it);
+  }
+  resume(absl::DeadlineExceededError(message));
+}
+
+absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self) const {
+  RETURN_IF_ERROR(CheckDType(m.dtype, "<response>", "pull"));
+  if (m.rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("pull from worker '", m.worker_id, "' has rank ",
+                                                   m.rank, " but job '", id(), "' has ",
+                                                   num_workers_, " workers"));
+  }
+  for (const DenseChunkRef& d : m.dense) {
+    auto it = tables_.find(d.table);
+    if (it == tables_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", id(), "' has no table '", d.table, "'"));
+    }
+    if (!it->second->is_dense()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", d.table, "' is sparse; pull it by keys, not chunks"));
+    }
+    auto* t = static_cast<DenseTable*>(it->second.get());
+    if (d.chunk >= t->num_chunks()) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", d.table, "' has ", t->num_chunks(),
+                                                     " chunks; pull names chunk ", d.chunk));
+    }
+    const uint32_t v = VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_);
+    if (map.owner(v) != self) {
+      return WrongShardError(absl::StrCat("table '", d.table, "' chunk ", d.chunk,
+                                          " is in virtual shard ", v, ", owned by server ",
+                                          map.owner(v), " not server ", self,
+                                          " under shard map version ", map.version()),
+                             map.version());
+    }
+  }
+  for (const SparseKeysView& s : m.sparse) {
+    auto it = tables_.find(s.table);
+    if (it == tables_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", id(), "' has no table '", s.table, "'"));
+    }
+    if (it->second->is_dense()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", s.table, "' is dense; pull it by chunks, not keys"));
+    }
+    if (s.keys.size() % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", s.table, "': keys field has ",
+                                                     s.keys.size(),
+                                                     " bytes, not a multiple of 8 (uint64)"));
+    }
+    const uint64_t h = it->second->name_hash();
+    for (uint64_t k : DecodeKeys(s.keys)) {
+      const uint32_t v = VShardOfKey(h, k, num_virtual_shards_);
+      if (map.owner(v) != self) {
+        return WrongShardError(absl::StrCat("table '", s.table, "' key ", k,
+                                            " is in virtual shard ", v, ", owned by server ",
+                                            map.owner(v), " not server ", self,
+                                            " under shard map version ", map.version()),
+                               map.version());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out) {
+  std::vector<uint32_t> vs(n);
+  for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table->name_hash(), keys[i], num_virtual_shards_);
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return vs[a] < vs[b]; });
+  size_t begin = 0;
+  while (begin < n) {
+    size_t end = begin;
+    while (end < n && vs[idx[end]] == vs[idx[begin]]) ++end;
+    RETURN_IF_ERROR(table->Read(vs[idx[begin]], keys, idx.data() + begin, end - begin, out));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
+  PullResult result;
+  const size_t esize = DTypeSize(m.dtype);
+  thread_local std::vector<float> scratch;
+  for (const DenseChunkRef& d : m.dense) {
+    auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
+    const size_t n = t->ChunkLength(d.chunk);
+    PullResult::Dense& out = result.dense.emplace_back();
+    out.table = d.table;
+    out.chunk = d.chunk;
+    out.dtype = m.dtype;
+    out.data = OwnedBuffer::Allocate(n * esize);
+    if (m.dtype == DType::kFp32) {
+      // malloc'ed buffers are aligned for float.
+      RETURN_IF_ERROR(t->Read(d.chunk, reinterpret_cast<float*>(out.data.data.get())));
+    } else {
+      scratch.resize(n);
+      RETURN_IF_ERROR(t->Read(d.chunk, scratch.data()));
+      EncodeFloats(scratch.data(), n, m.dtype, out.data.data.get());
+    }
+  }
+  for (const SparseKeysView& s : m.sparse) {
+    auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());
+    std::vector<uint64_t> keys = DecodeKeys(s.keys);
+    const size_t n = keys.size() * t->dim();
+    PullResult::Sparse& out = result.sparse.emplace_back();
+    out.table = s.table;
+    out.dtype = m.dtype;
+    out.values = OwnedBuffer::Allocate(n * esize);
+    float* dst = reinterpret_cast<float*>(out.values.data.get());
+    if (m.dtype != DType::kFp32) {
+      scratch.resize(n);
+      dst = scratch.data();
+    }
+    RETURN_IF_ERROR(ReadSparse(t, keys.data(), keys.size(), dst));
+    if (m.dtype != DType::kFp32) EncodeFloats(dst, n, m.dtype, out.values.data.get());
+  }
+  absl::MutexLock lock(&mu_);
+  result.applied_step = applied_step_;
+  return result;
+}
+
+void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const ShardMap> map,
+               uint32_t self, absl::Time deadline, PullCallback done) {
+  absl::Status valid = ValidatePull(*m, *map, self);
+  if (!valid.ok()) {
+    done(valid);
+    return;
+  }
+  std::shared_ptr<Job> me = shared_from_this();
+  auto serve = [me, m, map, done](absl::Status s) {
+    if (!s.ok()) {
+      done(s);
+      return;
+    }
+    done(me->Serve(*m, *map));
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      absl::Status reason = shutdown_reason_;
+      mu_.Unlock();
+      done(reason);
+      mu_.Lock();
+      return;
+    }
+    if (!ReadyLocked(m->step)) {
+      const uint64_t wid = next_waiter_++;
+      Waiter& w = waiters_[wid];
+      w.step = m->step;
+      w.rank = m->rank;
+      w.worker = m->worker_id;
+      w.start = absl::Now();
+      w.resume = std::move(serve);
+      std::weak_ptr<Job> weak = me;
+      w.timer_id = timer_->Schedule(deadline, [weak, wid] {
+        if (auto job = weak.lock()) job->Expire(wid);
+      });
+      return;
+    }
+  }
+  serve(absl::OkStatus());
+}
+
+void Job::Shutdown(const absl::Status& reason) {
+  std::vector<std::function<void(absl::Status)>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    shutdown_reason_ = reason;
+    for (auto& [id, w] : waiters_) {
+      timer_->Cancel(w.timer_id);
+      waiting.push_back(std::move(w.resume));
+    }
+    waiters_.clear();
+  }
+  for (auto& r : waiting) r(reason);
+}
+
+absl::Status Job::SetActiveWorkers(const std::vector<uint32_t>& ranks) {
+  std::vector<std::function<void(absl::Status)>> ready;
+  bool drain = false;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<bool> active(num_workers_, false);
+    for (uint32_t r : ranks) {
+      if (r >= num_workers_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " is out of range for ", num_workers_, " workers"));
+      }
+      active[r] = true;
+    }
+    active_ = std::move(active);
+    if (model_ == Model::kBsp) drain = !applying_ && StepCompleteLocked(applied_step_);
+    else CollectReadyLocked(&ready);
+  }
+  absl::Status s = drain ? DrainBspSteps(&ready) : absl::OkStatus();
+  for (auto& r : ready) r(absl::OkStatus());
+  return s;
+}
+
+v1::GetJobResponse Job::Stats() const {
+  v1::GetJobResponse r;
+  *r.mutable_spec() = spec_;
+  r.set_bytes_used(quota_.used());
+  r.set_quota_bytes(quota_.limit());
+  r.set_pushes_applied(pushes_applied_.load());
+  r.set_duplicate_pushes(duplicates_.load());
+  r.set_rejected_nonfinite(rejected_nonfinite_.load());
+  uint64_t rows = 0;
+  for (const auto& [name, t] : tables_) {
+    if (!t->is_dense()) rows += static_cast<const SparseTable*>(t.get())->num_rows();
+  }
+  r.set_sparse_rows(rows);
+  absl::MutexLock lock(&mu_);
+  r.set_applied_step(applied_step_);
+  return r;
+}
+
+}  // namespace fulcrum

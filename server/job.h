@@ -1,0 +1,158 @@
+// Job: one training job's tables, quota and consistency state on one server.
+//
+// Push validates everything first (tables, shapes, dtypes, ownership, finite
+// values), then applies per the job's consistency model:
+//   ASP  apply on arrival;
+//   SSP  apply on arrival, and advance the worker's clock;
+//   BSP  buffer until every active worker's push for the step arrived, then
+//        combine in rank order (bit-for-bit reproducible) and apply once.
+// Pull validates, then waits (asynchronously, no thread blocked) until the
+// model allows the caller's clock, or fails DEADLINE_EXCEEDED naming what it
+// waited for. Thread-safe.
+#ifndef FULCRUM_SERVER_JOB_H_
+#define FULCRUM_SERVER_JOB_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/messages.h"
+#include "common/shard_map.h"
+#include "fulcrum/v1/ps.pb.h"
+#include "server/deadline_timer.h"
+#include "server/dedup.h"
+#include "server/table.h"
+
+namespace fulcrum {
+
+using PullCallback = std::function<void(absl::StatusOr<PullResult>)>;
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  // Validates the spec; INVALID_ARGUMENT names the field.
+  static absl::StatusOr<std::shared_ptr<Job>> Create(const v1::PsJobSpec& spec,
+                                                     uint32_t num_virtual_shards,
+                                                     uint64_t default_quota_bytes,
+                                                     DeadlineTimer* timer);
+  ~Job();
+
+  const v1::PsJobSpec& spec() const { return spec_; }
+  const std::string& id() const { return spec_.job_id(); }
+
+  // Creates the dense chunks `self` owns under `map` (RESOURCE_EXHAUSTED over quota).
+  absl::Status MaterializeOwned(const ShardMap& map, uint32_t self);
+
+  absl::Status Push(const PushMessage& m, const ShardMap& map, uint32_t self, PushResult* out);
+  // `done` runs exactly once, possibly on another thread.
+  void Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const ShardMap> map,
+            uint32_t self, absl::Time deadline, PullCallback done);
+
+  // Fails every waiting pull with `reason` (on delete or shutdown).
+  void Shutdown(const absl::Status& reason);
+  // Marks which ranks take part in BSP/SSP (all by default). For the
+  // coordinator, when a worker is declared dead or rejoins.
+  absl::Status SetActiveWorkers(const std::vector<uint32_t>& ranks);
+
+  v1::GetJobResponse Stats() const;
+  uint64_t bytes_used() const { return quota_.used(); }
+
+ private:
+  enum class Model { kBsp, kSsp, kAsp };
+
+  // A validated gradient slice, decoded to fp32 at `offset` in a grads buffer.
+  struct DenseItem {
+    DenseTable* table;
+    uint32_t chunk;
+    size_t offset;
+  };
+  struct SparseItem {
+    SparseTable* table;
+    std::vector<uint64_t> keys;
+    size_t offset;
+  };
+  struct Decoded {
+    std::vector<float> grads;
+    std::vector<DenseItem> dense;
+    std::vector<SparseItem> sparse;
+    uint64_t seq = 0;
+  };
+  struct RankStep {
+    uint32_t num_parts = 0;
+    uint32_t received = 0;
+    std::vector<Decoded> parts;  // BSP only
+  };
+  struct Waiter {
+    uint64_t step;
+    uint32_t rank;
+    std::string worker;
+    absl::Time start;
+    uint64_t timer_id = 0;
+    std::function<void(absl::Status)> resume;
+  };
+
+  Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
+
+  absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
+  absl::Status ApplyDecoded(Decoded& d);
+  // Sums duplicate keys, groups keys by virtual shard and applies row by row.
+  absl::Status ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads);
+  absl::Status ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out);
+  absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self) const;
+  absl::StatusOr<PullResult> Serve(const PullMessage& m, const ShardMap& map);
+
+  // Records one received part; returns true when (rank, step) became complete.
+  bool RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Decoded* bsp_part,
+                        absl::Status* error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReadyLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool StepCompleteLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string WaitReasonLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies complete BSP steps in order; returns waiters that became ready.
+  absl::Status DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CollectReadyLocked(std::vector<std::function<void(absl::Status)>>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Expire(uint64_t waiter_id);
+
+  const v1::PsJobSpec spec_;
+  const Model model_;
+  const uint32_t num_workers_;
+  const uint32_t staleness_;
+  const bool mean_;
+  DeadlineTimer* const timer_;
+  MemoryQuota quota_;
+  uint32_t num_virtual_shards_ = 0;
+  absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;  // immutable after Create
+  RecentRequestIds dedup_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status shutdown_reason_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> active_ ABSL_GUARDED_BY(mu_);
+  // BSP: first step not yet applied; steps below it are final.
+  uint64_t applied_step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, std::vector<RankStep>> steps_ ABSL_GUARDED_BY(mu_);
+  // SSP/ASP: per-rank clock (steps completed in order) and completed steps ahead of it.
+  std::vector<uint64_t> clock_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::set<uint64_t>> done_ahead_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> rejected_nonfinite_{0};
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_JOB_H_

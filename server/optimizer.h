@@ -1,0 +1,53 @@
+// Server-side optimizers. A parameter block (a dense chunk or a sparse row)
+// is laid out as [weights | slot 1 | slot 2], each n floats, so the state of
+// an element lives next to its weight. Apply() updates one block in place.
+// Compiled with -O3 -fno-math-errno so the sqrt loops vectorize.
+#ifndef FULCRUM_SERVER_OPTIMIZER_H_
+#define FULCRUM_SERVER_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fulcrum/v1/common.pb.h"
+
+namespace fulcrum {
+
+enum class OptimizerKind { kSgd, kMomentum, kAdagrad, kAdam, kAdamW, kFtrl };
+
+// Hyper-parameters with defaults filled in; validated.
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float learning_rate = 0.01f;
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.0f;
+  float initial_accumulator = 0.1f;
+  float l1 = 0.0f;
+  float l2 = 0.0f;
+  float lr_power = -0.5f;
+};
+
+// INVALID_ARGUMENT naming the table and the field when a value is out of range.
+absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec& spec,
+                                                         const std::string& table);
+
+// Number of state slots (0 for SGD, 1 for momentum/Adagrad, 2 for Adam/FTRL).
+int NumSlots(OptimizerKind kind);
+// Initial value of slot `slot` (Adagrad's and FTRL's accumulators start at
+// initial_accumulator; everything else at 0).
+float InitialSlotValue(const OptimizerConfig& config, int slot);
+
+// Applies gradient g (n floats) to block (n * (1 + NumSlots) floats).
+// `step` is the 1-based number of this update of the block (Adam's bias
+// correction). Not thread-safe for the same block: callers lock it.
+void ApplyOptimizer(const OptimizerConfig& config, float* block, size_t n, const float* g,
+                    uint64_t step);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_OPTIMIZER_H_

@@ -1,0 +1,184 @@
+#include "server/parameter_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+// Answer a wait a little before the caller's transport deadline so our
+// explanation, not a bare gRPC DEADLINE_EXCEEDED, reaches it.
+constexpr absl::Duration kDeadlineMargin = absl::Milliseconds(50);
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
+    ParameterServerOptions options) {
+  std::shared_ptr<const ShardMap> map;
+  if (options.shard_map) {
+    ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(*options.shard_map));
+    if (options.server_index >= m.num_servers()) {
+      return absl::InvalidArgumentError(absl::StrCat("server index ", options.server_index,
+                                                     " is not in the shard map's ",
+                                                     m.num_servers(), " servers"));
+    }
+    map = std::make_shared<const ShardMap>(std::move(m));
+  }
+  std::unique_ptr<ParameterServer> ps(new ParameterServer(std::move(options)));
+  absl::MutexLock lock(&ps->mu_);
+  ps->map_ = std::move(map);
+  return ps;
+}
+
+ParameterServer::ParameterServer(ParameterServerOptions options) : options_(std::move(options)) {}
+
+ParameterServer::~ParameterServer() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs.swap(jobs_);
+  }
+  for (auto& [id, job] : jobs) job->Shutdown(absl::UnavailableError("server shutting down"));
+}
+
+absl::StatusOr<std::shared_ptr<const ShardMap>> ParameterServer::Map() const {
+  absl::MutexLock lock(&mu_);
+  if (map_ == nullptr) {
+    return absl::UnavailableError("this server has no shard map yet (waiting for SetShardMap)");
+  }
+  return map_;
+}
+
+void ParameterServer::Drain() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (auto& job : jobs) job->Shutdown(absl::UnavailableError("server is shutting down"));
+}
+
+absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("server is shutting down");
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not on this server"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJobSpec& spec) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(spec.job_id());
+    if (it != jobs_.end()) {
+      if (it->second->spec().SerializeAsString() != spec.SerializeAsString()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "job '", spec.job_id(), "' already exists on this server with a different spec"));
+      }
+      v1::CreateJobResponse r;
+      r.set_bytes_used(it->second->bytes_used());
+      return r;
+    }
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, map->num_virtual_shards(),
+                                                         options_.default_quota_bytes, &timer_));
+  RETURN_IF_ERROR(job->MaterializeOwned(*map, options_.server_index));
+  v1::CreateJobResponse r;
+  r.set_bytes_used(job->bytes_used());
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = jobs_.emplace(spec.job_id(), job);
+    if (!inserted) return absl::AbortedError("job created concurrently; retry");
+  }
+  FLOG(INFO) << "created job '" << spec.job_id() << "': " << spec.tables_size() << " tables, "
+             << spec.num_workers() << " workers, " << job->bytes_used()
+             << " bytes on this server (virtual shards " << map->DescribeOwned(options_.server_index)
+             << ")";
+  return r;
+}
+
+absl::StatusOr<uint64_t> ParameterServer::DeleteJob(const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not on this server"));
+    }
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  const uint64_t bytes = job->bytes_used();
+  job->Shutdown(absl::AbortedError(absl::StrCat("job '", job_id, "' was deleted")));
+  FLOG(INFO) << "deleted job '" << job_id << "', freeing " << bytes << " bytes";
+  return bytes;  // freed when the last in-flight request drops its reference
+}
+
+absl::StatusOr<v1::GetJobResponse> ParameterServer::GetJob(const std::string& job_id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  return job->Stats();
+}
+
+absl::StatusOr<v1::ShardMap> ParameterServer::GetShardMap() const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
+  return map->ToProto();
+}
+
+absl::Status ParameterServer::SetShardMap(const v1::ShardMap& proto) {
+  ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(proto));
+  if (options_.server_index >= m.num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map lists ", m.num_servers(),
+                                                   " servers; this server has index ",
+                                                   options_.server_index));
+  }
+  absl::MutexLock lock(&mu_);
+  if (map_ != nullptr) {
+    if (m.version() <= map_->version()) {
+      return absl::FailedPreconditionError(absl::StrCat("shard map version ", m.version(),
+                                                        " is not newer than the installed ",
+                                                        map_->version()));
+    }
+    if (m.num_virtual_shards() != map_->num_virtual_shards()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the number of virtual shards is fixed at ", map_->num_virtual_shards(), "; got ",
+          m.num_virtual_shards()));
+    }
+  }
+  FLOG(INFO) << "shard map version " << m.version() << ": " << m.num_servers() << " servers, "
+             << m.num_virtual_shards() << " virtual shards; this server (index "
+             << options_.server_index << ") owns " << m.DescribeOwned(options_.server_index);
+  map_ = std::make_shared<const ShardMap>(std::move(m));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(m.job_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
+  return job->Push(m, *map, options_.server_index, out);
+}
+
+void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline,
+                           PullCallback done) {
+  auto job = FindJob(m->job_id);
+  if (!job.ok()) {
+    done(job.status());
+    return;
+  }
+  auto map = Map();
+  if (!map.ok()) {
+    done(map.status());
+    return;
+  }
+  absl::Duration wait = options_.max_wait;
+  if (m->wait_timeout_ms != 0) wait = std::min(wait, absl::Milliseconds(m->wait_timeout_ms));
+  absl::Time deadline = absl::Now() + wait;
+  if (rpc_deadline != absl::InfiniteFuture()) {
+    deadline = std::min(deadline, rpc_deadline - kDeadlineMargin);
+  }
+  (*job)->Pull(std::move(m), *std::move(map), options_.server_index, deadline, std::move(done));
+}
+
+}  // namespace fulcrum

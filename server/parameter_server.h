@@ -1,0 +1,77 @@
+// ParameterServer: the transport-free core of fulcrum-server. Holds the jobs
+// on this server and the shard map, and routes Push/Pull to the job.
+// Thread-safe; the gRPC service in server/rpc/ is a thin layer over it.
+#ifndef FULCRUM_SERVER_PARAMETER_SERVER_H_
+#define FULCRUM_SERVER_PARAMETER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/messages.h"
+#include "common/shard_map.h"
+#include "fulcrum/v1/ps.pb.h"
+#include "server/deadline_timer.h"
+#include "server/job.h"
+
+namespace fulcrum {
+
+struct ParameterServerOptions {
+  // This server's index in the shard map's server list.
+  uint32_t server_index = 0;
+  // The initial map; without one, requests fail UNAVAILABLE until SetShardMap.
+  std::optional<v1::ShardMap> shard_map;
+  // Quota per job on this server when the job spec names none.
+  uint64_t default_quota_bytes = uint64_t{8} << 30;
+  // Longest a pull may wait for the consistency model.
+  absl::Duration max_wait = absl::Minutes(10);
+};
+
+class ParameterServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(ParameterServerOptions options);
+  ~ParameterServer();
+
+  // Idempotent for an identical spec; ALREADY_EXISTS for a different one.
+  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::PsJobSpec& spec);
+  // NOT_FOUND for an unknown job. Returns bytes freed; waiting pulls fail ABORTED.
+  absl::StatusOr<uint64_t> DeleteJob(const std::string& job_id);
+  absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id) const;
+
+  // UNAVAILABLE when no map has been installed yet.
+  absl::StatusOr<v1::ShardMap> GetShardMap() const;
+  // Installs a newer map (version must increase, shard count must not change).
+  absl::Status SetShardMap(const v1::ShardMap& map);
+
+  absl::Status Push(const PushMessage& m, PushResult* out);
+  // `done` runs exactly once, possibly on another thread. `rpc_deadline` is
+  // the caller's transport deadline (InfiniteFuture when none).
+  void Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline, PullCallback done);
+
+  // Fails waiting and future pulls UNAVAILABLE so the transport can shut
+  // down without a request left hanging.
+  void Drain();
+
+  uint32_t server_index() const { return options_.server_index; }
+
+ private:
+  explicit ParameterServer(ParameterServerOptions options);
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<const ShardMap>> Map() const;
+
+  const ParameterServerOptions options_;
+  DeadlineTimer timer_;
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_PARAMETER_SERVER_H_

@@ -1,0 +1,312 @@
+#include "server/rpc/ps_service.h"
+
+#include <chrono>
+#include <deque>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "common/errors.h"
+#include "common/rpc/grpc_util.h"
+#include "common/rpc/wire_codec.h"
+#include "common/status_macros.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+
+namespace fulcrum {
+namespace {
+
+using ServiceBase = v1::ParameterService::WithCallbackMethod_CreateJob<
+    v1::ParameterService::WithCallbackMethod_DeleteJob<
+        v1::ParameterService::WithCallbackMethod_GetJob<
+            v1::ParameterService::WithCallbackMethod_GetShardMap<
+                v1::ParameterService::WithCallbackMethod_SetShardMap<
+                    v1::ParameterService::WithRawCallbackMethod_Push<
+                        v1::ParameterService::WithRawCallbackMethod_Pull<
+                            v1::ParameterService::WithRawCallbackMethod_Stream<
+                                v1::ParameterService::Service>>>>>>>>;
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* ctx) {
+  const auto d = ctx->deadline();
+  // gRPC reports "no deadline" as a time point centuries away.
+  if (d > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(d);
+}
+
+absl::Status DecodePushBuffer(const grpc::ByteBuffer& buf, PushMessage* m) {
+  Payload p;
+  RETURN_IF_ERROR(wire::ViewByteBuffer(buf, &p, &m->keepalive));
+  return wire::DecodePush(p, m);
+}
+
+absl::Status DecodePullBuffer(const grpc::ByteBuffer& buf, PullMessage* m) {
+  Payload p;
+  RETURN_IF_ERROR(wire::ViewByteBuffer(buf, &p, &m->keepalive));
+  return wire::DecodePull(p, m);
+}
+
+// One Stream call. Requests are handled as they arrive; responses are queued
+// and written one at a time (gRPC allows one outstanding write). The reactor
+// deletes itself once gRPC is done with it and no pull is still waiting.
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit StreamReactor(ParameterServer* ps) : ps_(ps) { StartRead(&in_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    grpc::ByteBuffer buf;
+    buf.Swap(&in_);
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+    }
+    Handle(buf);
+    absl::MutexLock lock(&mu_);
+    if (!finished_) StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (!ok) write_failed_ = true;
+    if (!out_.empty() && !finished_ && !write_failed_) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+      MaybeFinishLocked();
+    }
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    if (!finished_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+    }
+  }
+
+  void OnDone() override {
+    bool del;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      del = pending_ == 0;
+    }
+    if (del) delete this;
+  }
+
+ private:
+  void Handle(const grpc::ByteBuffer& buf) {
+    Payload p;
+    std::shared_ptr<const void> keepalive;
+    wire::StreamRequestView req;
+    absl::Status s = wire::ViewByteBuffer(buf, &p, &keepalive);
+    if (s.ok()) s = wire::DecodeStreamRequest(p, &req);
+    if (s.ok() && !req.has_body) s = absl::InvalidArgumentError("stream request has neither push nor pull");
+    if (!s.ok()) {
+      Respond(req.id, s, false, wire::Writer());
+      return;
+    }
+    if (req.is_push) {
+      PushMessage m;
+      m.keepalive = keepalive;
+      PushResult result;
+      s = wire::DecodePush(req.body, &m);
+      if (s.ok()) s = ps_->Push(m, &result);
+      Respond(req.id, s, true, wire::EncodePushResult(result));
+      return;
+    }
+    auto m = std::make_shared<PullMessage>();
+    m->keepalive = keepalive;
+    s = wire::DecodePull(req.body, m.get());
+    if (!s.ok()) {
+      Respond(req.id, s, false, wire::Writer());
+      return;
+    }
+    const uint64_t id = req.id;
+    ps_->Pull(std::move(m), absl::InfiniteFuture(), [this, id](absl::StatusOr<PullResult> r) {
+      if (!r.ok()) {
+        Respond(id, r.status(), false, wire::Writer());
+      } else {
+        Respond(id, absl::OkStatus(), false, wire::EncodePullResult(*std::move(r)));
+      }
+    });
+  }
+
+  void Respond(uint64_t id, const absl::Status& s, bool is_push, wire::Writer body) {
+    const uint64_t version = WrongShardVersion(s).value_or(0);
+    grpc::ByteBuffer out =
+        wire::EncodeStreamResponse(id, s, version, is_push, std::move(body)).Finish();
+    bool del = false;
+    {
+      absl::MutexLock lock(&mu_);
+      --pending_;
+      if (!finished_ && !write_failed_) {
+        out_.push_back(std::move(out));
+        if (!writing_) {
+          writing_ = true;
+          StartWrite(&out_.front());
+        }
+      }
+      MaybeFinishLocked();
+      del = done_ && pending_ == 0;
+    }
+    if (del) delete this;
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_ || pending_ != 0) return;
+    if (reads_done_ || write_failed_) {
+      finished_ = true;
+      Finish(write_failed_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed")
+                           : grpc::Status::OK);
+    }
+  }
+
+  ParameterServer* const ps_;
+  grpc::ByteBuffer in_;
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+class PsGrpcServer::Service final : public ServiceBase {
+ public:
+  explicit Service(ParameterServer* ps) : ps_(ps) {}
+
+  grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CreateJobRequest* req,
+                                      v1::CreateJobResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto r = ps_->CreateJob(req->spec());
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto r = ps_->DeleteJob(req->job_id());
+    if (r.ok()) resp->set_bytes_freed(*r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::GetJobResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto r = ps_->GetJob(req->job_id());
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetShardMap(grpc::CallbackServerContext* ctx,
+                                        const v1::GetShardMapRequest*,
+                                        v1::ShardMap* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto r = ps_->GetShardMap();
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* SetShardMap(grpc::CallbackServerContext* ctx,
+                                        const v1::SetShardMapRequest* req,
+                                        v1::SetShardMapResponse*) override {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(ps_->SetShardMap(req->map())));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    PushMessage m;
+    PushResult result;
+    absl::Status s = DecodePushBuffer(*req, &m);
+    if (s.ok()) s = ps_->Push(m, &result);
+    if (s.ok()) *resp = wire::EncodePushResult(result).Finish();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto m = std::make_shared<PullMessage>();
+    absl::Status s = DecodePullBuffer(*req, m.get());
+    if (!s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
+    ps_->Pull(std::move(m), DeadlineOf(ctx), [reactor, resp](absl::StatusOr<PullResult> r) {
+      if (r.ok()) *resp = wire::EncodePullResult(*std::move(r)).Finish();
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
+      grpc::CallbackServerContext*) override {
+    return new StreamReactor(ps_);
+  }
+
+ private:
+  ParameterServer* const ps_;
+};
+
+absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
+    ParameterServer* ps, const std::string& listen_address) {
+  std::unique_ptr<PsGrpcServer> s(new PsGrpcServer());
+  s->ps_ = ps;
+  s->service_ = std::make_unique<Service>(ps);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder);
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address,
+                                               " (address in use or invalid)"));
+  }
+  absl::string_view host = listen_address;
+  const size_t colon = host.rfind(':');
+  if (colon != absl::string_view::npos) host = host.substr(0, colon);
+  s->address_ = absl::StrCat(host, ":", s->port_);
+  return s;
+}
+
+PsGrpcServer::~PsGrpcServer() { Shutdown(); }
+
+void PsGrpcServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  ps_->Drain();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void PsGrpcServer::Wait() { server_->Wait(); }
+
+}  // namespace fulcrum

@@ -1,0 +1,45 @@
+// gRPC front end of a ParameterServer: the ParameterService over the callback
+// API. Push, Pull and Stream are served raw (grpc::ByteBuffer) through
+// common/rpc/wire_codec so tensor bytes are not copied into protobuf objects.
+#ifndef FULCRUM_SERVER_RPC_PS_SERVICE_H_
+#define FULCRUM_SERVER_RPC_PS_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "server/parameter_server.h"
+
+namespace fulcrum {
+
+class PsGrpcServer {
+ public:
+  // Serves `ps` (not owned; must outlive this) on `listen_address`, e.g.
+  // "127.0.0.1:0" for any free port. Enables health checking and reflection.
+  static absl::StatusOr<std::unique_ptr<PsGrpcServer>> Start(ParameterServer* ps,
+                                                             const std::string& listen_address);
+  ~PsGrpcServer();
+
+  int port() const { return port_; }
+  // "host:port" with the bound port.
+  const std::string& address() const { return address_; }
+  // Drains the parameter server's waits, then stops the transport. Idempotent.
+  void Shutdown();
+  void Wait();
+
+ private:
+  class Service;
+  PsGrpcServer() = default;
+  ParameterServer* ps_ = nullptr;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_RPC_PS_SERVICE_H_

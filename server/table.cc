@@ -1,0 +1,313 @@
+#include "server/table.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr uint32_t kDefaultChunkElements = 262144;  // 1 MiB of fp32
+// A chunk must fit one 4 MiB message with room for framing.
+constexpr uint32_t kMaxChunkElements = 1 << 20;
+constexpr uint64_t kMaxDenseElements = uint64_t{1} << 36;
+constexpr uint32_t kMaxSparseDim = 1 << 16;
+
+float ToUnit(uint64_t bits) {  // [0, 1) with 24 bits of randomness
+  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+absl::StatusOr<Initializer> InitializerFromProto(const v1::TableSpec& spec) {
+  const auto& p = spec.initializer();
+  Initializer init;
+  init.kind = p.kind() == v1::InitializerSpec::KIND_UNSPECIFIED ? v1::InitializerSpec::ZEROS
+                                                                 : p.kind();
+  init.a = p.a();
+  init.b = p.b();
+  init.seed = p.seed();
+  if (!v1::InitializerSpec::Kind_IsValid(init.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", spec.name(), "': initializer.kind ",
+                                                   static_cast<int>(init.kind),
+                                                   " is not ZEROS, CONSTANT, UNIFORM or NORMAL"));
+  }
+  if (!std::isfinite(init.a) || !std::isfinite(init.b)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", spec.name(), "': initializer a and b must be finite"));
+  }
+  if (init.kind == v1::InitializerSpec::UNIFORM && !(init.a < init.b)) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", spec.name(),
+                                                   "': UNIFORM initializer needs a < b, got [",
+                                                   init.a, ", ", init.b, ")"));
+  }
+  if (init.kind == v1::InitializerSpec::NORMAL && init.b < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", spec.name(), "': NORMAL initializer needs stddev b >= 0, got ", init.b));
+  }
+  return init;
+}
+
+}  // namespace
+
+absl::Status MemoryQuota::Reserve(uint64_t bytes, absl::string_view what) {
+  uint64_t cur = used_.load(std::memory_order_relaxed);
+  do {
+    if (cur + bytes > limit_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job '", job_id_, "' would exceed its parameter memory quota of ", limit_,
+          " bytes on this server: ", what, " needs ", bytes, " bytes, ", cur, " already in use"));
+    }
+  } while (!used_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return absl::OkStatus();
+}
+
+void Initializer::Fill(uint64_t table_hash, uint64_t stream, uint64_t offset, float* out,
+                       size_t n) const {
+  switch (kind) {
+    case v1::InitializerSpec::CONSTANT:
+      for (size_t i = 0; i < n; ++i) out[i] = a;
+      return;
+    case v1::InitializerSpec::UNIFORM: {
+      const uint64_t base = Mix64(seed ^ table_hash) ^ Mix64(stream);
+      for (size_t i = 0; i < n; ++i) out[i] = a + (b - a) * ToUnit(Mix64(base + offset + i));
+      return;
+    }
+    case v1::InitializerSpec::NORMAL: {
+      const uint64_t base = Mix64(seed ^ table_hash) ^ Mix64(stream);
+      for (size_t i = 0; i < n; ++i) {
+        // Box-Muller on two counter-derived uniforms; u1 in (0, 1].
+        const uint64_t h = Mix64(base + offset + i);
+        const float u1 = 1.0f - ToUnit(h);
+        const float u2 = ToUnit(Mix64(h));
+        out[i] = a + b * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+      }
+      return;
+    }
+    default:
+      std::memset(out, 0, n * sizeof(float));
+  }
+}
+
+Table::Table(std::string name, bool dense, OptimizerConfig opt, Initializer init)
+    : name_(std::move(name)),
+      name_hash_(HashTableName(name_)),
+      dense_(dense),
+      optimizer_(opt),
+      init_(init) {}
+
+// ---------------------------------------------------------------- dense
+
+absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const v1::TableSpec& spec,
+                                                               MemoryQuota* quota) {
+  ASSIGN_OR_RETURN(OptimizerConfig opt, OptimizerConfigFromProto(spec.optimizer(), spec.name()));
+  ASSIGN_OR_RETURN(Initializer init, InitializerFromProto(spec));
+  if (spec.shape_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense table '", spec.name(), "' has an empty shape"));
+  }
+  uint64_t elements = 1;
+  for (int i = 0; i < spec.shape_size(); ++i) {
+    const int64_t d = spec.shape(i);
+    if (d <= 0 || static_cast<uint64_t>(d) > kMaxDenseElements ||
+        elements * static_cast<uint64_t>(d) > kMaxDenseElements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dense table '", spec.name(), "': shape[", i, "] = ", d,
+          " is invalid (dimensions must be > 0 and the table at most 2^36 elements)"));
+    }
+    elements *= static_cast<uint64_t>(d);
+  }
+  const uint32_t chunk = spec.chunk_elements() == 0 ? kDefaultChunkElements : spec.chunk_elements();
+  if (chunk > kMaxChunkElements) {
+    return absl::InvalidArgumentError(absl::StrCat("dense table '", spec.name(),
+                                                   "': chunk_elements ", chunk,
+                                                   " exceeds the limit of ", kMaxChunkElements));
+  }
+  return std::unique_ptr<DenseTable>(new DenseTable(spec, opt, init, elements, chunk, quota));
+}
+
+DenseTable::DenseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init,
+                       uint64_t elements, uint32_t chunk_elements, MemoryQuota* quota)
+    : Table(spec.name(), true, opt, init),
+      num_elements_(elements),
+      chunk_elements_(chunk_elements),
+      num_chunks_(static_cast<uint32_t>((elements + chunk_elements - 1) / chunk_elements)),
+      quota_(quota),
+      chunks_(new std::atomic<Chunk*>[num_chunks_]) {
+  for (uint32_t i = 0; i < num_chunks_; ++i) chunks_[i].store(nullptr, std::memory_order_relaxed);
+}
+
+DenseTable::~DenseTable() {
+  absl::MutexLock lock(&create_mu_);
+  for (uint32_t i = 0; i < num_chunks_; ++i) {
+    if (chunks_[i].load(std::memory_order_relaxed) != nullptr) quota_->Release(ChunkBytes(i));
+  }
+}
+
+uint32_t DenseTable::ChunkLength(uint32_t chunk) const {
+  const uint64_t begin = uint64_t{chunk} * chunk_elements_;
+  return static_cast<uint32_t>(std::min<uint64_t>(chunk_elements_, num_elements_ - begin));
+}
+
+uint64_t DenseTable::ChunkBytes(uint32_t chunk) const {
+  return uint64_t{ChunkLength(chunk)} * (1 + num_slots()) * sizeof(float);
+}
+
+absl::Status DenseTable::EnsureChunk(uint32_t chunk) { return GetChunk(chunk).status(); }
+
+absl::StatusOr<DenseTable::Chunk*> DenseTable::GetChunk(uint32_t index) {
+  Chunk* c = chunks_[index].load(std::memory_order_acquire);
+  if (c != nullptr) return c;
+  absl::MutexLock lock(&create_mu_);
+  c = chunks_[index].load(std::memory_order_relaxed);
+  if (c != nullptr) return c;
+  RETURN_IF_ERROR(quota_->Reserve(ChunkBytes(index),
+                                  absl::StrCat("chunk ", index, " of table '", name_, "'")));
+  auto chunk = std::make_unique<Chunk>();
+  const uint32_t n = ChunkLength(index);
+  const int slots = num_slots();
+  auto block = std::make_unique<float[]>(size_t{n} * (1 + slots));
+  init_.Fill(name_hash_, 0, uint64_t{index} * chunk_elements_, block.get(), n);
+  for (int s = 0; s < slots; ++s) {
+    const float v = InitialSlotValue(optimizer_, s);
+    std::fill_n(block.get() + size_t{n} * (1 + s), n, v);
+  }
+  {
+    absl::MutexLock chunk_lock(&chunk->mu);
+    chunk->block = std::move(block);
+  }
+  c = chunk.get();
+  owned_.push_back(std::move(chunk));
+  chunks_[index].store(c, std::memory_order_release);
+  return c;
+}
+
+absl::Status DenseTable::Read(uint32_t index, float* out) {
+  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  absl::MutexLock lock(&c->mu);
+  std::memcpy(out, c->block.get(), size_t{ChunkLength(index)} * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status DenseTable::Apply(uint32_t index, const float* g) {
+  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  absl::MutexLock lock(&c->mu);
+  ApplyOptimizer(optimizer_, c->block.get(), ChunkLength(index), g, ++c->updates);
+  return absl::OkStatus();
+}
+
+uint32_t DenseTable::materialized_chunks() const {
+  absl::MutexLock lock(&create_mu_);
+  return static_cast<uint32_t>(owned_.size());
+}
+
+// ---------------------------------------------------------------- sparse
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const v1::TableSpec& spec,
+                                                                 uint32_t num_virtual_shards,
+                                                                 MemoryQuota* quota) {
+  ASSIGN_OR_RETURN(OptimizerConfig opt, OptimizerConfigFromProto(spec.optimizer(), spec.name()));
+  ASSIGN_OR_RETURN(Initializer init, InitializerFromProto(spec));
+  if (spec.dim() == 0 || spec.dim() > kMaxSparseDim) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name(), "': dim ",
+                                                   spec.dim(), " is invalid (1 to ",
+                                                   kMaxSparseDim, ")"));
+  }
+  if (spec.shape_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse table '", spec.name(), "' has a shape; sparse tables take only dim"));
+  }
+  return std::unique_ptr<SparseTable>(new SparseTable(spec, opt, init, num_virtual_shards, quota));
+}
+
+SparseTable::SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init,
+                         uint32_t num_virtual_shards, MemoryQuota* quota)
+    : Table(spec.name(), false, opt, init), dim_(spec.dim()), quota_(quota) {
+  partitions_.reserve(num_virtual_shards);
+  for (uint32_t i = 0; i < num_virtual_shards; ++i) {
+    partitions_.push_back(std::make_unique<Partition>());
+  }
+}
+
+SparseTable::~SparseTable() { quota_->Release(num_rows() * RowBytes()); }
+
+uint64_t SparseTable::num_rows() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    n += p->index.size();
+  }
+  return n;
+}
+
+absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* row_index) {
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  auto it = p->index.find(key);
+  uint32_t r;
+  if (it != p->index.end()) {
+    r = it->second;
+  } else {
+    RETURN_IF_ERROR(quota_->Reserve(RowBytes(), absl::StrCat("a new row of table '", name_, "'")));
+    r = static_cast<uint32_t>(p->index.size());
+    if (r % kRowsPerBlock == 0) {
+      p->blocks.push_back(std::make_unique<float[]>(row_floats * kRowsPerBlock));
+    }
+    float* row = p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats;
+    init_.Fill(name_hash_, key, 0, row, dim_);
+    for (int s = 0; s < num_slots(); ++s) {
+      std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
+    }
+    p->index.emplace(key, r);
+    p->updates.push_back(0);
+  }
+  *row_index = r;
+  return p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats;
+}
+
+absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                               size_t n, float* out) {
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t r;
+    ASSIGN_OR_RETURN(float* row, Row(p, keys[idx[i]], &r));
+    std::memcpy(out + size_t{idx[i]} * dim_, row, size_t{dim_} * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                                size_t n, const float* grads) {
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t r;
+    ASSIGN_OR_RETURN(float* row, Row(p, keys[idx[i]], &r));
+    ApplyOptimizer(optimizer_, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Table>> CreateTable(const v1::TableSpec& spec,
+                                                   uint32_t num_virtual_shards, MemoryQuota* quota) {
+  if (spec.name().empty() || spec.name().size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table name '", spec.name(), "' must be 1 to 128 characters"));
+  }
+  switch (spec.kind()) {
+    case v1::TableSpec::DENSE: {
+      ASSIGN_OR_RETURN(auto t, DenseTable::Create(spec, quota));
+      return std::unique_ptr<Table>(std::move(t));
+    }
+    case v1::TableSpec::SPARSE: {
+      ASSIGN_OR_RETURN(auto t, SparseTable::Create(spec, num_virtual_shards, quota));
+      return std::unique_ptr<Table>(std::move(t));
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", spec.name(), "': kind must be DENSE or SPARSE"));
+  }
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,152 @@
+// Parameter tables held by one server for one job.
+//
+// DenseTable: a tensor split into fixed-size chunks; this server materializes
+// the chunks whose virtual shard it owns. SparseTable: rows of `dim` floats
+// keyed by uint64, partitioned by virtual shard, created on first touch.
+// Each chunk / partition has its own lock, so updates to different chunks or
+// shards proceed in parallel. Initial values are a pure function of (seed,
+// table, element index or key), so placement never changes them.
+#ifndef FULCRUM_SERVER_TABLE_H_
+#define FULCRUM_SERVER_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "fulcrum/v1/common.pb.h"
+#include "server/optimizer.h"
+
+namespace fulcrum {
+
+// Accounts bytes of weights and optimizer state against a job's quota.
+class MemoryQuota {
+ public:
+  MemoryQuota(std::string job_id, uint64_t limit) : job_id_(std::move(job_id)), limit_(limit) {}
+  // RESOURCE_EXHAUSTED naming the quota when `bytes` do not fit.
+  absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  void Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const std::string job_id_;
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+struct Initializer {
+  v1::InitializerSpec::Kind kind = v1::InitializerSpec::ZEROS;
+  float a = 0, b = 0;
+  uint64_t seed = 0;
+  // Fills n values for stream `stream` (element index base or row key).
+  void Fill(uint64_t table_hash, uint64_t stream, uint64_t offset, float* out, size_t n) const;
+};
+
+class Table {
+ public:
+  virtual ~Table() = default;
+  const std::string& name() const { return name_; }
+  uint64_t name_hash() const { return name_hash_; }
+  const OptimizerConfig& optimizer() const { return optimizer_; }
+  int num_slots() const { return NumSlots(optimizer_.kind); }
+  bool is_dense() const { return dense_; }
+
+ protected:
+  Table(std::string name, bool dense, OptimizerConfig opt, Initializer init);
+  const std::string name_;
+  const uint64_t name_hash_;
+  const bool dense_;
+  const OptimizerConfig optimizer_;
+  const Initializer init_;
+};
+
+class DenseTable final : public Table {
+ public:
+  // Validates the spec (shape, chunk size) without allocating.
+  static absl::StatusOr<std::unique_ptr<DenseTable>> Create(const v1::TableSpec& spec,
+                                                           MemoryQuota* quota);
+  ~DenseTable() override;
+
+  uint64_t num_elements() const { return num_elements_; }
+  uint32_t chunk_elements() const { return chunk_elements_; }
+  uint32_t num_chunks() const { return num_chunks_; }
+  uint32_t ChunkLength(uint32_t chunk) const;
+  uint64_t ChunkBytes(uint32_t chunk) const;
+
+  // Materializes a chunk (idempotent); RESOURCE_EXHAUSTED over quota.
+  absl::Status EnsureChunk(uint32_t chunk);
+  // Copies the chunk's weights into out (ChunkLength floats).
+  absl::Status Read(uint32_t chunk, float* out);
+  // Applies gradient g (ChunkLength floats) with the table's optimizer.
+  absl::Status Apply(uint32_t chunk, const float* g);
+  uint32_t materialized_chunks() const;
+
+ private:
+  struct Chunk {
+    absl::Mutex mu;
+    std::unique_ptr<float[]> block ABSL_GUARDED_BY(mu);
+    uint64_t updates ABSL_GUARDED_BY(mu) = 0;
+  };
+  DenseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init, uint64_t elements,
+             uint32_t chunk_elements, MemoryQuota* quota);
+  absl::StatusOr<Chunk*> GetChunk(uint32_t chunk);
+
+  const uint64_t num_elements_;
+  const uint32_t chunk_elements_;
+  const uint32_t num_chunks_;
+  MemoryQuota* const quota_;
+  mutable absl::Mutex create_mu_;
+  std::vector<std::unique_ptr<Chunk>> owned_ ABSL_GUARDED_BY(create_mu_);
+  std::unique_ptr<std::atomic<Chunk*>[]> chunks_;  // published after creation
+};
+
+class SparseTable final : public Table {
+ public:
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const v1::TableSpec& spec,
+                                                            uint32_t num_virtual_shards,
+                                                            MemoryQuota* quota);
+  ~SparseTable() override;
+
+  uint32_t dim() const { return dim_; }
+  uint64_t RowBytes() const { return uint64_t{dim_} * (1 + num_slots()) * sizeof(float); }
+
+  // Reads rows (creating missing ones) for keys that all hash to `vshard`.
+  // out has keys.size() * dim floats.
+  absl::Status Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
+                    float* out);
+  // Applies one gradient row (dim floats) per key; all keys in `vshard`.
+  absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
+                     const float* grads);
+  uint64_t num_rows() const;
+
+ private:
+  static constexpr uint32_t kRowsPerBlock = 1024;
+  struct Partition {
+    absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);
+    std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> updates ABSL_GUARDED_BY(mu);
+  };
+  SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init,
+              uint32_t num_virtual_shards, MemoryQuota* quota);
+  // Returns the row block for key, creating it; requires p->mu held.
+  absl::StatusOr<float*> Row(Partition* p, uint64_t key, uint32_t* row_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+
+  const uint32_t dim_;
+  MemoryQuota* const quota_;
+  std::vector<std::unique_ptr<Partition>> partitions_;
+};
+
+// Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.
+absl::StatusOr<std::unique_ptr<Table>> CreateTable(const v1::TableSpec& spec,
+                                                   uint32_t num_virtual_shards, MemoryQuota* quota);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_TABLE_H_
