@@ -16,7 +16,7 @@
 #include "common/messages.h"
 #include "common/shard_map.h"
 #include "fulcrum/v1/ps.pb.h"
-#include "server/deadline_timer.h"
+#include "common/deadline_timer.h"
 #include "server/job.h"
 
 namespace fulcrum {

@@ -26,7 +26,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  absl::string_view details = status.error_details();
+  // error_details() returns by value: keep the string alive while viewing it.
+  const std::string details_copy = status.error_details();
+  absl::string_view details = details_copy;
   uint64_t version = 0;
   if (absl::ConsumePrefix(&details, kShardMapDetailPrefix) && absl::SimpleAtoi(details, &version)) {
     return WrongShardError(status.error_message(), version);

@@ -1,4 +1,4 @@
-#include "server/deadline_timer.h"
+#include "common/deadline_timer.h"
 
 namespace fulcrum {
 

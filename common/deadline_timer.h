@@ -1,8 +1,8 @@
 // DeadlineTimer: runs callbacks at deadlines on one background thread. Used
 // to fail consistency waits whose deadline passed without blocking a gRPC
 // thread. Thread-safe; the destructor cancels pending callbacks.
-#ifndef FULCRUM_SERVER_DEADLINE_TIMER_H_
-#define FULCRUM_SERVER_DEADLINE_TIMER_H_
+#ifndef FULCRUM_COMMON_DEADLINE_TIMER_H_
+#define FULCRUM_COMMON_DEADLINE_TIMER_H_
 
 #include <cstdint>
 #include <functional>
@@ -39,4 +39,4 @@ class DeadlineTimer {
 
 }  // namespace fulcrum
 
-#endif  // FULCRUM_SERVER_DEADLINE_TIMER_H_
+#endif  // FULCRUM_COMMON_DEADLINE_TIMER_H_

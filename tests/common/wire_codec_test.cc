@@ -1,0 +1,129 @@
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/rpc/wire_codec.h"
+#include "fulcrum/v1/ps.pb.h"
+
+namespace fulcrum {
+namespace {
+
+std::string Flatten(grpc::ByteBuffer& buf) {
+  std::vector<grpc::Slice> slices;
+  REQUIRE(buf.Dump(&slices).ok());
+  std::string s;
+  for (auto& sl : slices) s.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return s;
+}
+
+TEST_CASE("encoded push parses with protoc-generated code", "[wire]") {
+  std::vector<float> data(100000);
+  std::iota(data.begin(), data.end(), 0.0f);
+  std::vector<uint64_t> keys = {7, 1ull << 40};
+  std::vector<float> values = {1, 2, 3, 4};
+  PushMessage m;
+  m.job_id = "job";
+  m.worker_id = "w-1";
+  m.seq = 42;
+  m.rank = 3;
+  m.step = 9;
+  m.num_parts = 2;
+  m.shard_map_version = 5;
+  m.dense.push_back({"w", 7, DType::kFp32, Payload(data.data(), data.size() * 4)});
+  SparseSliceView sv;
+  sv.table = "emb";
+  sv.dtype = DType::kFp32;
+  sv.keys = Payload(keys.data(), 16);
+  sv.values = Payload(values.data(), 16);
+  m.sparse.push_back(sv);
+  grpc::ByteBuffer buf = wire::EncodePush(m).Finish();
+  v1::PushRequest parsed;
+  REQUIRE(parsed.ParseFromString(Flatten(buf)));
+  REQUIRE(parsed.job_id() == "job");
+  REQUIRE(parsed.seq() == 42);
+  REQUIRE(parsed.rank() == 3);
+  REQUIRE(parsed.num_parts() == 2);
+  REQUIRE(parsed.dense_size() == 1);
+  REQUIRE(parsed.dense(0).chunk() == 7);
+  REQUIRE(parsed.dense(0).data().size() == data.size() * 4);
+  REQUIRE(std::memcmp(parsed.dense(0).data().data(), data.data(), data.size() * 4) == 0);
+  REQUIRE(parsed.sparse(0).keys().size() == 16);
+}
+
+TEST_CASE("protoc-encoded pull decodes, including from many small pieces", "[wire]") {
+  v1::PullRequest req;
+  req.set_job_id("j");
+  req.set_worker_id("w");
+  req.set_step(17);
+  req.set_dtype(v1::DTYPE_BF16);
+  req.set_wait_timeout_ms(1500);
+  auto* d = req.add_dense();
+  d->set_table("w");
+  d->set_chunk(3);
+  auto* s = req.add_sparse();
+  s->set_table("emb");
+  std::vector<uint64_t> keys(1000);
+  std::iota(keys.begin(), keys.end(), 100);
+  s->set_keys(std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * 8));
+  const std::string bytes = req.SerializeAsString();
+  // Split into 7-byte pieces so fields straddle piece boundaries.
+  Payload p;
+  for (size_t i = 0; i < bytes.size(); i += 7) p.Append(bytes.data() + i, std::min<size_t>(7, bytes.size() - i));
+  PullMessage m;
+  REQUIRE(wire::DecodePull(p, &m).ok());
+  REQUIRE(m.job_id == "j");
+  REQUIRE(m.step == 17);
+  REQUIRE(m.dtype == DType::kBf16);
+  REQUIRE(m.wait_timeout_ms == 1500);
+  REQUIRE(m.dense.size() == 1);
+  REQUIRE(m.dense[0].chunk == 3);
+  REQUIRE(m.sparse[0].keys.size() == keys.size() * 8);
+  std::vector<uint64_t> back(keys.size());
+  m.sparse[0].keys.CopyTo(back.data());
+  REQUIRE(back == keys);
+}
+
+TEST_CASE("pull results round trip through the codec", "[wire]") {
+  PullResult r;
+  auto& d = r.dense.emplace_back();
+  d.table = "w";
+  d.chunk = 2;
+  d.data = OwnedBuffer::Allocate(4096);
+  std::memset(d.data.data.get(), 0xab, 4096);
+  r.applied_step = 12;
+  grpc::ByteBuffer buf = wire::EncodePullResult(std::move(r)).Finish();
+  Payload p;
+  std::shared_ptr<const void> keep;
+  REQUIRE(wire::ViewByteBuffer(buf, &p, &keep).ok());
+  PullResponseView v;
+  REQUIRE(wire::DecodePullResponse(p, &v).ok());
+  REQUIRE(v.applied_step == 12);
+  REQUIRE(v.dense.size() == 1);
+  REQUIRE(v.dense[0].data.size() == 4096);
+  std::string bytes = v.dense[0].data.ToString();
+  REQUIRE(bytes == std::string(4096, '\xab'));
+}
+
+TEST_CASE("malformed messages are rejected with a reason", "[wire]") {
+  PushMessage m;
+  // A bytes field (job_id) claiming 100 bytes with 2 present.
+  const unsigned char truncated[] = {0x0a, 100, 'a', 'b'};
+  auto s = wire::DecodePush(Payload(truncated, sizeof(truncated)), &m);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(s.message()).find("overruns") != std::string::npos);
+  // seq (field 3) sent with the length-delimited wire type.
+  const unsigned char wrong_type[] = {0x1a, 0x00};
+  s = wire::DecodePush(Payload(wrong_type, sizeof(wrong_type)), &m);
+  REQUIRE(std::string(s.message()).find("'seq'") != std::string::npos);
+  // An unterminated varint.
+  const unsigned char varint[] = {0x18, 0xff, 0xff};
+  REQUIRE_FALSE(wire::DecodePush(Payload(varint, sizeof(varint)), &m).ok());
+  // Field number 0.
+  const unsigned char zero[] = {0x00, 0x01};
+  REQUIRE_FALSE(wire::DecodePush(Payload(zero, sizeof(zero)), &m).ok());
+}
+
+}  // namespace
+}  // namespace fulcrum

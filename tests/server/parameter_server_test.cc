@@ -1,0 +1,590 @@
+// End-to-end tests of fulcrum-server over gRPC on 127.0.0.1: several
+// in-process servers per test, driven by the real GrpcPsClient and, for
+// hostile input, by the protoc-generated stub.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include "absl/synchronization/notification.h"
+#include "common/errors.h"
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+#include "tests/testing/test_util.h"
+
+namespace fulcrum {
+namespace {
+
+using testing::DenseTableSpec;
+using testing::JobSpec;
+using testing::SparseTableSpec;
+using testing::TestCluster;
+
+std::unique_ptr<v1::ParameterService::Stub> RawStub(const std::string& address) {
+  return v1::ParameterService::NewStub(CreateFulcrumChannel(address, 99));
+}
+
+absl::Status RawPush(v1::ParameterService::Stub* stub, const v1::PushRequest& req,
+                     v1::PushResponse* resp = nullptr) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::PushResponse r;
+  return FromGrpcStatus(stub->Push(&ctx, req, resp ? resp : &r));
+}
+
+// The server owning chunk `chunk` of `table` under the cluster's map.
+uint32_t OwnerOfChunk(const TestCluster& c, const std::string& table, uint32_t chunk) {
+  auto m = ShardMap::FromProto(c.shard_map());
+  return m->ServerOfChunk(table, chunk);
+}
+
+v1::PushRequest DensePush(const std::string& job, const std::string& table, uint32_t chunk,
+                          const std::vector<float>& g, uint64_t seq, uint64_t step = 0) {
+  v1::PushRequest req;
+  req.set_job_id(job);
+  req.set_worker_id("raw");
+  req.set_seq(seq);
+  req.set_step(step);
+  req.set_num_parts(1);
+  auto* d = req.add_dense();
+  d->set_table(table);
+  d->set_chunk(chunk);
+  d->set_dtype(v1::DTYPE_FP32);
+  d->set_data(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
+  return req;
+}
+
+// ------------------------------------------------------------------ BSP
+
+// Runs `workers` workers for `steps` BSP steps; worker r's gradient for
+// element i at step t is grad(r, t, i). Returns the final dense weights.
+struct BspRun {
+  std::vector<float> dense;
+  std::vector<float> sparse;  // rows of keys {0, 1, 2, 100}
+};
+
+float Grad(uint32_t r, int t, size_t i) {
+  // Non-dyadic values, so summation order shows in the bits.
+  return 0.1f * static_cast<float>(r + 1) + 0.01f * static_cast<float>(t) +
+         0.001f * static_cast<float>(i % 13);
+}
+
+BspRun RunBsp(TestCluster& cluster, const std::string& job, uint32_t workers, int steps,
+              GrpcPsClientOptions base = {}, std::vector<uint32_t> push_order = {}) {
+  constexpr size_t kDense = 1000;
+  constexpr uint32_t kDim = 4;
+  auto spec = JobSpec(job, {DenseTableSpec("w", kDense, 1.0f, v1::OptimizerSpec::SGD, 64),
+                            SparseTableSpec("emb", kDim)},
+                      workers);
+  std::vector<std::unique_ptr<GrpcPsClient>> clients;
+  for (uint32_t r = 0; r < workers; ++r) clients.push_back(cluster.Client(r, base));
+  REQUIRE_OK(clients[0]->CreateJob(spec));
+  for (uint32_t r = 1; r < workers; ++r) REQUIRE_OK(clients[r]->OpenJob(job));
+  if (push_order.empty()) {
+    push_order.resize(workers);
+    std::iota(push_order.begin(), push_order.end(), 0);
+  }
+  for (int t = 0; t < steps; ++t) {
+    // Every worker pulls step t (waits for step t-1 to apply), then the
+    // pushes go out in the chosen order, each waiting for its answer.
+    for (uint32_t r = 0; r < workers; ++r) {
+      std::vector<float> w(kDense);
+      REQUIRE_OK(clients[r]->Pull(job, {static_cast<uint64_t>(t), {{"w", w.data(), kDense}}, {}}));
+    }
+    for (uint32_t r : push_order) {
+      std::vector<float> g(kDense);
+      for (size_t i = 0; i < kDense; ++i) g[i] = Grad(r, t, i);
+      std::vector<uint64_t> keys = {r, 100, 2};
+      std::vector<float> sg(keys.size() * kDim);
+      for (size_t i = 0; i < sg.size(); ++i) sg[i] = Grad(r, t, i);
+      PushBatch b;
+      b.step = static_cast<uint64_t>(t);
+      b.dense.push_back({"w", g.data(), kDense});
+      b.sparse.push_back({"emb", keys.data(), keys.size(), sg.data()});
+      REQUIRE_OK(clients[r]->Push(job, b));
+    }
+  }
+  BspRun out;
+  out.dense.resize(kDense);
+  std::vector<uint64_t> keys = {0, 1, 2, 100};
+  out.sparse.resize(keys.size() * kDim);
+  PullBatch final_pull{static_cast<uint64_t>(steps), {{"w", out.dense.data(), kDense}},
+                       {{"emb", keys.data(), keys.size(), out.sparse.data()}}};
+  REQUIRE_OK(clients[0]->Pull(job, final_pull));
+  return out;
+}
+
+// The expected BSP result, computed the way the servers must: per step, sum
+// the workers' gradients in rank order, scale by 1/n (MEAN), apply SGD.
+std::vector<float> ExpectedDense(uint32_t workers, int steps, size_t n) {
+  std::vector<float> w(n, 0.0f);
+  const float scale = 1.0f / static_cast<float>(workers);
+  for (int t = 0; t < steps; ++t) {
+    for (size_t i = 0; i < n; ++i) {
+      float acc = Grad(0, t, i);
+      for (uint32_t r = 1; r < workers; ++r) acc += Grad(r, t, i);
+      acc *= scale;
+      w[i] -= 1.0f * acc;
+    }
+  }
+  return w;
+}
+
+TEST_CASE("BSP with SGD lr 1 yields exactly the expected weights", "[bsp]") {
+  auto cluster = TestCluster::Start();
+  BspRun run = RunBsp(*cluster, "exact", 3, 4);
+  const std::vector<float> want = ExpectedDense(3, 4, run.dense.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(run.dense[i] == want[i]);  // bit-for-bit
+  }
+  // Sparse: key 100 gets every worker's row each step; key 0 only rank 0's;
+  // key 1 only rank 1's; all contributions averaged over the 3 workers.
+  const float scale = 1.0f / 3.0f;
+  for (uint32_t j = 0; j < 4; ++j) {
+    float k0 = 0, k1 = 0, k100 = 0;
+    for (int t = 0; t < 4; ++t) {
+      float a0 = Grad(0, t, j);
+      a0 *= scale;
+      k0 -= a0;
+      float a1 = Grad(1, t, j);
+      a1 *= scale;
+      k1 -= a1;
+      float a = Grad(0, t, 4 + j);
+      a += Grad(1, t, 4 + j);
+      a += Grad(2, t, 4 + j);
+      a *= scale;
+      k100 -= a;
+    }
+    REQUIRE(run.sparse[0 * 4 + j] == k0);
+    REQUIRE(run.sparse[1 * 4 + j] == k1);
+    REQUIRE(run.sparse[3 * 4 + j] == k100);
+  }
+}
+
+TEST_CASE("BSP combines gradients in rank order whatever order they arrive in", "[bsp]") {
+  auto cluster = TestCluster::Start();
+  BspRun a = RunBsp(*cluster, "order-a", 3, 3, {}, {0, 1, 2});
+  BspRun b = RunBsp(*cluster, "order-b", 3, 3, {}, {2, 0, 1});
+  REQUIRE(a.dense == b.dense);
+  REQUIRE(a.sparse == b.sparse);
+  REQUIRE(a.dense == ExpectedDense(3, 3, a.dense.size()));
+}
+
+TEST_CASE("BSP over the bidirectional stream gives the same weights as unary calls", "[bsp][stream]") {
+  auto cluster = TestCluster::Start();
+  GrpcPsClientOptions stream;
+  stream.transport = GrpcPsClientOptions::Transport::kStream;
+  BspRun s = RunBsp(*cluster, "stream", 2, 3, stream);
+  BspRun u = RunBsp(*cluster, "unary", 2, 3);
+  REQUIRE(s.dense == u.dense);
+  REQUIRE(s.sparse == u.sparse);
+  REQUIRE(s.dense == ExpectedDense(2, 3, s.dense.size()));
+}
+
+TEST_CASE("a BSP pull waiting past its deadline names the missing workers", "[bsp][errors]") {
+  auto cluster = TestCluster::Start();
+  GrpcPsClientOptions opts;
+  opts.pull_wait_timeout = absl::Milliseconds(300);
+  auto c0 = cluster->Client(0, opts);
+  REQUIRE_OK(c0->CreateJob(JobSpec("late", {DenseTableSpec("w", 8)}, 3)));
+  std::vector<float> g(8, 1.0f), w(8);
+  REQUIRE_OK(c0->Push("late", {0, {{"w", g.data(), 8}}, {}}));
+  auto s = c0->Pull("late", {1, {{"w", w.data(), 8}}, {}});
+  REQUIRE_STATUS(s, absl::StatusCode::kDeadlineExceeded, "step 0 waits for workers 1, 2");
+}
+
+// ------------------------------------------------------------------ SSP
+
+TEST_CASE("SSP: a fast worker blocks at the staleness bound and resumes", "[ssp]") {
+  auto cluster = TestCluster::Start();
+  auto fast = cluster->Client(0);
+  auto slow = cluster->Client(1);
+  REQUIRE_OK(fast->CreateJob(JobSpec("ssp", {DenseTableSpec("w", 16)}, 2, v1::ConsistencySpec::SSP, 1)));
+  REQUIRE_OK(slow->OpenJob("ssp"));
+  std::vector<float> g(16, 1.0f), w(16);
+  // The fast worker runs steps 0 and 1; with bound 1 it may start step 1
+  // while the slow one is at clock 0, but not step 2.
+  REQUIRE_OK(fast->Pull("ssp", {0, {{"w", w.data(), 16}}, {}}));
+  REQUIRE_OK(fast->Push("ssp", {0, {{"w", g.data(), 16}}, {}}));
+  REQUIRE_OK(fast->Pull("ssp", {1, {{"w", w.data(), 16}}, {}}));
+  REQUIRE_OK(fast->Push("ssp", {1, {{"w", g.data(), 16}}, {}}));
+  auto blocked = fast->PullAsync("ssp", {2, {{"w", w.data(), 16}}, {}});
+  REQUIRE_FALSE(blocked.WaitFor(absl::Milliseconds(300)));
+  // The slow worker finishes step 0: clock 1 >= 2 - 1, so the fast one resumes.
+  REQUIRE_OK(slow->Push("ssp", {0, {{"w", g.data(), 16}}, {}}));
+  REQUIRE(blocked.WaitFor(absl::Seconds(10)));
+  REQUIRE_OK(blocked.Wait());
+  // SSP applies pushes on arrival: 3 pushes of 1 with lr 1.
+  for (float x : w) REQUIRE(x == -3.0f);
+}
+
+// ------------------------------------------------------------------ ASP, concurrency
+
+TEST_CASE("16 client threads x 1000 pushes to shared keys lose no update", "[asp][concurrency]") {
+  auto cluster = TestCluster::Start();
+  constexpr int kThreads = 16, kPushes = 1000;
+  auto admin = cluster->Client(0);
+  REQUIRE_OK(admin->CreateJob(JobSpec("conc", {DenseTableSpec("w", 64, 1.0f, v1::OptimizerSpec::SGD, 16),
+                                               SparseTableSpec("emb", 8)},
+                                      kThreads, v1::ConsistencySpec::ASP)));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      GrpcPsClientOptions o;
+      o.channels_per_server = 1;
+      auto c = cluster->Client(static_cast<uint32_t>(t), o);
+      if (!c->OpenJob("conc").ok()) { ++failures; return; }
+      std::vector<float> g(64, 1.0f), sg(16, 1.0f);
+      std::vector<uint64_t> keys = {42, static_cast<uint64_t>(1000 + t)};
+      for (int i = 0; i < kPushes; ++i) {
+        PushBatch b;
+        b.step = static_cast<uint64_t>(i);
+        b.dense.push_back({"w", g.data(), 64});
+        b.sparse.push_back({"emb", keys.data(), 2, sg.data()});
+        if (!c->Push("conc", b).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  REQUIRE(failures == 0);
+  std::vector<float> w(64), rows(2 * 8);
+  std::vector<uint64_t> keys = {42, 1003};
+  REQUIRE_OK(admin->Pull("conc", {0, {{"w", w.data(), 64}}, {{"emb", keys.data(), 2, rows.data()}}}));
+  for (float x : w) REQUIRE(x == -static_cast<float>(kThreads * kPushes));
+  for (int j = 0; j < 8; ++j) {
+    REQUIRE(rows[j] == -static_cast<float>(kThreads * kPushes));
+    REQUIRE(rows[8 + j] == -static_cast<float>(kPushes));
+  }
+}
+
+// ------------------------------------------------------------------ dedup
+
+TEST_CASE("a replayed push is applied once", "[dedup]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("dup", {DenseTableSpec("w", 8)}, 1, v1::ConsistencySpec::ASP)));
+  const uint32_t owner = OwnerOfChunk(*cluster, "w", 0);
+  auto stub = RawStub(cluster->address(owner));
+  v1::PushRequest req = DensePush("dup", "w", 0, std::vector<float>(8, 2.0f), 77);
+  req.set_shard_map_version(cluster->shard_map().version());
+  v1::PushResponse first, second;
+  REQUIRE_OK(RawPush(stub.get(), req, &first));
+  REQUIRE_OK(RawPush(stub.get(), req, &second));  // e.g. a retry after a lost response
+  REQUIRE_FALSE(first.duplicate());
+  REQUIRE(second.duplicate());
+  std::vector<float> w(8);
+  REQUIRE_OK(c->Pull("dup", {0, {{"w", w.data(), 8}}, {}}));
+  for (float x : w) REQUIRE(x == -2.0f);
+  REQUIRE_OK_AND_ASSIGN(auto stats, c->GetJobStats("dup", owner));
+  REQUIRE(stats.duplicate_pushes() == 1);
+  // A new sequence number is a new push.
+  req.set_seq(78);
+  REQUIRE_OK(RawPush(stub.get(), req));
+  REQUIRE_OK(c->Pull("dup", {0, {{"w", w.data(), 8}}, {}}));
+  for (float x : w) REQUIRE(x == -4.0f);
+}
+
+// ------------------------------------------------------------------ shard map
+
+TEST_CASE("a shard-map mismatch is retried transparently", "[shard_map]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);  // knows version 1
+  REQUIRE_OK(c->CreateJob(JobSpec("moved", {DenseTableSpec("w", 512, 1.0f, v1::OptimizerSpec::SGD, 32),
+                                            SparseTableSpec("emb", 4)},
+                                  1, v1::ConsistencySpec::ASP)));
+  // Version 2 swaps every virtual shard to the other server.
+  v1::ShardMap v2 = cluster->shard_map();
+  v2.set_version(2);
+  for (int v = 0; v < v2.owner_size(); ++v) v2.set_owner(v, 1 - v2.owner(v));
+  cluster->SetShardMap(v2);
+
+  std::vector<float> g(512, 1.0f), w(512);
+  std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> sg(keys.size() * 4, 0.5f), rows(keys.size() * 4);
+  REQUIRE_OK(c->Push("moved", {0, {{"w", g.data(), 512}}, {{"emb", keys.data(), keys.size(), sg.data()}}}));
+  REQUIRE(c->shard_map_version() == 2);
+  REQUIRE_OK(c->Pull("moved", {1, {{"w", w.data(), 512}}, {{"emb", keys.data(), keys.size(), rows.data()}}}));
+  for (float x : w) REQUIRE(x == -1.0f);
+  for (float x : rows) REQUIRE(x == -0.5f);
+
+  // A stale map reported straight to the server gets the distinct error.
+  auto stub = RawStub(cluster->address(0));
+  uint32_t chunk = 0;
+  auto m2 = ShardMap::FromProto(v2);
+  while (m2->ServerOfChunk("w", chunk) == 0) ++chunk;
+  v1::PushRequest req = DensePush("moved", "w", chunk, std::vector<float>(32, 1.0f), 5);
+  req.set_shard_map_version(1);
+  auto s = RawPush(stub.get(), req);
+  REQUIRE(s.code() == absl::StatusCode::kAborted);
+  REQUIRE(WrongShardVersion(s) == 2u);
+}
+
+// ------------------------------------------------------------------ wire dtypes, big tensors
+
+TEST_CASE("bf16 and fp16 on the wire round trip within their precision", "[dtype]") {
+  auto cluster = TestCluster::Start();
+  constexpr size_t n = 5000;
+  for (DType dt : {DType::kBf16, DType::kFp16}) {
+    GrpcPsClientOptions o;
+    o.wire_dtype = dt;
+    auto c = cluster->Client(0, o);
+    const std::string job = std::string("wire-") + DTypeName(dt);
+    REQUIRE_OK(c->CreateJob(JobSpec(job, {DenseTableSpec("w", n)}, 1, v1::ConsistencySpec::ASP)));
+    std::vector<float> g(n), w(n);
+    for (size_t i = 0; i < n; ++i) g[i] = -0.37f * static_cast<float>(i % 101) - 0.01f;
+    REQUIRE_OK(c->Push(job, {0, {{"w", g.data(), n}}, {}}));
+    REQUIRE_OK(c->Pull(job, {0, {{"w", w.data(), n}}, {}}));
+    const float tol = dt == DType::kBf16 ? 1.0f / 128 : 1.0f / 1024;  // two roundings
+    for (size_t i = 0; i < n; ++i) REQUIRE(std::fabs(w[i] + g[i]) <= std::fabs(g[i]) * tol);
+  }
+}
+
+TEST_CASE("tensors larger than one gRPC message are split and reassembled", "[chunking]") {
+  auto cluster = TestCluster::Start();
+  constexpr size_t n = 3'000'000;  // 12 MB of fp32, over gRPC's 4 MiB default
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("big", {DenseTableSpec("w", n)}, 1)));
+  std::vector<float> g(n), w(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1024);
+  REQUIRE_OK(c->Push("big", {0, {{"w", g.data(), n}}, {}}));
+  REQUIRE_OK(c->Pull("big", {1, {{"w", w.data(), n}}, {}}));
+  for (size_t i = 0; i < n; ++i) {
+    if (w[i] != -g[i]) FAIL("element " << i << ": " << w[i] << " != " << -g[i]);
+  }
+}
+
+// ------------------------------------------------------------------ initializers
+
+TEST_CASE("sparse pull creates rows with the table initializer", "[sparse]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  auto uniform = SparseTableSpec("emb", 16);
+  uniform.mutable_initializer()->set_kind(v1::InitializerSpec::UNIFORM);
+  uniform.mutable_initializer()->set_a(-0.5f);
+  uniform.mutable_initializer()->set_b(0.5f);
+  uniform.mutable_initializer()->set_seed(1234);
+  auto zeros = SparseTableSpec("zero", 16);
+  REQUIRE_OK(c->CreateJob(JobSpec("init", {uniform, zeros}, 1, v1::ConsistencySpec::ASP)));
+  uniform.mutable_initializer()->set_seed(99);
+  REQUIRE_OK(c->CreateJob(JobSpec("init2", {uniform}, 1, v1::ConsistencySpec::ASP)));
+  std::vector<uint64_t> keys(200);
+  std::iota(keys.begin(), keys.end(), 5);
+  std::vector<float> a(200 * 16), again(200 * 16), z(200 * 16, 1.0f), other(200 * 16);
+  REQUIRE_OK(c->Pull("init", {0, {}, {{"emb", keys.data(), 200, a.data()}, {"zero", keys.data(), 200, z.data()}}}));
+  REQUIRE_OK(c->Pull("init", {0, {}, {{"emb", keys.data(), 200, again.data()}}}));
+  REQUIRE_OK(c->Pull("init2", {0, {}, {{"emb", keys.data(), 200, other.data()}}}));
+  double mean = 0;
+  for (float x : a) {
+    REQUIRE(x >= -0.5f);
+    REQUIRE(x < 0.5f);
+    mean += x;
+  }
+  REQUIRE(std::fabs(mean / a.size()) < 0.05);
+  REQUIRE(a == again);   // created once, then read back
+  REQUIRE(a != other);   // a different seed gives different rows
+  for (float x : z) REQUIRE(x == 0.0f);
+  REQUIRE_OK_AND_ASSIGN(auto s0, c->GetJobStats("init", 0));
+  REQUIRE_OK_AND_ASSIGN(auto s1, c->GetJobStats("init", 1));
+  REQUIRE(s0.sparse_rows() + s1.sparse_rows() == 400);
+}
+
+TEST_CASE("dense initial values do not depend on placement", "[dense]") {
+  auto two = TestCluster::Start();
+  TestCluster::Options one_opts;
+  one_opts.num_servers = 1;
+  auto one = TestCluster::Start(one_opts);
+  auto spec = DenseTableSpec("w", 3000, 1.0f, v1::OptimizerSpec::SGD, 100);
+  spec.mutable_initializer()->set_kind(v1::InitializerSpec::NORMAL);
+  spec.mutable_initializer()->set_b(0.1f);
+  spec.mutable_initializer()->set_seed(5);
+  std::vector<float> a(3000), b(3000);
+  auto ca = two->Client(0);
+  auto cb = one->Client(0);
+  REQUIRE_OK(ca->CreateJob(JobSpec("n", {spec}, 1)));
+  REQUIRE_OK(cb->CreateJob(JobSpec("n", {spec}, 1)));
+  REQUIRE_OK(ca->Pull("n", {0, {{"w", a.data(), 3000}}, {}}));
+  REQUIRE_OK(cb->Pull("n", {0, {{"w", b.data(), 3000}}, {}}));
+  REQUIRE(a == b);
+  double var = 0;
+  for (float x : a) var += double{x} * x;
+  REQUIRE(std::sqrt(var / a.size()) == Approx(0.1).epsilon(0.1));
+}
+
+// ------------------------------------------------------------------ errors
+
+TEST_CASE("an unknown job is NOT_FOUND", "[errors]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  REQUIRE_STATUS(c->OpenJob("nope"), absl::StatusCode::kNotFound, "job 'nope'");
+  auto stub = RawStub(cluster->address(0));
+  REQUIRE_STATUS(RawPush(stub.get(), DensePush("nope", "w", 0, {1.0f}, 1)),
+                 absl::StatusCode::kNotFound, "job 'nope' is not on this server");
+}
+
+TEST_CASE("wrong dtype, shape, dim and key count are INVALID_ARGUMENT naming the table", "[errors]") {
+  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("bad", {DenseTableSpec("w", 10), SparseTableSpec("emb", 4)}, 1,
+                                  v1::ConsistencySpec::ASP)));
+  auto stub = RawStub(cluster->address(0));
+
+  v1::PushRequest dtype = DensePush("bad", "w", 0, std::vector<float>(10, 1.0f), 1);
+  dtype.mutable_dense(0)->set_dtype(static_cast<v1::DType>(7));
+  REQUIRE_STATUS(RawPush(stub.get(), dtype), absl::StatusCode::kInvalidArgument, "dtype 7");
+
+  REQUIRE_STATUS(RawPush(stub.get(), DensePush("bad", "w", 0, std::vector<float>(9, 1.0f), 2)),
+                 absl::StatusCode::kInvalidArgument,
+                 "table 'w' chunk 0 expects 10 fp32 elements (40 bytes), got 36 bytes");
+  REQUIRE_STATUS(RawPush(stub.get(), DensePush("bad", "w", 3, std::vector<float>(10, 1.0f), 3)),
+                 absl::StatusCode::kInvalidArgument, "table 'w' has 1 chunks; push names chunk 3");
+  REQUIRE_STATUS(RawPush(stub.get(), DensePush("bad", "nope", 0, {1.0f}, 4)),
+                 absl::StatusCode::kInvalidArgument, "has no table 'nope'");
+
+  v1::PushRequest dim;
+  dim.set_job_id("bad");
+  dim.set_worker_id("raw");
+  dim.set_seq(5);
+  auto* s = dim.add_sparse();
+  s->set_table("emb");
+  s->set_dtype(v1::DTYPE_FP32);
+  const uint64_t keys[2] = {1, 2};
+  s->set_keys(std::string(reinterpret_cast<const char*>(keys), 16));
+  s->set_values(std::string(2 * 3 * 4, '\0'));  // dim 3 instead of 4
+  REQUIRE_STATUS(RawPush(stub.get(), dim), absl::StatusCode::kInvalidArgument,
+                 "table 'emb' expects dim 4: 2 keys need 32 bytes of fp32 values, got 24");
+  s->set_keys(std::string(reinterpret_cast<const char*>(keys), 12));
+  REQUIRE_STATUS(RawPush(stub.get(), dim), absl::StatusCode::kInvalidArgument,
+                 "keys field has 12 bytes, not a multiple of 8");
+
+  std::vector<float> small(9), w(10);
+  REQUIRE_STATUS(c->Push("bad", {0, {{"w", small.data(), 9}}, {}}),
+                 absl::StatusCode::kInvalidArgument, "table 'w' has 10 elements; gradient has 9");
+  REQUIRE_STATUS(c->Pull("bad", {0, {{"emb", w.data(), 10}}, {}}),
+                 absl::StatusCode::kInvalidArgument, "no dense table 'emb'");
+  // Nothing above changed the weights.
+  REQUIRE_OK(c->Pull("bad", {0, {{"w", w.data(), 10}}, {}}));
+  for (float x : w) REQUIRE(x == 0.0f);
+}
+
+TEST_CASE("a NaN or Inf gradient is rejected, counted and never applied", "[errors]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("nan", {DenseTableSpec("w", 100, 1.0f, v1::OptimizerSpec::SGD, 10)}, 1,
+                                  v1::ConsistencySpec::ASP)));
+  std::vector<float> g(100, 1.0f), w(100);
+  g[57] = std::nanf("");
+  REQUIRE_STATUS(c->Push("nan", {0, {{"w", g.data(), 100}}, {}}), absl::StatusCode::kInvalidArgument,
+                 "table 'w' chunk 5 from worker 'worker-0' (rank 0) at step 0 contains NaN or Inf");
+  g[57] = INFINITY;
+  REQUIRE_FALSE(c->Push("nan", {0, {{"w", g.data(), 100}}, {}}).ok());
+  REQUIRE_OK(c->Pull("nan", {0, {{"w", w.data(), 100}}, {}}));
+  // The chunk holding the NaN was refused whole; other chunks went to their
+  // servers in separate messages and each message is judged alone.
+  for (size_t i = 50; i < 60; ++i) REQUIRE(w[i] == 0.0f);
+  uint64_t rejected = 0;
+  for (size_t s = 0; s < cluster->size(); ++s) {
+    REQUIRE_OK_AND_ASSIGN(auto stats, c->GetJobStats("nan", s));
+    rejected += stats.rejected_nonfinite();
+  }
+  REQUIRE(rejected == 2);
+}
+
+TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash", "[errors][quota]") {
+  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto c = cluster->Client(0);
+  auto big = JobSpec("huge", {DenseTableSpec("w", 1'000'000, 0.1f, v1::OptimizerSpec::ADAM)}, 1);
+  big.set_quota_bytes(1 << 20);
+  REQUIRE_STATUS(c->CreateJob(big), absl::StatusCode::kResourceExhausted,
+                 "job 'huge' would exceed its parameter memory quota of 1048576 bytes");
+  // Sparse rows: 10 rows of dim 8 with SGD fit in 10 * 32 bytes.
+  auto sparse = JobSpec("rows", {SparseTableSpec("emb", 8)}, 1, v1::ConsistencySpec::ASP);
+  sparse.set_quota_bytes(10 * 32);
+  REQUIRE_OK(c->CreateJob(sparse));
+  std::vector<uint64_t> keys(10);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::vector<float> rows(11 * 8);
+  REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
+  keys.push_back(999);
+  REQUIRE_STATUS(c->Pull("rows", {0, {}, {{"emb", keys.data(), 11, rows.data()}}}),
+                 absl::StatusCode::kResourceExhausted, "a new row of table 'emb'");
+  // The existing rows still serve.
+  REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
+}
+
+TEST_CASE("deleting a job frees its tables", "[errors][quota]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("gone", {DenseTableSpec("w", 100000, 0.1f, v1::OptimizerSpec::ADAM)}, 1)));
+  REQUIRE_OK_AND_ASSIGN(auto s0, c->GetJobStats("gone", 0));
+  REQUIRE_OK_AND_ASSIGN(auto s1, c->GetJobStats("gone", 1));
+  REQUIRE(s0.bytes_used() + s1.bytes_used() == 100000 * 3 * 4);  // weights + Adam's m and v
+  REQUIRE_OK(c->DeleteJob("gone"));
+  REQUIRE(c->GetJobStats("gone", 0).status().code() == absl::StatusCode::kNotFound);
+  std::vector<float> w(100000);
+  REQUIRE(c->Pull("gone", {0, {{"w", w.data(), 100000}}, {}}).code() == absl::StatusCode::kFailedPrecondition);
+  // The same id can be created again, from scratch.
+  REQUIRE_OK(c->CreateJob(JobSpec("gone", {DenseTableSpec("w", 10)}, 1)));
+}
+
+TEST_CASE("bad job specs are rejected naming the field", "[errors]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 10)}, 0)),
+                 absl::StatusCode::kInvalidArgument, "num_workers 0");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", -3)}, 1)),
+                 absl::StatusCode::kInvalidArgument, "shape[0] = -3");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3), DenseTableSpec("w", 4)}, 1)),
+                 absl::StatusCode::kInvalidArgument, "declares table 'w' twice");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {SparseTableSpec("e", 0)}, 1)),
+                 absl::StatusCode::kInvalidArgument, "dim 0");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("bad id!", {DenseTableSpec("w", 3)}, 1)),
+                 absl::StatusCode::kInvalidArgument, "job_id 'bad id!'");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3)}, 1, v1::ConsistencySpec::BSP, 4)),
+                 absl::StatusCode::kInvalidArgument, "staleness applies only to SSP");
+  REQUIRE_OK(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3)}, 1)));
+  REQUIRE_OK(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3)}, 1)));  // idempotent
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 4)}, 1)),
+                 absl::StatusCode::kAlreadyExists, "different spec");
+}
+
+TEST_CASE("garbage and hostile bytes get an error and the server keeps serving", "[errors]") {
+  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(JobSpec("ok", {DenseTableSpec("w", 4)}, 1, v1::ConsistencySpec::ASP)));
+  grpc::GenericStub stub(CreateFulcrumChannel(cluster->address(0), 7));
+  std::mt19937 rng(1);
+  int rejected = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string junk(1 + rng() % 200, '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng());
+    // Some messages look like protobuf: a valid tag with a huge length.
+    if (i % 3 == 0) junk = std::string("\x0a\xff\xff\xff\xff\x0f", 6) + junk;
+    grpc::Slice slice(junk.data(), junk.size());
+    grpc::ByteBuffer req(&slice, 1), resp;
+    grpc::ClientContext ctx;
+    absl::Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, i % 2 ? "/fulcrum.v1.ParameterService/Push" : "/fulcrum.v1.ParameterService/Pull",
+                   grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
+                     status = s;
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    if (!status.ok()) ++rejected;
+  }
+  REQUIRE(rejected > 250);  // a random message can parse as an empty request, nothing more
+  std::vector<float> g(4, 1.0f), w(4);
+  REQUIRE_OK(c->Push("ok", {0, {{"w", g.data(), 4}}, {}}));
+  REQUIRE_OK(c->Pull("ok", {0, {{"w", w.data(), 4}}, {}}));
+  for (float x : w) REQUIRE(x == -1.0f);
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -1,0 +1,85 @@
+#include "tests/testing/test_util.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace fulcrum::testing {
+
+std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
+  SetMinLogSeverity(LogSeverity::kWarning);
+  auto c = std::make_unique<TestCluster>();
+  for (int i = 0; i < options.num_servers; ++i) {
+    ParameterServerOptions po;
+    po.server_index = static_cast<uint32_t>(i);
+    po.default_quota_bytes = options.default_quota_bytes;
+    po.max_wait = options.max_wait;
+    auto ps = ParameterServer::Create(po);
+    REQUIRE(ps.ok());
+    auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0");
+    REQUIRE(grpc.ok());
+    c->servers_.push_back(*std::move(ps));
+    c->grpc_.push_back(*std::move(grpc));
+  }
+  std::vector<std::string> addresses;
+  for (auto& g : c->grpc_) addresses.push_back(g->address());
+  auto map = ShardMap::RoundRobin(1, options.num_virtual_shards, addresses);
+  REQUIRE(map.ok());
+  c->SetShardMap(map->ToProto());
+  return c;
+}
+
+TestCluster::~TestCluster() {
+  for (auto& g : grpc_) g->Shutdown();
+}
+
+void TestCluster::SetShardMap(const v1::ShardMap& map) {
+  for (auto& s : servers_) REQUIRE(s->SetShardMap(map).ok());
+  map_ = map;
+}
+
+std::unique_ptr<GrpcPsClient> TestCluster::Client(uint32_t rank, GrpcPsClientOptions base) {
+  base.shard_map = map_;
+  base.rank = rank;
+  if (base.worker_id.empty()) base.worker_id = absl::StrCat("worker-", rank);
+  base.pull_wait_timeout = std::min(base.pull_wait_timeout, absl::Seconds(20));
+  base.retry_budget = std::min(base.retry_budget, absl::Seconds(5));
+  auto client = GrpcPsClient::Create(base);
+  REQUIRE(client.ok());
+  return *std::move(client);
+}
+
+v1::TableSpec DenseTableSpec(const std::string& name, int64_t elements, float lr,
+                             v1::OptimizerSpec::Kind kind, uint32_t chunk_elements) {
+  v1::TableSpec t;
+  t.set_name(name);
+  t.set_kind(v1::TableSpec::DENSE);
+  t.add_shape(elements);
+  t.set_chunk_elements(chunk_elements);
+  t.mutable_optimizer()->set_kind(kind);
+  t.mutable_optimizer()->set_learning_rate(lr);
+  return t;
+}
+
+v1::TableSpec SparseTableSpec(const std::string& name, uint32_t dim, float lr,
+                              v1::OptimizerSpec::Kind kind) {
+  v1::TableSpec t;
+  t.set_name(name);
+  t.set_kind(v1::TableSpec::SPARSE);
+  t.set_dim(dim);
+  t.mutable_optimizer()->set_kind(kind);
+  t.mutable_optimizer()->set_learning_rate(lr);
+  return t;
+}
+
+v1::PsJobSpec JobSpec(const std::string& id, std::vector<v1::TableSpec> tables,
+                      uint32_t num_workers, v1::ConsistencySpec::Model model, uint32_t staleness) {
+  v1::PsJobSpec spec;
+  spec.set_job_id(id);
+  for (auto& t : tables) *spec.add_tables() = std::move(t);
+  spec.set_num_workers(num_workers);
+  spec.mutable_consistency()->set_model(model);
+  spec.mutable_consistency()->set_staleness(staleness);
+  return spec;
+}
+
+}  // namespace fulcrum::testing

@@ -1,0 +1,92 @@
+// Test helpers shared by every Fulcrum test binary.
+#ifndef FULCRUM_TESTS_TESTING_TEST_UTIL_H_
+#define FULCRUM_TESTS_TESTING_TEST_UTIL_H_
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/parameter_server.h"
+#include "server/rpc/ps_service.h"
+#include "worker/rpc/grpc_ps_client.h"
+
+namespace absl {
+inline std::ostream& operator<<(std::ostream& os, StatusCode code) {
+  return os << StatusCodeToString(code);
+}
+}  // namespace absl
+
+#define REQUIRE_OK(expr)                                  \
+  do {                                                    \
+    const ::absl::Status fulcrum_s_ = (expr);             \
+    INFO("status: " << fulcrum_s_.ToString());            \
+    REQUIRE(fulcrum_s_.ok());                             \
+  } while (0)
+
+#define REQUIRE_OK_AND_ASSIGN(lhs, expr)                  \
+  auto FULCRUM_TEST_CONCAT_(sor_, __LINE__) = (expr);     \
+  REQUIRE_OK(FULCRUM_TEST_CONCAT_(sor_, __LINE__).status()); \
+  lhs = std::move(FULCRUM_TEST_CONCAT_(sor_, __LINE__)).value()
+#define FULCRUM_TEST_CONCAT_INNER_(a, b) a##b
+#define FULCRUM_TEST_CONCAT_(a, b) FULCRUM_TEST_CONCAT_INNER_(a, b)
+
+// Requires `status` to have `code` and a message containing `substring`.
+#define REQUIRE_STATUS(expr, want_code, substring)                    \
+  do {                                                           \
+    const ::absl::Status fulcrum_s_ = (expr);                    \
+    INFO("status: " << fulcrum_s_.ToString());                   \
+    REQUIRE(fulcrum_s_.code() == (want_code));                        \
+    REQUIRE(std::string(fulcrum_s_.message()).find(substring) != std::string::npos); \
+  } while (0)
+
+namespace fulcrum::testing {
+
+// N parameter servers in this process, each on its own 127.0.0.1 port, with a
+// round-robin shard map (version 1) installed on all of them.
+class TestCluster {
+ public:
+  struct Options {
+    int num_servers = 2;
+    uint32_t num_virtual_shards = 16;
+    uint64_t default_quota_bytes = uint64_t{1} << 30;
+    absl::Duration max_wait = absl::Seconds(30);
+  };
+  static std::unique_ptr<TestCluster> Start(Options options);
+  static std::unique_ptr<TestCluster> Start() { return Start(Options()); }
+  ~TestCluster();
+
+  size_t size() const { return servers_.size(); }
+  ParameterServer* server(size_t i) { return servers_[i].get(); }
+  const std::string& address(size_t i) const { return grpc_[i]->address(); }
+  const v1::ShardMap& shard_map() const { return map_; }
+  // Installs `map` on every server.
+  void SetShardMap(const v1::ShardMap& map);
+
+  // A client for worker `rank` that knows the cluster's current map.
+  std::unique_ptr<GrpcPsClient> Client(uint32_t rank, GrpcPsClientOptions base = {});
+
+ private:
+  std::vector<std::unique_ptr<ParameterServer>> servers_;
+  std::vector<std::unique_ptr<PsGrpcServer>> grpc_;
+  v1::ShardMap map_;
+};
+
+// A one-table spec helper: dense table `name` of `elements` floats.
+v1::TableSpec DenseTableSpec(const std::string& name, int64_t elements, float lr = 1.0f,
+                             v1::OptimizerSpec::Kind kind = v1::OptimizerSpec::SGD,
+                             uint32_t chunk_elements = 0);
+v1::TableSpec SparseTableSpec(const std::string& name, uint32_t dim, float lr = 1.0f,
+                              v1::OptimizerSpec::Kind kind = v1::OptimizerSpec::SGD);
+v1::PsJobSpec JobSpec(const std::string& id, std::vector<v1::TableSpec> tables,
+                      uint32_t num_workers,
+                      v1::ConsistencySpec::Model model = v1::ConsistencySpec::BSP,
+                      uint32_t staleness = 0);
+
+}  // namespace fulcrum::testing
+
+#endif  // FULCRUM_TESTS_TESTING_TEST_UTIL_H_

@@ -1,0 +1,92 @@
+// PsClient: how a worker talks to the parameter servers.
+//
+// Push and Pull take whole tables (dense) or key lists (sparse); the client
+// slices them by the shard map, sends to all servers in parallel and returns
+// a future that completes when every server answered. Synchronous wrappers
+// wait on that future. Memory passed in (gradients, keys, outputs) must stay
+// valid until the future completes. Thread-safe.
+//
+// Errors: NOT_FOUND (unknown job), INVALID_ARGUMENT (shape, dtype, NaN/Inf;
+// the message names the table), RESOURCE_EXHAUSTED (quota),
+// DEADLINE_EXCEEDED (a consistency wait ran out; the message says what it
+// waited for), UNAVAILABLE (a server could not be reached in time).
+#ifndef FULCRUM_WORKER_PS_CLIENT_H_
+#define FULCRUM_WORKER_PS_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/future.h"
+#include "fulcrum/v1/common.pb.h"
+
+namespace fulcrum {
+
+struct DenseGradient {
+  std::string table;
+  const float* data = nullptr;  // the whole table's gradient
+  size_t size = 0;              // must equal the table's element count
+};
+
+struct SparseGradient {
+  std::string table;
+  const uint64_t* keys = nullptr;
+  size_t num_keys = 0;
+  const float* values = nullptr;  // num_keys x dim
+};
+
+struct PushBatch {
+  uint64_t step = 0;  // the worker's clock: 0 for the first step
+  std::vector<DenseGradient> dense;
+  std::vector<SparseGradient> sparse;
+};
+
+struct DenseTarget {
+  std::string table;
+  float* out = nullptr;  // the whole table
+  size_t size = 0;
+};
+
+struct SparseTarget {
+  std::string table;
+  const uint64_t* keys = nullptr;
+  size_t num_keys = 0;
+  float* out = nullptr;  // num_keys x dim; rows are created on first pull
+};
+
+struct PullBatch {
+  // The caller's clock: BSP returns weights with steps < step applied; SSP
+  // waits while the slowest worker is more than the bound behind.
+  uint64_t step = 0;
+  std::vector<DenseTarget> dense;
+  std::vector<SparseTarget> sparse;
+};
+
+class PsClient {
+ public:
+  virtual ~PsClient() = default;
+
+  // Creates the job's tables on every server (idempotent for the same spec)
+  // and remembers them for routing.
+  virtual absl::Status CreateJob(const v1::PsJobSpec& spec) = 0;
+  // Learns the tables of a job created elsewhere.
+  virtual absl::Status OpenJob(const std::string& job_id) = 0;
+  // Deletes the job on every server, freeing its tables.
+  virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+
+  virtual Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) = 0;
+  virtual Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) = 0;
+
+  absl::Status Push(const std::string& job_id, const PushBatch& batch) {
+    return PushAsync(job_id, batch).Wait();
+  }
+  absl::Status Pull(const std::string& job_id, const PullBatch& batch) {
+    return PullAsync(job_id, batch).Wait();
+  }
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_PS_CLIENT_H_

@@ -1,0 +1,875 @@
+#include "worker/rpc/grpc_ps_client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/deadline_timer.h"
+#include "common/errors.h"
+#include "common/rpc/grpc_util.h"
+#include "common/rpc/wire_codec.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kPushMethod[] = "/fulcrum.v1.ParameterService/Push";
+constexpr char kPullMethod[] = "/fulcrum.v1.ParameterService/Pull";
+constexpr char kStreamMethod[] = "/fulcrum.v1.ParameterService/Stream";
+
+using ResponseCallback =
+    std::function<void(absl::Status, Payload body, std::shared_ptr<const void> keepalive)>;
+
+// One bidirectional stream to a server. Requests carry ids; responses may
+// come in any order. Dies (and fails its pending requests UNAVAILABLE) when
+// the stream breaks; the owner then opens a new one.
+class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit StreamConn(grpc::GenericStub* stub) {
+    stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
+    StartRead(&in_);
+    StartCall();
+  }
+
+  ~StreamConn() override {
+    ctx_.TryCancel();
+    done_.WaitForNotification();
+  }
+
+  bool dead() {
+    absl::MutexLock lock(&mu_);
+    return dead_;
+  }
+
+  void Send(bool is_push, wire::Writer body, ResponseCallback cb) {
+    absl::MutexLock lock(&mu_);
+    if (dead_) {
+      mu_.Unlock();
+      cb(absl::UnavailableError("stream to server closed"), Payload(), nullptr);
+      mu_.Lock();
+      return;
+    }
+    const uint64_t id = next_id_++;
+    pending_.emplace(id, std::move(cb));
+    out_.push_back(wire::EncodeStreamRequest(id, is_push, std::move(body)).Finish());
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (ok && !out_.empty()) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    grpc::ByteBuffer buf;
+    buf.Swap(&in_);
+    StartRead(&in_);
+    Payload p;
+    std::shared_ptr<const void> keepalive;
+    wire::StreamResponseView resp;
+    absl::Status s = wire::ViewByteBuffer(buf, &p, &keepalive);
+    if (s.ok()) s = wire::DecodeStreamResponse(p, &resp);
+    if (!s.ok()) return;  // a response we cannot read; its request times out with the stream
+    ResponseCallback cb;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(resp.id);
+      if (it == pending_.end()) return;
+      cb = std::move(it->second);
+      pending_.erase(it);
+    }
+    absl::Status status;
+    if (resp.code != 0) {
+      status = absl::Status(static_cast<absl::StatusCode>(resp.code), resp.message);
+      if (resp.shard_map_version != 0) status = WrongShardError(resp.message, resp.shard_map_version);
+    }
+    cb(status, resp.body, keepalive);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    absl::flat_hash_map<uint64_t, ResponseCallback> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      dead_ = true;
+      pending.swap(pending_);
+    }
+    for (auto& [id, cb] : pending) {
+      cb(absl::UnavailableError(absl::StrCat("stream closed: ", s.error_message())), Payload(),
+         nullptr);
+    }
+    done_.Notify();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer in_;
+  absl::Mutex mu_;
+  bool dead_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, ResponseCallback> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;
+};
+
+struct ServerConn {
+  std::string address;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  std::unique_ptr<v1::ParameterService::Stub> admin;
+  std::atomic<uint32_t> next{0};
+  absl::Mutex mu;
+  std::shared_ptr<StreamConn> stream ABSL_GUARDED_BY(mu);
+};
+
+struct TableInfo {
+  std::string name;
+  bool dense = true;
+  uint64_t num_elements = 0;
+  uint32_t chunk_elements = 0;
+  uint32_t num_chunks = 0;
+  uint32_t dim = 0;
+  uint64_t name_hash = 0;
+  uint32_t ChunkLength(uint32_t c) const {
+    const uint64_t begin = uint64_t{c} * chunk_elements;
+    return static_cast<uint32_t>(std::min<uint64_t>(chunk_elements, num_elements - begin));
+  }
+};
+
+struct JobInfo {
+  v1::PsJobSpec spec;
+  bool synchronous = true;  // BSP or SSP: every server hears from every worker each step
+  absl::flat_hash_map<std::string, TableInfo> tables;
+};
+
+absl::StatusOr<std::shared_ptr<const JobInfo>> MakeJobInfo(const v1::PsJobSpec& spec) {
+  auto info = std::make_shared<JobInfo>();
+  info->spec = spec;
+  info->synchronous = spec.consistency().model() != v1::ConsistencySpec::ASP;
+  for (const v1::TableSpec& t : spec.tables()) {
+    TableInfo ti;
+    ti.name = t.name();
+    ti.dense = t.kind() != v1::TableSpec::SPARSE;
+    ti.name_hash = HashTableName(t.name());
+    if (ti.dense) {
+      ti.num_elements = 1;
+      for (int64_t d : t.shape()) ti.num_elements *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+      ti.chunk_elements = t.chunk_elements() == 0 ? 262144 : t.chunk_elements();
+      ti.num_chunks =
+          static_cast<uint32_t>((ti.num_elements + ti.chunk_elements - 1) / ti.chunk_elements);
+    } else {
+      ti.dim = t.dim();
+    }
+    info->tables.emplace(t.name(), ti);
+  }
+  return std::shared_ptr<const JobInfo>(std::move(info));
+}
+
+// Tracks one PushAsync/PullAsync: completes its future when every message
+// (including re-routed ones) is answered; keeps the first error.
+struct Op {
+  Promise<absl::Status> promise;
+  absl::Mutex mu;
+  int outstanding ABSL_GUARDED_BY(mu) = 1;  // 1 = planning in progress
+  absl::Status status ABSL_GUARDED_BY(mu);
+  absl::Time retry_until;
+
+  void Add(int n) {
+    absl::MutexLock lock(&mu);
+    outstanding += n;
+  }
+  void Done(const absl::Status& s) {
+    absl::Status result;
+    {
+      absl::MutexLock lock(&mu);
+      status.Update(s);
+      if (--outstanding > 0) return;
+      result = status;
+    }
+    promise.Set(result);
+  }
+};
+
+// One part of a push to one server. Owns converted or gathered payloads.
+struct PushPart {
+  struct Dense {
+    const TableInfo* table;
+    uint32_t chunk;
+    const float* data;
+  };
+  struct Sparse {
+    const TableInfo* table;
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+  };
+  std::vector<Dense> dense;
+  std::vector<Sparse> sparse;
+  size_t bytes = 0;
+};
+
+// One pull request to one server, with where to put each answer.
+struct PullPart {
+  struct Dense {
+    const TableInfo* table;
+    uint32_t chunk;
+    float* out;  // chunk start
+  };
+  struct Sparse {
+    const TableInfo* table;
+    std::vector<uint64_t> keys;
+    std::vector<float*> out;  // row destination per key
+  };
+  std::vector<Dense> dense;
+  std::vector<Sparse> sparse;
+  size_t bytes = 0;
+};
+
+}  // namespace
+
+class GrpcPsClient::Impl {
+ public:
+  explicit Impl(GrpcPsClientOptions options) : options_(std::move(options)) {}
+
+  absl::Status Init() {
+    if (options_.worker_id.empty()) {
+      return absl::InvalidArgumentError("GrpcPsClientOptions.worker_id must be set");
+    }
+    if (DTypeSize(options_.wire_dtype) == 0) {
+      return absl::InvalidArgumentError("GrpcPsClientOptions.wire_dtype must be fp32, fp16 or bf16");
+    }
+    options_.channels_per_server = std::max(1, options_.channels_per_server);
+    if (options_.shard_map) {
+      ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(*options_.shard_map));
+      absl::MutexLock lock(&mu_);
+      map_ = std::make_shared<const ShardMap>(std::move(m));
+      return absl::OkStatus();
+    }
+    if (options_.bootstrap_servers.empty()) {
+      return absl::InvalidArgumentError("give GrpcPsClientOptions a shard_map or bootstrap_servers");
+    }
+    absl::Status last;
+    for (const std::string& s : options_.bootstrap_servers) {
+      last = FetchMap(s, 0);
+      if (last.ok()) return last;
+    }
+    return Annotate(last, "fetching the shard map");
+  }
+
+  ~Impl() {
+    // Streams cancel in their destructors and wait for gRPC to let go.
+    absl::MutexLock lock(&mu_);
+    for (auto& [addr, conn] : conns_) {
+      absl::MutexLock conn_lock(&conn->mu);
+      conn->stream.reset();
+    }
+  }
+
+  std::shared_ptr<const ShardMap> map() {
+    absl::MutexLock lock(&mu_);
+    return map_;
+  }
+
+  std::shared_ptr<ServerConn> Conn(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& conn = conns_[address];
+    if (conn == nullptr) {
+      conn = std::make_shared<ServerConn>();
+      conn->address = address;
+      for (int i = 0; i < options_.channels_per_server; ++i) {
+        auto channel = CreateFulcrumChannel(address, i);
+        if (i == 0) conn->admin = v1::ParameterService::NewStub(channel);
+        conn->stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
+      }
+    }
+    return conn;
+  }
+
+  // Installs the map held by `address` if newer than `min_version` allows.
+  absl::Status FetchMap(const std::string& address, uint64_t min_version) {
+    absl::MutexLock refresh(&refresh_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      if (map_ != nullptr && map_->version() >= min_version && min_version != 0) {
+        return absl::OkStatus();  // someone else refreshed already
+      }
+    }
+    auto conn = Conn(address);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::ShardMap proto;
+    RETURN_IF_ERROR(FromGrpcStatus(conn->admin->GetShardMap(&ctx, v1::GetShardMapRequest(), &proto)));
+    ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(proto));
+    absl::MutexLock lock(&mu_);
+    if (map_ == nullptr || m.version() > map_->version()) {
+      map_ = std::make_shared<const ShardMap>(std::move(m));
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs an admin call on every server in the map.
+  template <typename Fn>
+  absl::Status ForEachServer(Fn fn) {
+    auto m = map();
+    absl::Status result;
+    for (const std::string& address : m->servers()) {
+      auto conn = Conn(address);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      absl::Status s = FromGrpcStatus(fn(conn->admin.get(), &ctx));
+      result.Update(Annotate(s, absl::StrCat("server ", address)));
+    }
+    return result;
+  }
+
+  absl::Status CreateJob(const v1::PsJobSpec& spec) {
+    v1::CreateJobRequest req;
+    *req.mutable_spec() = spec;
+    RETURN_IF_ERROR(ForEachServer([&](v1::ParameterService::Stub* stub, grpc::ClientContext* ctx) {
+      v1::CreateJobResponse resp;
+      return stub->CreateJob(ctx, req, &resp);
+    }));
+    ASSIGN_OR_RETURN(auto info, MakeJobInfo(spec));
+    absl::MutexLock lock(&mu_);
+    jobs_[spec.job_id()] = std::move(info);
+    return absl::OkStatus();
+  }
+
+  absl::Status OpenJob(const std::string& job_id) {
+    auto m = map();
+    auto conn = Conn(m->servers()[0]);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::GetJobResponse resp;
+    RETURN_IF_ERROR(FromGrpcStatus(conn->admin->GetJob(&ctx, req, &resp)));
+    ASSIGN_OR_RETURN(auto info, MakeJobInfo(resp.spec()));
+    absl::MutexLock lock(&mu_);
+    jobs_[job_id] = std::move(info);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteJob(const std::string& job_id) {
+    v1::DeleteJobRequest req;
+    req.set_job_id(job_id);
+    absl::Status s = ForEachServer([&](v1::ParameterService::Stub* stub, grpc::ClientContext* ctx) {
+      v1::DeleteJobResponse resp;
+      return stub->DeleteJob(ctx, req, &resp);
+    });
+    absl::MutexLock lock(&mu_);
+    jobs_.erase(job_id);
+    return s;
+  }
+
+  absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) {
+    auto m = map();
+    if (server >= m->num_servers()) return absl::InvalidArgumentError("no such server");
+    auto conn = Conn(m->servers()[server]);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::GetJobResponse resp;
+    RETURN_IF_ERROR(FromGrpcStatus(conn->admin->GetJob(&ctx, req, &resp)));
+    return resp;
+  }
+
+  absl::StatusOr<std::shared_ptr<const JobInfo>> Job(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_id, "' is unknown to this client: call CreateJob or OpenJob first"));
+    }
+    return it->second;
+  }
+
+  // ---------------------------------------------------------------- sending
+
+  // Sends one encoded request to `address` and calls back with the body.
+  void Send(const std::string& address, bool is_push, wire::Writer body, absl::Duration timeout,
+            ResponseCallback cb) {
+    auto conn = Conn(address);
+    if (options_.transport == GrpcPsClientOptions::Transport::kStream) {
+      std::shared_ptr<StreamConn> stream;
+      {
+        absl::MutexLock lock(&conn->mu);
+        if (conn->stream == nullptr || conn->stream->dead()) {
+          conn->stream = std::make_shared<StreamConn>(conn->stubs[0].get());
+        }
+        stream = conn->stream;
+      }
+      // The callback holds the stream so it outlives its own pending requests.
+      stream->Send(is_push, std::move(body),
+                   [stream, cb = std::move(cb)](absl::Status s, Payload p,
+                                                std::shared_ptr<const void> k) { cb(s, p, k); });
+      return;
+    }
+    struct Call {
+      grpc::ClientContext ctx;
+      grpc::ByteBuffer request;
+      grpc::ByteBuffer response;
+    };
+    auto call = std::make_shared<Call>();
+    call->request = body.Finish();
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    const uint32_t i = conn->next.fetch_add(1, std::memory_order_relaxed) % conn->stubs.size();
+    conn->stubs[i]->UnaryCall(&call->ctx, is_push ? kPushMethod : kPullMethod, grpc::StubOptions(),
+                              &call->request, &call->response,
+                              [call, cb = std::move(cb)](grpc::Status gs) {
+                                absl::Status s = FromGrpcStatus(gs);
+                                Payload p;
+                                std::shared_ptr<const void> keepalive;
+                                if (s.ok()) s = wire::ViewByteBuffer(call->response, &p, &keepalive);
+                                cb(s, p, keepalive);
+                              });
+  }
+
+  bool ShouldRetry(const absl::Status& s, const Op& op) {
+    return s.code() == absl::StatusCode::kUnavailable && absl::Now() < op.retry_until;
+  }
+
+  absl::Duration Backoff(int attempt) {
+    return std::min(absl::Milliseconds(20) * (1 << std::min(attempt, 6)), absl::Seconds(1));
+  }
+
+  // ---------------------------------------------------------------- push
+
+  std::vector<std::pair<uint32_t, std::shared_ptr<PushPart>>> PlanPush(
+      const ShardMap& m, const JobInfo& job, const PushBatch& batch, absl::Status* error) {
+    const size_t esize = DTypeSize(options_.wire_dtype);
+    std::vector<std::vector<std::shared_ptr<PushPart>>> per_server(m.num_servers());
+    auto part_for = [&](uint32_t server, size_t bytes) -> PushPart& {
+      auto& parts = per_server[server];
+      if (parts.empty() || parts.back()->bytes + bytes > options_.max_payload_bytes) {
+        parts.push_back(std::make_shared<PushPart>());
+      }
+      parts.back()->bytes += bytes;
+      return *parts.back();
+    };
+    for (const DenseGradient& g : batch.dense) {
+      auto it = job.tables.find(g.table);
+      if (it == job.tables.end() || !it->second.dense) {
+        *error = absl::InvalidArgumentError(absl::StrCat("job '", job.spec.job_id(),
+                                                         "' has no dense table '", g.table, "'"));
+        return {};
+      }
+      const TableInfo& t = it->second;
+      if (g.size != t.num_elements) {
+        *error = absl::InvalidArgumentError(absl::StrCat("table '", g.table, "' has ",
+                                                         t.num_elements, " elements; gradient has ",
+                                                         g.size));
+        return {};
+      }
+      for (uint32_t c = 0; c < t.num_chunks; ++c) {
+        const uint32_t server = m.owner(VShardOfChunk(t.name_hash, c, m.num_virtual_shards()));
+        part_for(server, size_t{t.ChunkLength(c)} * esize)
+            .dense.push_back({&t, c, g.data + uint64_t{c} * t.chunk_elements});
+      }
+    }
+    for (const SparseGradient& g : batch.sparse) {
+      auto it = job.tables.find(g.table);
+      if (it == job.tables.end() || it->second.dense) {
+        *error = absl::InvalidArgumentError(absl::StrCat("job '", job.spec.job_id(),
+                                                         "' has no sparse table '", g.table, "'"));
+        return {};
+      }
+      const TableInfo& t = it->second;
+      const size_t row_bytes = 8 + size_t{t.dim} * esize;
+      std::vector<std::vector<size_t>> by_server(m.num_servers());
+      for (size_t k = 0; k < g.num_keys; ++k) {
+        by_server[m.owner(VShardOfKey(t.name_hash, g.keys[k], m.num_virtual_shards()))].push_back(k);
+      }
+      for (uint32_t s = 0; s < m.num_servers(); ++s) {
+        PushPart::Sparse* cur = nullptr;
+        for (size_t k : by_server[s]) {
+          auto& parts = per_server[s];
+          if (cur == nullptr || parts.back()->bytes + row_bytes > options_.max_payload_bytes) {
+            PushPart& p = part_for(s, 0);
+            cur = &p.sparse.emplace_back();
+            cur->table = &t;
+          }
+          per_server[s].back()->bytes += row_bytes;
+          cur->keys.push_back(g.keys[k]);
+          cur->values.insert(cur->values.end(), g.values + k * t.dim, g.values + (k + 1) * t.dim);
+        }
+      }
+    }
+    std::vector<std::pair<uint32_t, std::shared_ptr<PushPart>>> out;
+    for (uint32_t s = 0; s < m.num_servers(); ++s) {
+      // BSP/SSP servers count every worker's parts per step: send an empty
+      // part to a server this step has nothing for.
+      if (per_server[s].empty() && job.synchronous) {
+        per_server[s].push_back(std::make_shared<PushPart>());
+      }
+      for (auto& p : per_server[s]) out.emplace_back(s, std::move(p));
+    }
+    return out;
+  }
+
+  Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) {
+    auto op = std::make_shared<Op>();
+    op->retry_until = absl::Now() + options_.retry_budget;
+    Future<absl::Status> f = op->promise.future();
+    auto job = Job(job_id);
+    if (!job.ok()) {
+      op->Done(job.status());
+      return f;
+    }
+    auto m = map();
+    absl::Status error;
+    auto parts = PlanPush(*m, **job, batch, &error);
+    if (!error.ok()) {
+      op->Done(error);
+      return f;
+    }
+    std::vector<uint32_t> count(m->num_servers(), 0);
+    for (auto& [s, p] : parts) ++count[s];
+    op->Add(static_cast<int>(parts.size()));
+    for (auto& [s, p] : parts) {
+      SendPush(op, *job, m, s, job_id, batch.step, count[s], std::move(p),
+               next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
+    }
+    op->Done(absl::OkStatus());
+    return f;
+  }
+
+  void SendPush(std::shared_ptr<Op> op, std::shared_ptr<const JobInfo> job,
+                std::shared_ptr<const ShardMap> m, uint32_t server, const std::string& job_id,
+                uint64_t step, uint32_t num_parts, std::shared_ptr<PushPart> part, uint64_t seq,
+                int attempt) {
+    PushMessage msg;
+    msg.job_id = job_id;
+    msg.worker_id = options_.worker_id;
+    msg.seq = seq;
+    msg.rank = options_.rank;
+    msg.step = step;
+    msg.num_parts = num_parts;
+    msg.shard_map_version = m->version();
+    const DType dt = options_.wire_dtype;
+    // Converted payloads live in `encoded` until the call completes.
+    auto encoded = std::make_shared<std::vector<std::vector<uint8_t>>>();
+    auto view = [&](const float* data, size_t n) {
+      if (dt == DType::kFp32) return Payload(data, n * 4);
+      auto& buf = encoded->emplace_back(n * DTypeSize(dt));
+      EncodeFloats(data, n, dt, buf.data());
+      return Payload(buf.data(), buf.size());
+    };
+    for (const PushPart::Dense& d : part->dense) {
+      msg.dense.push_back({d.table->name, d.chunk, dt, view(d.data, d.table->ChunkLength(d.chunk))});
+    }
+    for (const PushPart::Sparse& s : part->sparse) {
+      SparseSliceView v;
+      v.table = s.table->name;
+      v.dtype = dt;
+      v.keys = Payload(s.keys.data(), s.keys.size() * 8);
+      v.values = view(s.values.data(), s.values.size());
+      msg.sparse.push_back(std::move(v));
+    }
+    const std::string address = m->servers()[server];
+    Send(address, true, wire::EncodePush(msg), options_.rpc_timeout,
+         [=, this](absl::Status s, Payload body, std::shared_ptr<const void>) {
+           (void)encoded;  // held until the response arrives
+           if (s.ok()) {
+             PushResult r;
+             s = wire::DecodePushResult(body, &r);
+             op->Done(s);
+             return;
+           }
+           if (ShouldRetry(s, *op)) {
+             timer_.Schedule(absl::Now() + Backoff(attempt), [=, this] {
+               SendPush(op, job, m, server, job_id, step, num_parts, part, seq, attempt + 1);
+             });
+             return;
+           }
+           if (auto version = WrongShardVersion(s); version && !job->synchronous) {
+             timer_.Schedule(absl::Now(), [=, this] { ReroutePush(op, job, address, *version, job_id, step, part); });
+             return;
+           }
+           op->Done(Annotate(s, absl::StrCat("push to ", address)));
+         });
+  }
+
+  void ReroutePush(std::shared_ptr<Op> op, std::shared_ptr<const JobInfo> job,
+                   const std::string& address, uint64_t version, const std::string& job_id,
+                   uint64_t step, std::shared_ptr<PushPart> part) {
+    absl::Status s = FetchMap(address, version);
+    if (!s.ok()) {
+      op->Done(Annotate(s, "refreshing the shard map"));
+      return;
+    }
+    auto m = map();
+    // Re-slice the rejected part under the new map (ASP: parts are independent).
+    std::vector<std::shared_ptr<PushPart>> per_server(m->num_servers());
+    for (const PushPart::Dense& d : part->dense) {
+      const uint32_t srv = m->owner(VShardOfChunk(d.table->name_hash, d.chunk, m->num_virtual_shards()));
+      if (!per_server[srv]) per_server[srv] = std::make_shared<PushPart>();
+      per_server[srv]->dense.push_back(d);
+    }
+    for (const PushPart::Sparse& sp : part->sparse) {
+      std::vector<PushPart::Sparse*> cur(m->num_servers(), nullptr);
+      for (size_t k = 0; k < sp.keys.size(); ++k) {
+        const uint32_t srv = m->owner(VShardOfKey(sp.table->name_hash, sp.keys[k], m->num_virtual_shards()));
+        if (!per_server[srv]) per_server[srv] = std::make_shared<PushPart>();
+        if (cur[srv] == nullptr) {
+          cur[srv] = &per_server[srv]->sparse.emplace_back();
+          cur[srv]->table = sp.table;
+        }
+        const uint32_t dim = sp.table->dim;
+        cur[srv]->keys.push_back(sp.keys[k]);
+        cur[srv]->values.insert(cur[srv]->values.end(), sp.values.begin() + k * dim,
+                                sp.values.begin() + (k + 1) * dim);
+      }
+    }
+    int n = 0;
+    for (auto& p : per_server) n += p != nullptr;
+    op->Add(n);
+    for (uint32_t srv = 0; srv < m->num_servers(); ++srv) {
+      if (per_server[srv] == nullptr) continue;
+      SendPush(op, job, m, srv, job_id, step, 1, per_server[srv],
+               next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
+    }
+    op->Done(absl::OkStatus());  // the rejected part is replaced by the new ones
+  }
+
+  // ---------------------------------------------------------------- pull
+
+  std::vector<std::pair<uint32_t, std::shared_ptr<PullPart>>> PlanPull(
+      const ShardMap& m, const std::vector<PullPart::Dense>& dense,
+      const std::vector<PullPart::Sparse>& sparse) {
+    const size_t esize = DTypeSize(options_.wire_dtype);
+    std::vector<std::vector<std::shared_ptr<PullPart>>> per_server(m.num_servers());
+    auto part_for = [&](uint32_t server, size_t bytes) -> PullPart& {
+      auto& parts = per_server[server];
+      if (parts.empty() || parts.back()->bytes + bytes > options_.max_payload_bytes) {
+        parts.push_back(std::make_shared<PullPart>());
+      }
+      parts.back()->bytes += bytes;
+      return *parts.back();
+    };
+    for (const PullPart::Dense& d : dense) {
+      const uint32_t server = m.owner(VShardOfChunk(d.table->name_hash, d.chunk, m.num_virtual_shards()));
+      part_for(server, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
+    }
+    for (const PullPart::Sparse& sp : sparse) {
+      const size_t row_bytes = 8 + size_t{sp.table->dim} * esize;
+      std::vector<PullPart::Sparse*> cur(m.num_servers(), nullptr);
+      for (size_t k = 0; k < sp.keys.size(); ++k) {
+        const uint32_t s = m.owner(VShardOfKey(sp.table->name_hash, sp.keys[k], m.num_virtual_shards()));
+        auto& parts = per_server[s];
+        if (cur[s] == nullptr || parts.back()->bytes + row_bytes > options_.max_payload_bytes) {
+          PullPart& p = part_for(s, 0);
+          cur[s] = &p.sparse.emplace_back();
+          cur[s]->table = sp.table;
+        }
+        per_server[s].back()->bytes += row_bytes;
+        cur[s]->keys.push_back(sp.keys[k]);
+        cur[s]->out.push_back(sp.out[k]);
+      }
+    }
+    std::vector<std::pair<uint32_t, std::shared_ptr<PullPart>>> out;
+    for (uint32_t s = 0; s < m.num_servers(); ++s) {
+      for (auto& p : per_server[s]) out.emplace_back(s, std::move(p));
+    }
+    return out;
+  }
+
+  Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) {
+    auto op = std::make_shared<Op>();
+    op->retry_until = absl::Now() + options_.retry_budget + options_.pull_wait_timeout;
+    Future<absl::Status> f = op->promise.future();
+    auto job = Job(job_id);
+    if (!job.ok()) {
+      op->Done(job.status());
+      return f;
+    }
+    std::vector<PullPart::Dense> dense;
+    std::vector<PullPart::Sparse> sparse;
+    for (const DenseTarget& d : batch.dense) {
+      auto it = (*job)->tables.find(d.table);
+      if (it == (*job)->tables.end() || !it->second.dense) {
+        op->Done(absl::InvalidArgumentError(
+            absl::StrCat("job '", job_id, "' has no dense table '", d.table, "'")));
+        return f;
+      }
+      if (d.size != it->second.num_elements) {
+        op->Done(absl::InvalidArgumentError(absl::StrCat("table '", d.table, "' has ",
+                                                         it->second.num_elements,
+                                                         " elements; pull target has ", d.size)));
+        return f;
+      }
+      for (uint32_t c = 0; c < it->second.num_chunks; ++c) {
+        dense.push_back({&it->second, c, d.out + uint64_t{c} * it->second.chunk_elements});
+      }
+    }
+    for (const SparseTarget& t : batch.sparse) {
+      auto it = (*job)->tables.find(t.table);
+      if (it == (*job)->tables.end() || it->second.dense) {
+        op->Done(absl::InvalidArgumentError(
+            absl::StrCat("job '", job_id, "' has no sparse table '", t.table, "'")));
+        return f;
+      }
+      PullPart::Sparse& sp = sparse.emplace_back();
+      sp.table = &it->second;
+      sp.keys.assign(t.keys, t.keys + t.num_keys);
+      for (size_t k = 0; k < t.num_keys; ++k) sp.out.push_back(t.out + k * it->second.dim);
+    }
+    auto m = map();
+    auto parts = PlanPull(*m, dense, sparse);
+    op->Add(static_cast<int>(parts.size()));
+    for (auto& [s, p] : parts) SendPull(op, *job, m, s, job_id, batch.step, std::move(p), 0);
+    op->Done(absl::OkStatus());
+    return f;
+  }
+
+  static absl::Status Deliver(const PullPart& part, DType dtype, const PullResponseView& r) {
+    if (r.dense.size() != part.dense.size() || r.sparse.size() != part.sparse.size()) {
+      return absl::InternalError(absl::StrCat("pull response has ", r.dense.size(), " dense and ",
+                                              r.sparse.size(), " sparse slices; asked for ",
+                                              part.dense.size(), " and ", part.sparse.size()));
+    }
+    const size_t esize = DTypeSize(dtype);
+    std::vector<uint8_t> scratch;
+    for (size_t i = 0; i < part.dense.size(); ++i) {
+      const PullPart::Dense& want = part.dense[i];
+      const DenseSliceView& got = r.dense[i];
+      const size_t n = want.table->ChunkLength(want.chunk);
+      if (got.table != want.table->name || got.chunk != want.chunk || got.dtype != dtype ||
+          got.data.size() != n * esize) {
+        return absl::InternalError(absl::StrCat("pull response slice ", i, " does not match table '",
+                                                want.table->name, "' chunk ", want.chunk));
+      }
+      if (dtype == DType::kFp32) {
+        got.data.CopyTo(want.out);  // straight from the received slices into the caller's tensor
+      } else {
+        scratch.resize(got.data.size());
+        got.data.CopyTo(scratch.data());
+        DecodeFloats(scratch.data(), n, dtype, want.out);
+      }
+    }
+    for (size_t i = 0; i < part.sparse.size(); ++i) {
+      const PullPart::Sparse& want = part.sparse[i];
+      const SparseSliceView& got = r.sparse[i];
+      const size_t dim = want.table->dim;
+      if (got.values.size() != want.keys.size() * dim * esize) {
+        return absl::InternalError(absl::StrCat("pull response for table '", want.table->name,
+                                                "' has ", got.values.size(), " bytes; expected ",
+                                                want.keys.size() * dim * esize));
+      }
+      scratch.resize(got.values.size());
+      got.values.CopyTo(scratch.data());
+      for (size_t k = 0; k < want.keys.size(); ++k) {
+        DecodeFloats(scratch.data() + k * dim * esize, dim, dtype, want.out[k]);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void SendPull(std::shared_ptr<Op> op, std::shared_ptr<const JobInfo> job,
+                std::shared_ptr<const ShardMap> m, uint32_t server, const std::string& job_id,
+                uint64_t step, std::shared_ptr<PullPart> part, int attempt) {
+    PullMessage msg;
+    msg.job_id = job_id;
+    msg.worker_id = options_.worker_id;
+    msg.rank = options_.rank;
+    msg.step = step;
+    msg.shard_map_version = m->version();
+    msg.dtype = options_.wire_dtype;
+    msg.wait_timeout_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.pull_wait_timeout));
+    for (const PullPart::Dense& d : part->dense) msg.dense.push_back({d.table->name, d.chunk});
+    for (const PullPart::Sparse& s : part->sparse) {
+      msg.sparse.push_back({s.table->name, Payload(s.keys.data(), s.keys.size() * 8)});
+    }
+    const std::string address = m->servers()[server];
+    const DType dtype = options_.wire_dtype;
+    Send(address, false, wire::EncodePull(msg), options_.pull_wait_timeout + options_.rpc_timeout,
+         [=, this](absl::Status s, Payload body, std::shared_ptr<const void> keepalive) {
+           if (s.ok()) {
+             // `body` views the response slices `keepalive` owns until we return.
+             PullResponseView r;
+             r.keepalive = std::move(keepalive);
+             s = wire::DecodePullResponse(body, &r);
+             if (s.ok()) s = Deliver(*part, dtype, r);
+             op->Done(Annotate(s, absl::StrCat("pull from ", address)));
+             return;
+           }
+           if (ShouldRetry(s, *op)) {
+             timer_.Schedule(absl::Now() + Backoff(attempt), [=, this] {
+               SendPull(op, job, m, server, job_id, step, part, attempt + 1);
+             });
+             return;
+           }
+           if (auto version = WrongShardVersion(s)) {
+             timer_.Schedule(absl::Now(), [=, this] {
+               absl::Status fs = FetchMap(address, *version);
+               if (!fs.ok()) {
+                 op->Done(Annotate(fs, "refreshing the shard map"));
+                 return;
+               }
+               auto nm = map();
+               auto parts = PlanPull(*nm, part->dense, part->sparse);
+               op->Add(static_cast<int>(parts.size()));
+               for (auto& [srv, p] : parts) SendPull(op, job, nm, srv, job_id, step, p, 0);
+               op->Done(absl::OkStatus());
+             });
+             return;
+           }
+           op->Done(Annotate(s, absl::StrCat("pull from ", address)));
+         });
+  }
+
+ private:
+  GrpcPsClientOptions options_;
+  std::atomic<uint64_t> next_seq_{1};
+  absl::Mutex refresh_mu_;
+  absl::Mutex mu_;
+  std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<ServerConn>> conns_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const JobInfo>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Runs retries and re-routes off gRPC's threads. Declared last so it stops
+  // (and drops its pending closures) before the members they use go away.
+  DeadlineTimer timer_;
+};
+
+absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Create(GrpcPsClientOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<GrpcPsClient>(new GrpcPsClient(std::move(impl)));
+}
+
+GrpcPsClient::GrpcPsClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrpcPsClient::~GrpcPsClient() = default;
+
+absl::Status GrpcPsClient::CreateJob(const v1::PsJobSpec& spec) { return impl_->CreateJob(spec); }
+absl::Status GrpcPsClient::OpenJob(const std::string& job_id) { return impl_->OpenJob(job_id); }
+absl::Status GrpcPsClient::DeleteJob(const std::string& job_id) { return impl_->DeleteJob(job_id); }
+Future<absl::Status> GrpcPsClient::PushAsync(const std::string& job_id, const PushBatch& batch) {
+  return impl_->PushAsync(job_id, batch);
+}
+Future<absl::Status> GrpcPsClient::PullAsync(const std::string& job_id, const PullBatch& batch) {
+  return impl_->PullAsync(job_id, batch);
+}
+absl::StatusOr<v1::GetJobResponse> GrpcPsClient::GetJobStats(const std::string& job_id,
+                                                             size_t server) {
+  return impl_->GetJobStats(job_id, server);
+}
+uint64_t GrpcPsClient::shard_map_version() const { return impl_->map()->version(); }
+
+}  // namespace fulcrum

@@ -1,0 +1,74 @@
+// GrpcPsClient: the PsClient over gRPC.
+//
+// Slicing: dense tables go chunk by chunk to the chunk's owner; sparse keys
+// are grouped by owner. Requests to a server are packed into messages of at
+// most max_payload_bytes (4 MiB, gRPC's default limit) and spread over
+// `channels_per_server` TCP connections, so a big tensor moves over several
+// connections at once. Transport is unary calls, or one bidirectional stream
+// per server.
+//
+// Retries: UNAVAILABLE is retried with backoff (a push keeps its (worker_id,
+// seq), so the server applies it once). A shard-map mismatch (ABORTED with
+// the server's map version) refreshes the map from that server and re-routes
+// the affected part: always for pulls and ASP pushes; for BSP/SSP pushes the
+// error is returned, since a mid-step map change would split a step's parts
+// (map changes under BSP/SSP happen at step boundaries).
+#ifndef FULCRUM_WORKER_RPC_GRPC_PS_CLIENT_H_
+#define FULCRUM_WORKER_RPC_GRPC_PS_CLIENT_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "fulcrum/v1/ps.pb.h"
+#include "worker/ps_client.h"
+
+namespace fulcrum {
+
+struct GrpcPsClientOptions {
+  // Asked for the shard map when `shard_map` is not given.
+  std::vector<std::string> bootstrap_servers;
+  std::optional<v1::ShardMap> shard_map;
+  std::string worker_id;  // required; with seq, identifies every push
+  uint32_t rank = 0;
+  DType wire_dtype = DType::kFp32;  // of gradients pushed and weights pulled
+  int channels_per_server = 4;
+  enum class Transport { kUnary, kStream };
+  Transport transport = Transport::kUnary;
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // How long a pull may wait for the consistency model (sent to the server).
+  absl::Duration pull_wait_timeout = absl::Minutes(5);
+  // Total time spent retrying UNAVAILABLE before giving up.
+  absl::Duration retry_budget = absl::Seconds(30);
+  size_t max_payload_bytes = 4 << 20;
+};
+
+class GrpcPsClient final : public PsClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<GrpcPsClient>> Create(GrpcPsClientOptions options);
+  ~GrpcPsClient() override;
+
+  absl::Status CreateJob(const v1::PsJobSpec& spec) override;
+  absl::Status OpenJob(const std::string& job_id) override;
+  absl::Status DeleteJob(const std::string& job_id) override;
+  Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override;
+  Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override;
+
+  // Job statistics from one server (for tools and tests).
+  absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server);
+  uint64_t shard_map_version() const;
+
+  class Impl;
+
+ private:
+  explicit GrpcPsClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_RPC_GRPC_PS_CLIENT_H_
