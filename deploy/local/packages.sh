@@ -1,0 +1,26 @@
+# Sourced by tests/run.sh and deploy/local/demo.sh: installs the Debian
+# packages Fulcrum needs, only those missing, so a second run does nothing.
+# The list and its reasons are in shared/ENVIRONMENT.md and docs/building.md.
+
+FULCRUM_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
+  iperf3
+)
+
+fulcrum_install_packages() {
+  local missing=() p
+  for p in "${FULCRUM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "== packages: all ${#FULCRUM_PACKAGES[@]} present"
+    return 0
+  fi
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+  echo "== packages: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
