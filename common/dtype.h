@@ -35,8 +35,10 @@ float Fp16ToFloat(uint16_t h);
 void EncodeFloats(const float* src, size_t n, DType dtype, void* dst);
 void DecodeFloats(const void* src, size_t n, DType dtype, float* dst);
 
-// True when all n floats are finite. Vectorizes (no early exit).
+// True when all n floats are finite. Vectorizes.
 bool AllFinite(const float* data, size_t n);
+// The same for n bf16 values (2-byte aligned).
+bool AllFiniteBf16(const uint16_t* data, size_t n);
 
 }  // namespace fulcrum
 

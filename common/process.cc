@@ -3,11 +3,14 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include "absl/synchronization/mutex.h"
+
 namespace fulcrum {
 
-void TuneMallocForLargeMessages() {
+void InitServingProcess() {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 void BlockTerminationSignals() {

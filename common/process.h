@@ -4,10 +4,13 @@
 
 namespace fulcrum {
 
-// glibc's adaptive mmap threshold makes every fresh multi-MiB message buffer
-// fault its pages in again (shared/ENVIRONMENT.md: 1.4-2x on big messages).
-// Pins the thresholds so freed buffers are reused from the heap.
-void TuneMallocForLargeMessages();
+// Set-up for a serving binary (server, bench):
+// - glibc's adaptive mmap threshold makes every fresh multi-MiB message buffer
+//   fault its pages in again (shared/ENVIRONMENT.md: 1.4-2x on big messages):
+//   the thresholds are pinned so freed buffers are reused from the heap;
+// - Debian's Abseil is built with mutex deadlock detection on, which costs
+//   about 1% of a busy server's CPU: it is turned off (tests keep it).
+void InitServingProcess();
 
 // Blocks SIGINT/SIGTERM in all threads (call before starting any) and
 // returns a function that waits for one of them; returns the signal number.

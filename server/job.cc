@@ -55,6 +55,17 @@ std::vector<uint64_t> DecodeKeys(const Payload& p) {
 
 }  // namespace
 
+// A chunk that arrived in one aligned piece is applied where it lies: fp32
+// directly, bf16 widened inside the update. BSP keeps fp32 copies to combine.
+Job::InPlaceKind Job::InPlace(const DenseSliceView& d) const {
+  const uint8_t* p = d.data.contiguous();
+  if (p == nullptr) return InPlaceKind::kNo;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  if (d.dtype == DType::kFp32 && addr % alignof(float) == 0) return InPlaceKind::kFp32;
+  if (d.dtype == DType::kBf16 && addr % 2 == 0 && model_ != Model::kBsp) return InPlaceKind::kBf16;
+  return InPlaceKind::kNo;
+}
+
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                  uint32_t num_virtual_shards,
                                                  uint64_t default_quota_bytes,
@@ -146,7 +157,8 @@ absl::Status Job::MaterializeOwned(const ShardMap& map, uint32_t self) {
 // ------------------------------------------------------------------ push
 
 absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out) {
-  // Pass 1: validate shapes and ownership, size the buffer.
+  // Pass 1: validate shapes and ownership, size the buffer for what cannot
+  // be used in place.
   size_t total = 0;
   for (const DenseSliceView& d : m.dense) {
     auto it = tables_.find(d.table);
@@ -181,7 +193,7 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
                        m.shard_map_version, ")"),
           map.version());
     }
-    total += t->ChunkLength(d.chunk);
+    if (InPlace(d) == InPlaceKind::kNo) total += t->ChunkLength(d.chunk);
   }
   for (const SparseSliceView& s : m.sparse) {
     auto it = tables_.find(s.table);
@@ -212,14 +224,26 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     total += nkeys * t->dim();
   }
 
-  // Pass 2: decode into fp32, check ownership of sparse keys, check finiteness.
+  // Pass 2: decode into fp32, check ownership of sparse keys.
   out->grads.resize(total);
+  out->keepalive = m.keepalive;
   size_t offset = 0;
   for (const DenseSliceView& d : m.dense) {
     auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
     const size_t n = t->ChunkLength(d.chunk);
+    switch (InPlace(d)) {
+      case InPlaceKind::kFp32:
+        out->dense.push_back({t, d.chunk, reinterpret_cast<const float*>(d.data.contiguous())});
+        continue;
+      case InPlaceKind::kBf16:
+        out->dense.push_back(
+            {t, d.chunk, nullptr, reinterpret_cast<const uint16_t*>(d.data.contiguous())});
+        continue;
+      case InPlaceKind::kNo:
+        break;
+    }
     DecodePayload(d.data, d.dtype, n, out->grads.data() + offset);
-    out->dense.push_back({t, d.chunk, offset});
+    out->dense.push_back({t, d.chunk, out->grads.data() + offset});
     offset += n;
   }
   for (const SparseSliceView& s : m.sparse) {
@@ -238,27 +262,26 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     }
     const size_t n = keys.size() * t->dim();
     DecodePayload(s.values, s.dtype, n, out->grads.data() + offset);
-    out->sparse.push_back({t, std::move(keys), offset});
+    out->sparse.push_back({t, std::move(keys), out->grads.data() + offset});
     offset += n;
   }
-  if (!AllFinite(out->grads.data(), out->grads.size())) {
+  // Check finiteness slice by slice, naming the first offending one.
+  std::string where;
+  for (const DenseItem& d : out->dense) {
+    const size_t n = d.table->ChunkLength(d.chunk);
+    if (d.g_bf16 != nullptr ? !AllFiniteBf16(d.g_bf16, n) : !AllFinite(d.g, n)) {
+      where = absl::StrCat("table '", d.table->name(), "' chunk ", d.chunk);
+      break;
+    }
+  }
+  for (size_t i = 0; where.empty() && i < out->sparse.size(); ++i) {
+    const SparseItem& sp = out->sparse[i];
+    if (!AllFinite(sp.g, sp.keys.size() * sp.table->dim())) {
+      where = absl::StrCat("table '", sp.table->name(), "'");
+    }
+  }
+  if (!where.empty()) {
     rejected_nonfinite_.fetch_add(1, std::memory_order_relaxed);
-    // Name the first offending table so the user knows where to look.
-    std::string where;
-    for (const DenseItem& d : out->dense) {
-      if (!AllFinite(out->grads.data() + d.offset, d.table->ChunkLength(d.chunk))) {
-        where = absl::StrCat("table '", d.table->name(), "' chunk ", d.chunk);
-        break;
-      }
-    }
-    if (where.empty()) {
-      for (const SparseItem& s : out->sparse) {
-        if (!AllFinite(out->grads.data() + s.offset, s.keys.size() * s.table->dim())) {
-          where = absl::StrCat("table '", s.table->name(), "'");
-          break;
-        }
-      }
-    }
     return absl::InvalidArgumentError(absl::StrCat("gradient for ", where, " from ",
                                                     Who(m.worker_id, m.rank), " at step ", m.step,
                                                     " contains NaN or Inf; push rejected, nothing applied"));
@@ -302,11 +325,11 @@ absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
   for (const DenseItem& item : d.dense) {
-    RETURN_IF_ERROR(item.table->Apply(item.chunk, d.grads.data() + item.offset));
+    RETURN_IF_ERROR(item.g_bf16 != nullptr ? item.table->ApplyBf16(item.chunk, item.g_bf16)
+                                           : item.table->Apply(item.chunk, item.g));
   }
   for (SparseItem& item : d.sparse) {
-    RETURN_IF_ERROR(ApplySparse(item.table, item.keys.data(), item.keys.size(),
-                                d.grads.data() + item.offset));
+    RETURN_IF_ERROR(ApplySparse(item.table, item.keys.data(), item.keys.size(), item.g));
   }
   return absl::OkStatus();
 }
@@ -395,8 +418,14 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   }
   Decoded decoded;
   decoded.seq = m.seq;
+  // Outside BSP the decoded gradient dies with this call: reuse one buffer
+  // per thread rather than faulting in fresh pages for every push.
+  thread_local std::vector<float> scratch;
+  const bool reuse = model_ != Model::kBsp;
+  if (reuse) decoded.grads.swap(scratch);
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok() && model_ != Model::kBsp) s = ApplyDecoded(decoded);
+  if (reuse) decoded.grads.swap(scratch);
   if (!s.ok()) {
     dedup_.Abort(m.worker_id, m.seq);
     return s;
@@ -473,7 +502,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       for (Decoded& part : parts) {
         for (const DenseItem& d : part.dense) {
           const size_t n = d.table->ChunkLength(d.chunk);
-          const float* g = part.grads.data() + d.offset;
+          const float* g = d.g;
           auto [it, inserted] = dense.try_emplace({d.table, d.chunk});
           if (inserted) {
             it->second.assign(g, g + n);
@@ -489,7 +518,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
           if (inserted) sparse_order.push_back(s.table);
           auto& [index, values] = it->second;
           for (size_t k = 0; k < s.keys.size(); ++k) {
-            const float* g = part.grads.data() + s.offset + k * dim;
+            const float* g = s.g + k * dim;
             auto [kit, kinserted] = index.try_emplace(s.keys[k], values.size());
             if (kinserted) {
               values.insert(values.end(), g, g + dim);
@@ -686,14 +715,7 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
     out.chunk = d.chunk;
     out.dtype = m.dtype;
     out.data = OwnedBuffer::Allocate(n * esize);
-    if (m.dtype == DType::kFp32) {
-      // malloc'ed buffers are aligned for float.
-      RETURN_IF_ERROR(t->Read(d.chunk, reinterpret_cast<float*>(out.data.data.get())));
-    } else {
-      scratch.resize(n);
-      RETURN_IF_ERROR(t->Read(d.chunk, scratch.data()));
-      EncodeFloats(scratch.data(), n, m.dtype, out.data.data.get());
-    }
+    RETURN_IF_ERROR(t->Read(d.chunk, m.dtype, out.data.data.get()));
   }
   for (const SparseKeysView& s : m.sparse) {
     auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());

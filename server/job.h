@@ -68,22 +68,25 @@ class Job : public std::enable_shared_from_this<Job> {
  private:
   enum class Model { kBsp, kSsp, kAsp };
 
-  // A validated gradient slice, decoded to fp32 at `offset` in a grads buffer.
+  // A validated gradient slice as fp32: either pointing straight into the
+  // received message (fp32, contiguous, aligned: no copy) or into `grads`.
   struct DenseItem {
     DenseTable* table;
     uint32_t chunk;
-    size_t offset;
+    const float* g;
+    const uint16_t* g_bf16 = nullptr;  // set instead of g: applied with widening
   };
   struct SparseItem {
     SparseTable* table;
     std::vector<uint64_t> keys;
-    size_t offset;
+    float* g;  // always in `grads`: duplicate keys are summed in place
   };
   struct Decoded {
     std::vector<float> grads;
     std::vector<DenseItem> dense;
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;
+    std::shared_ptr<const void> keepalive;  // the message bytes `g` may point into
   };
   struct RankStep {
     uint32_t num_parts = 0;
@@ -102,6 +105,9 @@ class Job : public std::enable_shared_from_this<Job> {
   Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
 
   absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
+  // Whether a dense slice can be applied from the message bytes without a copy.
+  enum class InPlaceKind { kNo, kFp32, kBf16 };
+  InPlaceKind InPlace(const DenseSliceView& d) const;
   absl::Status ApplyDecoded(Decoded& d);
   // Sums duplicate keys, groups keys by virtual shard and applies row by row.
   absl::Status ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads);

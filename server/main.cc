@@ -28,7 +28,7 @@ ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consi
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum parameter server");
   absl::ParseCommandLine(argc, argv);
-  fulcrum::TuneMallocForLargeMessages();
+  fulcrum::InitServingProcess();
   fulcrum::BlockTerminationSignals();
 
   std::string servers = absl::GetFlag(FLAGS_shard_map);

@@ -204,9 +204,14 @@ void Ftrl(const OptimizerConfig& c, float* __restrict w, float* __restrict z,
 
 void ApplyOptimizer(const OptimizerConfig& c, float* block, size_t n, const float* g,
                     uint64_t step) {
-  float* w = block;
-  float* s1 = block + n;
-  float* s2 = block + 2 * n;
+  ApplyOptimizerRange(c, block, n, 0, n, g, step);
+}
+
+void ApplyOptimizerRange(const OptimizerConfig& c, float* block, size_t stride, size_t begin,
+                         size_t n, const float* g, uint64_t step) {
+  float* w = block + begin;
+  float* s1 = block + stride + begin;
+  float* s2 = block + 2 * stride + begin;
   switch (c.kind) {
     case OptimizerKind::kSgd: Sgd(c, w, n, g); return;
     case OptimizerKind::kMomentum: Momentum(c, w, s1, n, g); return;

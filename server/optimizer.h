@@ -47,6 +47,9 @@ float InitialSlotValue(const OptimizerConfig& config, int slot);
 // correction). Not thread-safe for the same block: callers lock it.
 void ApplyOptimizer(const OptimizerConfig& config, float* block, size_t n, const float* g,
                     uint64_t step);
+// The same for elements [begin, begin + len) of a block of n elements.
+void ApplyOptimizerRange(const OptimizerConfig& config, float* block, size_t n, size_t begin,
+                         size_t len, const float* g, uint64_t step);
 
 }  // namespace fulcrum
 

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
 #include "fulcrum/v1/common.pb.h"
 #include "server/optimizer.h"
 
@@ -80,10 +81,14 @@ class DenseTable final : public Table {
 
   // Materializes a chunk (idempotent); RESOURCE_EXHAUSTED over quota.
   absl::Status EnsureChunk(uint32_t chunk);
-  // Copies the chunk's weights into out (ChunkLength floats).
-  absl::Status Read(uint32_t chunk, float* out);
+  // Copies the chunk's weights into out (ChunkLength elements of dtype),
+  // converting on the way out when dtype is not fp32.
+  absl::Status Read(uint32_t chunk, DType dtype, void* out);
   // Applies gradient g (ChunkLength floats) with the table's optimizer.
   absl::Status Apply(uint32_t chunk, const float* g);
+  // The same for a bf16 gradient, widened block by block inside the update
+  // (no fp32 copy of the whole chunk).
+  absl::Status ApplyBf16(uint32_t chunk, const uint16_t* g);
   uint32_t materialized_chunks() const;
 
  private:

@@ -136,7 +136,8 @@ struct ServerConn {
   std::unique_ptr<v1::ParameterService::Stub> admin;
   std::atomic<uint32_t> next{0};
   absl::Mutex mu;
-  std::shared_ptr<StreamConn> stream ABSL_GUARDED_BY(mu);
+  // One stream per channel (so per TCP connection), opened on first use.
+  std::vector<std::shared_ptr<StreamConn>> streams ABSL_GUARDED_BY(mu);
 };
 
 struct TableInfo {
@@ -277,7 +278,7 @@ class GrpcPsClient::Impl {
     absl::MutexLock lock(&mu_);
     for (auto& [addr, conn] : conns_) {
       absl::MutexLock conn_lock(&conn->mu);
-      conn->stream.reset();
+      conn->streams.clear();
     }
   }
 
@@ -407,14 +408,16 @@ class GrpcPsClient::Impl {
   void Send(const std::string& address, bool is_push, wire::Writer body, absl::Duration timeout,
             ResponseCallback cb) {
     auto conn = Conn(address);
+    const uint32_t i = conn->next.fetch_add(1, std::memory_order_relaxed) % conn->stubs.size();
     if (options_.transport == GrpcPsClientOptions::Transport::kStream) {
       std::shared_ptr<StreamConn> stream;
       {
         absl::MutexLock lock(&conn->mu);
-        if (conn->stream == nullptr || conn->stream->dead()) {
-          conn->stream = std::make_shared<StreamConn>(conn->stubs[0].get());
+        if (conn->streams.empty()) conn->streams.resize(conn->stubs.size());
+        if (conn->streams[i] == nullptr || conn->streams[i]->dead()) {
+          conn->streams[i] = std::make_shared<StreamConn>(conn->stubs[i].get());
         }
-        stream = conn->stream;
+        stream = conn->streams[i];
       }
       // The callback holds the stream so it outlives its own pending requests.
       stream->Send(is_push, std::move(body),
@@ -430,7 +433,6 @@ class GrpcPsClient::Impl {
     auto call = std::make_shared<Call>();
     call->request = body.Finish();
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    const uint32_t i = conn->next.fetch_add(1, std::memory_order_relaxed) % conn->stubs.size();
     conn->stubs[i]->UnaryCall(&call->ctx, is_push ? kPushMethod : kPullMethod, grpc::StubOptions(),
                               &call->request, &call->response,
                               [call, cb = std::move(cb)](grpc::Status gs) {
@@ -565,12 +567,12 @@ class GrpcPsClient::Impl {
     msg.shard_map_version = m->version();
     const DType dt = options_.wire_dtype;
     // Converted payloads live in `encoded` until the call completes.
-    auto encoded = std::make_shared<std::vector<std::vector<uint8_t>>>();
+    auto encoded = std::make_shared<std::vector<OwnedBuffer>>();
     auto view = [&](const float* data, size_t n) {
       if (dt == DType::kFp32) return Payload(data, n * 4);
-      auto& buf = encoded->emplace_back(n * DTypeSize(dt));
-      EncodeFloats(data, n, dt, buf.data());
-      return Payload(buf.data(), buf.size());
+      OwnedBuffer& buf = encoded->emplace_back(OwnedBuffer::Allocate(n * DTypeSize(dt)));
+      EncodeFloats(data, n, dt, buf.data.get());
+      return Payload(buf.data.get(), buf.size);
     };
     for (const PushPart::Dense& d : part->dense) {
       msg.dense.push_back({d.table->name, d.chunk, dt, view(d.data, d.table->ChunkLength(d.chunk))});
@@ -746,7 +748,7 @@ class GrpcPsClient::Impl {
                                               part.dense.size(), " and ", part.sparse.size()));
     }
     const size_t esize = DTypeSize(dtype);
-    std::vector<uint8_t> scratch;
+    thread_local std::vector<uint8_t> scratch;
     for (size_t i = 0; i < part.dense.size(); ++i) {
       const PullPart::Dense& want = part.dense[i];
       const DenseSliceView& got = r.dense[i];
@@ -756,8 +758,16 @@ class GrpcPsClient::Impl {
         return absl::InternalError(absl::StrCat("pull response slice ", i, " does not match table '",
                                                 want.table->name, "' chunk ", want.chunk));
       }
-      if (dtype == DType::kFp32) {
-        got.data.CopyTo(want.out);  // straight from the received slices into the caller's tensor
+      // Straight from the received slices into the caller's tensor, piece by
+      // piece, unless a piece boundary splits an element.
+      bool whole = true;
+      for (const ByteSpan& piece : got.data.pieces()) whole = whole && piece.size % esize == 0;
+      if (whole) {
+        float* out = want.out;
+        for (const ByteSpan& piece : got.data.pieces()) {
+          DecodeFloats(piece.data, piece.size / esize, dtype, out);
+          out += piece.size / esize;
+        }
       } else {
         scratch.resize(got.data.size());
         got.data.CopyTo(scratch.data());

@@ -4,8 +4,8 @@
 // are grouped by owner. Requests to a server are packed into messages of at
 // most max_payload_bytes (4 MiB, gRPC's default limit) and spread over
 // `channels_per_server` TCP connections, so a big tensor moves over several
-// connections at once. Transport is unary calls, or one bidirectional stream
-// per server.
+// connections at once. Transport is unary calls, or long-lived bidirectional
+// streams (one per connection) to each server.
 //
 // Retries: UNAVAILABLE is retried with backoff (a push keeps its (worker_id,
 // seq), so the server applies it once). A shard-map mismatch (ABORTED with

@@ -1,0 +1,352 @@
+// fulcrum-bench: throughput of the parameter-server data path on this
+// machine, printed next to bounds measured in the same run:
+//   - loopback TCP (iperf3 -c 127.0.0.1), the bound for push+pull;
+//   - memory bandwidth of a read-modify-write pass, the bound for Adam.
+// Servers run in this process on 127.0.0.1 ports (gRPC over real TCP).
+//
+//   fulcrum-bench            full run (about a minute on 2 cores)
+//   fulcrum-bench --quick    tiny sizes, for the smoke test in ctest
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "server/optimizer.h"
+#include "server/parameter_server.h"
+#include "server/rpc/ps_service.h"
+#include "worker/rpc/grpc_ps_client.h"
+
+namespace fulcrum {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool g_quick = false;
+size_t g_chunk_elements = 0;       // 0: the table default
+size_t g_message_bytes = 1 << 20;  // client max_payload_bytes
+int g_channels = 4;
+bool g_only_dense = false;
+int g_dtype_filter = 0;  // 0: fp32 and bf16
+bool g_stream = false;
+
+// ------------------------------------------------------------------ bounds
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string Run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// iperf3's received throughput on loopback in GB/s (0 when unavailable).
+double IperfGBps(int seconds) {
+  if (Run("command -v iperf3").empty()) return 0;
+  const int port = FreePort();
+  const std::string server = absl::StrCat("iperf3 -s -1 -p ", port, " >/dev/null 2>&1 &");
+  std::system(server.c_str());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the server listen
+  const std::string json = Run(absl::StrCat("iperf3 -c 127.0.0.1 -p ", port, " -t ", seconds, " -J"));
+  const size_t at = json.find("\"sum_received\"");
+  if (at == std::string::npos) return 0;
+  const size_t bps = json.find("\"bits_per_second\"", at);
+  if (bps == std::string::npos) return 0;
+  return std::strtod(json.c_str() + json.find(':', bps) + 1, nullptr) / 8e9;
+}
+
+// GB/s of acc[i] += g[i] over n floats on `threads` threads (12 bytes/element).
+double RmwGBps(size_t n, int threads, int reps) {
+  std::vector<float> acc(n, 1.0f), g(n, 0.5f);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        const size_t b = n * t / threads, e = n * (t + 1) / threads;
+        float* __restrict a = acc.data();
+        const float* __restrict gg = g.data();
+        for (size_t i = b; i < e; ++i) a[i] += gg[i];
+      });
+    }
+    for (auto& t : ts) t.join();
+    best = std::max(best, 12.0 * n / Seconds(t0, Clock::now()) / 1e9);
+  }
+  if (acc[n / 2] == 0) std::printf("?");  // keep the loop observable
+  return best;
+}
+
+// GB/s of the server's Adam apply (w, m, v read and written, g read: 28 bytes/element).
+double AdamGBps(size_t n, int threads, int reps) {
+  v1::OptimizerSpec spec;
+  spec.set_kind(v1::OptimizerSpec::ADAM);
+  spec.set_learning_rate(0.001f);
+  auto config = OptimizerConfigFromProto(spec, "bench");
+  // Per thread, blocks of 256K elements as the server's dense chunks are.
+  constexpr size_t kChunk = 262144;
+  const size_t chunks = n / kChunk;
+  std::vector<std::vector<float>> blocks(chunks, std::vector<float>(3 * kChunk, 0.1f));
+  std::vector<float> g(kChunk * chunks, 0.01f);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (size_t c = t; c < chunks; c += threads) {
+          ApplyOptimizer(*config, blocks[c].data(), kChunk, g.data() + c * kChunk, r + 1);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    best = std::max(best, 28.0 * kChunk * chunks / Seconds(t0, Clock::now()) / 1e9);
+  }
+  return best;
+}
+
+// ------------------------------------------------------------------ cluster
+
+struct Cluster {
+  std::vector<std::unique_ptr<ParameterServer>> ps;
+  std::vector<std::unique_ptr<PsGrpcServer>> grpc;
+  v1::ShardMap map;
+};
+
+std::unique_ptr<Cluster> StartCluster(int n) {
+  auto c = std::make_unique<Cluster>();
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    ParameterServerOptions o;
+    o.server_index = i;
+    c->ps.push_back(*ParameterServer::Create(o));
+    c->grpc.push_back(*PsGrpcServer::Start(c->ps.back().get(), "127.0.0.1:0"));
+    addresses.push_back(c->grpc.back()->address());
+  }
+  c->map = ShardMap::RoundRobin(1, 256, addresses)->ToProto();
+  for (auto& p : c->ps) (void)p->SetShardMap(c->map);
+  return c;
+}
+
+std::unique_ptr<GrpcPsClient> Client(const Cluster& c, DType dtype) {
+  GrpcPsClientOptions o;
+  o.shard_map = c.map;
+  o.worker_id = "bench";
+  o.wire_dtype = dtype;
+  o.channels_per_server = g_channels;
+  o.max_payload_bytes = g_message_bytes;
+  o.transport = g_stream ? GrpcPsClientOptions::Transport::kStream : GrpcPsClientOptions::Transport::kUnary;
+  return *GrpcPsClient::Create(o);
+}
+
+int g_job = 0;
+
+// Dense push+pull of one tensor of `bytes` (fp32 size): GB/s on the wire and
+// parameters/s, best of a few windows.
+// Returns the table row without its last column, and the wire GB/s.
+struct DenseResult {
+  std::string row;
+  double wire_gbps = 0;
+};
+
+DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype) {
+  const size_t n = bytes / 4;
+  auto client = Client(c, dtype);
+  const std::string job = absl::StrCat("dense", g_job++);
+  v1::PsJobSpec spec;
+  spec.set_job_id(job);
+  spec.set_num_workers(1);
+  spec.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
+  auto* t = spec.add_tables();
+  t->set_name("w");
+  t->set_kind(v1::TableSpec::DENSE);
+  t->add_shape(static_cast<int64_t>(n));
+  t->set_chunk_elements(static_cast<uint32_t>(g_chunk_elements));
+  t->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+  t->mutable_optimizer()->set_learning_rate(0.001f);
+  if (!client->CreateJob(spec).ok()) return {};
+  std::vector<float> g(n, 0.5f), w(n);
+  // Best of three windows of about a second each (one short one with --quick).
+  const double window_s = g_quick ? 0.05 : 1.0;
+  double best = 0;
+  for (int window = 0; window < (g_quick ? 1 : 3); ++window) {
+    int iters = 0;
+    auto t0 = Clock::now();
+    do {
+      absl::Status s = client->Push(job, {0, {{"w", g.data(), n}}, {}});
+      if (s.ok()) s = client->Pull(job, {0, {{"w", w.data(), n}}, {}});
+      if (!s.ok()) return {absl::StrCat("| dense | error: ", s.ToString()), 0};
+      ++iters;
+    } while (Seconds(t0, Clock::now()) < window_s);
+    best = std::max(best, iters / Seconds(t0, Clock::now()));
+  }
+  const double wire = 2.0 * n * DTypeSize(dtype) * best / 1e9;  // push + pull payload
+  const double params = 2.0 * n * best / 1e6;
+  char size[32];
+  if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
+  else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
+  char row[256];
+  std::snprintf(row, sizeof(row), "| dense | %zu | %s | %s | %.0f | %.2f | %.0f |", c.ps.size(), size,
+                DTypeName(dtype), best, wire, params);
+  (void)client->DeleteJob(job);
+  return {row, wire};
+}
+
+void SparseRate(const Cluster& c, size_t keys, uint32_t dim) {
+  auto client = Client(c, DType::kFp32);
+  const std::string job = absl::StrCat("sparse", g_job++);
+  v1::PsJobSpec spec;
+  spec.set_job_id(job);
+  spec.set_num_workers(1);
+  spec.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
+  auto* t = spec.add_tables();
+  t->set_name("emb");
+  t->set_kind(v1::TableSpec::SPARSE);
+  t->set_dim(dim);
+  t->mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAGRAD);
+  t->mutable_optimizer()->set_learning_rate(0.05f);
+  if (!client->CreateJob(spec).ok()) return;
+  std::mt19937_64 rng(1);
+  std::vector<uint64_t> pool(std::max<size_t>(keys * 4, 1000));
+  for (auto& k : pool) k = rng();
+  std::vector<float> vals(keys * dim, 0.1f);
+  std::vector<uint64_t> batch(keys);
+  // Create every row first so the timed loop measures steady-state rates.
+  for (size_t i = 0; i < pool.size(); i += keys) {
+    const size_t m = std::min(keys, pool.size() - i);
+    (void)client->Pull(job, {0, {}, {{"emb", pool.data() + i, m, vals.data()}}});
+  }
+  double pull_s = 0, push_s = 0;
+  int iters = 0;
+  for (auto start = Clock::now(); iters < 2 || Seconds(start, Clock::now()) < (g_quick ? 0.05 : 2.0); ++iters) {
+    for (auto& k : batch) k = pool[rng() % pool.size()];
+    auto t0 = Clock::now();
+    absl::Status s = client->Pull(job, {0, {}, {{"emb", batch.data(), keys, vals.data()}}});
+    auto t1 = Clock::now();
+    if (s.ok()) s = client->Push(job, {0, {}, {{"emb", batch.data(), keys, vals.data()}}});
+    auto t2 = Clock::now();
+    if (!s.ok()) {
+      std::printf("error: %s\n", s.ToString().c_str());
+      return;
+    }
+    pull_s += Seconds(t0, t1);
+    push_s += Seconds(t1, t2);
+  }
+  std::printf("| sparse | %zu | %zu keys | dim %u | %.2f M rows/s pull | %.2f M rows/s push |\n",
+              c.ps.size(), keys, dim, keys * iters / pull_s / 1e6, keys * iters / push_s / 1e6);
+  (void)client->DeleteJob(job);
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+int main(int argc, char** argv) {
+  using namespace fulcrum;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") g_quick = true;
+    else if (a == "--dense_only") g_only_dense = true;
+    else if (a == "--dtype=fp32") g_dtype_filter = 1;
+    else if (a == "--transport=stream") g_stream = true;
+    else if (a == "--transport=unary") g_stream = false;
+    else if (a == "--dtype=bf16") g_dtype_filter = 3;
+    else if (a.rfind("--chunk_kib=", 0) == 0) g_chunk_elements = std::stoul(a.substr(12)) * 256;
+    else if (a.rfind("--message_kib=", 0) == 0) g_message_bytes = std::stoul(a.substr(14)) << 10;
+    else if (a.rfind("--channels=", 0) == 0) g_channels = std::stoi(a.substr(11));
+    else {
+      std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only] [--dtype=fp32|bf16] [--transport=unary|stream] [--chunk_kib=N] "
+                           "[--message_kib=N] [--channels=N]\n");
+      return 2;
+    }
+  }
+  SetMinLogSeverity(LogSeverity::kWarning);
+  InitServingProcess();
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::printf("# fulcrum-bench%s on %u cores: chunks of %zu KiB, messages of at most %zu KiB, "
+              "%d %s connections per server\n\n",
+              g_quick ? " --quick" : "", std::thread::hardware_concurrency(),
+              (g_chunk_elements ? g_chunk_elements : 262144) / 256, g_message_bytes >> 10, g_channels,
+              g_stream ? "streaming" : "unary");
+
+  // Loopback throughput swings between time windows (shared/ENVIRONMENT.md):
+  // measure it before and after the dense runs and divide by the larger.
+  const int iperf_s = g_quick ? 1 : 3;
+  const double iperf_before = IperfGBps(iperf_s);
+  std::printf("loopback bound: iperf3 -c 127.0.0.1 = %.2f GB/s%s\n", iperf_before,
+              iperf_before > 0 ? "" : " (iperf3 not installed: ratios omitted)");
+
+  const size_t mem_n = g_quick ? (1 << 20) : (64 << 20);  // 256 MiB per array: out of cache
+  const int reps = g_quick ? 1 : 5;
+  for (int threads : {1, 2}) {
+    if (g_only_dense) break;
+    const double rmw = RmwGBps(mem_n, threads, reps);
+    const double adam = AdamGBps(mem_n, threads, reps);
+    std::printf("memory bound (acc += g, %d thread%s): %.1f GB/s; Adam apply: %.1f GB/s = %.2f x bound\n",
+                threads, threads > 1 ? "s" : "", rmw, adam, adam / rmw);
+  }
+
+  std::vector<size_t> sizes = g_quick ? std::vector<size_t>{4 << 10, 1 << 20}
+                                      : std::vector<size_t>{4 << 10, 64 << 10, 1 << 20, 4 << 20,
+                                                            16 << 20, 64 << 20};
+  std::vector<DenseResult> rows;
+  for (int servers : {1, 2}) {
+    auto cluster = StartCluster(servers);
+    for (size_t bytes : sizes) {
+      for (DType dt : {DType::kFp32, DType::kBf16}) {
+        if (g_dtype_filter == 0 || g_dtype_filter == static_cast<int>(dt)) {
+          rows.push_back(DensePushPull(*cluster, bytes, dt));
+        }
+      }
+    }
+  }
+  const double iperf_after = IperfGBps(iperf_s);
+  const double iperf = std::max(iperf_before, iperf_after);
+  std::printf("loopback bound after the dense runs: %.2f GB/s; ratios below use %.2f GB/s\n",
+              iperf_after, iperf);
+  std::printf("\n| kind | servers | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const DenseResult& r : rows) {
+    std::printf("%s %.2f |\n", r.row.c_str(), iperf > 0 ? r.wire_gbps / iperf : 0.0);
+  }
+  if (g_only_dense) return 0;
+  std::printf("\n| kind | servers | keys/request | dim | pull | push (Adagrad) |\n|---|---|---|---|---|---|\n");
+  std::vector<size_t> key_counts = g_quick ? std::vector<size_t>{1000}
+                                           : std::vector<size_t>{1000, 10000, 100000};
+  for (int servers : {1, 2}) {
+    auto cluster = StartCluster(servers);
+    for (uint32_t dim : {16u, 64u}) {
+      for (size_t k : key_counts) SparseRate(*cluster, k, dim);
+    }
+  }
+  return 0;
+}
