@@ -11,7 +11,9 @@
 namespace fulcrum {
 namespace {
 
-constexpr uint32_t kDefaultChunkElements = 262144;  // 1 MiB of fp32
+// 256 KiB of fp32: a 1 MiB tensor spreads over 4 chunks (and servers), and the
+// benchmark's sweep found it at least as fast as 1 MiB chunks (docs/benchmarks.md).
+constexpr uint32_t kDefaultChunkElements = 65536;
 // A chunk must fit one 4 MiB message with room for framing.
 constexpr uint32_t kMaxChunkElements = 1 << 20;
 constexpr uint64_t kMaxDenseElements = uint64_t{1} << 36;

@@ -114,7 +114,7 @@ double AdamGBps(size_t n, int threads, int reps) {
   spec.set_learning_rate(0.001f);
   auto config = OptimizerConfigFromProto(spec, "bench");
   // Per thread, blocks of 256K elements as the server's dense chunks are.
-  constexpr size_t kChunk = 262144;
+  constexpr size_t kChunk = 65536;
   const size_t chunks = n / kChunk;
   std::vector<std::vector<float>> blocks(chunks, std::vector<float>(3 * kChunk, 0.1f));
   std::vector<float> g(kChunk * chunks, 0.01f);
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
   std::printf("# fulcrum-bench%s on %u cores: chunks of %zu KiB, messages of at most %zu KiB, "
               "%d %s connections per server\n\n",
               g_quick ? " --quick" : "", std::thread::hardware_concurrency(),
-              (g_chunk_elements ? g_chunk_elements : 262144) / 256, g_message_bytes >> 10, g_channels,
+              (g_chunk_elements ? g_chunk_elements : 65536) / 256, g_message_bytes >> 10, g_channels,
               g_stream ? "streaming" : "unary");
 
   // Loopback throughput swings between time windows (shared/ENVIRONMENT.md):

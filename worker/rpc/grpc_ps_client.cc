@@ -172,7 +172,7 @@ absl::StatusOr<std::shared_ptr<const JobInfo>> MakeJobInfo(const v1::PsJobSpec& 
     if (ti.dense) {
       ti.num_elements = 1;
       for (int64_t d : t.shape()) ti.num_elements *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
-      ti.chunk_elements = t.chunk_elements() == 0 ? 262144 : t.chunk_elements();
+      ti.chunk_elements = t.chunk_elements() == 0 ? 65536 : t.chunk_elements();  // server default
       ti.num_chunks =
           static_cast<uint32_t>((ti.num_elements + ti.chunk_elements - 1) / ti.chunk_elements);
     } else {
@@ -240,6 +240,39 @@ struct PullPart {
   std::vector<Dense> dense;
   std::vector<Sparse> sparse;
   size_t bytes = 0;
+};
+
+// Packs a call's items into per-server messages of at most `budget` bytes.
+template <typename Part>
+class Packer {
+ public:
+  Packer(size_t servers, size_t budget) : per_server_(servers), budget_(budget) {}
+
+  // The part `bytes` more go into for `server`: the current one, or a new
+  // one when they would not fit (then *fresh is set).
+  Part& For(uint32_t server, size_t bytes, bool* fresh = nullptr) {
+    auto& parts = per_server_[server];
+    const bool start = parts.empty() || parts.back()->bytes + bytes > budget_;
+    if (start) parts.push_back(std::make_shared<Part>());
+    if (fresh) *fresh = start;
+    parts.back()->bytes += bytes;
+    return *parts.back();
+  }
+
+  // The parts, server by server. With `every_server`, a server with nothing
+  // gets one empty part (BSP/SSP servers count every worker's parts).
+  std::vector<std::pair<uint32_t, std::shared_ptr<Part>>> Take(bool every_server) {
+    std::vector<std::pair<uint32_t, std::shared_ptr<Part>>> out;
+    for (uint32_t s = 0; s < per_server_.size(); ++s) {
+      if (per_server_[s].empty() && every_server) per_server_[s].push_back(std::make_shared<Part>());
+      for (auto& p : per_server_[s]) out.emplace_back(s, std::move(p));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::shared_ptr<Part>>> per_server_;
+  const size_t budget_;
 };
 
 }  // namespace
@@ -457,15 +490,7 @@ class GrpcPsClient::Impl {
   std::vector<std::pair<uint32_t, std::shared_ptr<PushPart>>> PlanPush(
       const ShardMap& m, const JobInfo& job, const PushBatch& batch, absl::Status* error) {
     const size_t esize = DTypeSize(options_.wire_dtype);
-    std::vector<std::vector<std::shared_ptr<PushPart>>> per_server(m.num_servers());
-    auto part_for = [&](uint32_t server, size_t bytes) -> PushPart& {
-      auto& parts = per_server[server];
-      if (parts.empty() || parts.back()->bytes + bytes > options_.max_payload_bytes) {
-        parts.push_back(std::make_shared<PushPart>());
-      }
-      parts.back()->bytes += bytes;
-      return *parts.back();
-    };
+    Packer<PushPart> packer(m.num_servers(), options_.max_payload_bytes);
     for (const DenseGradient& g : batch.dense) {
       auto it = job.tables.find(g.table);
       if (it == job.tables.end() || !it->second.dense) {
@@ -482,7 +507,7 @@ class GrpcPsClient::Impl {
       }
       for (uint32_t c = 0; c < t.num_chunks; ++c) {
         const uint32_t server = m.owner(VShardOfChunk(t.name_hash, c, m.num_virtual_shards()));
-        part_for(server, size_t{t.ChunkLength(c)} * esize)
+        packer.For(server, size_t{t.ChunkLength(c)} * esize)
             .dense.push_back({&t, c, g.data + uint64_t{c} * t.chunk_elements});
       }
     }
@@ -493,37 +518,27 @@ class GrpcPsClient::Impl {
                                                          "' has no sparse table '", g.table, "'"));
         return {};
       }
-      const TableInfo& t = it->second;
-      const size_t row_bytes = 8 + size_t{t.dim} * esize;
-      std::vector<std::vector<size_t>> by_server(m.num_servers());
-      for (size_t k = 0; k < g.num_keys; ++k) {
-        by_server[m.owner(VShardOfKey(t.name_hash, g.keys[k], m.num_virtual_shards()))].push_back(k);
-      }
-      for (uint32_t s = 0; s < m.num_servers(); ++s) {
-        PushPart::Sparse* cur = nullptr;
-        for (size_t k : by_server[s]) {
-          auto& parts = per_server[s];
-          if (cur == nullptr || parts.back()->bytes + row_bytes > options_.max_payload_bytes) {
-            PushPart& p = part_for(s, 0);
-            cur = &p.sparse.emplace_back();
-            cur->table = &t;
-          }
-          per_server[s].back()->bytes += row_bytes;
-          cur->keys.push_back(g.keys[k]);
-          cur->values.insert(cur->values.end(), g.values + k * t.dim, g.values + (k + 1) * t.dim);
-        }
-      }
+      AddSparse(m, packer, &it->second, g.keys, g.num_keys, g.values);
     }
-    std::vector<std::pair<uint32_t, std::shared_ptr<PushPart>>> out;
-    for (uint32_t s = 0; s < m.num_servers(); ++s) {
-      // BSP/SSP servers count every worker's parts per step: send an empty
-      // part to a server this step has nothing for.
-      if (per_server[s].empty() && job.synchronous) {
-        per_server[s].push_back(std::make_shared<PushPart>());
+    return packer.Take(job.synchronous);
+  }
+
+  // Groups keyed rows by owner into the packer's parts.
+  void AddSparse(const ShardMap& m, Packer<PushPart>& packer, const TableInfo* t,
+                 const uint64_t* keys, size_t n, const float* values) {
+    const size_t row_bytes = 8 + size_t{t->dim} * DTypeSize(options_.wire_dtype);
+    std::vector<PushPart::Sparse*> cur(m.num_servers(), nullptr);
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t s = m.owner(VShardOfKey(t->name_hash, keys[k], m.num_virtual_shards()));
+      bool fresh;
+      PushPart& part = packer.For(s, row_bytes, &fresh);
+      if (fresh || cur[s] == nullptr) {
+        cur[s] = &part.sparse.emplace_back();
+        cur[s]->table = t;
       }
-      for (auto& p : per_server[s]) out.emplace_back(s, std::move(p));
+      cur[s]->keys.push_back(keys[k]);
+      cur[s]->values.insert(cur[s]->values.end(), values + k * t->dim, values + (k + 1) * t->dim);
     }
-    return out;
   }
 
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) {
@@ -619,33 +634,19 @@ class GrpcPsClient::Impl {
     }
     auto m = map();
     // Re-slice the rejected part under the new map (ASP: parts are independent).
-    std::vector<std::shared_ptr<PushPart>> per_server(m->num_servers());
+    Packer<PushPart> packer(m->num_servers(), options_.max_payload_bytes);
+    const size_t esize = DTypeSize(options_.wire_dtype);
     for (const PushPart::Dense& d : part->dense) {
       const uint32_t srv = m->owner(VShardOfChunk(d.table->name_hash, d.chunk, m->num_virtual_shards()));
-      if (!per_server[srv]) per_server[srv] = std::make_shared<PushPart>();
-      per_server[srv]->dense.push_back(d);
+      packer.For(srv, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
     }
     for (const PushPart::Sparse& sp : part->sparse) {
-      std::vector<PushPart::Sparse*> cur(m->num_servers(), nullptr);
-      for (size_t k = 0; k < sp.keys.size(); ++k) {
-        const uint32_t srv = m->owner(VShardOfKey(sp.table->name_hash, sp.keys[k], m->num_virtual_shards()));
-        if (!per_server[srv]) per_server[srv] = std::make_shared<PushPart>();
-        if (cur[srv] == nullptr) {
-          cur[srv] = &per_server[srv]->sparse.emplace_back();
-          cur[srv]->table = sp.table;
-        }
-        const uint32_t dim = sp.table->dim;
-        cur[srv]->keys.push_back(sp.keys[k]);
-        cur[srv]->values.insert(cur[srv]->values.end(), sp.values.begin() + k * dim,
-                                sp.values.begin() + (k + 1) * dim);
-      }
+      AddSparse(*m, packer, sp.table, sp.keys.data(), sp.keys.size(), sp.values.data());
     }
-    int n = 0;
-    for (auto& p : per_server) n += p != nullptr;
-    op->Add(n);
-    for (uint32_t srv = 0; srv < m->num_servers(); ++srv) {
-      if (per_server[srv] == nullptr) continue;
-      SendPush(op, job, m, srv, job_id, step, 1, per_server[srv],
+    auto parts = packer.Take(false);
+    op->Add(static_cast<int>(parts.size()));
+    for (auto& [srv, p] : parts) {
+      SendPush(op, job, m, srv, job_id, step, 1, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
     op->Done(absl::OkStatus());  // the rejected part is replaced by the new ones
@@ -657,40 +658,27 @@ class GrpcPsClient::Impl {
       const ShardMap& m, const std::vector<PullPart::Dense>& dense,
       const std::vector<PullPart::Sparse>& sparse) {
     const size_t esize = DTypeSize(options_.wire_dtype);
-    std::vector<std::vector<std::shared_ptr<PullPart>>> per_server(m.num_servers());
-    auto part_for = [&](uint32_t server, size_t bytes) -> PullPart& {
-      auto& parts = per_server[server];
-      if (parts.empty() || parts.back()->bytes + bytes > options_.max_payload_bytes) {
-        parts.push_back(std::make_shared<PullPart>());
-      }
-      parts.back()->bytes += bytes;
-      return *parts.back();
-    };
+    Packer<PullPart> packer(m.num_servers(), options_.max_payload_bytes);
     for (const PullPart::Dense& d : dense) {
       const uint32_t server = m.owner(VShardOfChunk(d.table->name_hash, d.chunk, m.num_virtual_shards()));
-      part_for(server, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
+      packer.For(server, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
     }
     for (const PullPart::Sparse& sp : sparse) {
       const size_t row_bytes = 8 + size_t{sp.table->dim} * esize;
       std::vector<PullPart::Sparse*> cur(m.num_servers(), nullptr);
       for (size_t k = 0; k < sp.keys.size(); ++k) {
         const uint32_t s = m.owner(VShardOfKey(sp.table->name_hash, sp.keys[k], m.num_virtual_shards()));
-        auto& parts = per_server[s];
-        if (cur[s] == nullptr || parts.back()->bytes + row_bytes > options_.max_payload_bytes) {
-          PullPart& p = part_for(s, 0);
-          cur[s] = &p.sparse.emplace_back();
+        bool fresh;
+        PullPart& part = packer.For(s, row_bytes, &fresh);
+        if (fresh || cur[s] == nullptr) {
+          cur[s] = &part.sparse.emplace_back();
           cur[s]->table = sp.table;
         }
-        per_server[s].back()->bytes += row_bytes;
         cur[s]->keys.push_back(sp.keys[k]);
         cur[s]->out.push_back(sp.out[k]);
       }
     }
-    std::vector<std::pair<uint32_t, std::shared_ptr<PullPart>>> out;
-    for (uint32_t s = 0; s < m.num_servers(); ++s) {
-      for (auto& p : per_server[s]) out.emplace_back(s, std::move(p));
-    }
-    return out;
+    return packer.Take(false);
   }
 
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) {

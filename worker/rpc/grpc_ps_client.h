@@ -2,7 +2,7 @@
 //
 // Slicing: dense tables go chunk by chunk to the chunk's owner; sparse keys
 // are grouped by owner. Requests to a server are packed into messages of at
-// most max_payload_bytes (4 MiB, gRPC's default limit) and spread over
+// most max_payload_bytes (1 MiB by default) and spread over
 // `channels_per_server` TCP connections, so a big tensor moves over several
 // connections at once. Transport is unary calls, or long-lived bidirectional
 // streams (one per connection) to each server.
@@ -44,7 +44,9 @@ struct GrpcPsClientOptions {
   absl::Duration pull_wait_timeout = absl::Minutes(5);
   // Total time spent retrying UNAVAILABLE before giving up.
   absl::Duration retry_budget = absl::Seconds(30);
-  size_t max_payload_bytes = 4 << 20;
+  // Payload per message. 1 MiB keeps several messages of a big tensor in
+  // flight over the connections (docs/benchmarks.md); at most 4 MiB.
+  size_t max_payload_bytes = 1 << 20;
 };
 
 class GrpcPsClient final : public PsClient {
