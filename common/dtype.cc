@@ -189,13 +189,31 @@ bool AllFinite(const float* data, size_t n) {
   return true;
 }
 
-FULCRUM_VECTOR_CLONES
-bool AllFiniteBf16(const uint16_t* data, size_t n) {
-  for (size_t base = 0; base < n; base += kBlock) {
-    const size_t m = std::min(kBlock, n - base);
-    uint32_t bad = 0;
-    for (size_t i = 0; i < m; ++i) bad |= static_cast<uint32_t>((data[base + i] & 0x7f80u) == 0x7f80u);
-    if (bad) return false;
+bool ForEachFloatBlock(const Payload& payload, DType dtype, size_t n,
+                       const std::function<bool(const float*, size_t, size_t)>& fn) {
+  const size_t esize = DTypeSize(dtype);
+  alignas(64) float wide[kDecodeBlock];
+  alignas(64) uint8_t raw[kDecodeBlock * 4];
+  const auto& pieces = payload.pieces();
+  size_t piece = 0, offset = 0;
+  for (size_t begin = 0; begin < n; begin += kDecodeBlock) {
+    const size_t len = std::min(kDecodeBlock, n - begin);
+    // Gather len elements' bytes from the pieces (fp32 lands in `wide` directly).
+    uint8_t* dst = dtype == DType::kFp32 ? reinterpret_cast<uint8_t*>(wide) : raw;
+    size_t want = len * esize;
+    while (want > 0) {
+      const size_t take = std::min(want, pieces[piece].size - offset);
+      std::memcpy(dst, pieces[piece].data + offset, take);
+      dst += take;
+      want -= take;
+      offset += take;
+      if (offset == pieces[piece].size) {
+        ++piece;
+        offset = 0;
+      }
+    }
+    if (dtype != DType::kFp32) DecodeFloats(raw, len, dtype, wide);
+    if (!fn(wide, begin, len)) return false;
   }
   return true;
 }

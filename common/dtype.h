@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <string_view>
 
+#include <functional>
+
 #include "absl/status/statusor.h"
+#include "common/payload.h"
 
 static_assert(std::endian::native == std::endian::little,
               "Fulcrum's wire payloads are little-endian and copied as-is");
@@ -37,8 +40,14 @@ void DecodeFloats(const void* src, size_t n, DType dtype, float* dst);
 
 // True when all n floats are finite. Vectorizes.
 bool AllFinite(const float* data, size_t n);
-// The same for n bf16 values (2-byte aligned).
-bool AllFiniteBf16(const uint16_t* data, size_t n);
+
+// Walks a payload of n elements of dtype (any number of pieces, any
+// alignment) as fp32 blocks of at most kDecodeBlock elements staged in an
+// L1-sized buffer: fn(block, first element index, length). Stops early when
+// fn returns false. No copy of the whole payload is made.
+inline constexpr size_t kDecodeBlock = 2048;
+bool ForEachFloatBlock(const Payload& payload, DType dtype, size_t n,
+                       const std::function<bool(const float*, size_t, size_t)>& fn);
 
 }  // namespace fulcrum
 

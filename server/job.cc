@@ -55,17 +55,6 @@ std::vector<uint64_t> DecodeKeys(const Payload& p) {
 
 }  // namespace
 
-// A chunk that arrived in one aligned piece is applied where it lies: fp32
-// directly, bf16 widened inside the update. BSP keeps fp32 copies to combine.
-Job::InPlaceKind Job::InPlace(const DenseSliceView& d) const {
-  const uint8_t* p = d.data.contiguous();
-  if (p == nullptr) return InPlaceKind::kNo;
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  if (d.dtype == DType::kFp32 && addr % alignof(float) == 0) return InPlaceKind::kFp32;
-  if (d.dtype == DType::kBf16 && addr % 2 == 0 && model_ != Model::kBsp) return InPlaceKind::kBf16;
-  return InPlaceKind::kNo;
-}
-
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                  uint32_t num_virtual_shards,
                                                  uint64_t default_quota_bytes,
@@ -193,7 +182,7 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
                        m.shard_map_version, ")"),
           map.version());
     }
-    if (InPlace(d) == InPlaceKind::kNo) total += t->ChunkLength(d.chunk);
+    if (model_ == Model::kBsp) total += t->ChunkLength(d.chunk);
   }
   for (const SparseSliceView& s : m.sparse) {
     auto it = tables_.find(s.table);
@@ -226,21 +215,13 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
 
   // Pass 2: decode into fp32, check ownership of sparse keys.
   out->grads.resize(total);
-  out->keepalive = m.keepalive;
   size_t offset = 0;
   for (const DenseSliceView& d : m.dense) {
     auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
     const size_t n = t->ChunkLength(d.chunk);
-    switch (InPlace(d)) {
-      case InPlaceKind::kFp32:
-        out->dense.push_back({t, d.chunk, reinterpret_cast<const float*>(d.data.contiguous())});
-        continue;
-      case InPlaceKind::kBf16:
-        out->dense.push_back(
-            {t, d.chunk, nullptr, reinterpret_cast<const uint16_t*>(d.data.contiguous())});
-        continue;
-      case InPlaceKind::kNo:
-        break;
+    if (model_ != Model::kBsp) {
+      out->dense.push_back({t, d.chunk, nullptr, &d.data, d.dtype});
+      continue;
     }
     DecodePayload(d.data, d.dtype, n, out->grads.data() + offset);
     out->dense.push_back({t, d.chunk, out->grads.data() + offset});
@@ -269,7 +250,12 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   std::string where;
   for (const DenseItem& d : out->dense) {
     const size_t n = d.table->ChunkLength(d.chunk);
-    if (d.g_bf16 != nullptr ? !AllFiniteBf16(d.g_bf16, n) : !AllFinite(d.g, n)) {
+    const bool finite =
+        d.src != nullptr
+            ? ForEachFloatBlock(*d.src, d.dtype, n,
+                                [](const float* b, size_t, size_t len) { return AllFinite(b, len); })
+            : AllFinite(d.g, n);
+    if (!finite) {
       where = absl::StrCat("table '", d.table->name(), "' chunk ", d.chunk);
       break;
     }
@@ -325,8 +311,8 @@ absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
   for (const DenseItem& item : d.dense) {
-    RETURN_IF_ERROR(item.g_bf16 != nullptr ? item.table->ApplyBf16(item.chunk, item.g_bf16)
-                                           : item.table->Apply(item.chunk, item.g));
+    RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype)
+                                        : item.table->Apply(item.chunk, item.g));
   }
   for (SparseItem& item : d.sparse) {
     RETURN_IF_ERROR(ApplySparse(item.table, item.keys.data(), item.keys.size(), item.g));

@@ -68,13 +68,15 @@ class Job : public std::enable_shared_from_this<Job> {
  private:
   enum class Model { kBsp, kSsp, kAsp };
 
-  // A validated gradient slice as fp32: either pointing straight into the
-  // received message (fp32, contiguous, aligned: no copy) or into `grads`.
+  // A validated dense gradient: outside BSP a view of the received bytes,
+  // widened block by block as it is checked and applied; under BSP decoded
+  // to fp32 in `grads`, to be combined with the other workers' later.
   struct DenseItem {
     DenseTable* table;
     uint32_t chunk;
-    const float* g;
-    const uint16_t* g_bf16 = nullptr;  // set instead of g: applied with widening
+    const float* g = nullptr;        // BSP
+    const Payload* src = nullptr;    // ASP/SSP: the message's bytes
+    DType dtype = DType::kFp32;
   };
   struct SparseItem {
     SparseTable* table;
@@ -86,7 +88,6 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<DenseItem> dense;
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;
-    std::shared_ptr<const void> keepalive;  // the message bytes `g` may point into
   };
   struct RankStep {
     uint32_t num_parts = 0;
@@ -105,9 +106,6 @@ class Job : public std::enable_shared_from_this<Job> {
   Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
 
   absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
-  // Whether a dense slice can be applied from the message bytes without a copy.
-  enum class InPlaceKind { kNo, kFp32, kBf16 };
-  InPlaceKind InPlace(const DenseSliceView& d) const;
   absl::Status ApplyDecoded(Decoded& d);
   // Sums duplicate keys, groups keys by virtual shard and applies row by row.
   absl::Status ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads);

@@ -200,18 +200,15 @@ absl::Status DenseTable::Apply(uint32_t index, const float* g) {
   return absl::OkStatus();
 }
 
-absl::Status DenseTable::ApplyBf16(uint32_t index, const uint16_t* g) {
+absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
-  constexpr size_t kBlock = 2048;  // 8 KiB of fp32: stays in L1
-  alignas(64) float wide[kBlock];
   const size_t n = ChunkLength(index);
   absl::MutexLock lock(&c->mu);
   const uint64_t step = ++c->updates;
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t len = std::min(kBlock, n - begin);
-    DecodeFloats(g + begin, len, DType::kBf16, wide);
-    ApplyOptimizerRange(optimizer_, c->block.get(), n, begin, len, wide, step);
-  }
+  ForEachFloatBlock(g, dtype, n, [&](const float* block, size_t begin, size_t len) {
+    ApplyOptimizerRange(optimizer_, c->block.get(), n, begin, len, block, step);
+    return true;
+  });
   return absl::OkStatus();
 }
 

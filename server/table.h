@@ -86,9 +86,10 @@ class DenseTable final : public Table {
   absl::Status Read(uint32_t chunk, DType dtype, void* out);
   // Applies gradient g (ChunkLength floats) with the table's optimizer.
   absl::Status Apply(uint32_t chunk, const float* g);
-  // The same for a bf16 gradient, widened block by block inside the update
-  // (no fp32 copy of the whole chunk).
-  absl::Status ApplyBf16(uint32_t chunk, const uint16_t* g);
+  // The same for a gradient still in its received form (any dtype, any
+  // number of pieces), widened block by block inside the update: no fp32 copy
+  // of the whole chunk is made.
+  absl::Status Apply(uint32_t chunk, const Payload& g, DType dtype);
   uint32_t materialized_chunks() const;
 
  private:

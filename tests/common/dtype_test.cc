@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -75,6 +76,50 @@ TEST_CASE("unknown wire dtypes are rejected by value", "[dtype]") {
   auto bad = DTypeFromWire(9);
   REQUIRE_FALSE(bad.ok());
   REQUIRE(std::string(bad.status().message()).find("dtype 9") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+TEST_CASE("ForEachFloatBlock reads payloads split anywhere, in any dtype", "[dtype]") {
+  const size_t n = 3 * kDecodeBlock + 17;
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i) * 0.5f - 100.0f;
+  for (DType dt : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    std::vector<uint8_t> bytes(n * DTypeSize(dt));
+    EncodeFloats(values.data(), n, dt, bytes.data());
+    // Pieces of 1, 3, 7, ... bytes: elements straddle piece boundaries.
+    Payload p;
+    size_t at = 0, piece = 1;
+    while (at < bytes.size()) {
+      const size_t take = std::min(piece, bytes.size() - at);
+      p.Append(bytes.data() + at, take);
+      at += take;
+      piece = piece * 2 + 1;
+    }
+    std::vector<float> back(n, -1.0f);
+    size_t calls = 0;
+    REQUIRE(ForEachFloatBlock(p, dt, n, [&](const float* block, size_t begin, size_t len) {
+      REQUIRE(len <= kDecodeBlock);
+      std::copy(block, block + len, back.begin() + begin);
+      ++calls;
+      return true;
+    }));
+    REQUIRE(calls == 4);
+    std::vector<float> want(n);
+    DecodeFloats(bytes.data(), n, dt, want.data());
+    REQUIRE(back == want);
+  }
+  // Stopping early reports false and visits no further block.
+  Payload p(values.data(), n * 4);
+  size_t calls = 0;
+  REQUIRE_FALSE(ForEachFloatBlock(p, DType::kFp32, n, [&](const float*, size_t, size_t) {
+    return ++calls < 2;
+  }));
+  REQUIRE(calls == 2);
 }
 
 }  // namespace
