@@ -14,11 +14,6 @@ bool RecentRequestIds::Begin(const std::string& worker, uint64_t seq) {
   return true;
 }
 
-void RecentRequestIds::Commit(const std::string&, uint64_t) {
-  // Begin already recorded the pair; committing keeps it. Kept as an explicit
-  // step so the Begin/Commit/Abort protocol reads clearly at call sites.
-}
-
 void RecentRequestIds::Abort(const std::string& worker, uint64_t seq) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker);

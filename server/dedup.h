@@ -1,7 +1,8 @@
 // Remembers recent (worker id, sequence number) pairs so a retried push is
-// applied once (in the manner of TensorFlow's RecentRequestIds). A pair is
-// "in flight" between Begin and Commit/Abort, so two concurrent retries of the
-// same push cannot both apply. Thread-safe.
+// applied once (in the manner of TensorFlow's RecentRequestIds). Begin
+// records a pair before its push is applied, so two concurrent retries of the
+// same push cannot both apply; Abort forgets it when the push was refused.
+// Thread-safe.
 #ifndef FULCRUM_SERVER_DEDUP_H_
 #define FULCRUM_SERVER_DEDUP_H_
 
@@ -21,7 +22,6 @@ class RecentRequestIds {
   explicit RecentRequestIds(size_t window = 4096) : window_(window) {}
   // False when (worker, seq) was seen (applied or in flight).
   bool Begin(const std::string& worker, uint64_t seq);
-  void Commit(const std::string& worker, uint64_t seq);
   // Forgets an in-flight pair whose push was rejected, so a retry is judged anew.
   void Abort(const std::string& worker, uint64_t seq);
 

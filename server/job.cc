@@ -433,7 +433,6 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     }
     out->applied_step = applied_step_;
   }
-  dedup_.Commit(m.worker_id, m.seq);
   pushes_applied_.fetch_add(1, std::memory_order_relaxed);
   absl::Status drained = drain ? DrainBspSteps(&ready) : absl::OkStatus();
   for (auto& r : ready) r(absl::OkStatus());
@@ -739,16 +738,12 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
     }
     done(me->Serve(*m, *map));
   };
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) {
-      absl::Status reason = shutdown_reason_;
-      mu_.Unlock();
-      done(reason);
-      mu_.Lock();
-      return;
-    }
-    if (!ReadyLocked(m->step)) {
+      refused = shutdown_reason_;
+    } else if (!ReadyLocked(m->step)) {
       const uint64_t wid = next_waiter_++;
       Waiter& w = waiters_[wid];
       w.step = m->step;
@@ -763,7 +758,7 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
       return;
     }
   }
-  serve(absl::OkStatus());
+  serve(refused);  // serves when OK; otherwise reports why not
 }
 
 void Job::Shutdown(const absl::Status& reason) {

@@ -51,20 +51,20 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void Send(bool is_push, wire::Writer body, ResponseCallback cb) {
-    absl::MutexLock lock(&mu_);
-    if (dead_) {
-      mu_.Unlock();
-      cb(absl::UnavailableError("stream to server closed"), Payload(), nullptr);
-      mu_.Lock();
-      return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!dead_) {
+        const uint64_t id = next_id_++;
+        pending_.emplace(id, std::move(cb));
+        out_.push_back(wire::EncodeStreamRequest(id, is_push, std::move(body)).Finish());
+        if (!writing_) {
+          writing_ = true;
+          StartWrite(&out_.front());
+        }
+        return;
+      }
     }
-    const uint64_t id = next_id_++;
-    pending_.emplace(id, std::move(cb));
-    out_.push_back(wire::EncodeStreamRequest(id, is_push, std::move(body)).Finish());
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&out_.front());
-    }
+    cb(absl::UnavailableError("stream to server closed"), Payload(), nullptr);
   }
 
   void OnWriteDone(bool ok) override {

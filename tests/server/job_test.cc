@@ -1,0 +1,87 @@
+// Job-level tests, without gRPC: consistency bookkeeping driven directly.
+#include <cstring>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "server/job.h"
+#include "tests/testing/test_util.h"
+
+namespace fulcrum {
+namespace {
+
+using testing::DenseTableSpec;
+using testing::JobSpec;
+
+PushMessage Push(uint32_t rank, uint64_t step, const std::vector<float>& g) {
+  PushMessage m;
+  m.job_id = "j";
+  m.worker_id = "w" + std::to_string(rank);
+  m.seq = step + 1;
+  m.rank = rank;
+  m.step = step;
+  m.dense.push_back({"w", 0, DType::kFp32, Payload(g.data(), g.size() * 4)});
+  return m;
+}
+
+TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][job]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4)}, 3), 4,
+                                              1 << 20, &timer));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  std::vector<float> g0(4, 1.0f), g1(4, 3.0f);
+  PushResult r;
+  REQUIRE_OK(job->Push(Push(0, 0, g0), *map, 0, &r));
+  REQUIRE_OK(job->Push(Push(1, 0, g1), *map, 0, &r));
+  REQUIRE(r.applied_step == 0);  // rank 2 has not pushed
+
+  auto pull = std::make_shared<PullMessage>();
+  pull->job_id = "j";
+  pull->worker_id = "w0";
+  pull->step = 1;
+  pull->dense.push_back({"w", 0});
+  absl::Notification done;
+  absl::StatusOr<PullResult> result;
+  job->Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+    result = std::move(res);
+    done.Notify();
+  });
+  REQUIRE_FALSE(done.HasBeenNotified());  // parked: step 0 waits for worker 2
+
+  // Worker 2 is declared gone: step 0 completes with the two that pushed.
+  REQUIRE_OK(job->SetActiveWorkers({0, 1}));
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE_OK(result.status());
+  REQUIRE(result->applied_step == 1);
+  std::vector<float> w(4);
+  std::memcpy(w.data(), result->dense[0].data.data.get(), 16);
+  for (float x : w) REQUIRE(x == -2.0f);  // mean of 1 and 3 over the 2 active workers, lr 1
+
+  // A push from the inactive worker is refused and names it.
+  REQUIRE_STATUS(job->Push(Push(2, 1, g0), *map, 0, &r), absl::StatusCode::kFailedPrecondition,
+                 "is not an active worker");
+  REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
+}
+
+TEST_CASE("deleting a job fails its parked pulls", "[job]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4)}, 2), 4,
+                                              1 << 20, &timer));
+  auto pull = std::make_shared<PullMessage>();
+  pull->job_id = "j";
+  pull->worker_id = "w0";
+  pull->step = 1;
+  absl::Notification done;
+  absl::Status status;
+  job->Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+    status = res.status();
+    done.Notify();
+  });
+  job->Shutdown(absl::AbortedError("job 'j' was deleted"));
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(status.code() == absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace fulcrum
