@@ -452,10 +452,11 @@ class GrpcPsClient::Impl {
         }
         stream = conn->streams[i];
       }
-      // The callback holds the stream so it outlives its own pending requests.
-      stream->Send(is_push, std::move(body),
-                   [stream, cb = std::move(cb)](absl::Status s, Payload p,
-                                                std::shared_ptr<const void> k) { cb(s, p, k); });
+      // The ServerConn owns its streams; a stream's destructor waits for
+      // OnDone, which fails whatever is still pending, so no callback needs
+      // to hold the stream (holding it could drop the last reference inside
+      // the stream's own reaction).
+      stream->Send(is_push, std::move(body), std::move(cb));
       return;
     }
     struct Call {
