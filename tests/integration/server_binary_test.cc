@@ -1,0 +1,144 @@
+// End-to-end test with the real fulcrum-server binary: two processes started
+// with flags as an operator would, driven by GrpcPsClient over 127.0.0.1,
+// then stopped with SIGTERM. Checks the startup log names the address and
+// virtual shards, BSP training steps work across processes, and shutdown is
+// clean.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/test_util.h"
+
+extern char** environ;
+
+namespace fulcrum {
+namespace {
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct Process {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Process Spawn(std::vector<std::string> args, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Process p;
+  p.log = log;
+  REQUIRE(posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return p;
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/fulcrum-e2e-XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  REQUIRE(dir != nullptr);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGTERM", "[e2e]") {
+  const std::string binary = FULCRUM_SERVER_BINARY;
+  const std::string dir = TempDir();
+  const int p0 = FreePort(), p1 = FreePort();
+  const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
+  const std::string map = absl::StrCat(a0, ",", a1);
+  Process s0 = Spawn({binary, "--listen=" + a0, "--server_index=0", "--shard_map=" + map,
+                      "--virtual_shards=32"}, dir + "/server0.log");
+  Process s1 = Spawn({binary, "--listen=" + a1, "--server_index=1", "--shard_map=" + map,
+                      "--virtual_shards=32"}, dir + "/server1.log");
+
+  GrpcPsClientOptions o;
+  o.bootstrap_servers = {a0};
+  o.retry_budget = absl::Seconds(20);  // the servers may still be starting
+  std::vector<std::unique_ptr<GrpcPsClient>> clients;
+  for (uint32_t r = 0; r < 2; ++r) {
+    o.rank = r;
+    o.worker_id = absl::StrCat("e2e-", r);
+    // Fetching the map is the first call: retry while the servers start.
+    absl::StatusOr<std::unique_ptr<GrpcPsClient>> c;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      c = GrpcPsClient::Create(o);
+      if (c.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    REQUIRE_OK(c.status());
+    clients.push_back(*std::move(c));
+  }
+  REQUIRE(clients[0]->shard_map_version() == 1);
+  REQUIRE_OK(clients[0]->CreateJob(testing::JobSpec("e2e", {testing::DenseTableSpec("w", 100000, 0.5f)}, 2)));
+  REQUIRE_OK(clients[1]->OpenJob("e2e"));
+  std::vector<float> g(100000, 1.0f), w(100000);
+  for (uint64_t step = 0; step < 3; ++step) {
+    auto f0 = clients[0]->PushAsync("e2e", {step, {{"w", g.data(), g.size()}}, {}});
+    auto f1 = clients[1]->PushAsync("e2e", {step, {{"w", g.data(), g.size()}}, {}});
+    REQUIRE_OK(f0.Wait());
+    REQUIRE_OK(f1.Wait());
+    REQUIRE_OK(clients[0]->Pull("e2e", {step + 1, {{"w", w.data(), w.size()}}, {}}));
+    for (float x : w) REQUIRE(x == -0.5f * static_cast<float>(step + 1));
+  }
+  clients.clear();
+
+  for (Process* p : {&s0, &s1}) {
+    REQUIRE(kill(p->pid, SIGTERM) == 0);
+    int status = 0;
+    REQUIRE(waitpid(p->pid, &status, 0) == p->pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  const std::string log0 = ReadFile(s0.log);
+  INFO(log0);
+  REQUIRE(log0.find("fulcrum-server listening on " + a0 + " as server 0 of 2") != std::string::npos);
+  REQUIRE(log0.find("32 virtual shards, owns 0,2,4") != std::string::npos);
+  REQUIRE(log0.find("created job 'e2e'") != std::string::npos);
+  REQUIRE(log0.find("draining and shutting down") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fulcrum-server refuses a bad shard map with a clear message", "[e2e]") {
+  const std::string binary = FULCRUM_SERVER_BINARY;
+  const std::string dir = TempDir();
+  Process p = Spawn({binary, "--listen=127.0.0.1:0", "--server_index=3", "--shard_map=127.0.0.1:1"},
+                    dir + "/bad.log");
+  int status = 0;
+  REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 2);
+  REQUIRE(ReadFile(p.log).find("server index 3 is not in the shard map's 1 servers") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fulcrum
