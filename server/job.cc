@@ -275,10 +275,8 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   return absl::OkStatus();
 }
 
-absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads) {
-  const uint32_t dim = table->dim();
-  // Order indices by (virtual shard, key) so each partition is locked once
-  // and duplicate keys are adjacent.
+template <typename Fn>
+absl::Status Job::ForEachShard(const SparseTable* table, const uint64_t* keys, size_t n, Fn fn) {
   std::vector<uint32_t> vs(n);
   for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table->name_hash(), keys[i], num_virtual_shards_);
   std::vector<uint32_t> idx(n);
@@ -288,25 +286,45 @@ absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n
     if (keys[a] != keys[b]) return keys[a] < keys[b];
     return a < b;
   });
-  // Sum duplicates into their first occurrence (in request order) and drop them.
-  size_t w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (w > 0 && keys[idx[i]] == keys[idx[w - 1]]) {
-      float* dst = grads + size_t{idx[w - 1]} * dim;
-      const float* src = grads + size_t{idx[i]} * dim;
-      for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
-    } else {
-      idx[w++] = idx[i];
-    }
-  }
   size_t begin = 0;
-  while (begin < w) {
+  while (begin < n) {
     size_t end = begin;
-    while (end < w && vs[idx[end]] == vs[idx[begin]]) ++end;
-    RETURN_IF_ERROR(table->Apply(vs[idx[begin]], keys, idx.data() + begin, end - begin, grads));
+    while (end < n && vs[idx[end]] == vs[idx[begin]]) ++end;
+    RETURN_IF_ERROR(fn(vs[idx[begin]], idx.data() + begin, end - begin));
     begin = end;
   }
   return absl::OkStatus();
+}
+
+absl::Status Job::Prepare(const Decoded& d) {
+  for (const DenseItem& item : d.dense) RETURN_IF_ERROR(item.table->EnsureChunk(item.chunk));
+  for (const SparseItem& item : d.sparse) {
+    RETURN_IF_ERROR(ForEachShard(item.table, item.keys.data(), item.keys.size(),
+                                 [&](uint32_t v, const uint32_t* idx, size_t count) {
+                                   return item.table->EnsureRows(v, item.keys.data(), idx, count);
+                                 }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads) {
+  const uint32_t dim = table->dim();
+  return ForEachShard(table, keys, n, [&](uint32_t v, const uint32_t* idx, size_t count) {
+    // Keys are sorted within the shard: sum duplicates into their first
+    // occurrence (in request order) and apply each row once.
+    std::vector<uint32_t> unique;
+    unique.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (!unique.empty() && keys[idx[i]] == keys[unique.back()]) {
+        float* dst = grads + size_t{unique.back()} * dim;
+        const float* src = grads + size_t{idx[i]} * dim;
+        for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
+      } else {
+        unique.push_back(idx[i]);
+      }
+    }
+    return table->Apply(v, keys, unique.data(), unique.size(), grads);
+  });
 }
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
@@ -410,6 +428,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   const bool reuse = model_ != Model::kBsp;
   if (reuse) decoded.grads.swap(scratch);
   absl::Status s = Decode(m, map, self, &decoded);
+  if (s.ok()) s = Prepare(decoded);
   if (s.ok() && model_ != Model::kBsp) s = ApplyDecoded(decoded);
   if (reuse) decoded.grads.swap(scratch);
   if (!s.ok()) {
@@ -673,19 +692,9 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
 }
 
 absl::Status Job::ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out) {
-  std::vector<uint32_t> vs(n);
-  for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table->name_hash(), keys[i], num_virtual_shards_);
-  std::vector<uint32_t> idx(n);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return vs[a] < vs[b]; });
-  size_t begin = 0;
-  while (begin < n) {
-    size_t end = begin;
-    while (end < n && vs[idx[end]] == vs[idx[begin]]) ++end;
-    RETURN_IF_ERROR(table->Read(vs[idx[begin]], keys, idx.data() + begin, end - begin, out));
-    begin = end;
-  }
-  return absl::OkStatus();
+  return ForEachShard(table, keys, n, [&](uint32_t v, const uint32_t* idx, size_t count) {
+    return table->Read(v, keys, idx, count, out);
+  });
 }
 
 absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {

@@ -106,10 +106,17 @@ class Job : public std::enable_shared_from_this<Job> {
   Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
 
   absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
+  // Creates every chunk and row a push touches, so applying it cannot fail
+  // on quota part-way.
+  absl::Status Prepare(const Decoded& d);
   absl::Status ApplyDecoded(Decoded& d);
   // Sums duplicate keys, groups keys by virtual shard and applies row by row.
   absl::Status ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads);
   absl::Status ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out);
+  // Calls fn(vshard, idx, count) for each run of keys in one virtual shard,
+  // idx ordering the keys by (virtual shard, key).
+  template <typename Fn>
+  absl::Status ForEachShard(const SparseTable* table, const uint64_t* keys, size_t n, Fn fn);
   absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self) const;
   absl::StatusOr<PullResult> Serve(const PullMessage& m, const ShardMap& map);
 

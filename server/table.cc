@@ -292,6 +292,17 @@ absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint
   return absl::OkStatus();
 }
 
+absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                                     size_t n) {
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t r;
+    RETURN_IF_ERROR(Row(p, keys[idx[i]], &r).status());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
                                 size_t n, const float* grads) {
   Partition* p = partitions_[vshard].get();

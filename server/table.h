@@ -125,6 +125,10 @@ class SparseTable final : public Table {
   // out has keys.size() * dim floats.
   absl::Status Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                     float* out);
+  // Creates missing rows for keys (all in `vshard`) without reading them;
+  // RESOURCE_EXHAUSTED over quota. Used before applying a push so a quota
+  // failure leaves nothing half-applied.
+  absl::Status EnsureRows(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n);
   // Applies one gradient row (dim floats) per key; all keys in `vshard`.
   absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                      const float* grads);

@@ -516,6 +516,15 @@ TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash",
                  absl::StatusCode::kResourceExhausted, "a new row of table 'emb'");
   // The existing rows still serve.
   REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
+
+  // A push touching existing rows and rows that do not fit fails whole:
+  // nothing is applied, not even to the rows that exist.
+  std::vector<uint64_t> mixed = {0, 1, 2, 500, 501};
+  std::vector<float> grads(mixed.size() * 8, 1.0f);
+  REQUIRE_STATUS(c->Push("rows", {0, {}, {{"emb", mixed.data(), mixed.size(), grads.data()}}}),
+                 absl::StatusCode::kResourceExhausted, "quota");
+  REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
+  for (size_t i = 0; i < 10 * 8; ++i) REQUIRE(rows[i] == 0.0f);
 }
 
 TEST_CASE("deleting a job frees its tables", "[errors][quota]") {
