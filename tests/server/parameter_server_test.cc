@@ -294,8 +294,13 @@ TEST_CASE("a replayed push is applied once", "[dedup]") {
 // ------------------------------------------------------------------ shard map
 
 TEST_CASE("a shard-map mismatch is retried transparently", "[shard_map]") {
+  auto transport = GENERATE(GrpcPsClientOptions::Transport::kUnary,
+                            GrpcPsClientOptions::Transport::kStream);
+  INFO("transport " << (transport == GrpcPsClientOptions::Transport::kStream ? "stream" : "unary"));
   auto cluster = TestCluster::Start();
-  auto c = cluster->Client(0);  // knows version 1
+  GrpcPsClientOptions opts;
+  opts.transport = transport;
+  auto c = cluster->Client(0, opts);  // knows version 1
   REQUIRE_OK(c->CreateJob(JobSpec("moved", {DenseTableSpec("w", 512, 1.0f, v1::OptimizerSpec::SGD, 32),
                                             SparseTableSpec("emb", 4)},
                                   1, v1::ConsistencySpec::ASP)));
@@ -313,6 +318,12 @@ TEST_CASE("a shard-map mismatch is retried transparently", "[shard_map]") {
   REQUIRE_OK(c->Pull("moved", {1, {{"w", w.data(), 512}}, {{"emb", keys.data(), keys.size(), rows.data()}}}));
   for (float x : w) REQUIRE(x == -1.0f);
   for (float x : rows) REQUIRE(x == -0.5f);
+
+  // Errors keep their codes and messages over either transport.
+  g[3] = std::nanf("");
+  REQUIRE_STATUS(c->Push("moved", {1, {{"w", g.data(), 512}}, {}}), absl::StatusCode::kInvalidArgument,
+                 "contains NaN or Inf");
+  REQUIRE_STATUS(c->Pull("nope", {0, {}, {}}), absl::StatusCode::kFailedPrecondition, "unknown to this client");
 
   // A stale map reported straight to the server gets the distinct error.
   auto stub = RawStub(cluster->address(0));
