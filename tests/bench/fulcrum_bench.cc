@@ -85,26 +85,32 @@ double IperfGBps(int seconds) {
   return std::strtod(json.c_str() + json.find(':', bps) + 1, nullptr) / 8e9;
 }
 
-// GB/s of acc[i] += g[i] over n floats on `threads` threads (12 bytes/element).
-double RmwGBps(size_t n, int threads, int reps) {
-  std::vector<float> acc(n, 1.0f), g(n, 0.5f);
+// Best GB/s over `reps` runs of work(thread) on `threads` threads, each run
+// moving `bytes` in all.
+template <typename Work>
+double BestGBps(int threads, int reps, double bytes, Work work) {
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
     std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        const size_t b = n * t / threads, e = n * (t + 1) / threads;
-        float* __restrict a = acc.data();
-        const float* __restrict gg = g.data();
-        for (size_t i = b; i < e; ++i) a[i] += gg[i];
-      });
-    }
+    for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { work(t, r); });
     for (auto& t : ts) t.join();
-    best = std::max(best, 12.0 * n / Seconds(t0, Clock::now()) / 1e9);
+    best = std::max(best, bytes / Seconds(t0, Clock::now()) / 1e9);
   }
-  if (acc[n / 2] == 0) std::printf("?");  // keep the loop observable
   return best;
+}
+
+// GB/s of acc[i] += g[i] over n floats on `threads` threads (12 bytes/element).
+double RmwGBps(size_t n, int threads, int reps) {
+  std::vector<float> acc(n, 1.0f), g(n, 0.5f);
+  const double gbps = BestGBps(threads, reps, 12.0 * n, [&](int t, int) {
+    const size_t b = n * t / threads, e = n * (t + 1) / threads;
+    float* __restrict a = acc.data();
+    const float* __restrict gg = g.data();
+    for (size_t i = b; i < e; ++i) a[i] += gg[i];
+  });
+  if (acc[n / 2] == 0) std::printf("?");  // keep the loop observable
+  return gbps;
 }
 
 // GB/s of the server's Adam apply (w, m, v read and written, g read: 28 bytes/element).
@@ -113,26 +119,16 @@ double AdamGBps(size_t n, int threads, int reps) {
   spec.set_kind(v1::OptimizerSpec::ADAM);
   spec.set_learning_rate(0.001f);
   auto config = OptimizerConfigFromProto(spec, "bench");
-  // Per thread, blocks of 256K elements as the server's dense chunks are.
+  // Blocks of 64K elements (256 KiB), as the server's default dense chunks.
   constexpr size_t kChunk = 65536;
   const size_t chunks = n / kChunk;
   std::vector<std::vector<float>> blocks(chunks, std::vector<float>(3 * kChunk, 0.1f));
   std::vector<float> g(kChunk * chunks, 0.01f);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        for (size_t c = t; c < chunks; c += threads) {
-          ApplyOptimizer(*config, blocks[c].data(), kChunk, g.data() + c * kChunk, r + 1);
-        }
-      });
+  return BestGBps(threads, reps, 28.0 * kChunk * chunks, [&](int t, int r) {
+    for (size_t c = t; c < chunks; c += threads) {
+      ApplyOptimizer(*config, blocks[c].data(), kChunk, g.data() + c * kChunk, r + 1);
     }
-    for (auto& t : ts) t.join();
-    best = std::max(best, 28.0 * kChunk * chunks / Seconds(t0, Clock::now()) / 1e9);
-  }
-  return best;
+  });
 }
 
 // ------------------------------------------------------------------ cluster

@@ -386,14 +386,7 @@ class GrpcPsClient::Impl {
   }
 
   absl::Status OpenJob(const std::string& job_id) {
-    auto m = map();
-    auto conn = Conn(m->servers()[0]);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-    v1::GetJobRequest req;
-    req.set_job_id(job_id);
-    v1::GetJobResponse resp;
-    RETURN_IF_ERROR(FromGrpcStatus(conn->admin->GetJob(&ctx, req, &resp)));
+    ASSIGN_OR_RETURN(v1::GetJobResponse resp, GetJobStats(job_id, 0));
     ASSIGN_OR_RETURN(auto info, MakeJobInfo(resp.spec()));
     absl::MutexLock lock(&mu_);
     jobs_[job_id] = std::move(info);
