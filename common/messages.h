@@ -92,6 +92,11 @@ struct PullResult {
     uint32_t chunk = 0;
     DType dtype = DType::kFp32;
     OwnedBuffer data;
+    // Instead of `data`: bytes [shared, shared + shared_size) kept alive by
+    // `owner` (a chunk's weights served without a copy).
+    std::shared_ptr<const void> owner;
+    const void* shared = nullptr;
+    size_t shared_size = 0;
   };
   struct Sparse {
     std::string table;

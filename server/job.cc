@@ -708,8 +708,17 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
     out.table = d.table;
     out.chunk = d.chunk;
     out.dtype = m.dtype;
-    out.data = OwnedBuffer::Allocate(n * esize);
-    RETURN_IF_ERROR(t->Read(d.chunk, m.dtype, out.data.data.get()));
+    if (m.dtype == DType::kFp32) {
+      // Served from the chunk's memory: no copy (the chunk copies itself if
+      // updated before gRPC has sent it).
+      ASSIGN_OR_RETURN(std::shared_ptr<const float[]> weights, t->Snapshot(d.chunk));
+      out.shared = weights.get();
+      out.shared_size = n * sizeof(float);
+      out.owner = std::move(weights);
+    } else {
+      out.data = OwnedBuffer::Allocate(n * esize);
+      RETURN_IF_ERROR(t->Read(d.chunk, m.dtype, out.data.data.get()));
+    }
   }
   for (const SparseKeysView& s : m.sparse) {
     auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());

@@ -170,7 +170,7 @@ absl::StatusOr<DenseTable::Chunk*> DenseTable::GetChunk(uint32_t index) {
   auto chunk = std::make_unique<Chunk>();
   const uint32_t n = ChunkLength(index);
   const int slots = num_slots();
-  auto block = std::make_unique<float[]>(size_t{n} * (1 + slots));
+  std::shared_ptr<float[]> block(new float[size_t{n} * (1 + slots)]);
   init_.Fill(name_hash_, 0, uint64_t{index} * chunk_elements_, block.get(), n);
   for (int s = 0; s < slots; ++s) {
     const float v = InitialSlotValue(optimizer_, s);
@@ -193,10 +193,28 @@ absl::Status DenseTable::Read(uint32_t index, DType dtype, void* out) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<const float[]>> DenseTable::Snapshot(uint32_t index) {
+  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  absl::MutexLock lock(&c->mu);
+  return std::shared_ptr<const float[]>(c->block);
+}
+
+float* DenseTable::Writable(Chunk* c, uint32_t index) {
+  // Under c->mu nobody can take a new reference, so a count of 1 means no
+  // response is reading this block and it can be updated in place.
+  if (c->block.use_count() > 1) {
+    const size_t floats = size_t{ChunkLength(index)} * (1 + num_slots());
+    std::shared_ptr<float[]> copy(new float[floats]);
+    std::memcpy(copy.get(), c->block.get(), floats * sizeof(float));
+    c->block = std::move(copy);
+  }
+  return c->block.get();
+}
+
 absl::Status DenseTable::Apply(uint32_t index, const float* g) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
   absl::MutexLock lock(&c->mu);
-  ApplyOptimizer(optimizer_, c->block.get(), ChunkLength(index), g, ++c->updates);
+  ApplyOptimizer(optimizer_, Writable(c, index), ChunkLength(index), g, ++c->updates);
   return absl::OkStatus();
 }
 
@@ -205,8 +223,9 @@ absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype) {
   const size_t n = ChunkLength(index);
   absl::MutexLock lock(&c->mu);
   const uint64_t step = ++c->updates;
+  float* weights = Writable(c, index);
   ForEachFloatBlock(g, dtype, n, [&](const float* block, size_t begin, size_t len) {
-    ApplyOptimizerRange(optimizer_, c->block.get(), n, begin, len, block, step);
+    ApplyOptimizerRange(optimizer_, weights, n, begin, len, block, step);
     return true;
   });
   return absl::OkStatus();

@@ -84,6 +84,10 @@ class DenseTable final : public Table {
   // Copies the chunk's weights into out (ChunkLength elements of dtype),
   // converting on the way out when dtype is not fp32.
   absl::Status Read(uint32_t chunk, DType dtype, void* out);
+  // The chunk's current fp32 weights without a copy: a reference to the
+  // chunk's block, which later updates leave untouched (they copy the block
+  // first while such a reference is alive). `*weights` points into the owner.
+  absl::StatusOr<std::shared_ptr<const float[]>> Snapshot(uint32_t chunk);
   // Applies gradient g (ChunkLength floats) with the table's optimizer.
   absl::Status Apply(uint32_t chunk, const float* g);
   // The same for a gradient still in its received form (any dtype, any
@@ -95,12 +99,16 @@ class DenseTable final : public Table {
  private:
   struct Chunk {
     absl::Mutex mu;
-    std::unique_ptr<float[]> block ABSL_GUARDED_BY(mu);
+    // Shared with in-flight pull responses (Snapshot); updated in place only
+    // while this is the sole reference, copied first otherwise.
+    std::shared_ptr<float[]> block ABSL_GUARDED_BY(mu);
     uint64_t updates ABSL_GUARDED_BY(mu) = 0;
   };
   DenseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init, uint64_t elements,
              uint32_t chunk_elements, MemoryQuota* quota);
   absl::StatusOr<Chunk*> GetChunk(uint32_t chunk);
+  // The chunk's block, made exclusive (copied if a snapshot shares it).
+  float* Writable(Chunk* c, uint32_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu);
 
   const uint64_t num_elements_;
   const uint32_t chunk_elements_;

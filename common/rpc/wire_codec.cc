@@ -84,6 +84,18 @@ void Writer::Owned(uint32_t field, OwnedBuffer buffer) {
   AppendSlice(grpc::Slice(buffer.data.release(), n, FreeBuffer));
 }
 
+void Writer::Shared(uint32_t field, const void* data, size_t size,
+                    std::shared_ptr<const void> owner) {
+  Tag(field, kLen);
+  RawVarint(size);
+  size_ += size;
+  if (size == 0) return;
+  auto* holder = new std::shared_ptr<const void>(std::move(owner));
+  AppendSlice(grpc::Slice(const_cast<void*>(data), size,
+                          [](void* h) { delete static_cast<std::shared_ptr<const void>*>(h); },
+                          holder));
+}
+
 void Writer::Message(uint32_t field, Writer&& inner) {
   Tag(field, kLen);
   RawVarint(inner.size_);
@@ -421,7 +433,11 @@ Writer EncodePullResult(PullResult&& res) {
   Writer w;
   for (PullResult::Dense& d : res.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
-    inner.Owned(15, std::move(d.data));
+    if (d.owner != nullptr) {
+      inner.Shared(15, d.shared, d.shared_size, std::move(d.owner));
+    } else {
+      inner.Owned(15, std::move(d.data));
+    }
     w.Message(1, std::move(inner));
   }
   for (PullResult::Sparse& s : res.sparse) {

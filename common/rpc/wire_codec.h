@@ -32,6 +32,9 @@ class Writer {
   void External(uint32_t field, const Payload& data);
   // A bytes field that takes ownership of `buffer` (freed by gRPC).
   void Owned(uint32_t field, OwnedBuffer buffer);
+  // A bytes field referencing `data` without copying; gRPC holds `owner`
+  // until it has sent the bytes.
+  void Shared(uint32_t field, const void* data, size_t size, std::shared_ptr<const void> owner);
   void Message(uint32_t field, Writer&& inner);
   size_t size() const { return size_; }
   grpc::ByteBuffer Finish();

@@ -54,7 +54,8 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_OK(result.status());
   REQUIRE(result->applied_step == 1);
   std::vector<float> w(4);
-  std::memcpy(w.data(), result->dense[0].data.data.get(), 16);
+  const PullResult::Dense& d = result->dense[0];
+  std::memcpy(w.data(), d.owner ? d.shared : d.data.data.get(), 16);  // fp32: served shared
   for (float x : w) REQUIRE(x == -2.0f);  // mean of 1 and 3 over the 2 active workers, lr 1
 
   // A push from the inactive worker is refused and names it.
@@ -81,6 +82,39 @@ TEST_CASE("deleting a job fails its parked pulls", "[job]") {
   job->Shutdown(absl::AbortedError("job 'j' was deleted"));
   REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   REQUIRE(status.code() == absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+TEST_CASE("a weight snapshot being served is never changed by later updates", "[table]") {
+  MemoryQuota quota("j", 1 << 20);
+  auto table = DenseTable::Create(testing::DenseTableSpec("w", 8, 1.0f), &quota);
+  REQUIRE_OK(table.status());
+  DenseTable& t = **table;
+  const std::vector<float> g(8, 1.0f);
+
+  // No snapshot alive: updates happen in place (no copy of the block).
+  const float* before;
+  {
+    REQUIRE_OK_AND_ASSIGN(auto s, t.Snapshot(0));
+    before = s.get();
+  }
+  REQUIRE_OK(t.Apply(0, g.data()));
+  REQUIRE_OK_AND_ASSIGN(auto held, t.Snapshot(0));
+  REQUIRE(held.get() == before);
+  REQUIRE(held[0] == -1.0f);
+
+  // A snapshot alive (a response gRPC has not sent yet): the update goes to a
+  // copy and the snapshot keeps the values it was taken with.
+  REQUIRE_OK(t.Apply(0, g.data()));
+  for (int i = 0; i < 8; ++i) REQUIRE(held[i] == -1.0f);
+  REQUIRE_OK_AND_ASSIGN(auto now, t.Snapshot(0));
+  REQUIRE(now.get() != held.get());
+  for (int i = 0; i < 8; ++i) REQUIRE(now[i] == -2.0f);
 }
 
 }  // namespace
