@@ -38,6 +38,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 namespace {
 
+constexpr int kKeepaliveMs = 30000;
+
 // Big tensors move best in big pieces: HTTP/2 frames of up to 1 MiB instead
 // of 16 KiB, and socket reads of up to 4 MiB, so a chunk usually arrives in
 // one slice and is used in place (see docs/benchmarks.md for the effect).
@@ -60,7 +62,7 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
   // A distinct arg value keeps gRPC from sharing one subchannel (one TCP
   // connection) between our parallel channels.
   args.SetInt("fulcrum.channel_index", index);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
   // TLS arrives with the security issue; until then channels are plaintext.
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
@@ -70,6 +72,12 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Without this gRPC 1.51 opens a second random port when asked for port 0.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients ping every kKeepaliveMs on long-lived calls (a stream idle in a
+  // BSP wait carries no data for minutes). gRPC servers by default accept
+  // data-less pings only every 5 minutes and answer more with GOAWAY
+  // "too_many_pings", which would cut such streams: accept them here.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   auto set_int = [&](const char* key, int value) { builder.AddChannelArgument(key, value); };
   SetTransportArgs(set_int);
 }
