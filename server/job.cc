@@ -23,12 +23,8 @@ std::string Who(const std::string& worker, uint32_t rank) {
 }
 
 absl::Status CheckDType(DType dtype, const std::string& table, absl::string_view field) {
-  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16) {
-    return absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", field, " dtype ",
-                                                   static_cast<int>(dtype),
-                                                   " is not fp32 (1), fp16 (2) or bf16 (3)"));
-  }
-  return absl::OkStatus();
+  return Annotate(DTypeFromWire(static_cast<int>(dtype)).status(),
+                  absl::StrCat("table '", table, "': ", field));
 }
 
 // Gathers a possibly multi-piece payload of `n` elements of dtype into fp32.
@@ -145,22 +141,56 @@ absl::Status Job::MaterializeOwned(const ShardMap& map, uint32_t self) {
 
 // ------------------------------------------------------------------ push
 
+absl::StatusOr<Table*> Job::FindTable(const std::string& name, bool dense) const {
+  auto it = tables_.find(name);
+  if (it == tables_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", id(), "' has no table '", name, "'"));
+  }
+  if (it->second->is_dense() != dense) {
+    return absl::InvalidArgumentError(
+        dense ? absl::StrCat("table '", name, "' is sparse; send it as keys and rows, not chunks")
+              : absl::StrCat("table '", name, "' is dense; send it as chunks, not keyed rows"));
+  }
+  return it->second.get();
+}
+
+Job::KeyGroups Job::GroupKeys(const SparseTable& table, std::vector<uint64_t> keys) const {
+  KeyGroups g;
+  const size_t n = keys.size();
+  std::vector<uint32_t> vs(n);
+  for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table.name_hash(), keys[i], num_virtual_shards_);
+  g.idx.resize(n);
+  std::iota(g.idx.begin(), g.idx.end(), 0);
+  std::sort(g.idx.begin(), g.idx.end(), [&](uint32_t a, uint32_t b) {
+    if (vs[a] != vs[b]) return vs[a] < vs[b];
+    if (keys[a] != keys[b]) return keys[a] < keys[b];
+    return a < b;
+  });
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 1 == n || vs[g.idx[i + 1]] != vs[g.idx[i]]) g.runs.push_back({vs[g.idx[i]], i + 1});
+  }
+  g.keys = std::move(keys);
+  return g;
+}
+
+absl::Status Job::CheckOwned(uint32_t vshard, const std::string& what, const ShardMap& map,
+                             uint32_t self, uint64_t request_version) const {
+  if (map.owner(vshard) == self) return absl::OkStatus();
+  return WrongShardError(absl::StrCat(what, " is in virtual shard ", vshard, ", owned by server ",
+                                      map.owner(vshard), " not server ", self,
+                                      " under shard map version ", map.version(),
+                                      " (request used version ", request_version, ")"),
+                         map.version());
+}
+
 absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out) {
-  // Pass 1: validate shapes and ownership, size the buffer for what cannot
-  // be used in place.
+  const std::string from = absl::StrCat(" in push from ", Who(m.worker_id, m.rank));
+  // Pass 1: validate shapes and ownership, size the fp32 buffer (BSP keeps
+  // dense gradients to combine later; elsewhere they are read in place).
   size_t total = 0;
   for (const DenseSliceView& d : m.dense) {
-    auto it = tables_.find(d.table);
-    if (it == tables_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("job '", id(), "' has no table '", d.table,
-                                                     "' (push from ", Who(m.worker_id, m.rank),
-                                                     ")"));
-    }
-    if (!it->second->is_dense()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", d.table, "' is sparse; push its rows as keys and values, not dense chunks"));
-    }
-    auto* t = static_cast<DenseTable*>(it->second.get());
+    ASSIGN_OR_RETURN(Table * table, FindTable(d.table, true));
+    auto* t = static_cast<DenseTable*>(table);
     RETURN_IF_ERROR(CheckDType(d.dtype, d.table, "gradient"));
     if (d.chunk >= t->num_chunks()) {
       return absl::InvalidArgumentError(absl::StrCat("table '", d.table, "' has ", t->num_chunks(),
@@ -170,32 +200,16 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     if (d.data.size() != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", d.table, "' chunk ", d.chunk, " expects ", t->ChunkLength(d.chunk), " ",
-          DTypeName(d.dtype), " elements (", want, " bytes), got ", d.data.size(),
-          " bytes in push from ", Who(m.worker_id, m.rank)));
+          DTypeName(d.dtype), " elements (", want, " bytes), got ", d.data.size(), " bytes", from));
     }
-    const uint32_t v = VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_);
-    if (map.owner(v) != self) {
-      return WrongShardError(
-          absl::StrCat("table '", d.table, "' chunk ", d.chunk, " is in virtual shard ", v,
-                       ", owned by server ", map.owner(v), " not server ", self,
-                       " under shard map version ", map.version(), " (request used version ",
-                       m.shard_map_version, ")"),
-          map.version());
-    }
+    RETURN_IF_ERROR(CheckOwned(VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_),
+                               absl::StrCat("table '", d.table, "' chunk ", d.chunk), map, self,
+                               m.shard_map_version));
     if (model_ == Model::kBsp) total += t->ChunkLength(d.chunk);
   }
   for (const SparseSliceView& s : m.sparse) {
-    auto it = tables_.find(s.table);
-    if (it == tables_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("job '", id(), "' has no table '", s.table,
-                                                     "' (push from ", Who(m.worker_id, m.rank),
-                                                     ")"));
-    }
-    if (it->second->is_dense()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", s.table, "' is dense; push it as chunks, not keyed rows"));
-    }
-    auto* t = static_cast<SparseTable*>(it->second.get());
+    ASSIGN_OR_RETURN(Table * table, FindTable(s.table, false));
+    auto* t = static_cast<SparseTable*>(table);
     RETURN_IF_ERROR(CheckDType(s.dtype, s.table, "gradient"));
     if (s.keys.size() % 8 != 0) {
       return absl::InvalidArgumentError(absl::StrCat("table '", s.table, "': keys field has ",
@@ -207,13 +221,13 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     if (s.values.size() != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", s.table, "' expects dim ", t->dim(), ": ", nkeys, " keys need ", want,
-          " bytes of ", DTypeName(s.dtype), " values, got ", s.values.size(), " in push from ",
-          Who(m.worker_id, m.rank)));
+          " bytes of ", DTypeName(s.dtype), " values, got ", s.values.size(), from));
     }
     total += nkeys * t->dim();
   }
 
-  // Pass 2: decode into fp32, check ownership of sparse keys.
+  // Pass 2: decode, group sparse keys by virtual shard and check ownership
+  // once per shard.
   out->grads.resize(total);
   size_t offset = 0;
   for (const DenseSliceView& d : m.dense) {
@@ -229,21 +243,16 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   }
   for (const SparseSliceView& s : m.sparse) {
     auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());
-    std::vector<uint64_t> keys = DecodeKeys(s.keys);
-    for (uint64_t k : keys) {
-      const uint32_t v = VShardOfKey(t->name_hash(), k, num_virtual_shards_);
-      if (map.owner(v) != self) {
-        return WrongShardError(
-            absl::StrCat("table '", s.table, "' key ", k, " is in virtual shard ", v,
-                         ", owned by server ", map.owner(v), " not server ", self,
-                         " under shard map version ", map.version(), " (request used version ",
-                         m.shard_map_version, ")"),
-            map.version());
-      }
+    KeyGroups groups = GroupKeys(*t, DecodeKeys(s.keys));
+    size_t begin = 0;
+    for (const auto& [v, end] : groups.runs) {
+      RETURN_IF_ERROR(CheckOwned(v, absl::StrCat("table '", s.table, "' key ", groups.keys[groups.idx[begin]]),
+                                 map, self, m.shard_map_version));
+      begin = end;
     }
-    const size_t n = keys.size() * t->dim();
+    const size_t n = groups.keys.size() * t->dim();
     DecodePayload(s.values, s.dtype, n, out->grads.data() + offset);
-    out->sparse.push_back({t, std::move(keys), out->grads.data() + offset});
+    out->sparse.push_back({t, std::move(groups), out->grads.data() + offset});
     offset += n;
   }
   // Check finiteness slice by slice, naming the first offending one.
@@ -262,7 +271,7 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   }
   for (size_t i = 0; where.empty() && i < out->sparse.size(); ++i) {
     const SparseItem& sp = out->sparse[i];
-    if (!AllFinite(sp.g, sp.keys.size() * sp.table->dim())) {
+    if (!AllFinite(sp.g, sp.groups.keys.size() * sp.table->dim())) {
       where = absl::StrCat("table '", sp.table->name(), "'");
     }
   }
@@ -275,56 +284,42 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   return absl::OkStatus();
 }
 
-template <typename Fn>
-absl::Status Job::ForEachShard(const SparseTable* table, const uint64_t* keys, size_t n, Fn fn) {
-  std::vector<uint32_t> vs(n);
-  for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table->name_hash(), keys[i], num_virtual_shards_);
-  std::vector<uint32_t> idx(n);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
-    if (vs[a] != vs[b]) return vs[a] < vs[b];
-    if (keys[a] != keys[b]) return keys[a] < keys[b];
-    return a < b;
-  });
-  size_t begin = 0;
-  while (begin < n) {
-    size_t end = begin;
-    while (end < n && vs[idx[end]] == vs[idx[begin]]) ++end;
-    RETURN_IF_ERROR(fn(vs[idx[begin]], idx.data() + begin, end - begin));
-    begin = end;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Job::Prepare(const Decoded& d) {
   for (const DenseItem& item : d.dense) RETURN_IF_ERROR(item.table->EnsureChunk(item.chunk));
   for (const SparseItem& item : d.sparse) {
-    RETURN_IF_ERROR(ForEachShard(item.table, item.keys.data(), item.keys.size(),
-                                 [&](uint32_t v, const uint32_t* idx, size_t count) {
-                                   return item.table->EnsureRows(v, item.keys.data(), idx, count);
-                                 }));
+    const KeyGroups& g = item.groups;
+    size_t begin = 0;
+    for (const auto& [v, end] : g.runs) {
+      RETURN_IF_ERROR(item.table->EnsureRows(v, g.keys.data(), g.idx.data() + begin, end - begin));
+      begin = end;
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status Job::ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads) {
+absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* grads) {
   const uint32_t dim = table->dim();
-  return ForEachShard(table, keys, n, [&](uint32_t v, const uint32_t* idx, size_t count) {
+  const uint64_t* keys = g.keys.data();
+  std::vector<uint32_t> unique;
+  size_t begin = 0;
+  for (const auto& [v, end] : g.runs) {
     // Keys are sorted within the shard: sum duplicates into their first
     // occurrence (in request order) and apply each row once.
-    std::vector<uint32_t> unique;
-    unique.reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      if (!unique.empty() && keys[idx[i]] == keys[unique.back()]) {
+    unique.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t k = g.idx[i];
+      if (!unique.empty() && keys[k] == keys[unique.back()]) {
         float* dst = grads + size_t{unique.back()} * dim;
-        const float* src = grads + size_t{idx[i]} * dim;
+        const float* src = grads + size_t{k} * dim;
         for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
       } else {
-        unique.push_back(idx[i]);
+        unique.push_back(k);
       }
     }
-    return table->Apply(v, keys, unique.data(), unique.size(), grads);
-  });
+    RETURN_IF_ERROR(table->Apply(v, keys, unique.data(), unique.size(), grads));
+    begin = end;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
@@ -333,7 +328,7 @@ absl::Status Job::ApplyDecoded(Decoded& d) {
                                         : item.table->Apply(item.chunk, item.g));
   }
   for (SparseItem& item : d.sparse) {
-    RETURN_IF_ERROR(ApplySparse(item.table, item.keys.data(), item.keys.size(), item.g));
+    RETURN_IF_ERROR(ApplySparse(item.table, item.groups, item.g));
   }
   return absl::OkStatus();
 }
@@ -521,9 +516,9 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
           auto [it, inserted] = sparse.try_emplace(s.table);
           if (inserted) sparse_order.push_back(s.table);
           auto& [index, values] = it->second;
-          for (size_t k = 0; k < s.keys.size(); ++k) {
+          for (size_t k = 0; k < s.groups.keys.size(); ++k) {
             const float* g = s.g + k * dim;
-            auto [kit, kinserted] = index.try_emplace(s.keys[k], values.size());
+            auto [kit, kinserted] = index.try_emplace(s.groups.keys[k], values.size());
             if (kinserted) {
               values.insert(values.end(), g, g + dim);
             } else {
@@ -546,7 +541,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       if (scale != 1.0f) for (float& x : values) x *= scale;
       std::vector<uint64_t> keys(index.size());
       for (const auto& [key, off] : index) keys[off / t->dim()] = key;
-      s.Update(ApplySparse(t, keys.data(), keys.size(), values.data()));
+      s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data()));
     }
     result.Update(s);
 
@@ -630,7 +625,8 @@ void Job::Expire(uint64_t waiter_id) {
   resume(absl::DeadlineExceededError(message));
 }
 
-absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self) const {
+absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,
+                              std::vector<KeyGroups>* sparse) const {
   RETURN_IF_ERROR(CheckDType(m.dtype, "<response>", "pull"));
   if (m.rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("pull from worker '", m.worker_id, "' has rank ",
@@ -638,66 +634,45 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
                                                    num_workers_, " workers"));
   }
   for (const DenseChunkRef& d : m.dense) {
-    auto it = tables_.find(d.table);
-    if (it == tables_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job '", id(), "' has no table '", d.table, "'"));
-    }
-    if (!it->second->is_dense()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", d.table, "' is sparse; pull it by keys, not chunks"));
-    }
-    auto* t = static_cast<DenseTable*>(it->second.get());
+    ASSIGN_OR_RETURN(Table * table, FindTable(d.table, true));
+    auto* t = static_cast<DenseTable*>(table);
     if (d.chunk >= t->num_chunks()) {
       return absl::InvalidArgumentError(absl::StrCat("table '", d.table, "' has ", t->num_chunks(),
                                                      " chunks; pull names chunk ", d.chunk));
     }
-    const uint32_t v = VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_);
-    if (map.owner(v) != self) {
-      return WrongShardError(absl::StrCat("table '", d.table, "' chunk ", d.chunk,
-                                          " is in virtual shard ", v, ", owned by server ",
-                                          map.owner(v), " not server ", self,
-                                          " under shard map version ", map.version()),
-                             map.version());
-    }
+    RETURN_IF_ERROR(CheckOwned(VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_),
+                               absl::StrCat("table '", d.table, "' chunk ", d.chunk), map, self,
+                               m.shard_map_version));
   }
   for (const SparseKeysView& s : m.sparse) {
-    auto it = tables_.find(s.table);
-    if (it == tables_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job '", id(), "' has no table '", s.table, "'"));
-    }
-    if (it->second->is_dense()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", s.table, "' is dense; pull it by chunks, not keys"));
-    }
+    ASSIGN_OR_RETURN(Table * table, FindTable(s.table, false));
     if (s.keys.size() % 8 != 0) {
       return absl::InvalidArgumentError(absl::StrCat("table '", s.table, "': keys field has ",
                                                      s.keys.size(),
                                                      " bytes, not a multiple of 8 (uint64)"));
     }
-    const uint64_t h = it->second->name_hash();
-    for (uint64_t k : DecodeKeys(s.keys)) {
-      const uint32_t v = VShardOfKey(h, k, num_virtual_shards_);
-      if (map.owner(v) != self) {
-        return WrongShardError(absl::StrCat("table '", s.table, "' key ", k,
-                                            " is in virtual shard ", v, ", owned by server ",
-                                            map.owner(v), " not server ", self,
-                                            " under shard map version ", map.version()),
-                               map.version());
-      }
+    KeyGroups& g = sparse->emplace_back(
+        GroupKeys(*static_cast<const SparseTable*>(table), DecodeKeys(s.keys)));
+    size_t begin = 0;
+    for (const auto& [v, end] : g.runs) {
+      RETURN_IF_ERROR(CheckOwned(v, absl::StrCat("table '", s.table, "' key ", g.keys[g.idx[begin]]),
+                                 map, self, m.shard_map_version));
+      begin = end;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Job::ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out) {
-  return ForEachShard(table, keys, n, [&](uint32_t v, const uint32_t* idx, size_t count) {
-    return table->Read(v, keys, idx, count, out);
-  });
+absl::Status Job::ReadSparse(SparseTable* table, const KeyGroups& g, float* out) {
+  size_t begin = 0;
+  for (const auto& [v, end] : g.runs) {
+    RETURN_IF_ERROR(table->Read(v, g.keys.data(), g.idx.data() + begin, end - begin, out));
+    begin = end;
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
+absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse) {
   PullResult result;
   const size_t esize = DTypeSize(m.dtype);
   thread_local std::vector<float> scratch;
@@ -720,10 +695,10 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
       RETURN_IF_ERROR(t->Read(d.chunk, m.dtype, out.data.data.get()));
     }
   }
-  for (const SparseKeysView& s : m.sparse) {
+  for (size_t i = 0; i < m.sparse.size(); ++i) {
+    const SparseKeysView& s = m.sparse[i];
     auto* t = static_cast<SparseTable*>(tables_.find(s.table)->second.get());
-    std::vector<uint64_t> keys = DecodeKeys(s.keys);
-    const size_t n = keys.size() * t->dim();
+    const size_t n = sparse[i].keys.size() * t->dim();
     PullResult::Sparse& out = result.sparse.emplace_back();
     out.table = s.table;
     out.dtype = m.dtype;
@@ -733,7 +708,7 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
       scratch.resize(n);
       dst = scratch.data();
     }
-    RETURN_IF_ERROR(ReadSparse(t, keys.data(), keys.size(), dst));
+    RETURN_IF_ERROR(ReadSparse(t, sparse[i], dst));
     if (m.dtype != DType::kFp32) EncodeFloats(dst, n, m.dtype, out.values.data.get());
   }
   absl::MutexLock lock(&mu_);
@@ -743,18 +718,19 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const ShardMap&) {
 
 void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const ShardMap> map,
                uint32_t self, absl::Time deadline, PullCallback done) {
-  absl::Status valid = ValidatePull(*m, *map, self);
+  auto sparse = std::make_shared<std::vector<KeyGroups>>();
+  absl::Status valid = ValidatePull(*m, *map, self, sparse.get());
   if (!valid.ok()) {
     done(valid);
     return;
   }
   std::shared_ptr<Job> me = shared_from_this();
-  auto serve = [me, m, map, done](absl::Status s) {
+  auto serve = [me, m, sparse, done](absl::Status s) {
     if (!s.ok()) {
       done(s);
       return;
     }
-    done(me->Serve(*m, *map));
+    done(me->Serve(*m, *sparse));
   };
   absl::Status refused;
   {

@@ -78,9 +78,17 @@ class Job : public std::enable_shared_from_this<Job> {
     const Payload* src = nullptr;    // ASP/SSP: the message's bytes
     DType dtype = DType::kFp32;
   };
+  // The keys of one sparse slice, decoded once and ordered by (virtual
+  // shard, key, position), so every pass over them (ownership, row creation,
+  // apply, read) walks the same runs without hashing or sorting again.
+  struct KeyGroups {
+    std::vector<uint64_t> keys;                      // request order
+    std::vector<uint32_t> idx;                       // positions, grouped
+    std::vector<std::pair<uint32_t, size_t>> runs;   // (virtual shard, end in idx)
+  };
   struct SparseItem {
     SparseTable* table;
-    std::vector<uint64_t> keys;
+    KeyGroups groups;
     float* g;  // always in `grads`: duplicate keys are summed in place
   };
   struct Decoded {
@@ -105,20 +113,26 @@ class Job : public std::enable_shared_from_this<Job> {
 
   Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
 
+  // The table `name`, which the request uses as dense (or sparse);
+  // INVALID_ARGUMENT naming the table otherwise.
+  absl::StatusOr<Table*> FindTable(const std::string& name, bool dense) const;
+  KeyGroups GroupKeys(const SparseTable& table, std::vector<uint64_t> keys) const;
+  // The shard-map mismatch error when `self` does not own `vshard`; `what`
+  // names the chunk or key.
+  absl::Status CheckOwned(uint32_t vshard, const std::string& what, const ShardMap& map,
+                          uint32_t self, uint64_t request_version) const;
   absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
   // Creates every chunk and row a push touches, so applying it cannot fail
   // on quota part-way.
   absl::Status Prepare(const Decoded& d);
   absl::Status ApplyDecoded(Decoded& d);
-  // Sums duplicate keys, groups keys by virtual shard and applies row by row.
-  absl::Status ApplySparse(SparseTable* table, const uint64_t* keys, size_t n, float* grads);
-  absl::Status ReadSparse(SparseTable* table, const uint64_t* keys, size_t n, float* out);
-  // Calls fn(vshard, idx, count) for each run of keys in one virtual shard,
-  // idx ordering the keys by (virtual shard, key).
-  template <typename Fn>
-  absl::Status ForEachShard(const SparseTable* table, const uint64_t* keys, size_t n, Fn fn);
-  absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self) const;
-  absl::StatusOr<PullResult> Serve(const PullMessage& m, const ShardMap& map);
+  // Sums duplicate keys and applies each row once, shard by shard.
+  absl::Status ApplySparse(SparseTable* table, const KeyGroups& groups, float* grads);
+  absl::Status ReadSparse(SparseTable* table, const KeyGroups& groups, float* out);
+  // Validates a pull; fills `sparse` with the grouped keys of each sparse slice.
+  absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,
+                            std::vector<KeyGroups>* sparse) const;
+  absl::StatusOr<PullResult> Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse);
 
   // Records one received part; returns true when (rank, step) became complete.
   bool RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Decoded* bsp_part,
