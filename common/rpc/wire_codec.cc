@@ -128,7 +128,7 @@ absl::Status Reader::Byte(uint8_t* b) {
 absl::Status Reader::Varint(uint64_t* value) {
   uint64_t v = 0;
   for (int shift = 0; shift < 64; shift += 7) {
-    uint8_t b;
+    uint8_t b = 0;
     RETURN_IF_ERROR(Byte(&b));
     v |= static_cast<uint64_t>(b & 0x7f) << shift;
     if ((b & 0x80) == 0) { *value = v; return absl::OkStatus(); }
@@ -137,7 +137,7 @@ absl::Status Reader::Varint(uint64_t* value) {
 }
 
 absl::Status Reader::Next(uint32_t* field, uint32_t* wire_type) {
-  uint64_t tag;
+  uint64_t tag = 0;
   RETURN_IF_ERROR(Varint(&tag));
   if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) return Malformed("invalid field number");
   *field = static_cast<uint32_t>(tag >> 3);
@@ -241,7 +241,7 @@ absl::Status ReadDType(Reader& r, uint32_t wt, DType* out) {
 absl::Status DecodeDenseSlice(const Payload& p, DenseSliceView* d) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     switch (f) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "table", &d->table)); break;
@@ -257,7 +257,7 @@ absl::Status DecodeDenseSlice(const Payload& p, DenseSliceView* d) {
 absl::Status DecodeSparseSlice(const Payload& p, SparseSliceView* s) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     switch (f) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "table", &s->table)); break;
@@ -308,7 +308,7 @@ Writer EncodePush(const PushMessage& m) {
 absl::Status DecodePush(const Payload& p, PushMessage* m) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     switch (f) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "job_id", &m->job_id)); break;
@@ -364,7 +364,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
   Reader r(p);
   m->dtype = DType::kUnspecified;
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     switch (f) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "job_id", &m->job_id)); break;
@@ -379,7 +379,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
         DenseChunkRef& d = m->dense.emplace_back();
         Reader ir(sub);
         while (!ir.done()) {
-          uint32_t f2, wt2;
+          uint32_t f2 = 0, wt2 = 0;
           RETURN_IF_ERROR(ir.Next(&f2, &wt2));
           if (f2 == 1) RETURN_IF_ERROR(ReadStr(ir, wt2, "dense.table", &d.table));
           else if (f2 == 2) RETURN_IF_ERROR(ReadU32(ir, wt2, "dense.chunk", &d.chunk));
@@ -393,7 +393,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
         SparseKeysView& s = m->sparse.emplace_back();
         Reader ir(sub);
         while (!ir.done()) {
-          uint32_t f2, wt2;
+          uint32_t f2 = 0, wt2 = 0;
           RETURN_IF_ERROR(ir.Next(&f2, &wt2));
           if (f2 == 1) RETURN_IF_ERROR(ReadStr(ir, wt2, "sparse.table", &s.table));
           else if (f2 == 2) RETURN_IF_ERROR(ReadPayload(ir, wt2, "sparse.keys", &s.keys));
@@ -419,7 +419,7 @@ Writer EncodePushResult(const PushResult& r) {
 absl::Status DecodePushResult(const Payload& p, PushResult* out) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     uint64_t v = 0;
     if (f == 1) { RETURN_IF_ERROR(ReadU64(r, wt, "duplicate", &v)); out->duplicate = v != 0; }
@@ -454,7 +454,7 @@ Writer EncodePullResult(PullResult&& res) {
 absl::Status DecodePullResponse(const Payload& p, PullResponseView* out) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     Payload sub;
     switch (f) {
@@ -483,7 +483,7 @@ Writer EncodeStreamRequest(uint64_t id, bool is_push, Writer&& body) {
 absl::Status DecodeStreamRequest(const Payload& p, StreamRequestView* out) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     if (f == 1) {
       RETURN_IF_ERROR(ReadU64(r, wt, "id", &out->id));
@@ -512,7 +512,7 @@ Writer EncodeStreamResponse(uint64_t id, const absl::Status& status, uint64_t sh
 absl::Status DecodeStreamResponse(const Payload& p, StreamResponseView* out) {
   Reader r(p);
   while (!r.done()) {
-    uint32_t f, wt;
+    uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     uint64_t v = 0;
     switch (f) {
