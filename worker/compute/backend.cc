@@ -1,0 +1,114 @@
+#include "worker/compute/backend.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+
+#ifdef FULCRUM_HAVE_CUDA
+#include "worker/compute/cuda_backend.h"
+#endif
+
+namespace fulcrum::compute {
+
+const char* ActivationName(Activation a) {
+  switch (a) {
+    case Activation::kNone: return "none";
+    case Activation::kRelu: return "relu";
+    case Activation::kGelu: return "gelu";
+  }
+  return "?";
+}
+
+absl::StatusOr<Activation> ActivationFromName(absl::string_view name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "none" || name.empty()) return Activation::kNone;
+  return absl::InvalidArgumentError(absl::StrCat("unknown activation \"", name, "\" (allowed: relu, gelu, none)"));
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    owner_ = std::exchange(o.owner_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    host_ = o.host_;
+  }
+  return *this;
+}
+
+void Buffer::Reset() {
+  if (owner_ != nullptr && data_ != nullptr) {
+    if (host_) owner_->RawFreeHost(data_);
+    else owner_->RawFree(data_);
+  }
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+absl::StatusOr<Buffer> Backend::Allocate(size_t bytes) {
+  absl::StatusOr<void*> p = RawAllocate(bytes == 0 ? 1 : bytes);
+  if (!p.ok()) return p.status();
+  return Buffer(this, *p, bytes, /*host=*/false);
+}
+
+absl::StatusOr<Buffer> Backend::AllocateHost(size_t bytes) {
+  absl::StatusOr<void*> p = RawAllocateHost(bytes == 0 ? 1 : bytes);
+  if (!p.ok()) return p.status();
+  return Buffer(this, *p, bytes, /*host=*/true);
+}
+
+bool CudaBackendBuilt() {
+#ifdef FULCRUM_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device, std::string* why,
+                                                       int cpu_threads) {
+  std::string ignored;
+  if (why == nullptr) why = &ignored;
+  if (device == "cpu") {
+    *why = "--device=cpu";
+    return NewCpuBackend(cpu_threads);
+  }
+  if (device == "auto") {
+#ifdef FULCRUM_HAVE_CUDA
+    std::string none;
+    auto gpu = NewCudaBackend(-1, &none);
+    if (gpu.ok()) {
+      *why = "auto: a usable GPU was found";
+      return std::move(*gpu);
+    }
+    *why = absl::StrCat("auto: no usable GPU (", gpu.status().message(), "), using the CPU");
+#else
+    *why = "auto: this build has no CUDA backend (built without nvcc), using the CPU";
+#endif
+    return NewCpuBackend(cpu_threads);
+  }
+  if (absl::StartsWith(device, "cuda:") || device == "cuda") {
+    int ordinal = 0;
+    if (device != "cuda" && !absl::SimpleAtoi(device.substr(5), &ordinal)) {
+      return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": expected cuda:N with N a GPU index"));
+    }
+#ifdef FULCRUM_HAVE_CUDA
+    std::string none;
+    auto gpu = NewCudaBackend(ordinal, &none);
+    if (!gpu.ok()) return gpu.status();
+    *why = absl::StrCat("--device=", device);
+    return std::move(*gpu);
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=", device, ": this build has no CUDA backend (configure with nvcc present)"));
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device=", device, ": allowed values are auto, cpu, cuda:N"));
+}
+
+}  // namespace fulcrum::compute

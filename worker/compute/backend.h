@@ -1,0 +1,178 @@
+// Backend: the device a worker computes on. One interface, two
+// implementations chosen at run time: the CPU (OpenBLAS GEMMs, loops for the
+// rest, threads where they pay) and CUDA (cuBLAS GEMMs, cuda/ kernels).
+//
+// Conventions: matrices are row-major and dense; every pointer passed to a
+// math call is device memory of this backend (host memory for the CPU
+// backend). Math calls are queued on the backend's stream in call order and
+// may return before the work is done; SumSquares and AllFinite wait for it.
+// A backend is used by one thread at a time.
+//
+// Errors are Statuses naming the call ("cublasSgemm: ..."); a missing GPU is
+// not an error of CreateBackend("auto"), which then picks the CPU.
+#ifndef FULCRUM_WORKER_COMPUTE_BACKEND_H_
+#define FULCRUM_WORKER_COMPUTE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace fulcrum::compute {
+
+class Backend;
+
+enum class Activation { kNone, kRelu, kGelu };
+const char* ActivationName(Activation a);
+absl::StatusOr<Activation> ActivationFromName(absl::string_view name);
+
+// Device (or pinned host) memory returned to its backend on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, size_t bytes, bool host) : owner_(owner), data_(data), bytes_(bytes), host_(host) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { Reset(); }
+
+  void Reset();
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool host_ = false;
+};
+
+// Time spent per kind of work, filled only while profiling is on (each call
+// then waits for its work so the time is attributable).
+struct ComputeProfile {
+  double gemm_seconds = 0;
+  double other_seconds = 0;
+  double copy_seconds = 0;
+  uint64_t gemm_flops = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu (OpenBLAS 0.3.21, 2 threads)", "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".
+  virtual std::string name() const = 0;
+  virtual bool is_gpu() const = 0;
+
+  // ---- memory
+  absl::StatusOr<Buffer> Allocate(size_t bytes);
+  // Host memory for staging transfers: page-locked on a GPU backend so copies
+  // are asynchronous, aligned plain memory on the CPU.
+  absl::StatusOr<Buffer> AllocateHost(size_t bytes);
+  // Copies are queued on the stream; the host side must stay valid until
+  // Synchronize (with pinned host memory the host thread does not wait).
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Zero(void* dst, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is M x K and
+  // op(B) K x N; A is stored K x M when trans_a, B N x K when trans_b.
+  virtual absl::Status Gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                            const float* A, const float* B, float beta, float* C) = 0;
+  // The same with A and B in bf16 or fp16 (16-bit patterns), fp32
+  // accumulation and fp32 C. The CPU backend rounds to the type and runs fp32.
+  virtual absl::Status GemmLowp(DType type, bool trans_a, bool trans_b, int M, int N, int K,
+                                float alpha, const uint16_t* A, const uint16_t* B, float beta,
+                                float* C) = 0;
+  // fp32 <-> bf16/fp16, round to nearest even.
+  virtual absl::Status Cast(DType from, DType to, size_t n, const void* in, void* out) = 0;
+
+  // ---- element-wise and reductions
+  virtual absl::Status BiasAdd(int M, int N, const float* bias, float* y) = 0;       // y[i,:] += bias
+  virtual absl::Status ColumnSum(int M, int N, const float* x, float* out) = 0;     // out[j] = sum_i x[i,j]
+  virtual absl::Status Activate(Activation a, size_t n, const float* x, float* y) = 0;
+  // dx = dy * act'(x), x the pre-activation.
+  virtual absl::Status ActivateGrad(Activation a, size_t n, const float* x, const float* dy,
+                                    float* dx) = 0;
+  virtual absl::Status Axpy(size_t n, float alpha, const float* x, float* y) = 0;   // y += alpha x
+  virtual absl::Status Scale(size_t n, float alpha, float* x) = 0;                   // x *= alpha
+  // out[i] = sum_k a[i*lda+k] * b[i*ldb+k], k < K.
+  virtual absl::Status RowDot(int M, int K, const float* a, int lda, const float* b, int ldb,
+                              float* out) = 0;
+  // y[i*ldy+k] = s[i] * x[i*ldx+k] (x null: = s[i]), k < K.
+  virtual absl::Status ScaleRows(int M, int K, const float* s, const float* x, int ldx, float* y,
+                                 int ldy) = 0;
+  // Sum of squares (for gradient norms) and finiteness; both wait for the stream.
+  virtual absl::StatusOr<double> SumSquares(size_t n, const float* x) = 0;
+  virtual absl::StatusOr<bool> AllFinite(size_t n, const float* x) = 0;
+
+  // ---- losses (per-row loss out; gradients scaled by `scale`, null to skip)
+  // Fused softmax + cross-entropy over rows of N logits: loss[i] =
+  // -log softmax(logits_i)[labels_i], pred[i] = argmax, dlogits = scale * (p - onehot).
+  virtual absl::Status SoftmaxCrossEntropy(int M, int N, const float* logits, const int32_t* labels,
+                                           float scale, float* loss, int32_t* pred,
+                                           float* dlogits) = 0;
+  // Sigmoid + binary cross-entropy; labels 0/1; prob = sigmoid(logit).
+  virtual absl::Status SigmoidCrossEntropy(int M, const float* logits, const float* labels,
+                                           float scale, float* loss, float* prob,
+                                           float* dlogits) = 0;
+  // loss = (pred - target)^2 / 2, dpred = scale * (pred - target).
+  virtual absl::Status SquaredError(int M, const float* pred, const float* target, float scale,
+                                    float* loss, float* dpred) = 0;
+
+  // ---- embeddings: rows is U x dim, idx index rows.
+  virtual absl::Status Gather(int n, int dim, const float* rows, const int32_t* idx, float* out) = 0;
+  // rows[idx[i]] += src[i]; duplicate indices add up.
+  virtual absl::Status ScatterAdd(int n, int dim, const float* src, const int32_t* idx,
+                                  float* rows) = 0;
+  // out[b] = sum_{j in [offsets[b], offsets[b+1])} v_j * rows[idx_j]
+  //   (square: v_j^2 * rows[idx_j]^2 element-wise); vals null means 1.
+  virtual absl::Status EmbeddingBag(int B, int dim, const float* rows, const int32_t* offsets,
+                                    const int32_t* idx, const float* vals, bool square,
+                                    float* out) = 0;
+  // The gradient of EmbeddingBag added into grad (U x dim): grad[idx_j] +=
+  // v_j * dout[b] (square: 2 v_j^2 rows[idx_j] * dout[b]).
+  virtual absl::Status EmbeddingBagGrad(int B, int dim, const float* dout, const int32_t* offsets,
+                                        const int32_t* idx, const float* vals, bool square,
+                                        const float* rows, float* grad) = 0;
+
+  // ---- profiling
+  void set_profiling(bool on) { profiling_ = on; }
+  bool profiling() const { return profiling_; }
+  const ComputeProfile& profile() const { return profile_; }
+  void ResetProfile() { profile_ = {}; }
+
+ protected:
+  friend class Buffer;
+  virtual absl::StatusOr<void*> RawAllocate(size_t bytes) = 0;
+  virtual void RawFree(void* p) = 0;
+  virtual absl::StatusOr<void*> RawAllocateHost(size_t bytes) = 0;
+  virtual void RawFreeHost(void* p) = 0;
+
+  bool profiling_ = false;
+  ComputeProfile profile_;
+};
+
+// Picks the backend for `device`: "cpu", "cuda:N", or "auto" (the first
+// usable GPU, else the CPU). *why says which was picked and why ("no GPU:
+// CUDA driver not found"), for the startup log. `cpu_threads` 0 = all cores.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device, std::string* why,
+                                                       int cpu_threads = 0);
+
+std::unique_ptr<Backend> NewCpuBackend(int threads);
+// True when this build has the CUDA backend (built with nvcc).
+bool CudaBackendBuilt();
+
+}  // namespace fulcrum::compute
+
+#endif  // FULCRUM_WORKER_COMPUTE_BACKEND_H_

@@ -1,0 +1,106 @@
+// Training data in memory: readers for IDX (MNIST, Fashion-MNIST; raw or
+// .gz), LibSVM (sparse) and CSV (dense), and the Batch a step consumes.
+//
+// Readers load a whole file (datasets here fit in memory) and keep it in its
+// compact form (IDX pixels stay bytes); batches are decoded on demand by the
+// prefetching pipeline (pipeline.h). Every error names the file and the line
+// or byte offset: "mnist/train-labels-idx1-ubyte: byte 8: label 12 is
+// outside [0, 10)".
+#ifndef FULCRUM_WORKER_DATA_DATASET_H_
+#define FULCRUM_WORKER_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/compute/backend.h"
+
+namespace fulcrum::data {
+
+// One mini-batch on the host. Dense data: `dense` is size x num_features.
+// Sparse data: CSR rows, row i's features are keys/values[offsets[i],
+// offsets[i+1]). Labels: a class index (as a float), 0/1 for binary tasks,
+// or the target value for regression.
+struct Batch {
+  int size = 0;
+  int num_features = 0;
+  std::vector<float> dense;
+  std::vector<float> labels;
+  std::vector<int32_t> offsets;
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  int epoch = 0;
+  int64_t index = 0;  // the batch's number within the epoch
+
+  // Staged copies of dense and labels in page-locked memory (set by the
+  // pipeline when it has a backend): uploads from here are asynchronous.
+  compute::Buffer staged;
+  const float* dense_data() const { return staged.data() ? staged.as<float>() : dense.data(); }
+  const float* label_data() const {
+    return staged.data() ? staged.as<float>() + dense.size() : labels.data();
+  }
+  bool sparse() const { return !offsets.empty(); }
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual size_t size() const = 0;
+  // Dense: features per example. Sparse: one more than the largest feature
+  // index seen (for reporting; keys are not bounded by it).
+  virtual int num_features() const = 0;
+  virtual bool sparse() const = 0;
+  // Decodes examples `indices[0..n)` into *out (resizing its vectors).
+  virtual void Fill(const int64_t* indices, int n, Batch* out) const = 0;
+  virtual float label(size_t i) const = 0;
+
+  // Classes seen in the labels (max label + 1) for classification data, 0
+  // for regression data.
+  int num_classes() const { return num_classes_; }
+  const std::string& source() const { return source_; }
+
+ protected:
+  int num_classes_ = 0;
+  std::string source_;
+};
+
+// Labels: kClass expects integers in [0, num_classes) (num_classes 0: any
+// non-negative integer, the count is inferred); kBinary accepts 0/1 and -1/+1
+// (mapped to 0/1); kValue keeps any finite number.
+enum class LabelKind { kClass, kBinary, kValue };
+
+struct IdxOptions {
+  int num_classes = 10;
+  float scale = 1.0f / 255;  // pixel bytes are multiplied by this
+};
+// images: magic 0x00000803 (N, rows, cols, pixels); labels: 0x00000801.
+absl::StatusOr<std::unique_ptr<Dataset>> ReadIdx(const std::string& images_path,
+                                                 const std::string& labels_path,
+                                                 const IdxOptions& options = {});
+
+struct LibSvmOptions {
+  LabelKind labels = LabelKind::kBinary;
+  int num_classes = 0;
+};
+// "label index:value index:value ..." per line; '#' starts a comment.
+absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path,
+                                                    const LibSvmOptions& options = {});
+
+struct CsvOptions {
+  int label_column = -1;  // -1: the last column
+  char delimiter = ',';
+  bool header = false;    // skip the first line
+  LabelKind labels = LabelKind::kClass;
+  int num_classes = 0;
+  float scale = 1.0f;     // features are multiplied by this
+};
+absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options = {});
+
+// Whole file contents, transparently gunzipped (.gz or plain alike).
+absl::StatusOr<std::string> ReadFileMaybeGz(const std::string& path);
+
+}  // namespace fulcrum::data
+
+#endif  // FULCRUM_WORKER_DATA_DATASET_H_

@@ -1,0 +1,75 @@
+// Sharding, shuffling and prefetching.
+//
+// ShardOrder gives a worker its examples for one epoch: the whole dataset
+// permuted by (seed, epoch), then every world_size-th example starting at
+// rank, cut so every rank gets the same count (BSP needs every worker to run
+// the same number of steps). The same seed gives the same batches.
+//
+// Prefetcher decodes batches on a background thread, `depth` ahead of the
+// consumer, and stages them in page-locked memory when given a backend. Its
+// wait_seconds() says how long Next() blocked: time a step waited on data.
+#ifndef FULCRUM_WORKER_DATA_PIPELINE_H_
+#define FULCRUM_WORKER_DATA_PIPELINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+
+namespace fulcrum::data {
+
+std::vector<int64_t> ShardOrder(size_t n, int rank, int world_size, uint64_t seed, int epoch, bool shuffle = true);
+
+struct PrefetchOptions {
+  int batch_size = 64;
+  int depth = 4;            // batches decoded ahead
+  bool drop_last = false;   // drop a final short batch
+};
+
+class Prefetcher {
+ public:
+  // `backend` may be null (no staging). `order` lists the examples in turn.
+  Prefetcher(const Dataset* dataset, std::vector<int64_t> order, int epoch, PrefetchOptions options,
+             compute::Backend* backend);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // The next batch, or null at the end of the epoch.
+  absl::StatusOr<std::unique_ptr<Batch>> Next();
+  // Gives a consumed batch back so its buffers are reused.
+  void Recycle(std::unique_ptr<Batch> batch);
+
+  int64_t num_batches() const { return num_batches_; }
+  double wait_seconds() const;
+
+ private:
+  void Run();
+
+  const Dataset* dataset_;
+  const std::vector<int64_t> order_;
+  const int epoch_;
+  const PrefetchOptions options_;
+  compute::Backend* backend_;
+  int64_t num_batches_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<absl::StatusOr<std::unique_ptr<Batch>>> ready_;
+  std::vector<std::unique_ptr<Batch>> free_;
+  int64_t produced_ = 0;
+  bool stop_ = false;
+  double wait_seconds_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace fulcrum::data
+
+#endif  // FULCRUM_WORKER_DATA_PIPELINE_H_

@@ -1,0 +1,396 @@
+#include <zlib.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/data/dataset.h"
+
+namespace fulcrum::data {
+namespace {
+
+absl::Status FileError(const std::string& path, absl::string_view where, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": ", what));
+}
+
+uint32_t BigEndian32(const std::string& s, size_t at) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data() + at);
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+// Checks a label and turns it into the stored value.
+absl::Status CheckLabel(double v, LabelKind kind, int num_classes, const std::string& path, absl::string_view where,
+                        float* out) {
+  if (!std::isfinite(v)) return FileError(path, where, "label is not a finite number");
+  switch (kind) {
+    case LabelKind::kClass:
+      if (v != std::floor(v) || v < 0 || (num_classes > 0 && v >= num_classes)) {
+        return FileError(path, where,
+                         num_classes > 0
+                             ? absl::StrCat("label ", v, " is outside [0, ", num_classes, ")")
+                             : absl::StrCat("label ", v, " is not a non-negative integer class"));
+      }
+      *out = static_cast<float>(v);
+      return absl::OkStatus();
+    case LabelKind::kBinary:
+      if (v == 1) *out = 1;
+      else if (v == 0 || v == -1) *out = 0;
+      else return FileError(path, where, absl::StrCat("label ", v, " is not binary (0/1 or -1/+1)"));
+      return absl::OkStatus();
+    case LabelKind::kValue:
+      *out = static_cast<float>(v);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+int ClassesOf(const std::vector<float>& labels, LabelKind kind, int declared) {
+  if (kind == LabelKind::kValue) return 0;
+  if (kind == LabelKind::kBinary) return 2;
+  if (declared > 0) return declared;
+  float mx = 0;
+  for (float l : labels) mx = std::max(mx, l);
+  return static_cast<int>(mx) + 1;
+}
+
+// ---------------------------------------------------------------- IDX
+
+class IdxDataset final : public Dataset {
+ public:
+  IdxDataset(std::string pixels, size_t n, int features, std::vector<float> labels, float scale, int classes,
+             std::string source)
+      : pixels_(std::move(pixels)), n_(n), features_(features), labels_(std::move(labels)), scale_(scale) {
+    num_classes_ = classes;
+    source_ = std::move(source);
+  }
+  size_t size() const override { return n_; }
+  int num_features() const override { return features_; }
+  bool sparse() const override { return false; }
+  float label(size_t i) const override { return labels_[i]; }
+  void Fill(const int64_t* idx, int n, Batch* out) const override {
+    out->size = n;
+    out->num_features = features_;
+    out->dense.resize(size_t{1} * n * features_);
+    out->labels.resize(n);
+    out->offsets.clear();
+    out->keys.clear();
+    out->values.clear();
+    for (int i = 0; i < n; ++i) {
+      const auto* src = reinterpret_cast<const uint8_t*>(pixels_.data()) + 16 + size_t{1} * idx[i] * features_;
+      float* dst = out->dense.data() + size_t{1} * i * features_;
+      for (int j = 0; j < features_; ++j) dst[j] = src[j] * scale_;
+      out->labels[i] = labels_[idx[i]];
+    }
+  }
+
+ private:
+  std::string pixels_;  // the whole images file; pixels start at byte 16
+  size_t n_;
+  int features_;
+  std::vector<float> labels_;
+  float scale_;
+};
+
+// ---------------------------------------------------------------- CSR (LibSVM)
+
+class CsrDataset final : public Dataset {
+ public:
+  size_t size() const override { return labels_.size(); }
+  int num_features() const override { return features_; }
+  bool sparse() const override { return true; }
+  float label(size_t i) const override { return labels_[i]; }
+  void Fill(const int64_t* idx, int n, Batch* out) const override {
+    out->size = n;
+    out->num_features = 0;
+    out->dense.clear();
+    out->labels.resize(n);
+    out->offsets.assign(1, 0);
+    out->keys.clear();
+    out->values.clear();
+    for (int i = 0; i < n; ++i) {
+      const size_t r = idx[i];
+      out->keys.insert(out->keys.end(), keys_.begin() + offsets_[r], keys_.begin() + offsets_[r + 1]);
+      out->values.insert(out->values.end(), values_.begin() + offsets_[r], values_.begin() + offsets_[r + 1]);
+      out->offsets.push_back(static_cast<int32_t>(out->keys.size()));
+      out->labels[i] = labels_[r];
+    }
+  }
+
+  std::vector<size_t> offsets_{0};
+  std::vector<uint64_t> keys_;
+  std::vector<float> values_;
+  std::vector<float> labels_;
+  int features_ = 0;
+  void Finish(LabelKind kind, int classes, std::string source) {
+    num_classes_ = ClassesOf(labels_, kind, classes);
+    source_ = std::move(source);
+  }
+};
+
+// ---------------------------------------------------------------- dense (CSV)
+
+class DenseDataset final : public Dataset {
+ public:
+  size_t size() const override { return labels_.size(); }
+  int num_features() const override { return features_; }
+  bool sparse() const override { return false; }
+  float label(size_t i) const override { return labels_[i]; }
+  void Fill(const int64_t* idx, int n, Batch* out) const override {
+    out->size = n;
+    out->num_features = features_;
+    out->dense.resize(size_t{1} * n * features_);
+    out->labels.resize(n);
+    out->offsets.clear();
+    out->keys.clear();
+    out->values.clear();
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(out->dense.data() + size_t{1} * i * features_, features_data_.data() + size_t{1} * idx[i] * features_,
+                  sizeof(float) * features_);
+      out->labels[i] = labels_[idx[i]];
+    }
+  }
+
+  std::vector<float> features_data_;
+  std::vector<float> labels_;
+  int features_ = 0;
+  void Finish(LabelKind kind, int classes, std::string source) {
+    num_classes_ = ClassesOf(labels_, kind, classes);
+    source_ = std::move(source);
+  }
+};
+
+// Iterates over lines, counting them from 1.
+class Lines {
+ public:
+  explicit Lines(const std::string& text) : text_(text) {}
+  bool Next(std::string_view* line) {
+    if (pos_ >= text_.size()) return false;
+    size_t end = text_.find('\n', pos_);
+    if (end == std::string::npos) end = text_.size();
+    *line = std::string_view(text_).substr(pos_, end - pos_);
+    if (!line->empty() && line->back() == '\r') line->remove_suffix(1);
+    pos_ = end + 1;
+    ++number_;
+    return true;
+  }
+  int number() const { return number_; }
+
+ private:
+  const std::string& text_;
+  size_t pos_ = 0;
+  int number_ = 0;
+};
+
+// Debian's Abseil has its own string_view: StrCat cannot take std's.
+absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool ParseDouble(std::string_view s, double* out) {
+  s = Trim(s);
+  if (s.empty()) return false;
+  if (s.front() == '+') s.remove_prefix(1);
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileMaybeGz(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  gzbuffer(f, 1 << 20);
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const int n = gzread(f, buf, sizeof(buf));
+    if (n < 0) {
+      int code = 0;
+      const std::string msg = gzerror(f, &code);
+      gzclose(f);
+      return absl::DataLossError(absl::StrCat(path, ": byte ", out.size(), ": cannot decompress: ", msg));
+    }
+    if (n == 0) break;
+    out.append(buf, n);
+  }
+  // A truncated .gz reads as a short file without an error from gzread on
+  // some zlib versions; gzclose_r reports it.
+  const int rc = gzclose(f);
+  if (rc != Z_OK && rc != Z_BUF_ERROR) {
+    return absl::DataLossError(absl::StrCat(path, ": byte ", out.size(), ": compressed stream is corrupt (zlib ", rc, ")"));
+  }
+  if (rc == Z_BUF_ERROR) {
+    return absl::DataLossError(absl::StrCat(path, ": byte ", out.size(), ": compressed stream is truncated"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> ReadIdx(const std::string& images_path, const std::string& labels_path,
+                                                 const IdxOptions& options) {
+  ASSIGN_OR_RETURN(std::string images, ReadFileMaybeGz(images_path));
+  ASSIGN_OR_RETURN(std::string labels, ReadFileMaybeGz(labels_path));
+  if (images.size() < 16) {
+    return FileError(images_path, absl::StrCat("byte ", images.size()), "file ends inside the 16-byte IDX header");
+  }
+  if (BigEndian32(images, 0) != 0x00000803) {
+    return FileError(images_path, "byte 0",
+                     absl::StrCat("wrong magic number 0x", absl::Hex(BigEndian32(images, 0), absl::kZeroPad8),
+                                  " (IDX images are 0x00000803)"));
+  }
+  const uint64_t n = BigEndian32(images, 4), rows = BigEndian32(images, 8), cols = BigEndian32(images, 12);
+  if (rows == 0 || cols == 0 || rows * cols > (1u << 24)) {
+    return FileError(images_path, "byte 8", absl::StrCat("implausible image size ", rows, " x ", cols));
+  }
+  const uint64_t want = 16 + n * rows * cols;
+  if (images.size() != want) {
+    return FileError(images_path, absl::StrCat("byte ", images.size()),
+                     absl::StrCat(images.size() < want ? "file is truncated" : "file has trailing bytes", ": header says ",
+                                  n, " images of ", rows, " x ", cols, " = ", want, " bytes"));
+  }
+  if (labels.size() < 8) {
+    return FileError(labels_path, absl::StrCat("byte ", labels.size()), "file ends inside the 8-byte IDX header");
+  }
+  if (BigEndian32(labels, 0) != 0x00000801) {
+    return FileError(labels_path, "byte 0",
+                     absl::StrCat("wrong magic number 0x", absl::Hex(BigEndian32(labels, 0), absl::kZeroPad8),
+                                  " (IDX labels are 0x00000801)"));
+  }
+  const uint64_t nl = BigEndian32(labels, 4);
+  if (nl != n) {
+    return FileError(labels_path, "byte 4", absl::StrCat(nl, " labels for ", n, " images in ", images_path));
+  }
+  if (labels.size() != 8 + n) {
+    return FileError(labels_path, absl::StrCat("byte ", labels.size()),
+                     absl::StrCat(labels.size() < 8 + n ? "file is truncated" : "file has trailing bytes",
+                                  ": header says ", n, " labels"));
+  }
+  std::vector<float> y(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    const int v = static_cast<uint8_t>(labels[8 + i]);
+    if (v >= options.num_classes) {
+      return FileError(labels_path, absl::StrCat("byte ", 8 + i),
+                       absl::StrCat("label ", v, " is outside [0, ", options.num_classes, ")"));
+    }
+    y[i] = static_cast<float>(v);
+  }
+  return std::unique_ptr<Dataset>(new IdxDataset(std::move(images), n, static_cast<int>(rows * cols), std::move(y),
+                                                 options.scale, options.num_classes, images_path));
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path, const LibSvmOptions& options) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGz(path));
+  auto ds = std::make_unique<CsrDataset>();
+  Lines lines(text);
+  std::string_view line;
+  while (lines.Next(&line)) {
+    if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = Trim(line);
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat("line ", lines.number());
+    size_t pos = line.find_first_of(" \t");
+    double label;
+    if (!ParseDouble(line.substr(0, pos), &label)) {
+      return FileError(path, where, absl::StrCat("label \"", A(line.substr(0, pos)), "\" is not a number"));
+    }
+    float stored;
+    RETURN_IF_ERROR(CheckLabel(label, options.labels, options.num_classes, path, where, &stored));
+    uint64_t previous = 0;
+    bool first = true;
+    while (pos != std::string_view::npos) {
+      const size_t start = line.find_first_not_of(" \t", pos);
+      if (start == std::string_view::npos) break;
+      pos = line.find_first_of(" \t", start);
+      const std::string_view item = line.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start);
+      const size_t colon = item.find(':');
+      if (colon == std::string_view::npos) {
+        return FileError(path, where, absl::StrCat("\"", A(item), "\" is not index:value"));
+      }
+      uint64_t index = 0;
+      const auto r = std::from_chars(item.data(), item.data() + colon, index);
+      if (r.ec != std::errc() || r.ptr != item.data() + colon) {
+        return FileError(path, where, absl::StrCat("feature index \"", A(item.substr(0, colon)), "\" is not a non-negative integer"));
+      }
+      double value;
+      if (!ParseDouble(item.substr(colon + 1), &value) || !std::isfinite(value)) {
+        return FileError(path, where, absl::StrCat("feature value \"", A(item.substr(colon + 1)), "\" is not a finite number"));
+      }
+      if (!first && index <= previous) {
+        return FileError(path, where, absl::StrCat("feature indices must increase (", index, " after ", previous, ")"));
+      }
+      first = false;
+      previous = index;
+      ds->keys_.push_back(index);
+      ds->values_.push_back(static_cast<float>(value));
+      if (index + 1 > static_cast<uint64_t>(ds->features_)) {
+        ds->features_ = static_cast<int>(std::min<uint64_t>(index + 1, INT32_MAX));
+      }
+    }
+    ds->labels_.push_back(stored);
+    ds->offsets_.push_back(ds->keys_.size());
+  }
+  if (ds->labels_.empty()) return FileError(path, "line 1", "no examples in the file");
+  ds->Finish(options.labels, options.num_classes, path);
+  return std::unique_ptr<Dataset>(std::move(ds));
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGz(path));
+  auto ds = std::make_unique<DenseDataset>();
+  Lines lines(text);
+  std::string_view line;
+  int columns = -1;
+  std::vector<double> fields;
+  while (lines.Next(&line)) {
+    if (options.header && lines.number() == 1) continue;
+    if (Trim(line).empty()) continue;
+    const std::string where = absl::StrCat("line ", lines.number());
+    fields.clear();
+    size_t start = 0;
+    for (;;) {
+      const size_t end = line.find(options.delimiter, start);
+      const std::string_view cell = line.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+      double v;
+      if (!ParseDouble(cell, &v)) {
+        return FileError(path, where, absl::StrCat("column ", fields.size() + 1, ": \"", A(cell), "\" is not a number"));
+      }
+      fields.push_back(v);
+      if (end == std::string_view::npos) break;
+      start = end + 1;
+    }
+    if (columns < 0) {
+      columns = static_cast<int>(fields.size());
+      if (columns < 2) return FileError(path, where, "a row needs a label and at least one feature");
+      const int lc = options.label_column < 0 ? columns - 1 : options.label_column;
+      if (lc >= columns) {
+        return FileError(path, where, absl::StrCat("label column ", lc, " does not exist (", columns, " columns)"));
+      }
+      ds->features_ = columns - 1;
+    } else if (static_cast<int>(fields.size()) != columns) {
+      return FileError(path, where, absl::StrCat(fields.size(), " columns, expected ", columns, " as in the first row"));
+    }
+    const int lc = options.label_column < 0 ? columns - 1 : options.label_column;
+    float stored;
+    RETURN_IF_ERROR(CheckLabel(fields[lc], options.labels, options.num_classes, path,
+                               absl::StrCat(where, ", column ", lc + 1), &stored));
+    ds->labels_.push_back(stored);
+    for (int c = 0; c < columns; ++c) {
+      if (c == lc) continue;
+      if (!std::isfinite(fields[c])) {
+        return FileError(path, where, absl::StrCat("column ", c + 1, " is not finite"));
+      }
+      ds->features_data_.push_back(static_cast<float>(fields[c] * options.scale));
+    }
+  }
+  if (ds->labels_.empty()) return FileError(path, "line 1", "no examples in the file");
+  ds->Finish(options.labels, options.num_classes, path);
+  return std::unique_ptr<Dataset>(std::move(ds));
+}
+
+}  // namespace fulcrum::data

@@ -1,0 +1,164 @@
+#include "worker/local_ps_client.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+Future<absl::Status> Ready(absl::Status s) {
+  Promise<absl::Status> p;
+  p.Set(std::move(s));
+  return p.future();
+}
+
+uint32_t ChunkElements(const v1::TableSpec& t) { return t.chunk_elements() == 0 ? 65536 : t.chunk_elements(); }
+
+const v1::TableSpec* FindTable(const v1::PsJobSpec& spec, const std::string& name) {
+  for (const auto& t : spec.tables()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ParameterServer>> LocalPsClient::NewServer() {
+  ASSIGN_OR_RETURN(ShardMap map, ShardMap::RoundRobin(1, 64, {"in-process"}));
+  ParameterServerOptions o;
+  o.server_index = 0;
+  o.shard_map = map.ToProto();
+  ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(std::move(o)));
+  return std::shared_ptr<ParameterServer>(std::move(ps));
+}
+
+LocalPsClient::LocalPsClient(std::shared_ptr<ParameterServer> server, std::string worker_id, uint32_t rank)
+    : server_(std::move(server)), worker_id_(std::move(worker_id)), rank_(rank) {}
+
+absl::Status LocalPsClient::CreateJob(const v1::PsJobSpec& spec) {
+  RETURN_IF_ERROR(server_->CreateJob(spec).status());
+  absl::MutexLock l(&mu_);
+  jobs_[spec.job_id()] = spec;
+  return absl::OkStatus();
+}
+
+absl::Status LocalPsClient::OpenJob(const std::string& job_id) {
+  ASSIGN_OR_RETURN(v1::GetJobResponse r, server_->GetJob(job_id));
+  absl::MutexLock l(&mu_);
+  jobs_[job_id] = r.spec();
+  return absl::OkStatus();
+}
+
+absl::Status LocalPsClient::DeleteJob(const std::string& job_id) {
+  RETURN_IF_ERROR(server_->DeleteJob(job_id).status());
+  absl::MutexLock l(&mu_);
+  jobs_.erase(job_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PsJobSpec> LocalPsClient::Spec(const std::string& job_id) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) return it->second;
+  }
+  RETURN_IF_ERROR(OpenJob(job_id));
+  absl::MutexLock l(&mu_);
+  return jobs_[job_id];
+}
+
+Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const PushBatch& batch) {
+  absl::StatusOr<v1::PsJobSpec> spec = Spec(job_id);
+  if (!spec.ok()) return Ready(spec.status());
+  auto map = server_->GetShardMap();
+  if (!map.ok()) return Ready(map.status());
+  PushMessage m;
+  m.job_id = job_id;
+  m.worker_id = worker_id_;
+  m.seq = ++seq_;
+  m.rank = rank_;
+  m.step = batch.step;
+  m.num_parts = 1;
+  m.shard_map_version = map->version();
+  for (const DenseGradient& g : batch.dense) {
+    const v1::TableSpec* t = FindTable(*spec, g.table);
+    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", g.table, "\"")));
+    const size_t ce = ChunkElements(*t);
+    for (size_t begin = 0, c = 0; begin < g.size; begin += ce, ++c) {
+      const size_t n = std::min(ce, g.size - begin);
+      m.dense.push_back({g.table, static_cast<uint32_t>(c), DType::kFp32, Payload(g.data + begin, n * 4)});
+    }
+    if (g.size == 0) m.dense.push_back({g.table, 0, DType::kFp32, Payload()});
+  }
+  for (const SparseGradient& g : batch.sparse) {
+    const v1::TableSpec* t = FindTable(*spec, g.table);
+    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", g.table, "\"")));
+    if (g.num_keys == 0) continue;
+    m.sparse.push_back({g.table, DType::kFp32, Payload(g.keys, g.num_keys * 8),
+                        Payload(g.values, g.num_keys * t->dim() * 4)});
+  }
+  PushResult r;
+  return Ready(server_->Push(m, &r));
+}
+
+Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const PullBatch& batch) {
+  absl::StatusOr<v1::PsJobSpec> spec = Spec(job_id);
+  if (!spec.ok()) return Ready(spec.status());
+  auto map = server_->GetShardMap();
+  if (!map.ok()) return Ready(map.status());
+  auto m = std::make_shared<PullMessage>();
+  m->job_id = job_id;
+  m->worker_id = worker_id_;
+  m->rank = rank_;
+  m->step = batch.step;
+  m->shard_map_version = map->version();
+  m->dtype = DType::kFp32;
+  // Where each result goes: dense chunk starts and sparse outputs.
+  struct Dest {
+    std::map<std::pair<std::string, uint32_t>, std::pair<float*, size_t>> dense;  // -> (out, elements)
+    std::map<std::string, std::pair<float*, size_t>> sparse;                      // -> (out, floats)
+  };
+  auto dest = std::make_shared<Dest>();
+  for (const DenseTarget& d : batch.dense) {
+    const v1::TableSpec* t = FindTable(*spec, d.table);
+    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", d.table, "\"")));
+    const size_t ce = ChunkElements(*t);
+    for (size_t begin = 0, c = 0; begin < d.size; begin += ce, ++c) {
+      m->dense.push_back({d.table, static_cast<uint32_t>(c)});
+      dest->dense[{d.table, static_cast<uint32_t>(c)}] = {d.out + begin, std::min(ce, d.size - begin)};
+    }
+  }
+  for (const SparseTarget& s : batch.sparse) {
+    const v1::TableSpec* t = FindTable(*spec, s.table);
+    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", s.table, "\"")));
+    if (s.num_keys == 0) continue;
+    m->sparse.push_back({s.table, Payload(s.keys, s.num_keys * 8)});
+    dest->sparse[s.table] = {s.out, s.num_keys * t->dim()};
+  }
+  Promise<absl::Status> promise;
+  server_->Pull(m, absl::InfiniteFuture(), [dest, promise](absl::StatusOr<PullResult> r) {
+    if (!r.ok()) {
+      promise.Set(r.status());
+      return;
+    }
+    for (const PullResult::Dense& d : r->dense) {
+      auto it = dest->dense.find({d.table, d.chunk});
+      if (it == dest->dense.end()) continue;
+      const void* src = d.shared != nullptr ? d.shared : d.data.data.get();
+      const size_t bytes = d.shared != nullptr ? d.shared_size : d.data.size;
+      std::memcpy(it->second.first, src, std::min(bytes, it->second.second * 4));
+    }
+    for (const PullResult::Sparse& s : r->sparse) {
+      auto it = dest->sparse.find(s.table);
+      if (it == dest->sparse.end()) continue;
+      std::memcpy(it->second.first, s.values.data.get(), std::min(s.values.size, it->second.second * 4));
+    }
+    promise.Set(absl::OkStatus());
+  });
+  return promise.future();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,508 @@
+#include "worker/models/model.h"
+
+#include <cmath>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace fulcrum::models {
+
+v1::InitializerSpec Zeros() {
+  v1::InitializerSpec s;
+  s.set_kind(v1::InitializerSpec::ZEROS);
+  return s;
+}
+v1::InitializerSpec Uniform(float a, float b, uint64_t seed) {
+  v1::InitializerSpec s;
+  s.set_kind(v1::InitializerSpec::UNIFORM);
+  s.set_a(a);
+  s.set_b(b);
+  s.set_seed(seed);
+  return s;
+}
+v1::InitializerSpec Normal(float mean, float stddev, uint64_t seed) {
+  v1::InitializerSpec s;
+  s.set_kind(v1::InitializerSpec::NORMAL);
+  s.set_a(mean);
+  s.set_b(stddev);
+  s.set_seed(seed);
+  return s;
+}
+
+void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index) {
+  distinct->clear();
+  index->resize(n);
+  absl::flat_hash_map<uint64_t, int32_t> seen;
+  seen.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, fresh] = seen.try_emplace(keys[i], static_cast<int32_t>(distinct->size()));
+    if (fresh) distinct->push_back(keys[i]);
+    (*index)[i] = it->second;
+  }
+}
+
+absl::Status Model::Reserve(compute::Buffer* b, size_t bytes) {
+  if (b->data() != nullptr && b->bytes() >= bytes) return absl::OkStatus();
+  b->Reset();
+  ASSIGN_OR_RETURN(*b, be_->Allocate(std::max<size_t>(bytes, 64)));
+  return absl::OkStatus();
+}
+
+Table& Model::AddDense(const std::string& name, std::vector<int64_t> shape, v1::InitializerSpec init) {
+  Table t;
+  t.spec.set_name(name);
+  t.spec.set_kind(v1::TableSpec::DENSE);
+  size_t n = 1;
+  for (int64_t d : shape) {
+    t.spec.add_shape(d);
+    n *= static_cast<size_t>(d);
+  }
+  *t.spec.mutable_initializer() = std::move(init);
+  t.elements = n;
+  tables_.push_back(std::move(t));
+  return tables_.back();
+}
+
+Table& Model::AddSparse(const std::string& name, uint32_t dim, v1::InitializerSpec init) {
+  Table t;
+  t.spec.set_name(name);
+  t.spec.set_kind(v1::TableSpec::SPARSE);
+  t.spec.set_dim(dim);
+  *t.spec.mutable_initializer() = std::move(init);
+  t.sparse = true;
+  t.dim = dim;
+  tables_.push_back(std::move(t));
+  return tables_.back();
+}
+
+absl::Status Model::Prepare(const data::Batch& batch) {
+  RETURN_IF_ERROR(PrepareKeys(batch));
+  for (Table& t : tables_) {
+    if (t.sparse) t.elements = t.keys.size() * t.dim;
+    RETURN_IF_ERROR(Reserve(&t.value, t.elements * sizeof(float)));
+    RETURN_IF_ERROR(Reserve(&t.grad, t.elements * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+using compute::Activation;
+using compute::Buffer;
+
+// Checks classification labels on the host and converts them to int32.
+absl::Status ClassLabels(const data::Batch& batch, int classes, std::vector<int32_t>* out) {
+  out->resize(batch.size);
+  const float* y = batch.label_data();
+  for (int i = 0; i < batch.size; ++i) {
+    const float v = y[i];
+    if (!(v >= 0) || v >= classes || v != std::floor(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("example ", i, " of batch ", batch.index, ": label ", v,
+                                                     " is not a class in [0, ", classes, ")"));
+    }
+    (*out)[i] = static_cast<int32_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- MLP
+
+class Mlp final : public Model {
+ public:
+  Mlp(ModelConfig c, compute::Backend* be) : Model(std::move(c), be) {
+    dims_.push_back(config_.num_features);
+    for (int h : config_.hidden) dims_.push_back(h);
+    dims_.push_back(config_.num_classes);
+    for (size_t l = 0; l + 1 < dims_.size(); ++l) {
+      // Glorot-uniform weights, zero biases; each table its own seed.
+      const float r = std::sqrt(6.0f / (dims_[l] + dims_[l + 1]));
+      AddDense(absl::StrCat("dense", l, ".weight"), {dims_[l], dims_[l + 1]}, Uniform(-r, r, config_.seed + 2 * l));
+      AddDense(absl::StrCat("dense", l, ".bias"), {dims_[l + 1]}, Zeros());
+    }
+    acts_.resize(dims_.size());
+    pre_.resize(dims_.size());
+    half_w_.resize(dims_.size());
+    if (config_.precision == DType::kFp16) loss_scale_ = 65536.0f;
+  }
+
+  Task task() const override { return Task::kClassification; }
+
+  absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
+    const int B = batch.size, L = static_cast<int>(dims_.size()) - 1;
+    if (batch.sparse() || batch.num_features != dims_[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", config_.type, " expects dense examples of ", dims_[0],
+                                                     " features, the batch has ",
+                                                     batch.sparse() ? "sparse features" : absl::StrCat(batch.num_features)));
+    }
+    RETURN_IF_ERROR(ClassLabels(batch, dims_[L], &labels_host_));
+    const bool lowp = config_.precision != DType::kFp32;
+    // Activations: acts_[0] is the input, pre_[l+1] = acts_[l] W_l + b_l,
+    // acts_[l+1] = act(pre_[l+1]) (the logits for the last layer).
+    RETURN_IF_ERROR(Reserve(&acts_[0], size_t{4} * B * dims_[0]));
+    RETURN_IF_ERROR(be_->CopyToDevice(acts_[0].data(), batch.dense_data(), size_t{4} * B * dims_[0]));
+    RETURN_IF_ERROR(Reserve(&labels_, size_t{4} * B));
+    RETURN_IF_ERROR(be_->CopyToDevice(labels_.data(), labels_host_.data(), size_t{4} * B));
+    for (int l = 0; l < L; ++l) {
+      RETURN_IF_ERROR(Reserve(&pre_[l + 1], size_t{4} * B * dims_[l + 1]));
+      RETURN_IF_ERROR(Reserve(&acts_[l + 1], size_t{4} * B * dims_[l + 1]));
+      const float* W = tables_[2 * l].value.as<float>();
+      float* Z = pre_[l + 1].as<float>();
+      if (lowp) {
+        RETURN_IF_ERROR(ToHalf(acts_[l].as<float>(), size_t{1} * B * dims_[l], &half_x_));
+        RETURN_IF_ERROR(ToHalf(W, tables_[2 * l].elements, &half_w_[l]));
+        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, false, false, B, dims_[l + 1], dims_[l], 1.0f,
+                                      half_x_.as<uint16_t>(), half_w_[l].as<uint16_t>(), 0.0f, Z));
+      } else {
+        RETURN_IF_ERROR(be_->Gemm(false, false, B, dims_[l + 1], dims_[l], 1.0f, acts_[l].as<float>(), W, 0.0f, Z));
+      }
+      RETURN_IF_ERROR(be_->BiasAdd(B, dims_[l + 1], tables_[2 * l + 1].value.as<float>(), Z));
+      if (l + 1 < L) {
+        RETURN_IF_ERROR(be_->Activate(config_.activation, size_t{1} * B * dims_[l + 1], Z, acts_[l + 1].as<float>()));
+      }
+    }
+    const int C = dims_[L];
+    RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&delta_, size_t{4} * B * *std::max_element(dims_.begin() + 1, dims_.end())));
+    const float scale = (config_.precision == DType::kFp16 ? loss_scale_ : 1.0f) / B;
+    RETURN_IF_ERROR(be_->SoftmaxCrossEntropy(B, C, pre_[L].as<float>(), labels_.as<int32_t>(), scale,
+                                             loss_.as<float>(), pred_.as<int32_t>(),
+                                             train ? delta_.as<float>() : nullptr));
+    Metrics m;
+    m.examples = B;
+    m.loss_scale = loss_scale_;
+    if (train) RETURN_IF_ERROR(Backward(B, &m));
+    RETURN_IF_ERROR(Summarize(B, &m));
+    return m;
+  }
+
+ private:
+  absl::Status PrepareKeys(const data::Batch&) override { return absl::OkStatus(); }
+
+  absl::Status ToHalf(const float* x, size_t n, Buffer* out) {
+    RETURN_IF_ERROR(Reserve(out, n * 2));
+    return be_->Cast(DType::kFp32, config_.precision, n, x, out->data());
+  }
+
+  absl::Status Backward(int B, Metrics* m) {
+    const int L = static_cast<int>(dims_.size()) - 1;
+    const bool lowp = config_.precision != DType::kFp32;
+    // delta_ holds dZ of layer l (B x dims_[l+1]); dx_ receives dX_l.
+    for (int l = L - 1; l >= 0; --l) {
+      float* dZ = delta_.as<float>();
+      float* dW = tables_[2 * l].grad.as<float>();
+      float* db = tables_[2 * l + 1].grad.as<float>();
+      if (lowp) {
+        RETURN_IF_ERROR(ToHalf(dZ, size_t{1} * B * dims_[l + 1], &half_d_));
+        RETURN_IF_ERROR(ToHalf(acts_[l].as<float>(), size_t{1} * B * dims_[l], &half_x_));
+        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, true, false, dims_[l], dims_[l + 1], B, 1.0f,
+                                      half_x_.as<uint16_t>(), half_d_.as<uint16_t>(), 0.0f, dW));
+      } else {
+        RETURN_IF_ERROR(be_->Gemm(true, false, dims_[l], dims_[l + 1], B, 1.0f, acts_[l].as<float>(), dZ, 0.0f, dW));
+      }
+      RETURN_IF_ERROR(be_->ColumnSum(B, dims_[l + 1], dZ, db));
+      if (l == 0) break;
+      RETURN_IF_ERROR(Reserve(&dx_, size_t{4} * B * dims_[l]));
+      if (lowp) {
+        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, false, true, B, dims_[l], dims_[l + 1], 1.0f,
+                                      half_d_.as<uint16_t>(), half_w_[l].as<uint16_t>(), 0.0f, dx_.as<float>()));
+      } else {
+        RETURN_IF_ERROR(be_->Gemm(false, true, B, dims_[l], dims_[l + 1], 1.0f, dZ, tables_[2 * l].value.as<float>(),
+                                  0.0f, dx_.as<float>()));
+      }
+      RETURN_IF_ERROR(be_->ActivateGrad(config_.activation, size_t{1} * B * dims_[l], pre_[l].as<float>(),
+                                        dx_.as<float>(), delta_.as<float>()));
+    }
+    if (config_.precision != DType::kFp16) return absl::OkStatus();
+    // Dynamic loss scaling.
+    bool finite = true;
+    for (Table& t : tables_) {
+      ASSIGN_OR_RETURN(bool ok, be_->AllFinite(t.elements, t.grad.as<float>()));
+      finite = finite && ok;
+    }
+    if (!finite) {
+      for (Table& t : tables_) RETURN_IF_ERROR(be_->Zero(t.grad.data(), t.elements * 4));
+      m->skipped = true;
+      loss_scale_ = std::max(1.0f, loss_scale_ / 2);
+      good_steps_ = 0;
+      return absl::OkStatus();
+    }
+    for (Table& t : tables_) RETURN_IF_ERROR(be_->Scale(t.elements, 1.0f / loss_scale_, t.grad.as<float>()));
+    if (++good_steps_ >= 1000) {
+      loss_scale_ = std::min(loss_scale_ * 2, 16777216.0f);
+      good_steps_ = 0;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Summarize(int B, Metrics* m) {
+    loss_host_.resize(B);
+    pred_host_.resize(B);
+    RETURN_IF_ERROR(be_->CopyToHost(loss_host_.data(), loss_.data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->CopyToHost(pred_host_.data(), pred_.data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->Synchronize());
+    for (int i = 0; i < B; ++i) {
+      m->loss_sum += loss_host_[i];
+      m->correct += pred_host_[i] == labels_host_[i];
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int> dims_;
+  std::vector<Buffer> acts_, pre_, half_w_;
+  Buffer labels_, loss_, pred_, delta_, dx_, half_x_, half_d_;
+  std::vector<int32_t> labels_host_, pred_host_;
+  std::vector<float> loss_host_;
+  float loss_scale_ = 1.0f;
+  int good_steps_ = 0;
+};
+
+// ---------------------------------------------------------------- sparse LR and FM
+
+class SparseLinear final : public Model {
+ public:
+  SparseLinear(ModelConfig c, compute::Backend* be, bool fm) : Model(std::move(c), be), fm_(fm) {
+    AddSparse("linear", 1, Zeros());
+    AddDense("bias", {1}, Zeros());
+    if (fm_) AddSparse("factors", config_.factors, Normal(0, config_.init_stddev, config_.seed));
+  }
+
+  Task task() const override { return Task::kBinary; }
+
+  absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
+    const int B = batch.size, k = config_.factors;
+    if (!batch.sparse() && B > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", config_.type, " expects sparse examples (LibSVM)"));
+    }
+    const float* wlin = tables_[0].value.as<float>();
+    RETURN_IF_ERROR(Reserve(&logit_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&labels_, size_t{4} * B));
+    RETURN_IF_ERROR(be_->CopyToDevice(labels_.data(), batch.label_data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->EmbeddingBag(B, 1, wlin, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), false,
+                                      logit_.as<float>()));
+    RETURN_IF_ERROR(be_->BiasAdd(B, 1, tables_[1].value.as<float>(), logit_.as<float>()));
+    if (fm_) {
+      const float* V = tables_[2].value.as<float>();
+      RETURN_IF_ERROR(Reserve(&s_, size_t{4} * B * k));
+      RETURN_IF_ERROR(Reserve(&q_, size_t{4} * B * k));
+      RETURN_IF_ERROR(Reserve(&t_, size_t{4} * B));
+      RETURN_IF_ERROR(OnesOf(k));
+      RETURN_IF_ERROR(be_->EmbeddingBag(B, k, V, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), false,
+                                        s_.as<float>()));
+      RETURN_IF_ERROR(be_->EmbeddingBag(B, k, V, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), true,
+                                        q_.as<float>()));
+      // logit += 0.5 * (|s|^2 - sum(q))
+      RETURN_IF_ERROR(be_->RowDot(B, k, s_.as<float>(), k, s_.as<float>(), k, t_.as<float>()));
+      RETURN_IF_ERROR(be_->Axpy(B, 0.5f, t_.as<float>(), logit_.as<float>()));
+      RETURN_IF_ERROR(be_->RowDot(B, k, q_.as<float>(), k, ones_.as<float>(), 0, t_.as<float>()));
+      RETURN_IF_ERROR(be_->Axpy(B, -0.5f, t_.as<float>(), logit_.as<float>()));
+    }
+    RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&prob_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&dlogit_, size_t{4} * B));
+    RETURN_IF_ERROR(be_->SigmoidCrossEntropy(B, logit_.as<float>(), labels_.as<float>(), 1.0f / std::max(B, 1),
+                                             loss_.as<float>(), prob_.as<float>(), train ? dlogit_.as<float>() : nullptr));
+    if (train) {
+      RETURN_IF_ERROR(be_->ColumnSum(B, 1, dlogit_.as<float>(), tables_[1].grad.as<float>()));
+      RETURN_IF_ERROR(be_->Zero(tables_[0].grad.data(), tables_[0].elements * 4));
+      RETURN_IF_ERROR(be_->EmbeddingBagGrad(B, 1, dlogit_.as<float>(), offsets_.as<int32_t>(), idx_.as<int32_t>(),
+                                            vals_.as<float>(), false, nullptr, tables_[0].grad.as<float>()));
+      if (fm_) {
+        const float* V = tables_[2].value.as<float>();
+        float* gV = tables_[2].grad.as<float>();
+        RETURN_IF_ERROR(be_->Zero(gV, tables_[2].elements * 4));
+        // d/dV of 0.5|s|^2: x_j * dlogit * s.
+        RETURN_IF_ERROR(be_->ScaleRows(B, k, dlogit_.as<float>(), s_.as<float>(), k, q_.as<float>(), k));
+        RETURN_IF_ERROR(be_->EmbeddingBagGrad(B, k, q_.as<float>(), offsets_.as<int32_t>(), idx_.as<int32_t>(),
+                                              vals_.as<float>(), false, nullptr, gV));
+        // d/dV of -0.5 sum x^2 V^2: through the square bag with dout = -0.5 dlogit.
+        RETURN_IF_ERROR(be_->ScaleRows(B, k, dlogit_.as<float>(), nullptr, 0, q_.as<float>(), k));
+        RETURN_IF_ERROR(be_->Scale(size_t{1} * B * k, -0.5f, q_.as<float>()));
+        RETURN_IF_ERROR(be_->EmbeddingBagGrad(B, k, q_.as<float>(), offsets_.as<int32_t>(), idx_.as<int32_t>(),
+                                              vals_.as<float>(), true, V, gV));
+      }
+    }
+    Metrics m;
+    m.examples = B;
+    loss_host_.resize(B);
+    prob_host_.resize(B);
+    RETURN_IF_ERROR(be_->CopyToHost(loss_host_.data(), loss_.data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->CopyToHost(prob_host_.data(), prob_.data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->Synchronize());
+    const float* y = batch.label_data();
+    for (int i = 0; i < B; ++i) {
+      m.loss_sum += loss_host_[i];
+      m.correct += (prob_host_[i] > 0.5f) == (y[i] > 0.5f);
+    }
+    return m;
+  }
+
+ private:
+  absl::Status PrepareKeys(const data::Batch& batch) override {
+    if (!batch.sparse()) {
+      if (batch.size == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat("model ", config_.type, " expects sparse examples (LibSVM)"));
+    }
+    DistinctKeys(batch.keys.data(), batch.keys.size(), &tables_[0].keys, &idx_host_);
+    if (fm_) tables_[2].keys = tables_[0].keys;
+    const size_t nnz = batch.keys.size();
+    RETURN_IF_ERROR(Reserve(&idx_, 4 * nnz));
+    RETURN_IF_ERROR(Reserve(&vals_, 4 * nnz));
+    RETURN_IF_ERROR(Reserve(&offsets_, 4 * batch.offsets.size()));
+    RETURN_IF_ERROR(be_->CopyToDevice(idx_.data(), idx_host_.data(), 4 * nnz));
+    RETURN_IF_ERROR(be_->CopyToDevice(vals_.data(), batch.values.data(), 4 * nnz));
+    RETURN_IF_ERROR(be_->CopyToDevice(offsets_.data(), batch.offsets.data(), 4 * batch.offsets.size()));
+    return absl::OkStatus();
+  }
+
+  absl::Status OnesOf(int k) {
+    if (ones_k_ == k) return absl::OkStatus();
+    RETURN_IF_ERROR(Reserve(&ones_, size_t{4} * k));
+    std::vector<float> ones(k, 1.0f);
+    RETURN_IF_ERROR(be_->CopyToDevice(ones_.data(), ones.data(), size_t{4} * k));
+    RETURN_IF_ERROR(be_->Synchronize());
+    ones_k_ = k;
+    return absl::OkStatus();
+  }
+
+  const bool fm_;
+  Buffer idx_, vals_, offsets_, labels_, logit_, s_, q_, t_, ones_, loss_, prob_, dlogit_;
+  int ones_k_ = -1;
+  std::vector<int32_t> idx_host_;
+  std::vector<float> loss_host_, prob_host_;
+};
+
+// ---------------------------------------------------------------- MF
+
+class MatrixFactorization final : public Model {
+ public:
+  MatrixFactorization(ModelConfig c, compute::Backend* be) : Model(std::move(c), be) {
+    // Rows are the k factors followed by the bias.
+    AddSparse("user", config_.factors + 1, Normal(0, config_.init_stddev, config_.seed));
+    AddSparse("item", config_.factors + 1, Normal(0, config_.init_stddev, config_.seed + 1));
+    v1::InitializerSpec mean;
+    mean.set_kind(v1::InitializerSpec::CONSTANT);
+    mean.set_a(config_.global_mean);
+    AddDense("global_bias", {1}, mean);
+  }
+
+  Task task() const override { return Task::kRegression; }
+
+  absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
+    const int B = batch.size, k = config_.factors, w = k + 1;
+    RETURN_IF_ERROR(Reserve(&P_, size_t{4} * B * w));
+    RETURN_IF_ERROR(Reserve(&Q_, size_t{4} * B * w));
+    RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&t_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&target_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&one_, 4));
+    const float one = 1.0f;
+    RETURN_IF_ERROR(be_->CopyToDevice(one_.data(), &one, 4));
+    RETURN_IF_ERROR(be_->CopyToDevice(target_.data(), batch.label_data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->Gather(B, w, tables_[0].value.as<float>(), uidx_.as<int32_t>(), P_.as<float>()));
+    RETURN_IF_ERROR(be_->Gather(B, w, tables_[1].value.as<float>(), iidx_.as<int32_t>(), Q_.as<float>()));
+    // pred = p.q + b_u + b_i + global
+    RETURN_IF_ERROR(be_->RowDot(B, k, P_.as<float>(), w, Q_.as<float>(), w, pred_.as<float>()));
+    RETURN_IF_ERROR(be_->RowDot(B, 1, P_.as<float>() + k, w, one_.as<float>(), 0, t_.as<float>()));
+    RETURN_IF_ERROR(be_->Axpy(B, 1.0f, t_.as<float>(), pred_.as<float>()));
+    RETURN_IF_ERROR(be_->RowDot(B, 1, Q_.as<float>() + k, w, one_.as<float>(), 0, t_.as<float>()));
+    RETURN_IF_ERROR(be_->Axpy(B, 1.0f, t_.as<float>(), pred_.as<float>()));
+    RETURN_IF_ERROR(be_->BiasAdd(B, 1, tables_[2].value.as<float>(), pred_.as<float>()));
+    RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
+    RETURN_IF_ERROR(Reserve(&dpred_, size_t{4} * B));
+    RETURN_IF_ERROR(be_->SquaredError(B, pred_.as<float>(), target_.as<float>(), 1.0f / std::max(B, 1),
+                                      loss_.as<float>(), train ? dpred_.as<float>() : nullptr));
+    if (train) {
+      RETURN_IF_ERROR(Reserve(&dP_, size_t{4} * B * w));
+      RETURN_IF_ERROR(Reserve(&dQ_, size_t{4} * B * w));
+      const float* e = dpred_.as<float>();
+      RETURN_IF_ERROR(be_->ScaleRows(B, k, e, Q_.as<float>(), w, dP_.as<float>(), w));
+      RETURN_IF_ERROR(be_->ScaleRows(B, 1, e, nullptr, 0, dP_.as<float>() + k, w));
+      RETURN_IF_ERROR(be_->ScaleRows(B, k, e, P_.as<float>(), w, dQ_.as<float>(), w));
+      RETURN_IF_ERROR(be_->ScaleRows(B, 1, e, nullptr, 0, dQ_.as<float>() + k, w));
+      RETURN_IF_ERROR(be_->Zero(tables_[0].grad.data(), tables_[0].elements * 4));
+      RETURN_IF_ERROR(be_->Zero(tables_[1].grad.data(), tables_[1].elements * 4));
+      RETURN_IF_ERROR(be_->ScatterAdd(B, w, dP_.as<float>(), uidx_.as<int32_t>(), tables_[0].grad.as<float>()));
+      RETURN_IF_ERROR(be_->ScatterAdd(B, w, dQ_.as<float>(), iidx_.as<int32_t>(), tables_[1].grad.as<float>()));
+      RETURN_IF_ERROR(be_->ColumnSum(B, 1, e, tables_[2].grad.as<float>()));
+    }
+    Metrics m;
+    m.examples = B;
+    loss_host_.resize(B);
+    RETURN_IF_ERROR(be_->CopyToHost(loss_host_.data(), loss_.data(), size_t{4} * B));
+    RETURN_IF_ERROR(be_->Synchronize());
+    for (int i = 0; i < B; ++i) m.loss_sum += loss_host_[i];
+    return m;
+  }
+
+ private:
+  // Each example is (user, item): exactly two sparse features, the user's
+  // key first (libFM's one-hot encoding of a rating).
+  absl::Status PrepareKeys(const data::Batch& batch) override {
+    if (batch.size > 0 && !batch.sparse()) {
+      return absl::InvalidArgumentError("model mf expects sparse examples: \"rating user:1 item:1\" per line");
+    }
+    users_.resize(batch.size);
+    items_.resize(batch.size);
+    for (int i = 0; i < batch.size; ++i) {
+      if (batch.offsets[i + 1] - batch.offsets[i] != 2) {
+        return absl::InvalidArgumentError(absl::StrCat("model mf: example ", i, " of batch ", batch.index, " has ",
+                                                       batch.offsets[i + 1] - batch.offsets[i],
+                                                       " features, expected 2 (user, item)"));
+      }
+      users_[i] = batch.keys[batch.offsets[i]];
+      items_[i] = batch.keys[batch.offsets[i] + 1];
+    }
+    DistinctKeys(users_.data(), users_.size(), &tables_[0].keys, &uidx_host_);
+    DistinctKeys(items_.data(), items_.size(), &tables_[1].keys, &iidx_host_);
+    RETURN_IF_ERROR(Reserve(&uidx_, size_t{4} * batch.size));
+    RETURN_IF_ERROR(Reserve(&iidx_, size_t{4} * batch.size));
+    RETURN_IF_ERROR(be_->CopyToDevice(uidx_.data(), uidx_host_.data(), size_t{4} * batch.size));
+    RETURN_IF_ERROR(be_->CopyToDevice(iidx_.data(), iidx_host_.data(), size_t{4} * batch.size));
+    return absl::OkStatus();
+  }
+
+  std::vector<uint64_t> users_, items_;
+  std::vector<int32_t> uidx_host_, iidx_host_;
+  std::vector<float> loss_host_;
+  Buffer uidx_, iidx_, P_, Q_, dP_, dQ_, pred_, t_, target_, one_, loss_, dpred_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& c, compute::Backend* backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CreateModel: no backend");
+  if (c.precision != DType::kFp32 && c.precision != DType::kBf16 && c.precision != DType::kFp16) {
+    return absl::InvalidArgumentError("model.precision: allowed values are fp32, bf16, fp16");
+  }
+  if (c.type == "softmax" || c.type == "mlp") {
+    if (c.num_features <= 0) return absl::InvalidArgumentError(absl::StrCat("model ", c.type, ": num_features must be > 0"));
+    if (c.num_classes < 2) return absl::InvalidArgumentError(absl::StrCat("model ", c.type, ": num_classes must be >= 2"));
+    ModelConfig cc = c;
+    if (c.type == "softmax") cc.hidden.clear();
+    if (c.type == "mlp" && cc.hidden.empty()) {
+      return absl::InvalidArgumentError("model mlp: hidden must list at least one layer width (use softmax for none)");
+    }
+    for (size_t i = 0; i < cc.hidden.size(); ++i) {
+      if (cc.hidden[i] <= 0) return absl::InvalidArgumentError(absl::StrCat("model mlp: hidden[", i, "] must be > 0"));
+    }
+    return std::unique_ptr<Model>(new Mlp(std::move(cc), backend));
+  }
+  if (c.type == "sparse_lr" || c.type == "fm") {
+    if (c.type == "fm" && c.factors <= 0) return absl::InvalidArgumentError("model fm: factors must be > 0");
+    if (c.precision != DType::kFp32) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", c.type, ": precision must be fp32 (no GEMMs to speed up)"));
+    }
+    return std::unique_ptr<Model>(new SparseLinear(c, backend, c.type == "fm"));
+  }
+  if (c.type == "mf") {
+    if (c.factors <= 0) return absl::InvalidArgumentError("model mf: factors must be > 0");
+    if (c.precision != DType::kFp32) return absl::InvalidArgumentError("model mf: precision must be fp32");
+    return std::unique_ptr<Model>(new MatrixFactorization(c, backend));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model type \"", c.type, "\" is unknown (allowed: softmax, mlp, sparse_lr, fm, mf)"));
+}
+
+}  // namespace fulcrum::models

@@ -1,0 +1,109 @@
+// The built-in models, forward and backward written by hand against the
+// compute backend:
+//   softmax  softmax regression (an MLP without hidden layers)
+//   mlp      dense layers with ReLU or GELU, softmax cross-entropy
+//   sparse_lr  logistic regression over sparse (hashed) features
+//   fm       factorization machine over sparse features (Rendle 2010)
+//   mf       matrix factorization with user and item biases, for ratings
+//
+// A model declares its parameter tables (Model::tables(), each a
+// v1::TableSpec the parameter servers create). Each step:
+//   1. Prepare(batch): sparse models list the distinct keys the batch
+//      touches per sparse table (Table::keys) and size the buffers.
+//   2. The caller fills every Table::value on the device (dense tables
+//      whole, sparse tables the rows of `keys` in order): from the servers,
+//      or from anywhere in tests.
+//   3. Run(batch, train): forward, and with train the backward pass, which
+//      overwrites every Table::grad (mean over the batch's examples).
+//
+// Mixed precision: with precision bf16 or fp16 the dense layers' GEMMs take
+// 16-bit inputs with fp32 accumulation; weights stay fp32 (the servers keep
+// fp32 masters). fp16 uses dynamic loss scaling: a step whose gradients
+// overflow is skipped (its gradients are zeros, Metrics::skipped) and the
+// scale halves; after 1000 good steps it doubles.
+#ifndef FULCRUM_WORKER_MODELS_MODEL_H_
+#define FULCRUM_WORKER_MODELS_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "fulcrum/v1/common.pb.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+
+namespace fulcrum::models {
+
+enum class Task { kClassification, kBinary, kRegression };
+
+struct ModelConfig {
+  std::string type;              // softmax | mlp | sparse_lr | fm | mf
+  int num_features = 0;          // softmax, mlp: input width
+  int num_classes = 0;           // softmax, mlp
+  std::vector<int> hidden;       // mlp: hidden layer widths
+  compute::Activation activation = compute::Activation::kRelu;
+  int factors = 8;               // fm, mf: latent dimension
+  float init_stddev = 0.01f;     // fm, mf: N(0, stddev) embeddings
+  float global_mean = 0;         // mf: initial global bias
+  DType precision = DType::kFp32;  // GEMM inputs: fp32, bf16 or fp16
+  uint64_t seed = 1;
+};
+
+struct Table {
+  v1::TableSpec spec;             // name, kind, shape or dim, initializer
+  bool sparse = false;
+  uint32_t dim = 0;               // sparse row width
+  size_t elements = 0;            // this step: dense size, or keys.size() * dim
+  std::vector<uint64_t> keys;     // sparse: the batch's distinct keys
+  compute::Buffer value, grad;    // device memory, `elements` floats used
+};
+
+struct Metrics {
+  double loss_sum = 0;    // summed over examples
+  int64_t examples = 0;
+  int64_t correct = 0;    // classification and binary tasks
+  bool skipped = false;   // fp16 overflow: gradients are zeros
+  float loss_scale = 1;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual Task task() const = 0;
+  const ModelConfig& config() const { return config_; }
+  std::vector<Table>& tables() { return tables_; }
+  compute::Backend* backend() const { return be_; }
+
+  absl::Status Prepare(const data::Batch& batch);
+  virtual absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) = 0;
+
+ protected:
+  Model(ModelConfig config, compute::Backend* backend) : config_(std::move(config)), be_(backend) {}
+  // Sparse models: fill the sparse tables' keys and upload their indices.
+  virtual absl::Status PrepareKeys(const data::Batch& batch) = 0;
+  // Grows *b to at least `bytes`.
+  absl::Status Reserve(compute::Buffer* b, size_t bytes);
+  Table& AddDense(const std::string& name, std::vector<int64_t> shape, v1::InitializerSpec init);
+  Table& AddSparse(const std::string& name, uint32_t dim, v1::InitializerSpec init);
+
+  ModelConfig config_;
+  compute::Backend* be_;
+  std::vector<Table> tables_;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& config, compute::Backend* backend);
+
+// Distinct keys in first-seen order and, for every input key, its index
+// among them.
+void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index);
+
+v1::InitializerSpec Zeros();
+v1::InitializerSpec Uniform(float a, float b, uint64_t seed);
+v1::InitializerSpec Normal(float mean, float stddev, uint64_t seed);
+
+}  // namespace fulcrum::models
+
+#endif  // FULCRUM_WORKER_MODELS_MODEL_H_
