@@ -21,15 +21,26 @@ function(fulcrum_cc_library)
   target_link_libraries(${ARG_NAME} PUBLIC ${ARG_DEPS})
 endfunction()
 
-# fulcrum_cc_test(NAME name SRCS ... DEPS ...)
+# fulcrum_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [DATA] [GPU])
+#   DATA: the test reads real datasets; ctest fetches them first (fixture
+#         fulcrum_data, deploy/local/fetch_data.sh into FULCRUM_TEST_DATA_DIR).
+#   GPU:  test cases print "SKIPPED: no GPU" where there is none; ctest then
+#         reports them as skipped, with that line as the reason.
 function(fulcrum_cc_test)
-  cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "DATA;GPU" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_compile_options(${ARG_NAME} PRIVATE ${FULCRUM_WARNINGS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} fulcrum_testing Catch2::Catch2WithMain)
+  target_compile_definitions(${ARG_NAME} PRIVATE FULCRUM_TEST_DATA_DIR="${FULCRUM_TEST_DATA_DIR}")
   set(props TIMEOUT 300)
   if(ARG_LABELS)
     list(APPEND props LABELS "${ARG_LABELS}")
+  endif()
+  if(ARG_DATA)
+    list(APPEND props FIXTURES_REQUIRED fulcrum_data)
+  endif()
+  if(ARG_GPU)
+    list(APPEND props SKIP_REGULAR_EXPRESSION "SKIPPED: no GPU")
   endif()
   catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: " PROPERTIES ${props})
 endfunction()

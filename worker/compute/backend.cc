@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
       *why = "auto: a usable GPU was found";
       return std::move(*gpu);
     }
-    *why = absl::StrCat("auto: no usable GPU (", gpu.status().message(), "), using the CPU");
+    *why = absl::StrCat("auto: ", gpu.status().message(), "; using the CPU");
 #else
     *why = "auto: this build has no CUDA backend (built without nvcc), using the CPU";
 #endif

@@ -98,6 +98,12 @@ struct CsvOptions {
 };
 absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options = {});
 
+// The examples `indices` of `base` (which must outlive the subset), e.g. a
+// train/test split of one file.
+std::unique_ptr<Dataset> Subset(const Dataset* base, std::vector<int64_t> indices);
+// A seeded split of [0, n): (train indices, test indices).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitIndices(size_t n, double test_fraction, uint64_t seed);
+
 // Whole file contents, transparently gunzipped (.gz or plain alike).
 absl::StatusOr<std::string> ReadFileMaybeGz(const std::string& path);
 

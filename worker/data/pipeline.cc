@@ -1,6 +1,7 @@
 #include "worker/data/pipeline.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,15 @@ std::vector<int64_t> ShardOrder(size_t n, int rank, int world_size, uint64_t see
   mine.reserve(per_rank);
   for (size_t k = 0; k < per_rank; ++k) mine.push_back(all[k * world_size + rank]);
   return mine;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitIndices(size_t n, double test_fraction, uint64_t seed) {
+  std::vector<int64_t> all = ShardOrder(n, 0, 1, seed, /*epoch=*/-1, /*shuffle=*/true);
+  const size_t test = static_cast<size_t>(n * test_fraction);
+  std::vector<int64_t> test_idx(all.begin(), all.begin() + test), train_idx(all.begin() + test, all.end());
+  std::sort(test_idx.begin(), test_idx.end());
+  std::sort(train_idx.begin(), train_idx.end());
+  return {std::move(train_idx), std::move(test_idx)};
 }
 
 Prefetcher::Prefetcher(const Dataset* dataset, std::vector<int64_t> order, int epoch, PrefetchOptions options,

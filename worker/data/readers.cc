@@ -203,6 +203,36 @@ bool ParseDouble(std::string_view s, double* out) {
 
 }  // namespace
 
+namespace {
+
+class SubsetDataset final : public Dataset {
+ public:
+  SubsetDataset(const Dataset* base, std::vector<int64_t> indices) : base_(base), indices_(std::move(indices)) {
+    num_classes_ = base->num_classes();
+    source_ = base->source();
+  }
+  size_t size() const override { return indices_.size(); }
+  int num_features() const override { return base_->num_features(); }
+  bool sparse() const override { return base_->sparse(); }
+  float label(size_t i) const override { return base_->label(indices_[i]); }
+  void Fill(const int64_t* idx, int n, Batch* out) const override {
+    mapped_.resize(n);
+    for (int i = 0; i < n; ++i) mapped_[i] = indices_[idx[i]];
+    base_->Fill(mapped_.data(), n, out);
+  }
+
+ private:
+  const Dataset* base_;
+  std::vector<int64_t> indices_;
+  mutable std::vector<int64_t> mapped_;  // Fill runs on one pipeline thread at a time
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> Subset(const Dataset* base, std::vector<int64_t> indices) {
+  return std::make_unique<SubsetDataset>(base, std::move(indices));
+}
+
 absl::StatusOr<std::string> ReadFileMaybeGz(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));

@@ -1,0 +1,282 @@
+// Readers (round trips and every bad input), sharding, shuffling, the
+// prefetching pipeline, and the text-to-LibSVM converter.
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testing/test_util.h"
+#include "worker/data/dataset.h"
+#include "worker/data/pipeline.h"
+#include "worker/data/text_hashing.h"
+
+namespace fulcrum::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("fulcrum_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string Write(const std::string& name, const std::string& bytes) const {
+    const fs::path p = path_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p.string();
+  }
+  std::string WriteGz(const std::string& name, const std::string& bytes) const {
+    const std::string p = (path_ / name).string();
+    gzFile f = gzopen(p.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+    return p;
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+  static inline int counter_ = 0;
+};
+
+std::string Be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// n images of 2x3 pixels: pixel j of image i = i * 10 + j; label i % 10.
+std::string IdxImages(uint32_t n) {
+  std::string s = Be32(0x803) + Be32(n) + Be32(2) + Be32(3);
+  for (uint32_t i = 0; i < n; ++i)
+    for (int j = 0; j < 6; ++j) s.push_back(static_cast<char>(i * 10 + j));
+  return s;
+}
+std::string IdxLabels(uint32_t n) {
+  std::string s = Be32(0x801) + Be32(n);
+  for (uint32_t i = 0; i < n; ++i) s.push_back(static_cast<char>(i % 10));
+  return s;
+}
+
+TEST_CASE("IDX round trip, raw and gzipped") {
+  TempDir dir;
+  for (bool gz : {false, true}) {
+    const std::string images = gz ? dir.WriteGz("i.gz", IdxImages(12)) : dir.Write("i", IdxImages(12));
+    const std::string labels = gz ? dir.WriteGz("l.gz", IdxLabels(12)) : dir.Write("l", IdxLabels(12));
+    REQUIRE_OK_AND_ASSIGN(auto ds, ReadIdx(images, labels));
+    REQUIRE(ds->size() == 12);
+    REQUIRE(ds->num_features() == 6);
+    REQUIRE(ds->num_classes() == 10);
+    Batch b;
+    const int64_t idx[] = {11, 3};
+    ds->Fill(idx, 2, &b);
+    REQUIRE(b.size == 2);
+    REQUIRE(b.dense[0] == Approx(110.0f / 255));
+    REQUIRE(b.dense[6 + 5] == Approx(35.0f / 255));
+    REQUIRE(b.labels == std::vector<float>{1, 3});
+  }
+}
+
+TEST_CASE("IDX bad inputs name the file and the offset") {
+  TempDir dir;
+  const std::string labels = dir.Write("l", IdxLabels(4));
+  std::string wrong_magic = IdxImages(4);
+  wrong_magic[3] = 0x02;
+  REQUIRE_STATUS(ReadIdx(dir.Write("wm", wrong_magic), labels).status(), absl::StatusCode::kInvalidArgument,
+                 "wm: byte 0: wrong magic number 0x00000802");
+  const std::string images = IdxImages(4);
+  REQUIRE_STATUS(ReadIdx(dir.Write("tr", images.substr(0, images.size() - 5)), labels).status(),
+                 absl::StatusCode::kInvalidArgument, "tr: byte 35: file is truncated");
+  REQUIRE_STATUS(ReadIdx(dir.Write("short", images.substr(0, 10)), labels).status(), absl::StatusCode::kInvalidArgument,
+                 "header");
+  std::string bad_label = IdxLabels(4);
+  bad_label[8 + 2] = 12;
+  REQUIRE_STATUS(ReadIdx(dir.Write("i", images), dir.Write("bl", bad_label)).status(),
+                 absl::StatusCode::kInvalidArgument, "bl: byte 10: label 12 is outside [0, 10)");
+  REQUIRE_STATUS(ReadIdx(dir.Write("i", images), dir.Write("l5", IdxLabels(5))).status(),
+                 absl::StatusCode::kInvalidArgument, "5 labels for 4 images");
+  REQUIRE_STATUS(ReadIdx(dir.path() + "/missing", labels).status(), absl::StatusCode::kNotFound, "missing: cannot open");
+  // A gzip stream cut in the middle.
+  const std::string gz = dir.WriteGz("full.gz", IdxImages(200));
+  std::ifstream in(gz, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string cut = dir.Write("cut.gz", bytes.substr(0, bytes.size() / 2));
+  auto r = ReadIdx(cut, labels);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  REQUIRE(r.status().message().find("cut.gz") != absl::string_view::npos);
+}
+
+TEST_CASE("LibSVM round trip: labels, comments, sparse rows") {
+  TempDir dir;
+  const std::string p = dir.Write("a.svm",
+                                  "+1 1:0.5 7:2 # comment\n"
+                                  "-1 3:1e-1\n"
+                                  "\n"
+                                  "0\n"
+                                  "1 2:1 4:1 100000000000:3\r\n");
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadLibSvm(p));
+  REQUIRE(ds->size() == 4);
+  REQUIRE(ds->sparse());
+  REQUIRE(ds->num_classes() == 2);
+  Batch b;
+  const int64_t idx[] = {0, 2, 3};
+  ds->Fill(idx, 3, &b);
+  REQUIRE(b.offsets == std::vector<int32_t>{0, 2, 2, 5});
+  REQUIRE(b.keys == std::vector<uint64_t>{1, 7, 2, 4, 100000000000ull});
+  REQUIRE(b.values[1] == 2.0f);
+  REQUIRE(b.labels == std::vector<float>{1, 0, 1});
+}
+
+TEST_CASE("LibSVM bad lines name the file and the line") {
+  TempDir dir;
+  auto bad = [&](const std::string& text, const std::string& want, LabelKind kind = LabelKind::kBinary) {
+    LibSvmOptions o;
+    o.labels = kind;
+    o.num_classes = 3;
+    REQUIRE_STATUS(ReadLibSvm(dir.Write("b.svm", text), o).status(), absl::StatusCode::kInvalidArgument, want);
+  };
+  bad("1 1:1\nx 2:1\n", "b.svm: line 2: label \"x\" is not a number");
+  bad("1 1:1\n1 2:1\n1 3\n", "line 3: \"3\" is not index:value");
+  bad("1 a:1\n", "line 1: feature index \"a\"");
+  bad("1 4:1 2:1\n", "line 1: feature indices must increase (2 after 4)");
+  bad("1 2:zz\n", "line 1: feature value \"zz\"");
+  bad("1 2:nan\n", "line 1: feature value \"nan\"");
+  bad("2 1:1\n", "line 1: label 2 is not binary");
+  bad("1 1:1\n3 1:1\n", "line 2: label 3 is outside [0, 3)", LabelKind::kClass);
+  bad("\n# nothing\n", "no examples");
+}
+
+TEST_CASE("CSV: label column, header, scale, and bad rows") {
+  TempDir dir;
+  CsvOptions o;
+  o.header = true;
+  o.label_column = 0;
+  o.scale = 0.5f;
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadCsv(dir.Write("a.csv", "y,a,b\n1,2,4\n0,6,8\n"), o));
+  REQUIRE(ds->size() == 2);
+  REQUIRE(ds->num_features() == 2);
+  Batch b;
+  const int64_t idx[] = {1, 0};
+  ds->Fill(idx, 2, &b);
+  REQUIRE(b.dense == std::vector<float>{3, 4, 1, 2});
+  REQUIRE(b.labels == std::vector<float>{0, 1});
+
+  CsvOptions d;  // label last, no header
+  REQUIRE_STATUS(ReadCsv(dir.Write("b.csv", "1,2,3\n4,5\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "b.csv: line 2: 2 columns, expected 3");
+  REQUIRE_STATUS(ReadCsv(dir.Write("c.csv", "1,2,3\n4,x,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "c.csv: line 2: column 2: \"x\" is not a number");
+  REQUIRE_STATUS(ReadCsv(dir.Write("d.csv", "1,2,0.5\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "d.csv: line 1, column 3: label 0.5 is not a non-negative integer class");
+  d.num_classes = 2;
+  REQUIRE_STATUS(ReadCsv(dir.Write("e.csv", "1,2,1\n1,2,2\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "e.csv: line 2, column 3: label 2 is outside [0, 2)");
+  d.label_column = 5;
+  REQUIRE_STATUS(ReadCsv(dir.Write("f.csv", "1,2,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "label column 5 does not exist");
+}
+
+TEST_CASE("sharding: ranks partition a seeded shuffle, equal counts, same seed same order") {
+  const size_t n = 103;
+  std::set<int64_t> seen;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto order = ShardOrder(n, rank, 4, 7, 0);
+    REQUIRE(order.size() == 25);  // 103 / 4, the remainder is dropped so ranks step together
+    for (int64_t i : order) REQUIRE(seen.insert(i).second);
+    REQUIRE(order == ShardOrder(n, rank, 4, 7, 0));
+  }
+  REQUIRE(seen.size() == 100);
+  REQUIRE(ShardOrder(n, 0, 1, 7, 0) != ShardOrder(n, 0, 1, 7, 1));  // epochs differ
+  REQUIRE(ShardOrder(n, 0, 1, 7, 0) != ShardOrder(n, 0, 1, 8, 0));  // seeds differ
+  auto plain = ShardOrder(10, 0, 1, 7, 0, /*shuffle=*/false);
+  REQUIRE(plain == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("the prefetcher delivers every batch in order, stages into host buffers, counts waiting") {
+  TempDir dir;
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadIdx(dir.Write("i", IdxImages(50)), dir.Write("l", IdxLabels(50))));
+  auto be = compute::NewCpuBackend(1);
+  auto order = ShardOrder(50, 0, 1, 3, 0);
+  PrefetchOptions o;
+  o.batch_size = 8;
+  o.depth = 2;
+  Prefetcher p(ds.get(), order, 0, o, be.get());
+  REQUIRE(p.num_batches() == 7);
+  int64_t batches = 0, examples = 0;
+  for (;;) {
+    REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+    if (!b) break;
+    REQUIRE(b->index == batches);
+    REQUIRE(b->staged.data() != nullptr);
+    // The staged copy holds the features then the labels, and label_data reads it.
+    for (int i = 0; i < b->size; ++i) {
+      const int64_t ex = order[batches * 8 + i];
+      REQUIRE(b->label_data()[i] == static_cast<float>(ex % 10));
+      REQUIRE(b->dense_data()[i * 6] == Approx(static_cast<float>(static_cast<uint8_t>(ex * 10)) / 255));
+    }
+    examples += b->size;
+    ++batches;
+    if (batches == 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it run ahead
+    p.Recycle(std::move(b));
+  }
+  REQUIRE(batches == 7);
+  REQUIRE(examples == 50);
+  REQUIRE(p.wait_seconds() >= 0);
+  REQUIRE(p.wait_seconds() < 1.0);
+}
+
+TEST_CASE("text to hashed LibSVM: labels from folders, unit-norm rows, deterministic split") {
+  TempDir dir;
+  dir.Write("corpus/spam/a.txt", "Buy cheap pills now now now");
+  dir.Write("corpus/spam/b.txt", "cheap offer");
+  dir.Write("corpus/ham/c.txt", "Meeting notes for the project");
+  dir.Write("corpus/ham/d.json", "{\"ignored\": true}");
+  TextToLibSvmOptions o;
+  o.input_dir = dir.path() + "/corpus";
+  o.train_output = dir.path() + "/train.svm";
+  o.test_output = "";
+  o.bits = 12;
+  o.extension = ".txt";
+  o.positive = {"spam"};
+  REQUIRE_OK_AND_ASSIGN(TextToLibSvmStats s, TextToLibSvm(o));
+  REQUIRE(s.documents == 3);
+  REQUIRE(s.positives == 2);
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadLibSvm(o.train_output));
+  REQUIRE(ds->size() == 3);
+  Batch b;
+  const int64_t idx[] = {0, 1, 2};
+  ds->Fill(idx, 3, &b);
+  REQUIRE(b.labels == std::vector<float>{0, 1, 1});  // sorted paths: ham/c, spam/a, spam/b
+  for (int i = 0; i < 3; ++i) {
+    double norm = 0;
+    for (int j = b.offsets[i]; j < b.offsets[i + 1]; ++j) {
+      norm += b.values[j] * b.values[j];
+      REQUIRE(b.keys[j] < 4096);
+    }
+    REQUIRE(norm == Approx(1).epsilon(1e-4));
+  }
+  // "now" three times weighs more than "buy" once in spam/a.
+  const uint64_t now = HashToken("now", 12), buy = HashToken("buy", 12);
+  float w_now = 0, w_buy = 0;
+  for (int j = b.offsets[1]; j < b.offsets[2]; ++j) {
+    if (b.keys[j] == now) w_now = b.values[j];
+    if (b.keys[j] == buy) w_buy = b.values[j];
+  }
+  REQUIRE(w_now > w_buy);
+  REQUIRE(w_buy > 0);
+
+  o.positive.clear();
+  REQUIRE_STATUS(TextToLibSvm(o).status(), absl::StatusCode::kInvalidArgument, "--positive");
+  o.positive = {"spam"};
+  o.input_dir = dir.path() + "/nope";
+  REQUIRE_STATUS(TextToLibSvm(o).status(), absl::StatusCode::kNotFound, "not a directory");
+}
+
+}  // namespace
+}  // namespace fulcrum::data

@@ -1,0 +1,333 @@
+// GPU tests: every CUDA kernel and cuBLAS call against the CPU backend, and
+// every model's gradients on the GPU against the CPU's. Where there is no
+// usable GPU (or the build has no CUDA) each case prints "SKIPPED: no GPU"
+// with the reason, and ctest reports it as skipped.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testing/test_util.h"
+#include "worker/compute/backend.h"
+#include "worker/models/model.h"
+
+namespace fulcrum::compute {
+namespace {
+
+std::unique_ptr<Backend> Gpu() {
+  std::string why;
+  auto b = CreateBackend("auto", &why);
+  if (!b.ok() || !(*b)->is_gpu()) {
+    std::printf("SKIPPED: no GPU (%s)\n", b.ok() ? why.c_str() : std::string(b.status().message()).c_str());
+    return nullptr;
+  }
+  std::printf("running on %s\n", (*b)->name().c_str());
+  return std::move(*b);
+}
+
+template <typename T>
+std::vector<T> Random(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+// A device copy of a host vector, and back.
+template <typename T>
+Buffer Up(Backend& be, const std::vector<T>& v) {
+  auto b = be.Allocate(v.size() * sizeof(T));
+  REQUIRE_OK(b.status());
+  REQUIRE_OK(be.CopyToDevice(b->data(), v.data(), v.size() * sizeof(T)));
+  return std::move(*b);
+}
+template <typename T>
+std::vector<T> Down(Backend& be, const Buffer& b, size_t n) {
+  std::vector<T> v(n);
+  REQUIRE_OK(be.CopyToHost(v.data(), b.data(), n * sizeof(T)));
+  REQUIRE_OK(be.Synchronize());
+  return v;
+}
+
+void Close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel = 1e-5, double abs = 1e-5) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(gpu[i] == Approx(cpu[i]).epsilon(rel).margin(abs));
+  }
+}
+
+TEST_CASE("GPU: GEMMs (fp32, bf16, fp16) match the CPU backend", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int M = 67, N = 33, K = 129;
+      auto A = Random<float>(M * K, 1), B = Random<float>(K * N, 2), C = Random<float>(M * N, 3);
+      auto want = C;
+      REQUIRE_OK(cpu->Gemm(ta, tb, M, N, K, 1.5f, A.data(), B.data(), 0.5f, want.data()));
+      Buffer a = Up(*gpu, A), b = Up(*gpu, B), c = Up(*gpu, C);
+      REQUIRE_OK(gpu->Gemm(ta, tb, M, N, K, 1.5f, a.as<float>(), b.as<float>(), 0.5f, c.as<float>()));
+      // cuBLAS may use TF32-free fp32 but a different summation order.
+      Close(Down<float>(*gpu, c, M * N), want, 1e-4, 1e-4);
+      for (DType t : {DType::kBf16, DType::kFp16}) {
+        std::vector<uint16_t> a16(A.size()), b16(B.size());
+        REQUIRE_OK(cpu->Cast(DType::kFp32, t, A.size(), A.data(), a16.data()));
+        REQUIRE_OK(cpu->Cast(DType::kFp32, t, B.size(), B.data(), b16.data()));
+        std::vector<float> w(M * N);
+        REQUIRE_OK(cpu->GemmLowp(t, ta, tb, M, N, K, 1.0f, a16.data(), b16.data(), 0.0f, w.data()));
+        Buffer a2 = Up(*gpu, a16), b2 = Up(*gpu, b16), c2 = Up(*gpu, std::vector<float>(M * N));
+        REQUIRE_OK(gpu->GemmLowp(t, ta, tb, M, N, K, 1.0f, a2.as<uint16_t>(), b2.as<uint16_t>(), 0.0f, c2.as<float>()));
+        // Same rounded inputs, fp32 accumulation on both sides.
+        Close(Down<float>(*gpu, c2, M * N), w, 1e-3, 1e-3);
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU: casts are bit-identical to the CPU's", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(1);
+  auto x = Random<float>(100003, 4, -70000, 70000);
+  x[0] = 0;
+  x[1] = -0.0f;
+  x[2] = 1e-8f;
+  for (DType t : {DType::kBf16, DType::kFp16}) {
+    std::vector<uint16_t> want(x.size());
+    REQUIRE_OK(cpu->Cast(DType::kFp32, t, x.size(), x.data(), want.data()));
+    Buffer in = Up(*gpu, x), out = Up(*gpu, std::vector<uint16_t>(x.size()));
+    REQUIRE_OK(gpu->Cast(DType::kFp32, t, x.size(), in.data(), out.data()));
+    REQUIRE(Down<uint16_t>(*gpu, out, x.size()) == want);
+    std::vector<float> back(x.size());
+    REQUIRE_OK(cpu->Cast(t, DType::kFp32, x.size(), want.data(), back.data()));
+    Buffer f = Up(*gpu, std::vector<float>(x.size()));
+    REQUIRE_OK(gpu->Cast(t, DType::kFp32, x.size(), out.data(), f.data()));
+    auto got = Down<float>(*gpu, f, x.size());
+    REQUIRE(std::memcmp(got.data(), back.data(), back.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("GPU: element-wise kernels, reductions and losses match the CPU backend", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(1);
+  const int M = 300, N = 37;
+  auto y = Random<float>(M * N, 5, -3, 3), bias = Random<float>(N, 6);
+  {
+    auto want = y;
+    REQUIRE_OK(cpu->BiasAdd(M, N, bias.data(), want.data()));
+    Buffer d = Up(*gpu, y), b = Up(*gpu, bias);
+    REQUIRE_OK(gpu->BiasAdd(M, N, b.as<float>(), d.as<float>()));
+    Close(Down<float>(*gpu, d, M * N), want);
+    std::vector<float> cs(N);
+    REQUIRE_OK(cpu->ColumnSum(M, N, y.data(), cs.data()));
+    Buffer x = Up(*gpu, y), o = Up(*gpu, std::vector<float>(N));
+    REQUIRE_OK(gpu->ColumnSum(M, N, x.as<float>(), o.as<float>()));
+    Close(Down<float>(*gpu, o, N), cs, 1e-4, 1e-4);
+  }
+  for (Activation a : {Activation::kRelu, Activation::kGelu}) {
+    auto dy = Random<float>(y.size(), 7);
+    std::vector<float> f(y.size()), g(y.size());
+    REQUIRE_OK(cpu->Activate(a, y.size(), y.data(), f.data()));
+    REQUIRE_OK(cpu->ActivateGrad(a, y.size(), y.data(), dy.data(), g.data()));
+    Buffer x = Up(*gpu, y), d = Up(*gpu, dy), of = Up(*gpu, f), og = Up(*gpu, g);
+    REQUIRE_OK(gpu->Activate(a, y.size(), x.as<float>(), of.as<float>()));
+    REQUIRE_OK(gpu->ActivateGrad(a, y.size(), x.as<float>(), d.as<float>(), og.as<float>()));
+    Close(Down<float>(*gpu, of, y.size()), f);
+    Close(Down<float>(*gpu, og, y.size()), g);
+  }
+  {
+    std::vector<int32_t> labels(M);
+    for (int i = 0; i < M; ++i) labels[i] = i % N;
+    std::vector<float> loss(M), d(M * N);
+    std::vector<int32_t> pred(M);
+    REQUIRE_OK(cpu->SoftmaxCrossEntropy(M, N, y.data(), labels.data(), 0.25f, loss.data(), pred.data(), d.data()));
+    Buffer z = Up(*gpu, y), l = Up(*gpu, labels), gl = Up(*gpu, loss), gp = Up(*gpu, pred), gd = Up(*gpu, d);
+    REQUIRE_OK(gpu->SoftmaxCrossEntropy(M, N, z.as<float>(), l.as<int32_t>(), 0.25f, gl.as<float>(), gp.as<int32_t>(),
+                                        gd.as<float>()));
+    Close(Down<float>(*gpu, gl, M), loss, 1e-5, 1e-5);
+    REQUIRE(Down<int32_t>(*gpu, gp, M) == pred);
+    Close(Down<float>(*gpu, gd, M * N), d, 1e-4, 1e-6);
+  }
+  {
+    auto z = Random<float>(M, 8, -30, 30), lab = Random<float>(M, 9, 0, 1);
+    for (auto& v : lab) v = v > 0.5f ? 1.0f : 0.0f;
+    std::vector<float> loss(M), p(M), d(M), sq(M), sd(M);
+    REQUIRE_OK(cpu->SigmoidCrossEntropy(M, z.data(), lab.data(), 0.5f, loss.data(), p.data(), d.data()));
+    REQUIRE_OK(cpu->SquaredError(M, z.data(), lab.data(), 0.5f, sq.data(), sd.data()));
+    Buffer gz = Up(*gpu, z), gy = Up(*gpu, lab), a = Up(*gpu, loss), b = Up(*gpu, p), c = Up(*gpu, d),
+           e = Up(*gpu, sq), f = Up(*gpu, sd);
+    REQUIRE_OK(gpu->SigmoidCrossEntropy(M, gz.as<float>(), gy.as<float>(), 0.5f, a.as<float>(), b.as<float>(),
+                                        c.as<float>()));
+    REQUIRE_OK(gpu->SquaredError(M, gz.as<float>(), gy.as<float>(), 0.5f, e.as<float>(), f.as<float>()));
+    Close(Down<float>(*gpu, a, M), loss, 1e-5, 1e-6);
+    Close(Down<float>(*gpu, b, M), p, 1e-5, 1e-7);
+    Close(Down<float>(*gpu, c, M), d, 1e-5, 1e-7);
+    Close(Down<float>(*gpu, e, M), sq);
+    Close(Down<float>(*gpu, f, M), sd);
+  }
+  {
+    auto x = Random<float>(1 << 20, 10);
+    Buffer d = Up(*gpu, x);
+    REQUIRE_OK_AND_ASSIGN(double want, cpu->SumSquares(x.size(), x.data()));
+    REQUIRE_OK_AND_ASSIGN(double got, gpu->SumSquares(x.size(), d.as<float>()));
+    REQUIRE(got == Approx(want).epsilon(1e-9));
+    REQUIRE_OK_AND_ASSIGN(bool finite, gpu->AllFinite(x.size(), d.as<float>()));
+    REQUIRE(finite);
+    x[777777] = INFINITY;
+    Buffer e = Up(*gpu, x);
+    REQUIRE_OK_AND_ASSIGN(finite, gpu->AllFinite(x.size(), e.as<float>()));
+    REQUIRE_FALSE(finite);
+  }
+}
+
+TEST_CASE("GPU: gather, scatter-add with duplicates, embedding bags, row ops match the CPU backend", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(1);
+  const int U = 50, dim = 19, B = 64;
+  auto rows = Random<float>(U * dim, 11);
+  std::mt19937 rng(12);
+  std::vector<int32_t> offsets = {0}, idx;
+  for (int b = 0; b < B; ++b) {
+    const int n = rng() % 6;  // empty bags included
+    for (int j = 0; j < n; ++j) idx.push_back(rng() % 8);  // few distinct rows: many duplicates
+    offsets.push_back(static_cast<int32_t>(idx.size()));
+  }
+  auto vals = Random<float>(idx.size(), 13);
+  auto dout = Random<float>(B * dim, 14);
+  Buffer r = Up(*gpu, rows), o = Up(*gpu, offsets), ix = Up(*gpu, idx), v = Up(*gpu, vals), d = Up(*gpu, dout);
+  for (bool square : {false, true}) {
+    std::vector<float> bag(B * dim), grad(U * dim, 0.0f);
+    REQUIRE_OK(cpu->EmbeddingBag(B, dim, rows.data(), offsets.data(), idx.data(), vals.data(), square, bag.data()));
+    REQUIRE_OK(cpu->EmbeddingBagGrad(B, dim, dout.data(), offsets.data(), idx.data(), vals.data(), square, rows.data(),
+                                     grad.data()));
+    Buffer gb = Up(*gpu, bag), gg = Up(*gpu, std::vector<float>(U * dim, 0.0f));
+    REQUIRE_OK(gpu->EmbeddingBag(B, dim, r.as<float>(), o.as<int32_t>(), ix.as<int32_t>(), v.as<float>(), square,
+                                 gb.as<float>()));
+    REQUIRE_OK(gpu->EmbeddingBagGrad(B, dim, d.as<float>(), o.as<int32_t>(), ix.as<int32_t>(), v.as<float>(), square,
+                                     r.as<float>(), gg.as<float>()));
+    Close(Down<float>(*gpu, gb, B * dim), bag, 1e-5, 1e-6);
+    Close(Down<float>(*gpu, gg, U * dim), grad, 1e-4, 1e-5);  // atomics add in another order
+  }
+  {
+    std::vector<float> g(idx.size() * dim), acc(U * dim, 0.0f);
+    REQUIRE_OK(cpu->Gather(static_cast<int>(idx.size()), dim, rows.data(), idx.data(), g.data()));
+    REQUIRE_OK(cpu->ScatterAdd(static_cast<int>(idx.size()), dim, g.data(), idx.data(), acc.data()));
+    Buffer gg = Up(*gpu, g), ga = Up(*gpu, std::vector<float>(U * dim, 0.0f));
+    REQUIRE_OK(gpu->Gather(static_cast<int>(idx.size()), dim, r.as<float>(), ix.as<int32_t>(), gg.as<float>()));
+    REQUIRE(Down<float>(*gpu, gg, g.size()) == g);
+    REQUIRE_OK(gpu->ScatterAdd(static_cast<int>(idx.size()), dim, gg.as<float>(), ix.as<int32_t>(), ga.as<float>()));
+    Close(Down<float>(*gpu, ga, U * dim), acc, 1e-5, 1e-5);
+  }
+  {
+    const int M = 40, K = 7, lda = 9;
+    auto a = Random<float>(M * lda, 15), b = Random<float>(M * K, 16), s = Random<float>(M, 17);
+    std::vector<float> dot(M), y(M * lda, 3.0f), y2(M * lda, 3.0f);
+    REQUIRE_OK(cpu->RowDot(M, K, a.data(), lda, b.data(), K, dot.data()));
+    REQUIRE_OK(cpu->ScaleRows(M, K, s.data(), a.data(), lda, y.data(), lda));
+    REQUIRE_OK(cpu->ScaleRows(M, K, s.data(), nullptr, 0, y2.data(), lda));
+    Buffer ga = Up(*gpu, a), gb2 = Up(*gpu, b), gs = Up(*gpu, s), gd = Up(*gpu, std::vector<float>(M)),
+           gy = Up(*gpu, std::vector<float>(M * lda, 3.0f)), gy2 = Up(*gpu, std::vector<float>(M * lda, 3.0f));
+    REQUIRE_OK(gpu->RowDot(M, K, ga.as<float>(), lda, gb2.as<float>(), K, gd.as<float>()));
+    REQUIRE_OK(gpu->ScaleRows(M, K, gs.as<float>(), ga.as<float>(), lda, gy.as<float>(), lda));
+    REQUIRE_OK(gpu->ScaleRows(M, K, gs.as<float>(), nullptr, 0, gy2.as<float>(), lda));
+    Close(Down<float>(*gpu, gd, M), dot, 1e-5, 1e-6);
+    Close(Down<float>(*gpu, gy, M * lda), y);
+    Close(Down<float>(*gpu, gy2, M * lda), y2);
+    auto x = Random<float>(1000, 18);
+    auto yy = Random<float>(1000, 19);
+    auto want = yy;
+    REQUIRE_OK(cpu->Axpy(1000, 0.3f, x.data(), want.data()));
+    REQUIRE_OK(cpu->Scale(1000, -2.0f, want.data()));
+    Buffer gx = Up(*gpu, x), gyy = Up(*gpu, yy);
+    REQUIRE_OK(gpu->Axpy(1000, 0.3f, gx.as<float>(), gyy.as<float>()));
+    REQUIRE_OK(gpu->Scale(1000, -2.0f, gyy.as<float>()));
+    Close(Down<float>(*gpu, gyy, 1000), want);
+  }
+}
+
+// Runs one training step of `config` on a backend with fixed parameter
+// values; returns every table's gradient.
+std::vector<std::vector<float>> Grads(Backend& be, const models::ModelConfig& config, const data::Batch& batch) {
+  auto model = models::CreateModel(config, &be);
+  REQUIRE_OK(model.status());
+  REQUIRE_OK((*model)->Prepare(batch));
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n(0, 0.3f);
+  for (models::Table& t : (*model)->tables()) {
+    std::vector<float> v(t.elements);
+    for (auto& x : v) x = n(rng);
+    REQUIRE_OK(be.CopyToDevice(t.value.data(), v.data(), v.size() * 4));
+  }
+  REQUIRE_OK((*model)->Run(batch, true).status());
+  std::vector<std::vector<float>> out;
+  for (models::Table& t : (*model)->tables()) out.push_back(Down<float>(be, t.grad, t.elements));
+  return out;
+}
+
+TEST_CASE("GPU: every model's gradients match the CPU's; bf16/fp16 within their precision", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  std::mt19937 rng(22);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch dense;
+  dense.size = 128;
+  dense.num_features = 100;
+  for (int i = 0; i < 128 * 100; ++i) dense.dense.push_back(n(rng));
+  for (int i = 0; i < 128; ++i) dense.labels.push_back(static_cast<float>(i % 10));
+  data::Batch sparse;
+  sparse.size = 128;
+  sparse.offsets.push_back(0);
+  for (int i = 0; i < 128; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      sparse.keys.push_back(j == 0 ? rng() % 20 : 1000 + rng() % 20);
+      sparse.values.push_back(1.0f);
+    }
+    sparse.offsets.push_back(static_cast<int32_t>(sparse.keys.size()));
+    sparse.labels.push_back(static_cast<float>(i % 2));
+  }
+  for (const char* type : {"softmax", "mlp", "sparse_lr", "fm", "mf"}) {
+    models::ModelConfig c;
+    c.type = type;
+    c.num_features = 100;
+    c.num_classes = 10;
+    c.hidden = {64, 32};
+    c.activation = Activation::kGelu;
+    c.factors = 6;
+    const data::Batch& b = (c.type == "softmax" || c.type == "mlp") ? dense : sparse;
+    auto want = Grads(*cpu, c, b);
+    auto got = Grads(*gpu, c, b);
+    for (size_t t = 0; t < want.size(); ++t) {
+      INFO(type << " table " << t);
+      Close(got[t], want[t], 1e-3, 1e-5);
+    }
+    if (c.type != "mlp") continue;
+    for (DType p : {DType::kBf16, DType::kFp16}) {
+      c.precision = p;
+      auto lowp_cpu = Grads(*cpu, c, b);
+      auto lowp_gpu = Grads(*gpu, c, b);
+      for (size_t t = 0; t < want.size(); ++t) {
+        double num = 0, den = 0, num_cpu = 0;
+        for (size_t i = 0; i < want[t].size(); ++i) {
+          num += (lowp_gpu[t][i] - want[t][i]) * (lowp_gpu[t][i] - want[t][i]);
+          num_cpu += (lowp_gpu[t][i] - lowp_cpu[t][i]) * (lowp_gpu[t][i] - lowp_cpu[t][i]);
+          den += want[t][i] * want[t][i];
+        }
+        INFO(DTypeName(p) << " table " << t);
+        REQUIRE(std::sqrt(num / den) < (p == DType::kBf16 ? 3e-2 : 5e-3));  // vs fp32
+        REQUIRE(std::sqrt(num_cpu / den) < 1e-3);  // vs the CPU's emulation of the same rounding
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fulcrum::compute

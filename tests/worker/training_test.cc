@@ -1,0 +1,284 @@
+// Training the built-in models in one process on real data (no network):
+// the CPU backend, the prefetching pipeline, the Trainer, and a real
+// ParameterServer core behind LocalPsClient applying the optimizers.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testing/test_util.h"
+#include "worker/data/dataset.h"
+#include "worker/local_ps_client.h"
+#include "worker/training/trainer.h"
+
+namespace fulcrum::training {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The directory of a dataset fetched by deploy/local/fetch_data.sh (ctest's
+// fetch_data fixture). Missing data fails the test: it is never skipped.
+std::string Data(const std::string& name) {
+  const fs::path dir = fs::path(FULCRUM_TEST_DATA_DIR) / name;
+  if (!fs::exists(dir / ".complete")) {
+    FAIL("dataset " << name << " is missing under " << FULCRUM_TEST_DATA_DIR
+                    << ": run deploy/local/fetch_data.sh (ctest runs it as the fetch_data test)");
+  }
+  return dir.string();
+}
+
+v1::OptimizerSpec Optimizer(v1::OptimizerSpec::Kind kind, float lr) {
+  v1::OptimizerSpec o;
+  o.set_kind(kind);
+  o.set_learning_rate(lr);
+  if (kind == v1::OptimizerSpec::ADAM) {
+    o.set_beta1(0.9f);
+    o.set_beta2(0.999f);
+    o.set_epsilon(1e-8f);
+  }
+  return o;
+}
+
+struct Run {
+  std::shared_ptr<ParameterServer> server;
+  std::unique_ptr<LocalPsClient> client;
+  std::unique_ptr<compute::Backend> backend;
+  std::unique_ptr<models::Model> model;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Run Start(const models::ModelConfig& config, const v1::OptimizerSpec& opt, TrainerOptions options) {
+  Run r;
+  auto server = LocalPsClient::NewServer();
+  REQUIRE_OK(server.status());
+  r.server = *server;
+  r.client = std::make_unique<LocalPsClient>(r.server, "worker-0");
+  r.backend = compute::NewCpuBackend(0);
+  auto model = models::CreateModel(config, r.backend.get());
+  REQUIRE_OK(model.status());
+  r.model = std::move(*model);
+  v1::ConsistencySpec bsp;
+  bsp.set_model(v1::ConsistencySpec::BSP);
+  REQUIRE_OK(r.client->CreateJob(JobSpecFor(*r.model, options.job_id, opt, bsp, 1)));
+  r.trainer = std::make_unique<Trainer>(r.model.get(), r.client.get(), std::move(options));
+  return r;
+}
+
+void Report(const char* what, const EpochResult& e, const EvalResult& test) {
+  std::printf("%s: epoch %d, %lld steps in %.2f s (%.0f samples/s, %.3f s waiting for data), train loss %.4f "
+              "acc %.4f, test loss %.4f acc %.4f rmse %.4f\n",
+              what, e.epoch, static_cast<long long>(e.steps), e.seconds, e.samples_per_second, e.data_wait_seconds,
+              e.train.loss, e.train.accuracy, test.loss, test.accuracy, test.rmse);
+}
+
+std::vector<float> Pull(Run& r, const std::string& job, const std::string& table, size_t n) {
+  std::vector<float> w(n);
+  PullBatch p;
+  p.step = 0;
+  p.dense.push_back({table, w.data(), n});
+  REQUIRE_OK(r.client->Pull(job, p));
+  return w;
+}
+
+TEST_CASE("softmax regression on sklearn digits reaches >= 0.90 test accuracy", "[data]") {
+  data::CsvOptions csv;
+  csv.scale = 1.0f / 16;
+  csv.num_classes = 10;
+  REQUIRE_OK_AND_ASSIGN(auto all, data::ReadCsv(Data("digits") + "/digits.csv.gz", csv));
+  REQUIRE(all->size() == 1797);
+  auto [train_idx, test_idx] = data::SplitIndices(all->size(), 0.2, 1);
+  auto train = data::Subset(all.get(), train_idx), test = data::Subset(all.get(), test_idx);
+  models::ModelConfig c;
+  c.type = "softmax";
+  c.num_features = 64;
+  c.num_classes = 10;
+  TrainerOptions o;
+  o.job_id = "digits";
+  o.batch_size = 32;
+  Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.01f), o);
+  EvalResult test_result;
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, epoch));
+    REQUIRE(e.steps == 45);  // ceil(1438 / 32)
+    REQUIRE(e.data_wait_seconds <= e.seconds);
+    REQUIRE_OK_AND_ASSIGN(test_result, r.trainer->Evaluate(*test));
+    Report("digits softmax", e, test_result);
+  }
+  REQUIRE(test_result.examples == 359);
+  CHECK(test_result.accuracy >= 0.90);
+}
+
+TEST_CASE("the same seed trains the same weights bit for bit", "[data]") {
+  data::CsvOptions csv;
+  csv.scale = 1.0f / 16;
+  REQUIRE_OK_AND_ASSIGN(auto all, data::ReadCsv(Data("digits") + "/digits.csv.gz", csv));
+  models::ModelConfig c;
+  c.type = "mlp";
+  c.num_features = 64;
+  c.num_classes = 10;
+  c.hidden = {16};
+  std::vector<std::vector<float>> weights;
+  for (int run = 0; run < 2; ++run) {
+    TrainerOptions o;
+    o.job_id = "repro";
+    o.batch_size = 50;
+    o.seed = 99;
+    Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.01f), o);
+    REQUIRE_OK(r.trainer->TrainEpoch(*all, 0).status());
+    weights.push_back(Pull(r, "repro", "dense0.weight", 64 * 16));
+  }
+  REQUIRE(weights[0] == weights[1]);
+}
+
+TEST_CASE("an MLP on MNIST reaches >= 0.95 test accuracy in one epoch on the CPU", "[data]") {
+  const std::string dir = Data("mnist");
+  REQUIRE_OK_AND_ASSIGN(auto train,
+                        data::ReadIdx(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte"));
+  REQUIRE_OK_AND_ASSIGN(auto test, data::ReadIdx(dir + "/t10k-images-idx3-ubyte", dir + "/t10k-labels-idx1-ubyte"));
+  REQUIRE(train->size() == 60000);
+  REQUIRE(test->size() == 10000);
+  models::ModelConfig c;
+  c.type = "mlp";
+  c.num_features = 784;
+  c.num_classes = 10;
+  c.hidden = {128};
+  TrainerOptions o;
+  o.job_id = "mnist";
+  o.batch_size = 32;
+  Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.001f), o);
+  REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, 0));
+  REQUIRE_OK_AND_ASSIGN(EvalResult t, r.trainer->Evaluate(*test));
+  Report("mnist mlp", e, t);
+  REQUIRE(e.steps == 1875);
+  REQUIRE(t.examples == 10000);
+  CHECK(t.accuracy >= 0.95);
+}
+
+TEST_CASE("softmax regression reads gzipped Fashion-MNIST and learns it", "[data]") {
+  const std::string dir = Data("fashion-mnist");
+  REQUIRE_OK_AND_ASSIGN(auto train, data::ReadIdx(dir + "/train-images-idx3-ubyte.gz",
+                                                  dir + "/train-labels-idx1-ubyte.gz"));
+  REQUIRE_OK_AND_ASSIGN(auto test, data::ReadIdx(dir + "/t10k-images-idx3-ubyte.gz", dir + "/t10k-labels-idx1-ubyte.gz"));
+  REQUIRE(train->size() == 60000);
+  models::ModelConfig c;
+  c.type = "softmax";
+  c.num_features = 784;
+  c.num_classes = 10;
+  TrainerOptions o;
+  o.job_id = "fashion";
+  o.batch_size = 128;
+  Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.002f), o);
+  REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, 0));
+  REQUIRE_OK_AND_ASSIGN(EvalResult t, r.trainer->Evaluate(*test));
+  Report("fashion-mnist softmax", e, t);
+  CHECK(t.accuracy >= 0.78);  // softmax regression tops out near 0.84
+}
+
+// SpamAssassin mails hashed to LibSVM by the fulcrum-text2libsvm binary.
+struct Spam {
+  std::unique_ptr<data::Dataset> train, test;
+};
+Spam SpamData() {
+  const std::string out = (fs::temp_directory_path() / ("fulcrum_spam_" + std::to_string(::getpid()))).string();
+  const std::string cmd = std::string(FULCRUM_TEXT2LIBSVM) + " --input=" + Data("spam-assassin") +
+                          " --positive=spam --extension=.txt --bits=18 --train=" + out + ".train --test=" + out +
+                          ".test";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  Spam s;
+  auto train = data::ReadLibSvm(out + ".train");
+  auto test = data::ReadLibSvm(out + ".test");
+  REQUIRE_OK(train.status());
+  REQUIRE_OK(test.status());
+  s.train = std::move(*train);
+  s.test = std::move(*test);
+  fs::remove(out + ".train");
+  fs::remove(out + ".test");
+  REQUIRE(s.train->size() + s.test->size() == 6046);
+  return s;
+}
+
+TEST_CASE("sparse logistic regression and a factorization machine classify SpamAssassin mails", "[data]") {
+  Spam spam = SpamData();
+  for (const char* type : {"sparse_lr", "fm"}) {
+    models::ModelConfig c;
+    c.type = type;
+    c.factors = 8;
+    TrainerOptions o;
+    o.job_id = type;
+    o.batch_size = 32;
+    Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAGRAD, 1.0f), o);
+    EvalResult t;
+    const int epochs = c.type == "fm" ? 3 : 5;
+    for (int epoch = 0; epoch < epochs; ++epoch) {
+      REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*spam.train, epoch));
+      REQUIRE_OK_AND_ASSIGN(t, r.trainer->Evaluate(*spam.test));
+      Report(type, e, t);
+    }
+    // Only the rows the mails touched exist on the server.
+    REQUIRE_OK_AND_ASSIGN(auto job, r.server->GetJob(type));
+    CHECK(job.sparse_rows() > 1000);
+    CHECK(job.sparse_rows() < (type == std::string("fm") ? 2 : 1) * (1u << 18));
+    CHECK(t.accuracy >= 0.95);
+  }
+}
+
+TEST_CASE("matrix factorization recovers low-rank ratings", "[data]") {
+  // Synthetic ratings (no ratings dataset is packaged): 300 users x 200
+  // items, rank 3, plus biases and noise 0.1; 20% of pairs observed.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0, 1);
+  const int users = 300, items = 200, rank = 3;
+  std::vector<float> U(users * rank), V(items * rank), bu(users), bi(items);
+  for (auto& x : U) x = n(rng) * 0.7f;
+  for (auto& x : V) x = n(rng) * 0.7f;
+  for (auto& x : bu) x = n(rng) * 0.3f;
+  for (auto& x : bi) x = n(rng) * 0.3f;
+  const fs::path file = fs::temp_directory_path() / ("fulcrum_mf_" + std::to_string(::getpid()) + ".svm");
+  double sum = 0, sum2 = 0;
+  int count = 0;
+  {
+    std::ofstream out(file);
+    for (int u = 0; u < users; ++u) {
+      for (int i = 0; i < items; ++i) {
+        if (rng() % 5 != 0) continue;
+        float r = 3 + bu[u] + bi[i] + 0.1f * n(rng);
+        for (int k = 0; k < rank; ++k) r += U[u * rank + k] * V[i * rank + k];
+        out << r << " " << u << ":1 " << (1000 + i) << ":1\n";
+        sum += r;
+        sum2 += double{r} * r;
+        ++count;
+      }
+    }
+  }
+  data::LibSvmOptions lo;
+  lo.labels = data::LabelKind::kValue;
+  REQUIRE_OK_AND_ASSIGN(auto all, data::ReadLibSvm(file.string(), lo));
+  fs::remove(file);
+  auto [train_idx, test_idx] = data::SplitIndices(all->size(), 0.1, 3);
+  auto train = data::Subset(all.get(), train_idx), test = data::Subset(all.get(), test_idx);
+  const double mean = sum / count, stddev = std::sqrt(sum2 / count - mean * mean);
+  models::ModelConfig c;
+  c.type = "mf";
+  c.factors = 4;
+  c.init_stddev = 0.1f;
+  c.global_mean = static_cast<float>(mean);
+  TrainerOptions o;
+  o.job_id = "mf";
+  o.batch_size = 64;
+  Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.02f), o);
+  EvalResult t;
+  for (int epoch = 0; epoch < 15; ++epoch) {
+    REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, epoch));
+    REQUIRE_OK_AND_ASSIGN(t, r.trainer->Evaluate(*test));
+    if (epoch % 5 == 4) Report("mf", e, t);
+  }
+  std::printf("mf: rating stddev %.3f, test RMSE %.3f\n", stddev, t.rmse);
+  CHECK(t.rmse < 0.5 * stddev);
+}
+
+}  // namespace
+}  // namespace fulcrum::training
