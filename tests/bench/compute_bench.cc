@@ -1,0 +1,278 @@
+// fulcrum-compute-bench: step throughput of each built-in model on a
+// compute backend (the CPU, or a GPU with --device=cuda:0), with the share
+// of step time spent in GEMMs, in other kernels and waiting for data, and
+// the GEMMs' FLOP/s next to the backend's own GEMM speed on the same shapes
+// measured in the same run (the bound). Parameters stay on the device: this
+// measures compute and the data pipeline, not the network (fulcrum-bench
+// does that).
+//
+//   fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--precision=fp32|bf16|fp16]
+//                         [--steps=N] [--mlp_step_dump=DIR]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/compute/backend.h"
+#include "worker/data/pipeline.h"
+#include "worker/models/model.h"
+
+namespace fulcrum {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// In-memory synthetic datasets of realistic shapes.
+class SyntheticDense final : public data::Dataset {
+ public:
+  SyntheticDense(size_t n, int features, int classes) : n_(n), features_(features), x_(n * features) {
+    num_classes_ = classes;
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(0, 1);
+    for (auto& v : x_) v = u(rng);
+  }
+  size_t size() const override { return n_; }
+  int num_features() const override { return features_; }
+  bool sparse() const override { return false; }
+  float label(size_t i) const override { return static_cast<float>(i % num_classes_); }
+  void Fill(const int64_t* idx, int n, data::Batch* out) const override {
+    out->size = n;
+    out->num_features = features_;
+    out->dense.resize(size_t{1} * n * features_);
+    out->labels.resize(n);
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(&out->dense[size_t{1} * i * features_], &x_[idx[i] * features_], 4 * features_);
+      out->labels[i] = label(idx[i]);
+    }
+  }
+
+ private:
+  size_t n_;
+  int features_;
+  std::vector<float> x_;
+};
+
+// nnz features per example from a Zipf-ish key space (hot keys repeat), or
+// (user, item) pairs for ratings.
+class SyntheticSparse final : public data::Dataset {
+ public:
+  SyntheticSparse(size_t n, int nnz, bool ratings) : n_(n), nnz_(nnz), ratings_(ratings) { num_classes_ = ratings ? 0 : 2; }
+  size_t size() const override { return n_; }
+  int num_features() const override { return 1 << 20; }
+  bool sparse() const override { return true; }
+  float label(size_t i) const override { return ratings_ ? 1.0f + i % 5 : static_cast<float>(i % 2); }
+  void Fill(const int64_t* idx, int n, data::Batch* out) const override {
+    out->size = n;
+    out->num_features = 0;
+    out->dense.clear();
+    out->labels.resize(n);
+    out->offsets.assign(1, 0);
+    out->keys.clear();
+    out->values.clear();
+    for (int i = 0; i < n; ++i) {
+      std::mt19937_64 rng(idx[i]);
+      const int k = ratings_ ? 2 : nnz_;
+      for (int j = 0; j < k; ++j) {
+        const uint64_t r = rng();
+        // Half the features from 1k hot keys, half from 1M.
+        out->keys.push_back(ratings_ ? (j == 0 ? r % 100000 : (1ull << 40) + r % 20000)
+                                     : (j % 2 ? r % 1000 : r % 1000000));
+        out->values.push_back(ratings_ ? 1.0f : 0.1f);
+      }
+      out->offsets.push_back(static_cast<int32_t>(out->keys.size()));
+      out->labels[i] = label(idx[i]);
+    }
+  }
+
+ private:
+  size_t n_;
+  int nnz_;
+  bool ratings_;
+};
+
+struct Case {
+  std::string name;
+  models::ModelConfig config;
+  int batch;
+  const data::Dataset* data;
+};
+
+void RunCase(compute::Backend& be, const Case& c, int steps) {
+  auto model = models::CreateModel(c.config, &be);
+  if (!model.ok()) {
+    std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(model.status().message()).c_str());
+    return;
+  }
+  data::PrefetchOptions po;
+  po.batch_size = c.batch;
+  po.depth = 4;
+  po.drop_last = true;
+  data::Prefetcher prefetch(c.data, data::ShardOrder(c.data->size(), 0, 1, 1, 0), 0, po, &be);
+  // Warm-up step (allocations, cuBLAS heuristics), then the timed steps.
+  int done = 0;
+  double total = 0, gemm = 0, other = 0, copy = 0;
+  uint64_t flops = 0;
+  double wait_before = 0;
+  for (int s = 0; s < steps + 1; ++s) {
+    auto t0 = Clock::now();
+    auto batch = prefetch.Next();
+    if (!batch.ok() || !*batch) break;
+    if (s == 1) {
+      be.ResetProfile();
+      be.set_profiling(true);
+      wait_before = prefetch.wait_seconds();
+      t0 = Clock::now();
+    }
+    absl::Status st = (*model)->Prepare(**batch);
+    if (s == 0 && st.ok()) {
+      // Parameters: small random values, loaded once.
+      std::mt19937 rng(3);
+      std::normal_distribution<float> n(0, 0.05f);
+      for (models::Table& t : (*model)->tables()) {
+        std::vector<float> v(t.elements);
+        for (auto& x : v) x = n(rng);
+        st = be.CopyToDevice(t.value.data(), v.data(), v.size() * 4);
+        if (st.ok()) st = be.Synchronize();
+      }
+    }
+    if (st.ok()) st = (*model)->Run(**batch, true).status();
+    if (st.ok()) st = be.Synchronize();
+    if (!st.ok()) {
+      std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(st.message()).c_str());
+      return;
+    }
+    if (s >= 1) {
+      total += Seconds(t0, Clock::now());
+      ++done;
+    }
+    prefetch.Recycle(std::move(*batch));
+  }
+  be.set_profiling(false);
+  gemm = be.profile().gemm_seconds;
+  other = be.profile().other_seconds;
+  copy = be.profile().copy_seconds;
+  flops = be.profile().gemm_flops;
+  const double wait = prefetch.wait_seconds() - wait_before;
+  const double rest = std::max(0.0, total - gemm - other - copy - wait);
+  std::printf("| %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s |\n", c.name.c_str(), c.batch,
+              done * c.batch / total, 100 * gemm / total, 100 * other / total, 100 * copy / total,
+              100 * wait / total, 100 * rest / total,
+              gemm > 0 ? absl::StrCat(static_cast<int>(flops / gemm / 1e9), " GFLOP/s").c_str() : "-");
+}
+
+// The backend's own GEMM speed on the MLP's shapes (forward and both
+// backward GEMMs), fp32 or 16-bit inputs: the bound for the GEMM column.
+double GemmBound(compute::Backend& be, const std::vector<int>& dims, int batch, DType precision, int reps) {
+  double flops = 0, seconds = 0;
+  for (size_t l = 0; l + 1 < dims.size(); ++l) {
+    const int in = dims[l], out = dims[l + 1];
+    auto A = be.Allocate(size_t{4} * batch * std::max(in, out));
+    auto W = be.Allocate(size_t{4} * in * out);
+    auto C = be.Allocate(size_t{4} * batch * std::max(in, out));
+    auto G = be.Allocate(size_t{4} * in * out);
+    if (!A.ok() || !W.ok() || !C.ok() || !G.ok()) return 0;
+    (void)be.Zero(A->data(), A->bytes());
+    (void)be.Zero(W->data(), W->bytes());
+    auto gemms = [&] {
+      if (precision == DType::kFp32) {
+        (void)be.Gemm(false, false, batch, out, in, 1, A->as<float>(), W->as<float>(), 0, C->as<float>());
+        (void)be.Gemm(true, false, in, out, batch, 1, A->as<float>(), C->as<float>(), 0, G->as<float>());
+        (void)be.Gemm(false, true, batch, in, out, 1, C->as<float>(), W->as<float>(), 0, A->as<float>());
+      } else {
+        auto a = A->as<uint16_t>(), w = W->as<uint16_t>(), c16 = C->as<uint16_t>();
+        (void)be.GemmLowp(precision, false, false, batch, out, in, 1, a, w, 0, C->as<float>());
+        (void)be.GemmLowp(precision, true, false, in, out, batch, 1, a, c16, 0, G->as<float>());
+        (void)be.GemmLowp(precision, false, true, batch, in, out, 1, c16, w, 0, A->as<float>());
+      }
+    };
+    gemms();
+    (void)be.Synchronize();
+    const auto t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) gemms();
+    (void)be.Synchronize();
+    seconds += Seconds(t0, Clock::now());
+    flops += 3.0 * 2 * batch * in * out * reps;
+  }
+  return flops / seconds / 1e9;
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+int main(int argc, char** argv) {
+  using namespace fulcrum;
+  std::string device = "auto";
+  bool quick = false;
+  int steps = 0;
+  DType precision = DType::kFp32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a.rfind("--device=", 0) == 0) device = a.substr(9);
+    else if (a.rfind("--steps=", 0) == 0) steps = std::stoi(a.substr(8));
+    else if (a == "--precision=bf16") precision = DType::kBf16;
+    else if (a == "--precision=fp16") precision = DType::kFp16;
+    else if (a == "--precision=fp32") precision = DType::kFp32;
+    else {
+      std::fprintf(stderr, "usage: fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--steps=N] "
+                           "[--precision=fp32|bf16|fp16]\n");
+      return 2;
+    }
+  }
+  SetMinLogSeverity(LogSeverity::kWarning);
+  std::string why;
+  auto be = compute::CreateBackend(device, &why);
+  if (!be.ok()) {
+    std::fprintf(stderr, "fulcrum-compute-bench: %s\n", std::string(be.status().message()).c_str());
+    return 1;
+  }
+  const bool gpu = (*be)->is_gpu();
+  if (steps == 0) steps = quick ? 3 : (gpu ? 200 : 30);
+  std::printf("# fulcrum-compute-bench on %s (%s), %d timed steps per model, GEMM precision %s\n\n",
+              (*be)->name().c_str(), why.c_str(), steps, DTypeName(precision));
+
+  const int mlp_batch = gpu ? 4096 : 256;
+  const std::vector<int> mlp_dims = {784, 1024, 1024, 10};
+  const size_t dense_n = static_cast<size_t>(mlp_batch) * (steps + 2);
+  SyntheticDense mnist_like(dense_n, 784, 10);
+  const int sparse_batch = gpu ? 8192 : 512;
+  SyntheticSparse sparse(static_cast<size_t>(sparse_batch) * (steps + 2), 64, false);
+  SyntheticSparse ratings(static_cast<size_t>(sparse_batch) * (steps + 2), 2, true);
+
+  std::vector<Case> cases;
+  auto add = [&](std::string name, std::string type, int batch, const data::Dataset* d) {
+    Case c;
+    c.name = std::move(name);
+    c.config.type = std::move(type);
+    c.config.num_features = 784;
+    c.config.num_classes = 10;
+    c.config.factors = 16;
+    c.batch = batch;
+    c.data = d;
+    cases.push_back(std::move(c));
+    return &cases.back();
+  };
+  add("softmax 784-10", "softmax", mlp_batch, &mnist_like);
+  {
+    Case* c = add("mlp 784-1024-1024-10", "mlp", mlp_batch, &mnist_like);
+    c->config.hidden = {1024, 1024};
+    c->config.precision = precision;
+  }
+  add("sparse_lr, 64 nnz", "sparse_lr", sparse_batch, &sparse);
+  add("fm k=16, 64 nnz", "fm", sparse_batch, &sparse);
+  add("mf k=16", "mf", sparse_batch, &ratings);
+
+  std::printf("| model | batch | samples/s | GEMM | other kernels | copies | data wait | host (keys, launch) | GEMM speed |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Case& c : cases) RunCase(**be, c, steps);
+  const double bound = GemmBound(**be, mlp_dims, mlp_batch, precision, quick ? 2 : (gpu ? 50 : 5));
+  std::printf("\nGEMM bound: the backend's %s GEMMs alone on the MLP's shapes (batch %d): %.0f GFLOP/s\n",
+              DTypeName(precision), mlp_batch, bound);
+  return 0;
+}

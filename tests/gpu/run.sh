@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU tests in one command, on a GPU machine that has only the CUDA
+# toolkit, cmake, ninja and python with torch:
+#   1. builds cuda/ from the CUDA toolkit alone and runs its self-test;
+#   2. runs gpu_test (every kernel and model against the CPU backend) and
+#      the compute benchmark, prebuilt by tests/gpu/bundle.sh into .gpu-bundle/;
+#   3. where torch is installed, compares one MLP step's gradients with
+#      torch autograd (tests/gpu/torch_check.py) and times the same MLP step
+#      in torch (tests/gpu/torch_mlp_bench.py).
+# Results go to stdout and, when $OUT is set, to $OUT/gpu-results.txt.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+bundle=$root/.gpu-bundle
+log=${OUT:-/tmp}/gpu-results.txt
+exec > >(tee "$log") 2>&1
+status=0
+step() { echo; echo "== $*"; }
+fail() { echo "FAILED: $*"; status=1; }
+
+step "GPU"
+nvidia-smi -L || echo "(nvidia-smi unavailable)"
+
+step "cuda/ from the CUDA toolkit alone"
+cmake -S cuda -B build-cuda -G Ninja >/dev/null && cmake --build build-cuda >/dev/null &&
+  build-cuda/fulcrum-cuda-selftest || fail "cuda/ build or self-test"
+
+if [[ -x $bundle/gpu_test ]]; then
+  export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  step "gpu_test"
+  "$bundle/gpu_test" --durations yes || fail "gpu_test"
+  if command -v python3 >/dev/null && python3 -c "import torch" 2>/dev/null; then
+    step "one MLP step against torch autograd"
+    python3 tests/gpu/torch_check.py --tool "$bundle/fulcrum-mlp-step" || fail "torch gradient check"
+  else
+    echo "SKIPPED: torch not installed: no torch cross-check"
+  fi
+  for p in fp32 bf16 fp16; do
+    step "fulcrum-compute-bench --device=cuda:0 --precision=$p"
+    "$bundle/fulcrum-compute-bench" --device=cuda:0 --precision=$p || fail "compute bench $p"
+  done
+  if python3 -c "import torch" 2>/dev/null; then
+    step "the same MLP step in torch"
+    python3 tests/gpu/torch_mlp_bench.py || fail "torch bench"
+  fi
+else
+  fail "$bundle/gpu_test missing: run tests/gpu/bundle.sh on the build machine and carry .gpu-bundle"
+fi
+exit $status
