@@ -28,6 +28,14 @@ endfunction()
 #         reports them as skipped, with that line as the reason.
 function(fulcrum_cc_test)
   cmake_parse_arguments(ARG "DATA;GPU" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  # ctest splits discovered test names at ';' (a CMake list separator), and
+  # the halves then "pass" without running anything: refuse such names.
+  foreach(src ${ARG_SRCS})
+    file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${src} bad REGEX "TEST_CASE\\(\"[^\"]*;")
+    if(bad)
+      message(FATAL_ERROR "${src}: a TEST_CASE name contains ';', which ctest cannot run: ${bad}")
+    endif()
+  endforeach()
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_compile_options(${ARG_NAME} PRIVATE ${FULCRUM_WARNINGS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} fulcrum_testing Catch2::Catch2WithMain)

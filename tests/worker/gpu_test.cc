@@ -272,7 +272,7 @@ std::vector<std::vector<float>> Grads(Backend& be, const models::ModelConfig& co
   return out;
 }
 
-TEST_CASE("GPU: every model's gradients match the CPU's; bf16/fp16 within their precision", "[gpu]") {
+TEST_CASE("GPU: every model's gradients match the CPU's, bf16 and fp16 within their precision", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;
   auto cpu = NewCpuBackend(0);
