@@ -1,6 +1,7 @@
 // The CPU backend against naive reference loops, op by op.
 #include <cmath>
 #include <random>
+#include <random>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -227,6 +228,38 @@ TEST_CASE("backend selection by name") {
     auto gpu = CreateBackend("cuda:0", &why);
     REQUIRE_FALSE(gpu.ok());
     REQUIRE(gpu.status().code() == absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace fulcrum::compute
+
+namespace fulcrum::compute {
+namespace {
+
+TEST_CASE("multi-threaded embedding bags and their gradients equal the single-threaded ones bit for bit") {
+  auto one = NewCpuBackend(1), many = NewCpuBackend(4);
+  const int U = 5000, dim = 16, B = 2048;
+  auto rows = Random(size_t{1} * U * dim, 30);
+  std::mt19937 rng(31);
+  std::vector<int32_t> offsets = {0}, idx;
+  for (int b = 0; b < B; ++b) {
+    const int n = 1 + rng() % 40;
+    for (int j = 0; j < n; ++j) idx.push_back(rng() % 2 ? rng() % 50 : rng() % U);  // hot rows repeat
+    offsets.push_back(static_cast<int32_t>(idx.size()));
+  }
+  REQUIRE(size_t{1} * idx.size() * dim > (size_t{1} << 18));  // large enough to be split
+  auto vals = Random(idx.size(), 32), dout = Random(size_t{1} * B * dim, 33);
+  for (bool square : {false, true}) {
+    std::vector<float> o1(size_t{1} * B * dim), o2(o1.size()), g1(size_t{1} * U * dim, 0.0f), g2(g1.size(), 0.0f);
+    REQUIRE_OK(one->EmbeddingBag(B, dim, rows.data(), offsets.data(), idx.data(), vals.data(), square, o1.data()));
+    REQUIRE_OK(many->EmbeddingBag(B, dim, rows.data(), offsets.data(), idx.data(), vals.data(), square, o2.data()));
+    REQUIRE(o1 == o2);
+    REQUIRE_OK(one->EmbeddingBagGrad(B, dim, dout.data(), offsets.data(), idx.data(), vals.data(), square, rows.data(),
+                                     g1.data()));
+    REQUIRE_OK(many->EmbeddingBagGrad(B, dim, dout.data(), offsets.data(), idx.data(), vals.data(), square,
+                                      rows.data(), g2.data()));
+    REQUIRE(g1 == g2);
   }
 }
 

@@ -286,38 +286,53 @@ class CpuBackend final : public Backend {
   absl::Status EmbeddingBag(int B, int dim, const float* rows, const int32_t* offsets, const int32_t* idx,
                             const float* vals, bool square, float* out) override {
     Timed t(profiling_, &profile_.other_seconds);
-    for (int b = 0; b < B; ++b) {
-      float* o = out + size_t{1} * b * dim;
-      std::fill(o, o + dim, 0.0f);
-      for (int j = offsets[b]; j < offsets[b + 1]; ++j) {
-        const float v = vals ? vals[j] : 1.0f;
-        const float* r = rows + size_t{1} * idx[j] * dim;
-        if (square) {
-          for (int k = 0; k < dim; ++k) o[k] += v * v * r[k] * r[k];
-        } else {
-          for (int k = 0; k < dim; ++k) o[k] += v * r[k];
+    const size_t work = (B > 0 ? static_cast<size_t>(offsets[B]) : 0) * dim;
+    // Bags are independent: split them over threads.
+    Split(static_cast<size_t>(std::max(B, 0)), work, [&](size_t bb, size_t be) {
+      for (size_t b = bb; b < be; ++b) {
+        float* o = out + b * dim;
+        std::fill(o, o + dim, 0.0f);
+        for (int j = offsets[b]; j < offsets[b + 1]; ++j) {
+          const float v = vals ? vals[j] : 1.0f;
+          const float* r = rows + size_t{1} * idx[j] * dim;
+          if (square) {
+            for (int k = 0; k < dim; ++k) o[k] += v * v * r[k] * r[k];
+          } else {
+            for (int k = 0; k < dim; ++k) o[k] += v * r[k];
+          }
         }
       }
-    }
+    });
     return absl::OkStatus();
   }
 
   absl::Status EmbeddingBagGrad(int B, int dim, const float* dout, const int32_t* offsets, const int32_t* idx,
                                 const float* vals, bool square, const float* rows, float* grad) override {
     Timed t(profiling_, &profile_.other_seconds);
-    for (int b = 0; b < B; ++b) {
-      const float* d = dout + size_t{1} * b * dim;
-      for (int j = offsets[b]; j < offsets[b + 1]; ++j) {
-        const float v = vals ? vals[j] : 1.0f;
-        float* g = grad + size_t{1} * idx[j] * dim;
-        if (square) {
-          const float* r = rows + size_t{1} * idx[j] * dim;
-          for (int k = 0; k < dim; ++k) g[k] += 2.0f * v * v * r[k] * d[k];
-        } else {
-          for (int k = 0; k < dim; ++k) g[k] += v * d[k];
+    if (B <= 0) return absl::OkStatus();
+    const int nnz = offsets[B];
+    int32_t rows_used = 0;
+    for (int j = 0; j < nnz; ++j) rows_used = std::max(rows_used, idx[j] + 1);
+    // Several bags may add into one row: each thread owns a range of rows
+    // and applies only the features that land in it, so no two threads
+    // write the same row and the sums keep the sequential order per row.
+    Split(static_cast<size_t>(rows_used), size_t{1} * nnz * dim, [&](size_t lo, size_t hi) {
+      for (int b = 0; b < B; ++b) {
+        const float* d = dout + size_t{1} * b * dim;
+        for (int j = offsets[b]; j < offsets[b + 1]; ++j) {
+          const size_t row = static_cast<size_t>(idx[j]);
+          if (row < lo || row >= hi) continue;
+          const float v = vals ? vals[j] : 1.0f;
+          float* g = grad + row * dim;
+          if (square) {
+            const float* r = rows + row * dim;
+            for (int k = 0; k < dim; ++k) g[k] += 2.0f * v * v * r[k] * d[k];
+          } else {
+            for (int k = 0; k < dim; ++k) g[k] += v * d[k];
+          }
         }
       }
-    }
+    });
     return absl::OkStatus();
   }
 
