@@ -6,9 +6,11 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   list(APPEND FULCRUM_WARNINGS -Wthread-safety)
 elseif(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # GCC 12 at -O3 (CMAKE_BUILD_TYPE=Release) reports -Wrestrict inside
-  # std::string::assign, a libstdc++ false positive (GCC bug 105329); keep it a
-  # warning so Release builds work, every other warning stays an error.
-  list(APPEND FULCRUM_WARNINGS -Wno-error=restrict)
+  # std::string::assign, a libstdc++ false positive (GCC bug 105329) at every
+  # string assignment from a literal: off for GCC 12, on for later ones.
+  if(CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+    list(APPEND FULCRUM_WARNINGS -Wno-restrict)
+  endif()
 endif()
 
 # fulcrum_cc_library(NAME name SRCS ... DEPS ... [COPTS ...])

@@ -26,13 +26,14 @@ class Promise {
   // Completes the future; later calls are ignored.
   void Set(T value) const {
     std::vector<std::function<void(const T&)>> callbacks;
+    const T* set = nullptr;  // immutable once set, so readable after unlocking
     {
       absl::MutexLock lock(&state_->mu);
       if (state_->value.has_value()) return;
-      state_->value.emplace(std::move(value));
+      set = &state_->value.emplace(std::move(value));
       callbacks.swap(state_->callbacks);
     }
-    for (auto& cb : callbacks) cb(*state_->value);
+    for (auto& cb : callbacks) cb(*set);
   }
 
  private:

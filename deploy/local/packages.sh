@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by tests/run.sh and deploy/local/demo.sh: installs the Debian
 # packages Fulcrum needs, only those missing, so a second run does nothing.
 # The list and its reasons are in shared/ENVIRONMENT.md and docs/building.md.

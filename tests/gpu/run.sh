@@ -10,7 +10,7 @@
 # Results go to stdout and, when $OUT is set, to $OUT/gpu-results.txt.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 bundle=$root/.gpu-bundle
 log=${OUT:-/tmp}/gpu-results.txt
 exec > >(tee "$log") 2>&1
@@ -22,8 +22,11 @@ step "GPU"
 nvidia-smi -L || echo "(nvidia-smi unavailable)"
 
 step "cuda/ from the CUDA toolkit alone"
-cmake -S cuda -B build-cuda -G Ninja >/dev/null && cmake --build build-cuda >/dev/null &&
-  build-cuda/fulcrum-cuda-selftest || fail "cuda/ build or self-test"
+if cmake -S cuda -B build-cuda -G Ninja >/dev/null && cmake --build build-cuda >/dev/null; then
+  build-cuda/fulcrum-cuda-selftest || fail "cuda/ self-test"
+else
+  fail "cuda/ build from the CUDA toolkit alone"
+fi
 
 if [[ -x $bundle/gpu_test ]]; then
   export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
