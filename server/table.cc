@@ -11,9 +11,6 @@
 namespace fulcrum {
 namespace {
 
-// 256 KiB of fp32: a 1 MiB tensor spreads over 4 chunks (and servers), and the
-// benchmark's sweep found it at least as fast as 1 MiB chunks (docs/benchmarks.md).
-constexpr uint32_t kDefaultChunkElements = 65536;
 // A chunk must fit one 4 MiB message with room for framing.
 constexpr uint32_t kMaxChunkElements = 1 << 20;
 constexpr uint64_t kMaxDenseElements = uint64_t{1} << 36;
@@ -121,7 +118,7 @@ absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const v1::TableSp
     }
     elements *= static_cast<uint64_t>(d);
   }
-  const uint32_t chunk = spec.chunk_elements() == 0 ? kDefaultChunkElements : spec.chunk_elements();
+  const uint32_t chunk = ChunkElements(spec);
   if (chunk > kMaxChunkElements) {
     return absl::InvalidArgumentError(absl::StrCat("dense table '", spec.name(),
                                                    "': chunk_elements ", chunk,

@@ -15,13 +15,11 @@ Future<absl::Status> Ready(absl::Status s) {
   return p.future();
 }
 
-uint32_t ChunkElements(const v1::TableSpec& t) { return t.chunk_elements() == 0 ? 65536 : t.chunk_elements(); }
-
-const v1::TableSpec* FindTable(const v1::PsJobSpec& spec, const std::string& name) {
+absl::StatusOr<const v1::TableSpec*> FindTable(const v1::PsJobSpec& spec, const std::string& name) {
   for (const auto& t : spec.tables()) {
     if (t.name() == name) return &t;
   }
-  return nullptr;
+  return absl::NotFoundError(absl::StrCat("job ", spec.job_id(), " has no table \"", name, "\""));
 }
 
 }  // namespace
@@ -41,14 +39,14 @@ LocalPsClient::LocalPsClient(std::shared_ptr<ParameterServer> server, std::strin
 absl::Status LocalPsClient::CreateJob(const v1::PsJobSpec& spec) {
   RETURN_IF_ERROR(server_->CreateJob(spec).status());
   absl::MutexLock l(&mu_);
-  jobs_[spec.job_id()] = spec;
+  jobs_[spec.job_id()] = std::make_shared<const v1::PsJobSpec>(spec);
   return absl::OkStatus();
 }
 
 absl::Status LocalPsClient::OpenJob(const std::string& job_id) {
   ASSIGN_OR_RETURN(v1::GetJobResponse r, server_->GetJob(job_id));
   absl::MutexLock l(&mu_);
-  jobs_[job_id] = r.spec();
+  jobs_[job_id] = std::make_shared<const v1::PsJobSpec>(r.spec());
   return absl::OkStatus();
 }
 
@@ -59,7 +57,7 @@ absl::Status LocalPsClient::DeleteJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::PsJobSpec> LocalPsClient::Spec(const std::string& job_id) {
+absl::StatusOr<std::shared_ptr<const v1::PsJobSpec>> LocalPsClient::Spec(const std::string& job_id) {
   {
     absl::MutexLock l(&mu_);
     auto it = jobs_.find(job_id);
@@ -71,7 +69,7 @@ absl::StatusOr<v1::PsJobSpec> LocalPsClient::Spec(const std::string& job_id) {
 }
 
 Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const PushBatch& batch) {
-  absl::StatusOr<v1::PsJobSpec> spec = Spec(job_id);
+  absl::StatusOr<std::shared_ptr<const v1::PsJobSpec>> spec = Spec(job_id);
   if (!spec.ok()) return Ready(spec.status());
   auto map = server_->GetShardMap();
   if (!map.ok()) return Ready(map.status());
@@ -84,8 +82,9 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   m.num_parts = 1;
   m.shard_map_version = map->version();
   for (const DenseGradient& g : batch.dense) {
-    const v1::TableSpec* t = FindTable(*spec, g.table);
-    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", g.table, "\"")));
+    absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);
+    if (!found.ok()) return Ready(found.status());
+    const v1::TableSpec* t = *found;
     const size_t ce = ChunkElements(*t);
     for (size_t begin = 0, c = 0; begin < g.size; begin += ce, ++c) {
       const size_t n = std::min(ce, g.size - begin);
@@ -94,8 +93,9 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
     if (g.size == 0) m.dense.push_back({g.table, 0, DType::kFp32, Payload()});
   }
   for (const SparseGradient& g : batch.sparse) {
-    const v1::TableSpec* t = FindTable(*spec, g.table);
-    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", g.table, "\"")));
+    absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);
+    if (!found.ok()) return Ready(found.status());
+    const v1::TableSpec* t = *found;
     if (g.num_keys == 0) continue;
     m.sparse.push_back({g.table, DType::kFp32, Payload(g.keys, g.num_keys * 8),
                         Payload(g.values, g.num_keys * t->dim() * 4)});
@@ -105,7 +105,7 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
 }
 
 Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const PullBatch& batch) {
-  absl::StatusOr<v1::PsJobSpec> spec = Spec(job_id);
+  absl::StatusOr<std::shared_ptr<const v1::PsJobSpec>> spec = Spec(job_id);
   if (!spec.ok()) return Ready(spec.status());
   auto map = server_->GetShardMap();
   if (!map.ok()) return Ready(map.status());
@@ -123,8 +123,9 @@ Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const P
   };
   auto dest = std::make_shared<Dest>();
   for (const DenseTarget& d : batch.dense) {
-    const v1::TableSpec* t = FindTable(*spec, d.table);
-    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", d.table, "\"")));
+    absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, d.table);
+    if (!found.ok()) return Ready(found.status());
+    const v1::TableSpec* t = *found;
     const size_t ce = ChunkElements(*t);
     for (size_t begin = 0, c = 0; begin < d.size; begin += ce, ++c) {
       m->dense.push_back({d.table, static_cast<uint32_t>(c)});
@@ -132,8 +133,9 @@ Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const P
     }
   }
   for (const SparseTarget& s : batch.sparse) {
-    const v1::TableSpec* t = FindTable(*spec, s.table);
-    if (t == nullptr) return Ready(absl::NotFoundError(absl::StrCat("job ", job_id, " has no table \"", s.table, "\"")));
+    absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, s.table);
+    if (!found.ok()) return Ready(found.status());
+    const v1::TableSpec* t = *found;
     if (s.num_keys == 0) continue;
     m->sparse.push_back({s.table, Payload(s.keys, s.num_keys * 8)});
     dest->sparse[s.table] = {s.out, s.num_keys * t->dim()};

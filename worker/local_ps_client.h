@@ -33,14 +33,15 @@ class LocalPsClient final : public PsClient {
   ParameterServer* server() const { return server_.get(); }
 
  private:
-  absl::StatusOr<v1::PsJobSpec> Spec(const std::string& job_id);
+  // The job's spec, learned from the server on first use.
+  absl::StatusOr<std::shared_ptr<const v1::PsJobSpec>> Spec(const std::string& job_id);
 
   std::shared_ptr<ParameterServer> server_;
   const std::string worker_id_;
   const uint32_t rank_;
   std::atomic<uint64_t> seq_{0};
   absl::Mutex mu_;
-  std::map<std::string, v1::PsJobSpec> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const v1::PsJobSpec>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fulcrum

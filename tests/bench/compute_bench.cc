@@ -28,35 +28,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// In-memory synthetic datasets of realistic shapes.
-class SyntheticDense final : public data::Dataset {
- public:
-  SyntheticDense(size_t n, int features, int classes) : n_(n), features_(features), x_(n * features) {
-    num_classes_ = classes;
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<float> u(0, 1);
-    for (auto& v : x_) v = u(rng);
-  }
-  size_t size() const override { return n_; }
-  int num_features() const override { return features_; }
-  bool sparse() const override { return false; }
-  float label(size_t i) const override { return static_cast<float>(i % num_classes_); }
-  void Fill(const int64_t* idx, int n, data::Batch* out) const override {
-    out->size = n;
-    out->num_features = features_;
-    out->dense.resize(size_t{1} * n * features_);
-    out->labels.resize(n);
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(&out->dense[size_t{1} * i * features_], &x_[idx[i] * features_], 4 * features_);
-      out->labels[i] = label(idx[i]);
-    }
-  }
-
- private:
-  size_t n_;
-  int features_;
-  std::vector<float> x_;
-};
+// MNIST-shaped dense examples with uniform pixels.
+std::unique_ptr<data::Dataset> SyntheticDense(size_t n, int features, int classes) {
+  std::vector<float> x(n * features), y(n);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(0, 1);
+  for (auto& v : x) v = u(rng);
+  for (size_t i = 0; i < n; ++i) y[i] = static_cast<float>(i % classes);
+  return data::DenseInMemory(std::move(x), std::move(y), features, classes, "synthetic");
+}
 
 // nnz features per example from a Zipf-ish key space (hot keys repeat), or
 // (user, item) pairs for ratings.
@@ -68,13 +48,7 @@ class SyntheticSparse final : public data::Dataset {
   bool sparse() const override { return true; }
   float label(size_t i) const override { return ratings_ ? 1.0f + i % 5 : static_cast<float>(i % 2); }
   void Fill(const int64_t* idx, int n, data::Batch* out) const override {
-    out->size = n;
-    out->num_features = 0;
-    out->dense.clear();
-    out->labels.resize(n);
-    out->offsets.assign(1, 0);
-    out->keys.clear();
-    out->values.clear();
+    out->Reset(n, 0);
     for (int i = 0; i < n; ++i) {
       std::mt19937_64 rng(idx[i]);
       const int k = ratings_ ? 2 : nnz_;
@@ -116,9 +90,7 @@ void RunCase(compute::Backend& be, const Case& c, int steps) {
   data::Prefetcher prefetch(c.data, data::ShardOrder(c.data->size(), 0, 1, 1, 0), 0, po, &be);
   // Warm-up step (allocations, cuBLAS heuristics), then the timed steps.
   int done = 0;
-  double total = 0, gemm = 0, other = 0, copy = 0;
-  uint64_t flops = 0;
-  double wait_before = 0;
+  double total = 0, wait_before = 0;
   for (int s = 0; s < steps + 1; ++s) {
     auto t0 = Clock::now();
     auto batch = prefetch.Next();
@@ -154,10 +126,9 @@ void RunCase(compute::Backend& be, const Case& c, int steps) {
     prefetch.Recycle(std::move(*batch));
   }
   be.set_profiling(false);
-  gemm = be.profile().gemm_seconds;
-  other = be.profile().other_seconds;
-  copy = be.profile().copy_seconds;
-  flops = be.profile().gemm_flops;
+  const double gemm = be.profile().gemm_seconds, other = be.profile().other_seconds,
+               copy = be.profile().copy_seconds;
+  const uint64_t flops = be.profile().gemm_flops;
   const double wait = prefetch.wait_seconds() - wait_before;
   const double rest = std::max(0.0, total - gemm - other - copy - wait);
   std::printf("| %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s |\n", c.name.c_str(), c.batch,
@@ -240,7 +211,7 @@ int main(int argc, char** argv) {
   const int mlp_batch = gpu ? 4096 : 256;
   const std::vector<int> mlp_dims = {784, 1024, 1024, 10};
   const size_t dense_n = static_cast<size_t>(mlp_batch) * (steps + 2);
-  SyntheticDense mnist_like(dense_n, 784, 10);
+  auto mnist_like = SyntheticDense(dense_n, 784, 10);
   const int sparse_batch = gpu ? 8192 : 512;
   SyntheticSparse sparse(static_cast<size_t>(sparse_batch) * (steps + 2), 64, false);
   SyntheticSparse ratings(static_cast<size_t>(sparse_batch) * (steps + 2), 2, true);
@@ -258,9 +229,9 @@ int main(int argc, char** argv) {
     cases.push_back(std::move(c));
     return &cases.back();
   };
-  add("softmax 784-10", "softmax", mlp_batch, &mnist_like);
+  add("softmax 784-10", "softmax", mlp_batch, mnist_like.get());
   {
-    Case* c = add("mlp 784-1024-1024-10", "mlp", mlp_batch, &mnist_like);
+    Case* c = add("mlp 784-1024-1024-10", "mlp", mlp_batch, mnist_like.get());
     c->config.hidden = {1024, 1024};
     c->config.precision = precision;
   }

@@ -79,8 +79,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
   }
   if (device == "auto") {
 #ifdef FULCRUM_HAVE_CUDA
-    std::string none;
-    auto gpu = NewCudaBackend(-1, &none);
+    auto gpu = NewCudaBackend(-1);
     if (gpu.ok()) {
       *why = "auto: a usable GPU was found";
       return std::move(*gpu);
@@ -97,8 +96,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
       return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": expected cuda:N with N a GPU index"));
     }
 #ifdef FULCRUM_HAVE_CUDA
-    std::string none;
-    auto gpu = NewCudaBackend(ordinal, &none);
+    auto gpu = NewCudaBackend(ordinal);
     if (!gpu.ok()) return gpu.status();
     *why = absl::StrCat("--device=", device);
     return std::move(*gpu);

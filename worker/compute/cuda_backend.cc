@@ -223,13 +223,10 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal, std::string* why) {
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal) {
   std::string none;
   std::vector<cuda::DeviceInfo> devices = cuda::ListDevices(&none);
-  if (devices.empty()) {
-    if (why) *why = none;
-    return absl::FailedPreconditionError(absl::StrCat("no usable GPU: ", none));
-  }
+  if (devices.empty()) return absl::FailedPreconditionError(absl::StrCat("no usable GPU: ", none));
   if (ordinal < 0) ordinal = devices.front().ordinal;
   const cuda::DeviceInfo* info = nullptr;
   for (const auto& d : devices) {
@@ -240,20 +237,21 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal, std::string
         absl::StrCat("cuda:", ordinal, " does not exist: this machine has ", devices.size(), " usable GPU(s)"));
   }
   if (auto s = CudaCall(cudaSetDevice(ordinal), "cudaSetDevice"); !s.ok()) return s;
-  cudaStream_t stream = nullptr;
-  if (auto s = CudaCall(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"); !s.ok()) {
-    return s;
-  }
-  std::unique_ptr<cuda::Blas> blas;
-  if (auto s = ToStatus(cuda::Blas::Create(stream, &blas)); !s.ok()) {
-    cudaStreamDestroy(stream);
-    return s;
-  }
+  // Scratch scalars first: nothing else to release when they fail.
   double* sum = nullptr;
   int* flag = nullptr;
-  if (auto s = CudaCall(cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(double)), "cudaMalloc(scratch)"); !s.ok()) return s;
-  if (auto s = CudaCall(cudaMalloc(reinterpret_cast<void**>(&flag), sizeof(int)), "cudaMalloc(scratch)"); !s.ok()) return s;
-  if (why) *why = absl::StrCat("using ", info->name);
+  absl::Status s = CudaCall(cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(double)), "cudaMalloc(scratch)");
+  if (s.ok()) s = CudaCall(cudaMalloc(reinterpret_cast<void**>(&flag), sizeof(int)), "cudaMalloc(scratch)");
+  cudaStream_t stream = nullptr;
+  if (s.ok()) s = CudaCall(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::unique_ptr<cuda::Blas> blas;
+  if (s.ok()) s = ToStatus(cuda::Blas::Create(stream, &blas));
+  if (!s.ok()) {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    cudaFree(sum);
+    cudaFree(flag);
+    return s;
+  }
   return std::unique_ptr<Backend>(new CudaBackend(*info, stream, std::move(blas), sum, flag));
 }
 

@@ -3,7 +3,6 @@
 #define FULCRUM_WORKER_COMPUTE_CUDA_BACKEND_H_
 
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "worker/compute/backend.h"
@@ -12,7 +11,7 @@ namespace fulcrum::compute {
 
 // ordinal -1: the first usable GPU. Fails (FAILED_PRECONDITION, saying why)
 // when there is none: no driver, no device, or the ordinal is out of range.
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal, std::string* why);
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal);
 
 }  // namespace fulcrum::compute
 

@@ -42,6 +42,18 @@ struct Batch {
     return staged.data() ? staged.as<float>() + dense.size() : labels.data();
   }
   bool sparse() const { return !offsets.empty(); }
+
+  // Empties the batch for n examples: dense data sized n x num_features
+  // (0 features: sparse, with offsets = {0} and no keys yet).
+  void Reset(int n, int features) {
+    size = n;
+    num_features = features;
+    dense.resize(size_t{1} * n * features);
+    labels.resize(n);
+    offsets.assign(features == 0 ? 1 : 0, 0);
+    keys.clear();
+    values.clear();
+  }
 };
 
 class Dataset {
@@ -97,6 +109,11 @@ struct CsvOptions {
   float scale = 1.0f;     // features are multiplied by this
 };
 absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options = {});
+
+// Dense examples already in memory: `features` is labels.size() x
+// num_features, row-major (CSV files, synthetic data).
+std::unique_ptr<Dataset> DenseInMemory(std::vector<float> features, std::vector<float> labels, int num_features,
+                                       int num_classes, std::string source);
 
 // The examples `indices` of `base` (which must outlive the subset), e.g. a
 // train/test split of one file.

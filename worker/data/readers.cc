@@ -71,13 +71,7 @@ class IdxDataset final : public Dataset {
   bool sparse() const override { return false; }
   float label(size_t i) const override { return labels_[i]; }
   void Fill(const int64_t* idx, int n, Batch* out) const override {
-    out->size = n;
-    out->num_features = features_;
-    out->dense.resize(size_t{1} * n * features_);
-    out->labels.resize(n);
-    out->offsets.clear();
-    out->keys.clear();
-    out->values.clear();
+    out->Reset(n, features_);
     for (int i = 0; i < n; ++i) {
       const auto* src = reinterpret_cast<const uint8_t*>(pixels_.data()) + 16 + size_t{1} * idx[i] * features_;
       float* dst = out->dense.data() + size_t{1} * i * features_;
@@ -103,13 +97,7 @@ class CsrDataset final : public Dataset {
   bool sparse() const override { return true; }
   float label(size_t i) const override { return labels_[i]; }
   void Fill(const int64_t* idx, int n, Batch* out) const override {
-    out->size = n;
-    out->num_features = 0;
-    out->dense.clear();
-    out->labels.resize(n);
-    out->offsets.assign(1, 0);
-    out->keys.clear();
-    out->values.clear();
+    out->Reset(n, 0);
     for (int i = 0; i < n; ++i) {
       const size_t r = idx[i];
       out->keys.insert(out->keys.end(), keys_.begin() + offsets_[r], keys_.begin() + offsets_[r + 1]);
@@ -134,18 +122,18 @@ class CsrDataset final : public Dataset {
 
 class DenseDataset final : public Dataset {
  public:
+  DenseDataset(std::vector<float> features, std::vector<float> labels, int num_features, int num_classes,
+               std::string source)
+      : features_data_(std::move(features)), labels_(std::move(labels)), features_(num_features) {
+    num_classes_ = num_classes;
+    source_ = std::move(source);
+  }
   size_t size() const override { return labels_.size(); }
   int num_features() const override { return features_; }
   bool sparse() const override { return false; }
   float label(size_t i) const override { return labels_[i]; }
   void Fill(const int64_t* idx, int n, Batch* out) const override {
-    out->size = n;
-    out->num_features = features_;
-    out->dense.resize(size_t{1} * n * features_);
-    out->labels.resize(n);
-    out->offsets.clear();
-    out->keys.clear();
-    out->values.clear();
+    out->Reset(n, features_);
     for (int i = 0; i < n; ++i) {
       std::memcpy(out->dense.data() + size_t{1} * i * features_, features_data_.data() + size_t{1} * idx[i] * features_,
                   sizeof(float) * features_);
@@ -153,13 +141,10 @@ class DenseDataset final : public Dataset {
     }
   }
 
+ private:
   std::vector<float> features_data_;
   std::vector<float> labels_;
-  int features_ = 0;
-  void Finish(LabelKind kind, int classes, std::string source) {
-    num_classes_ = ClassesOf(labels_, kind, classes);
-    source_ = std::move(source);
-  }
+  int features_;
 };
 
 // Iterates over lines, counting them from 1.
@@ -228,6 +213,12 @@ class SubsetDataset final : public Dataset {
 };
 
 }  // namespace
+
+std::unique_ptr<Dataset> DenseInMemory(std::vector<float> features, std::vector<float> labels, int num_features,
+                                       int num_classes, std::string source) {
+  return std::make_unique<DenseDataset>(std::move(features), std::move(labels), num_features, num_classes,
+                                        std::move(source));
+}
 
 std::unique_ptr<Dataset> Subset(const Dataset* base, std::vector<int64_t> indices) {
   return std::make_unique<SubsetDataset>(base, std::move(indices));
@@ -372,7 +363,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path, con
 
 absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options) {
   ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGz(path));
-  auto ds = std::make_unique<DenseDataset>();
+  std::vector<float> features, labels;
+  int num_features = 0;
   Lines lines(text);
   std::string_view line;
   int columns = -1;
@@ -401,7 +393,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
       if (lc >= columns) {
         return FileError(path, where, absl::StrCat("label column ", lc, " does not exist (", columns, " columns)"));
       }
-      ds->features_ = columns - 1;
+      num_features = columns - 1;
     } else if (static_cast<int>(fields.size()) != columns) {
       return FileError(path, where, absl::StrCat(fields.size(), " columns, expected ", columns, " as in the first row"));
     }
@@ -409,18 +401,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
     float stored;
     RETURN_IF_ERROR(CheckLabel(fields[lc], options.labels, options.num_classes, path,
                                absl::StrCat(where, ", column ", lc + 1), &stored));
-    ds->labels_.push_back(stored);
+    labels.push_back(stored);
     for (int c = 0; c < columns; ++c) {
       if (c == lc) continue;
       if (!std::isfinite(fields[c])) {
         return FileError(path, where, absl::StrCat("column ", c + 1, " is not finite"));
       }
-      ds->features_data_.push_back(static_cast<float>(fields[c] * options.scale));
+      features.push_back(static_cast<float>(fields[c] * options.scale));
     }
   }
-  if (ds->labels_.empty()) return FileError(path, "line 1", "no examples in the file");
-  ds->Finish(options.labels, options.num_classes, path);
-  return std::unique_ptr<Dataset>(std::move(ds));
+  if (labels.empty()) return FileError(path, "line 1", "no examples in the file");
+  const int classes = ClassesOf(labels, options.labels, options.num_classes);
+  return DenseInMemory(std::move(features), std::move(labels), num_features, classes, path);
 }
 
 }  // namespace fulcrum::data

@@ -49,6 +49,17 @@ absl::Status Model::Reserve(compute::Buffer* b, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<const float*> Model::Ones(int n) {
+  if (n > ones_n_) {
+    RETURN_IF_ERROR(Reserve(&ones_, size_t{4} * n));
+    const std::vector<float> ones(n, 1.0f);
+    RETURN_IF_ERROR(be_->CopyToDevice(ones_.data(), ones.data(), size_t{4} * n));
+    RETURN_IF_ERROR(be_->Synchronize());  // `ones` dies here
+    ones_n_ = n;
+  }
+  return ones_.as<float>();
+}
+
 Table& Model::AddDense(const std::string& name, std::vector<int64_t> shape, v1::InitializerSpec init) {
   Table t;
   t.spec.set_name(name);
@@ -287,7 +298,7 @@ class SparseLinear final : public Model {
       RETURN_IF_ERROR(Reserve(&s_, size_t{4} * B * k));
       RETURN_IF_ERROR(Reserve(&q_, size_t{4} * B * k));
       RETURN_IF_ERROR(Reserve(&t_, size_t{4} * B));
-      RETURN_IF_ERROR(OnesOf(k));
+      ASSIGN_OR_RETURN(const float* ones, Ones(k));
       RETURN_IF_ERROR(be_->EmbeddingBag(B, k, V, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), false,
                                         s_.as<float>()));
       RETURN_IF_ERROR(be_->EmbeddingBag(B, k, V, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), true,
@@ -295,7 +306,7 @@ class SparseLinear final : public Model {
       // logit += 0.5 * (|s|^2 - sum(q))
       RETURN_IF_ERROR(be_->RowDot(B, k, s_.as<float>(), k, s_.as<float>(), k, t_.as<float>()));
       RETURN_IF_ERROR(be_->Axpy(B, 0.5f, t_.as<float>(), logit_.as<float>()));
-      RETURN_IF_ERROR(be_->RowDot(B, k, q_.as<float>(), k, ones_.as<float>(), 0, t_.as<float>()));
+      RETURN_IF_ERROR(be_->RowDot(B, k, q_.as<float>(), k, ones, 0, t_.as<float>()));
       RETURN_IF_ERROR(be_->Axpy(B, -0.5f, t_.as<float>(), logit_.as<float>()));
     }
     RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
@@ -356,19 +367,8 @@ class SparseLinear final : public Model {
     return absl::OkStatus();
   }
 
-  absl::Status OnesOf(int k) {
-    if (ones_k_ == k) return absl::OkStatus();
-    RETURN_IF_ERROR(Reserve(&ones_, size_t{4} * k));
-    std::vector<float> ones(k, 1.0f);
-    RETURN_IF_ERROR(be_->CopyToDevice(ones_.data(), ones.data(), size_t{4} * k));
-    RETURN_IF_ERROR(be_->Synchronize());
-    ones_k_ = k;
-    return absl::OkStatus();
-  }
-
   const bool fm_;
-  Buffer idx_, vals_, offsets_, labels_, logit_, s_, q_, t_, ones_, loss_, prob_, dlogit_;
-  int ones_k_ = -1;
+  Buffer idx_, vals_, offsets_, labels_, logit_, s_, q_, t_, loss_, prob_, dlogit_;
   std::vector<int32_t> idx_host_;
   std::vector<float> loss_host_, prob_host_;
 };
@@ -396,17 +396,15 @@ class MatrixFactorization final : public Model {
     RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&t_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&target_, size_t{4} * B));
-    RETURN_IF_ERROR(Reserve(&one_, 4));
-    const float one = 1.0f;
-    RETURN_IF_ERROR(be_->CopyToDevice(one_.data(), &one, 4));
+    ASSIGN_OR_RETURN(const float* one, Ones(1));
     RETURN_IF_ERROR(be_->CopyToDevice(target_.data(), batch.label_data(), size_t{4} * B));
     RETURN_IF_ERROR(be_->Gather(B, w, tables_[0].value.as<float>(), uidx_.as<int32_t>(), P_.as<float>()));
     RETURN_IF_ERROR(be_->Gather(B, w, tables_[1].value.as<float>(), iidx_.as<int32_t>(), Q_.as<float>()));
     // pred = p.q + b_u + b_i + global
     RETURN_IF_ERROR(be_->RowDot(B, k, P_.as<float>(), w, Q_.as<float>(), w, pred_.as<float>()));
-    RETURN_IF_ERROR(be_->RowDot(B, 1, P_.as<float>() + k, w, one_.as<float>(), 0, t_.as<float>()));
+    RETURN_IF_ERROR(be_->RowDot(B, 1, P_.as<float>() + k, w, one, 0, t_.as<float>()));
     RETURN_IF_ERROR(be_->Axpy(B, 1.0f, t_.as<float>(), pred_.as<float>()));
-    RETURN_IF_ERROR(be_->RowDot(B, 1, Q_.as<float>() + k, w, one_.as<float>(), 0, t_.as<float>()));
+    RETURN_IF_ERROR(be_->RowDot(B, 1, Q_.as<float>() + k, w, one, 0, t_.as<float>()));
     RETURN_IF_ERROR(be_->Axpy(B, 1.0f, t_.as<float>(), pred_.as<float>()));
     RETURN_IF_ERROR(be_->BiasAdd(B, 1, tables_[2].value.as<float>(), pred_.as<float>()));
     RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
@@ -466,7 +464,7 @@ class MatrixFactorization final : public Model {
   std::vector<uint64_t> users_, items_;
   std::vector<int32_t> uidx_host_, iidx_host_;
   std::vector<float> loss_host_;
-  Buffer uidx_, iidx_, P_, Q_, dP_, dQ_, pred_, t_, target_, one_, loss_, dpred_;
+  Buffer uidx_, iidx_, P_, Q_, dP_, dQ_, pred_, t_, target_, loss_, dpred_;
 };
 
 }  // namespace

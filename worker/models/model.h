@@ -86,12 +86,18 @@ class Model {
   virtual absl::Status PrepareKeys(const data::Batch& batch) = 0;
   // Grows *b to at least `bytes`.
   absl::Status Reserve(compute::Buffer* b, size_t bytes);
+  // A device vector of at least n ones (uploaded when it grows, else reused).
+  absl::StatusOr<const float*> Ones(int n);
   Table& AddDense(const std::string& name, std::vector<int64_t> shape, v1::InitializerSpec init);
   Table& AddSparse(const std::string& name, uint32_t dim, v1::InitializerSpec init);
 
   ModelConfig config_;
   compute::Backend* be_;
   std::vector<Table> tables_;
+
+ private:
+  compute::Buffer ones_;
+  int ones_n_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& config, compute::Backend* backend);

@@ -172,7 +172,7 @@ absl::StatusOr<std::shared_ptr<const JobInfo>> MakeJobInfo(const v1::PsJobSpec& 
     if (ti.dense) {
       ti.num_elements = 1;
       for (int64_t d : t.shape()) ti.num_elements *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
-      ti.chunk_elements = t.chunk_elements() == 0 ? 65536 : t.chunk_elements();  // server default
+      ti.chunk_elements = ChunkElements(t);
       ti.num_chunks =
           static_cast<uint32_t>((ti.num_elements + ti.chunk_elements - 1) / ti.chunk_elements);
     } else {

@@ -86,19 +86,19 @@ absl::Status Trainer::PushGradients() {
   return client_->Push(options_.job_id, push);
 }
 
-void Trainer::Accumulate(const models::Metrics& m, EvalResult* r, double* sq) const {
+// Sums while running; Finish turns the sums into means.
+void Trainer::Accumulate(const models::Metrics& m, EvalResult* r) {
   r->examples += m.examples;
   r->loss += m.loss_sum;
   r->accuracy += static_cast<double>(m.correct);
-  *sq += 2 * m.loss_sum;  // squared-error loss is (pred - y)^2 / 2
 }
 
-void Trainer::Finish(models::Task task, double sq, EvalResult* r) {
+void Trainer::Finish(models::Task task, EvalResult* r) {
   if (r->examples == 0) return;
   r->loss /= r->examples;
   if (task == models::Task::kRegression) {
     r->accuracy = 0;
-    r->rmse = std::sqrt(sq / r->examples);
+    r->rmse = std::sqrt(2 * r->loss);  // the regression loss is (pred - y)^2 / 2
   } else {
     r->accuracy /= r->examples;
   }
@@ -115,7 +115,6 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
                             epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
-  double sq = 0;
   for (;;) {
     if (options_.max_steps_per_epoch >= 0 && result.steps >= options_.max_steps_per_epoch) break;
     ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
@@ -128,10 +127,10 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
     ++step_;
     ++result.steps;
     result.skipped_steps += m.skipped;
-    Accumulate(m, &result.train, &sq);
+    Accumulate(m, &result.train);
     prefetch.Recycle(std::move(batch));
   }
-  Finish(model_->task(), sq, &result.train);
+  Finish(model_->task(), &result.train);
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   result.data_wait_seconds = prefetch.wait_seconds();
   result.samples_per_second = result.seconds > 0 ? result.train.examples / result.seconds : 0;
@@ -145,7 +144,6 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());
   EvalResult r;
-  double sq = 0;
   bool sparse = false;
   for (const models::Table& t : model_->tables()) sparse = sparse || t.sparse;
   bool loaded = false;
@@ -158,10 +156,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
     if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(0));
     loaded = true;
     ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/false));
-    Accumulate(m, &r, &sq);
+    Accumulate(m, &r);
     prefetch.Recycle(std::move(batch));
   }
-  Finish(model_->task(), sq, &r);
+  Finish(model_->task(), &r);
   return r;
 }
 

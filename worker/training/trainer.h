@@ -67,8 +67,8 @@ class Trainer {
   absl::Status LoadParameters(uint64_t pull_step);
   absl::Status PushGradients();
   absl::Status Stage();
-  void Accumulate(const models::Metrics& m, EvalResult* r, double* sq) const;
-  static void Finish(models::Task task, double sq, EvalResult* r);
+  static void Accumulate(const models::Metrics& m, EvalResult* r);
+  static void Finish(models::Task task, EvalResult* r);
 
   models::Model* model_;
   PsClient* client_;
