@@ -397,11 +397,19 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     absl::Status bad;
     {
       absl::MutexLock lock(&mu_);
-      if (m.step < applied_step_) {
-        bad = absl::FailedPreconditionError(absl::StrCat(
-            "push from ", Who(m.worker_id, m.rank), " is for step ", m.step, ", but job '", id(),
-            "' has already applied steps up to ", applied_step_ - 1));
-      } else if (m.step >= applied_step_ + kMaxPendingSteps) {
+      // A step this rank already delivered (its lost predecessor pushed it
+      // before dying, and the replacement resumed from the slowest server)
+      // is acknowledged, not applied twice.
+      auto pending = steps_.find(m.step);
+      if (m.step < applied_step_ ||
+          (pending != steps_.end() && pending->second[m.rank].num_parts != 0 &&
+           pending->second[m.rank].received == pending->second[m.rank].num_parts)) {
+        duplicates_.fetch_add(1, std::memory_order_relaxed);
+        out->duplicate = true;
+        out->applied_step = applied_step_;
+        return absl::OkStatus();
+      }
+      if (m.step >= applied_step_ + kMaxPendingSteps) {
         bad = absl::FailedPreconditionError(absl::StrCat(
             "push from ", Who(m.worker_id, m.rank), " is for step ", m.step, ", more than ",
             kMaxPendingSteps, " steps ahead of step ", applied_step_, " still being collected"));
@@ -807,6 +815,17 @@ v1::GetJobResponse Job::Stats() const {
   r.set_sparse_rows(rows);
   absl::MutexLock lock(&mu_);
   r.set_applied_step(applied_step_);
+  for (uint32_t rank = 0; rank < num_workers_; ++rank) {
+    uint64_t c = clock_[rank];
+    if (model_ == Model::kBsp) {
+      c = applied_step_;
+      for (auto it = steps_.find(c); it != steps_.end() && it->first == c; it = steps_.find(++c)) {
+        const RankStep& rs = it->second[rank];
+        if (rs.num_parts == 0 || rs.received != rs.num_parts) break;
+      }
+    }
+    r.add_rank_clock(c);
+  }
   return r;
 }
 

@@ -3,15 +3,24 @@
 //   fulcrum-server --listen=0.0.0.0:7000 --server_index=0
 //                  --shard_map=host0:7000,host1:7000 [--virtual_shards=256]
 //
-// Until the coordinator exists the shard map is given here: the listed
-// servers own virtual shards round-robin, version 1.
+// or, in a cluster, with a coordinator that hands out the shard map:
+//
+//   fulcrum-server --listen=0.0.0.0:7000 --coordinator=coord:7070
+//                  [--advertise=host0:7000]
+//
+// Without --coordinator the shard map is given here: the listed servers own
+// virtual shards round-robin, version 1.
+#include <unistd.h>
+
 #include <iostream>
+#include <memory>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/rpc/node_agent.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 
@@ -23,6 +32,11 @@ ABSL_FLAG(std::string, shard_map, "",
 ABSL_FLAG(uint32_t, virtual_shards, 256, "number of virtual shards (fixed for a cluster)");
 ABSL_FLAG(uint64_t, default_quota_bytes, uint64_t{8} << 30,
           "per-job parameter memory quota on this server when a job names none");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of fulcrum-coordinator; the shard map then comes from it");
+ABSL_FLAG(std::string, advertise, "",
+          "address workers reach this server at (default: --listen, with this host's name "
+          "for a wildcard host)");
 ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consistency model");
 
 int main(int argc, char** argv) {
@@ -31,35 +45,88 @@ int main(int argc, char** argv) {
   fulcrum::InitServingProcess();
   fulcrum::BlockTerminationSignals();
 
-  std::string servers = absl::GetFlag(FLAGS_shard_map);
-  if (servers.empty()) servers = absl::GetFlag(FLAGS_listen);
-  auto map = fulcrum::ShardMap::FromServerList(servers, absl::GetFlag(FLAGS_virtual_shards));
-  if (!map.ok()) {
-    std::cerr << "fulcrum-server: bad --shard_map: " << map.status() << "\n";
-    return 2;
-  }
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   fulcrum::ParameterServerOptions options;
-  options.server_index = absl::GetFlag(FLAGS_server_index);
-  options.shard_map = map->ToProto();
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
+  std::optional<fulcrum::ShardMap> map;
+  if (coordinator.empty()) {
+    std::string servers = absl::GetFlag(FLAGS_shard_map);
+    if (servers.empty()) servers = absl::GetFlag(FLAGS_listen);
+    auto m = fulcrum::ShardMap::FromServerList(servers, absl::GetFlag(FLAGS_virtual_shards));
+    if (!m.ok()) {
+      std::cerr << "fulcrum-server: bad --shard_map: " << m.status() << "\n";
+      return 2;
+    }
+    map = *std::move(m);
+    options.server_index = absl::GetFlag(FLAGS_server_index);
+    options.shard_map = map->ToProto();
+  } else if (!absl::GetFlag(FLAGS_shard_map).empty()) {
+    std::cerr << "fulcrum-server: give --coordinator or --shard_map, not both\n";
+    return 2;
+  }
+  // The address goes into shard maps, so it must be one workers can dial.
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (!coordinator.empty()) {
+    if (advertise.empty()) {
+      advertise = listen;
+      const size_t colon = listen.rfind(':');
+      const std::string host = listen.substr(0, colon);
+      if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
+        char name[256] = {0};
+        gethostname(name, sizeof(name) - 1);
+        advertise = std::string(name) + listen.substr(colon);
+      }
+    }
+    if (advertise.rfind(":0") == advertise.size() - 2) {
+      std::cerr << "fulcrum-server: with --coordinator, --listen needs a fixed port (or give --advertise)\n";
+      return 2;
+    }
+    options.advertise_address = advertise;
+  }
   auto ps = fulcrum::ParameterServer::Create(options);
   if (!ps.ok()) {
     std::cerr << "fulcrum-server: " << ps.status() << "\n";
     return 2;
   }
-  auto server = fulcrum::PsGrpcServer::Start(ps->get(), absl::GetFlag(FLAGS_listen));
+  auto server = fulcrum::PsGrpcServer::Start(ps->get(), listen);
   if (!server.ok()) {
     std::cerr << "fulcrum-server: " << server.status() << "\n";
     return 1;
   }
-  FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << " as server "
-             << options.server_index << " of " << map->num_servers() << " (shard map version "
-             << map->version() << ", " << map->num_virtual_shards()
-             << " virtual shards, owns " << map->DescribeOwned(options.server_index)
-             << "); default job quota " << options.default_quota_bytes << " bytes";
+  std::unique_ptr<fulcrum::NodeAgent> agent;
+  if (map) {
+    FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << " as server "
+               << options.server_index << " of " << map->num_servers() << " (static shard map version "
+               << map->version() << ", " << map->num_virtual_shards()
+               << " virtual shards, owns " << map->DescribeOwned(options.server_index)
+               << "); default job quota " << options.default_quota_bytes << " bytes";
+  } else {
+    FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << ", advertised as " << advertise
+               << "; coordinator " << coordinator << " assigns the shard map; default job quota "
+               << options.default_quota_bytes << " bytes";
+    fulcrum::NodeAgentOptions ao;
+    ao.coordinator = coordinator;
+    ao.info.set_role(fulcrum::v1::SERVER);
+    ao.info.set_address(advertise);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    ao.info.set_hostname(host);
+    ao.info.set_pid(getpid());
+    fulcrum::ParameterServer* p = ps->get();
+    ao.on_update = [p](const fulcrum::v1::HeartbeatResponse& r) {
+      if (!r.has_shard_map()) return;
+      auto have = p->GetShardMap();
+      if (have.ok() && have->version() >= r.shard_map().version()) return;
+      absl::Status s = p->SetShardMap(r.shard_map());
+      if (!s.ok()) FLOG(WARNING) << "installing shard map version " << r.shard_map().version() << ": " << s;
+    };
+    agent = std::make_unique<fulcrum::NodeAgent>(std::move(ao));
+  }
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";
+  if (agent) agent->Stop();
   (*server)->Shutdown();
   return 0;
 }

@@ -1,5 +1,7 @@
 #include "server/parameter_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -16,16 +18,16 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   std::shared_ptr<const ShardMap> map;
   if (options.shard_map) {
     ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(*options.shard_map));
-    if (options.server_index >= m.num_servers()) {
-      return absl::InvalidArgumentError(absl::StrCat("server index ", options.server_index,
-                                                     " is not in the shard map's ",
-                                                     m.num_servers(), " servers"));
-    }
     map = std::make_shared<const ShardMap>(std::move(m));
   }
   std::unique_ptr<ParameterServer> ps(new ParameterServer(std::move(options)));
+  uint32_t self = 0;
+  if (map != nullptr) {
+    ASSIGN_OR_RETURN(self, ps->IndexIn(*map));
+  }
   absl::MutexLock lock(&ps->mu_);
   ps->map_ = std::move(map);
+  ps->self_ = self;
   return ps;
 }
 
@@ -40,12 +42,41 @@ ParameterServer::~ParameterServer() {
   for (auto& [id, job] : jobs) job->Shutdown(absl::UnavailableError("server shutting down"));
 }
 
-absl::StatusOr<std::shared_ptr<const ShardMap>> ParameterServer::Map() const {
+absl::StatusOr<ParameterServer::MapRef> ParameterServer::Map() const {
   absl::MutexLock lock(&mu_);
   if (map_ == nullptr) {
     return absl::UnavailableError("this server has no shard map yet (waiting for SetShardMap)");
   }
-  return map_;
+  return MapRef{map_, self_};
+}
+
+absl::StatusOr<uint32_t> ParameterServer::IndexIn(const ShardMap& m) const {
+  if (options_.advertise_address.empty()) {
+    if (options_.server_index >= m.num_servers()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map lists ", m.num_servers(),
+                                                     " servers; this server has index ",
+                                                     options_.server_index));
+    }
+    return options_.server_index;
+  }
+  for (uint32_t i = 0; i < m.num_servers(); ++i) {
+    if (m.servers()[i] == options_.advertise_address) return i;
+  }
+  // Not listed: owns no virtual shard, so every request is routed elsewhere.
+  return static_cast<uint32_t>(m.num_servers());
+}
+
+uint32_t ParameterServer::server_index() const {
+  absl::MutexLock lock(&mu_);
+  return self_;
+}
+
+std::vector<std::string> ParameterServer::JobIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 void ParameterServer::Drain() {
@@ -69,7 +100,8 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string&
 }
 
 absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJobSpec& spec) {
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
+  ASSIGN_OR_RETURN(MapRef ref, Map());
+  const std::shared_ptr<const ShardMap>& map = ref.map;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(spec.job_id());
@@ -85,17 +117,26 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJob
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, map->num_virtual_shards(),
                                                          options_.default_quota_bytes, &timer_));
-  RETURN_IF_ERROR(job->MaterializeOwned(*map, options_.server_index));
+  RETURN_IF_ERROR(job->MaterializeOwned(*map, ref.self));
   v1::CreateJobResponse r;
   r.set_bytes_used(job->bytes_used());
   {
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = jobs_.emplace(spec.job_id(), job);
-    if (!inserted) return absl::AbortedError("job created concurrently; retry");
+    if (!inserted) {
+      // Created concurrently (every worker of a job creates it): the same
+      // spec is success, a different one a conflict.
+      if (it->second->spec().SerializeAsString() != spec.SerializeAsString()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "job '", spec.job_id(), "' already exists on this server with a different spec"));
+      }
+      r.set_bytes_used(it->second->bytes_used());
+      return r;
+    }
   }
   FLOG(INFO) << "created job '" << spec.job_id() << "': " << spec.tables_size() << " tables, "
              << spec.num_workers() << " workers, " << job->bytes_used()
-             << " bytes on this server (virtual shards " << map->DescribeOwned(options_.server_index)
+             << " bytes on this server (virtual shards " << map->DescribeOwned(ref.self)
              << ")";
   return r;
 }
@@ -123,17 +164,13 @@ absl::StatusOr<v1::GetJobResponse> ParameterServer::GetJob(const std::string& jo
 }
 
 absl::StatusOr<v1::ShardMap> ParameterServer::GetShardMap() const {
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
-  return map->ToProto();
+  ASSIGN_OR_RETURN(MapRef ref, Map());
+  return ref.map->ToProto();
 }
 
 absl::Status ParameterServer::SetShardMap(const v1::ShardMap& proto) {
   ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(proto));
-  if (options_.server_index >= m.num_servers()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map lists ", m.num_servers(),
-                                                   " servers; this server has index ",
-                                                   options_.server_index));
-  }
+  ASSIGN_OR_RETURN(const uint32_t self, IndexIn(m));
   absl::MutexLock lock(&mu_);
   if (map_ != nullptr) {
     if (m.version() <= map_->version()) {
@@ -148,16 +185,18 @@ absl::Status ParameterServer::SetShardMap(const v1::ShardMap& proto) {
     }
   }
   FLOG(INFO) << "shard map version " << m.version() << ": " << m.num_servers() << " servers, "
-             << m.num_virtual_shards() << " virtual shards; this server (index "
-             << options_.server_index << ") owns " << m.DescribeOwned(options_.server_index);
+             << m.num_virtual_shards() << " virtual shards; this server ("
+             << (self < m.num_servers() ? absl::StrCat("index ", self) : std::string("not listed"))
+             << ") owns " << (self < m.num_servers() ? m.DescribeOwned(self) : std::string("nothing"));
   map_ = std::make_shared<const ShardMap>(std::move(m));
+  self_ = self;
   return absl::OkStatus();
 }
 
 absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(m.job_id));
-  ASSIGN_OR_RETURN(std::shared_ptr<const ShardMap> map, Map());
-  return job->Push(m, *map, options_.server_index, out);
+  ASSIGN_OR_RETURN(MapRef ref, Map());
+  return job->Push(m, *ref.map, ref.self, out);
 }
 
 void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline,
@@ -178,7 +217,7 @@ void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_
   if (rpc_deadline != absl::InfiniteFuture()) {
     deadline = std::min(deadline, rpc_deadline - kDeadlineMargin);
   }
-  (*job)->Pull(std::move(m), *std::move(map), options_.server_index, deadline, std::move(done));
+  (*job)->Pull(std::move(m), map->map, map->self, deadline, std::move(done));
 }
 
 }  // namespace fulcrum

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -24,6 +25,10 @@ namespace fulcrum {
 struct ParameterServerOptions {
   // This server's index in the shard map's server list.
   uint32_t server_index = 0;
+  // When set, the index is wherever this address appears in each installed
+  // map (maps come from the coordinator); a server a map does not list owns
+  // nothing under it.
+  std::string advertise_address;
   // The initial map; without one, requests fail UNAVAILABLE until SetShardMap.
   std::optional<v1::ShardMap> shard_map;
   // Quota per job on this server when the job spec names none.
@@ -57,18 +62,27 @@ class ParameterServer {
   // down without a request left hanging.
   void Drain();
 
-  uint32_t server_index() const { return options_.server_index; }
+  uint32_t server_index() const;
+  // Jobs on this server (for the coordinator's bookkeeping and tests).
+  std::vector<std::string> JobIds() const;
 
  private:
   explicit ParameterServer(ParameterServerOptions options);
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
-  absl::StatusOr<std::shared_ptr<const ShardMap>> Map() const;
+  struct MapRef {
+    std::shared_ptr<const ShardMap> map;
+    uint32_t self;  // this server's index in it
+  };
+  absl::StatusOr<MapRef> Map() const;
+  // This server's index in `m`, or an error naming why it has none.
+  absl::StatusOr<uint32_t> IndexIn(const ShardMap& m) const;
 
   const ParameterServerOptions options_;
   DeadlineTimer timer_;
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
+  uint32_t self_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

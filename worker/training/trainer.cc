@@ -1,7 +1,9 @@
 #include "worker/training/trainer.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -104,19 +106,49 @@ void Trainer::Finish(models::Task task, EvalResult* r) {
   }
 }
 
-absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int epoch) {
+int64_t Trainer::StepsPerEpoch(const data::Dataset& train) const {
+  const int64_t n = static_cast<int64_t>(
+      data::ShardOrder(train.size(), options_.rank, options_.world_size, options_.seed, 0, options_.shuffle).size());
+  int64_t steps = (n + options_.batch_size - 1) / options_.batch_size;
+  if (options_.max_steps_per_epoch >= 0) steps = std::min(steps, options_.max_steps_per_epoch);
+  return steps;
+}
+
+absl::StatusOr<std::string> Trainer::DenseFingerprint() {
+  RETURN_IF_ERROR(Stage());
+  PullBatch pull;
+  pull.step = step_;
+  auto& tables = model_->tables();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (!tables[i].sparse) pull.dense.push_back({tables[i].spec.name(), host_value_[i].as<float>(), tables[i].elements});
+  }
+  RETURN_IF_ERROR(client_->Pull(options_.job_id, pull));
+  uint64_t h = 1469598103934665603ull;
+  for (const DenseTarget& t : pull.dense) {
+    const auto* b = reinterpret_cast<const unsigned char*>(t.out);
+    for (size_t k = 0; k < t.size * sizeof(float); ++k) h = (h ^ b[k]) * 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(buf);
+}
+
+absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int epoch, int64_t start_batch) {
   const auto t0 = Clock::now();
   data::PrefetchOptions po;
   po.batch_size = options_.batch_size;
   po.depth = options_.prefetch_depth;
-  data::Prefetcher prefetch(&train,
-                            data::ShardOrder(train.size(), options_.rank, options_.world_size, options_.seed, epoch,
-                                             options_.shuffle),
-                            epoch, po, model_->backend());
+  std::vector<int64_t> order =
+      data::ShardOrder(train.size(), options_.rank, options_.world_size, options_.seed, epoch, options_.shuffle);
+  const size_t skip = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(0, start_batch)) * options_.batch_size);
+  order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(skip));
+  data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
+  const int64_t limit = options_.max_steps_per_epoch < 0 ? -1 : std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch);
   for (;;) {
-    if (options_.max_steps_per_epoch >= 0 && result.steps >= options_.max_steps_per_epoch) break;
+    if (limit >= 0 && result.steps >= limit) break;
+    if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
     ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
     if (!batch) break;
     RETURN_IF_ERROR(model_->Prepare(*batch));
@@ -151,9 +183,10 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
     ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
     if (!batch) break;
     RETURN_IF_ERROR(model_->Prepare(*batch));
-    // Evaluation reads whatever the servers hold now (step 0 never waits);
+    // Evaluation reads the parameters as of this rank's clock (the first
+    // pull waits for the consistency model; later ones are then ready);
     // dense-only models load their tables once.
-    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(0));
+    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(step_));
     loaded = true;
     ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/false));
     Accumulate(m, &r);

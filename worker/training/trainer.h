@@ -7,6 +7,7 @@
 #ifndef FULCRUM_WORKER_TRAINING_TRAINER_H_
 #define FULCRUM_WORKER_TRAINING_TRAINER_H_
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@ struct TrainerOptions {
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
   // Called after every step with the step's metrics.
   std::function<void(uint64_t step, const models::Metrics&)> on_step;
+  // Checked before every step; when set, TrainEpoch returns CANCELLED.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct EvalResult {
@@ -57,11 +60,20 @@ class Trainer {
  public:
   Trainer(models::Model* model, PsClient* client, TrainerOptions options);
 
-  absl::StatusOr<EpochResult> TrainEpoch(const data::Dataset& train, int epoch);
-  // Forward only over the whole dataset with the current parameters.
+  // Trains one epoch of this rank's shard, from batch `start_batch` (a
+  // worker resuming a lost rank mid-epoch skips what its predecessor did).
+  absl::StatusOr<EpochResult> TrainEpoch(const data::Dataset& train, int epoch, int64_t start_batch = 0);
+  // Forward only over the whole dataset with the parameters as of this
+  // rank's clock (under BSP: every worker's steps so far applied).
   absl::StatusOr<EvalResult> Evaluate(const data::Dataset& test);
+  // Steps per epoch of this rank's shard (equal for every rank).
+  int64_t StepsPerEpoch(const data::Dataset& train) const;
+  // Pulls every dense table at this rank's clock and hashes its fp32 bytes
+  // (FNV-1a 64, tables in order): equal hashes mean bit-identical weights.
+  absl::StatusOr<std::string> DenseFingerprint();
 
   uint64_t step() const { return step_; }
+  void set_step(uint64_t step) { step_ = step; }
 
  private:
   absl::Status LoadParameters(uint64_t pull_step);

@@ -1,0 +1,150 @@
+#include "common/config/job_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fulcrum::config {
+namespace {
+
+bool OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return true;
+  }
+  return false;
+}
+
+std::string Allowed(std::initializer_list<const char*> allowed) {
+  return absl::StrJoin(allowed, ", ");
+}
+
+void CheckSource(const v1::DataSource& s, const std::string& path, const std::string& model,
+                 std::vector<std::string>* p) {
+  const bool sparse_model = OneOf(model, {"sparse_lr", "fm", "mf"});
+  if (s.format().empty()) {
+    p->push_back(absl::StrCat(path, ".format: required; allowed: idx, libsvm, csv"));
+  } else if (!OneOf(s.format(), {"idx", "libsvm", "csv"})) {
+    p->push_back(absl::StrCat(path, ".format: '", s.format(), "' is not one of: idx, libsvm, csv"));
+  } else if (sparse_model && s.format() != "libsvm") {
+    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads sparse features: use libsvm"));
+  } else if (!sparse_model && !model.empty() && s.format() == "libsvm") {
+    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads dense features: use idx or csv"));
+  }
+  if (s.path().empty()) p->push_back(absl::StrCat(path, ".path: required (a file; relative to the worker's --data_dir)"));
+  if (s.format() == "idx" && s.labels().empty()) {
+    p->push_back(absl::StrCat(path, ".labels: required for idx (the labels file beside the images)"));
+  }
+  if (s.format() != "idx" && !s.labels().empty()) {
+    p->push_back(absl::StrCat(path, ".labels: only idx data has a separate labels file"));
+  }
+  if (!(s.scale() >= 0) || !std::isfinite(s.scale())) p->push_back(absl::StrCat(path, ".scale: must be >= 0"));
+  if (!s.label_kind().empty() && !OneOf(s.label_kind(), {"class", "binary", "real"})) {
+    p->push_back(absl::StrCat(path, ".label_kind: '", s.label_kind(), "' is not one of: class, binary, real"));
+  }
+  if (s.label_column() < 0) p->push_back(absl::StrCat(path, ".label_column: must be >= 0"));
+}
+
+void CheckUnit(float v, const std::string& path, std::vector<std::string>* p) {
+  if (!(v >= 0 && v < 1)) p->push_back(absl::StrCat(path, ": ", v, " must be in [0, 1)"));
+}
+
+}  // namespace
+
+std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
+  std::vector<std::string> p;
+  // name
+  const std::string& name = spec.name();
+  if (name.empty()) {
+    p.push_back("name: required (lowercase letters, digits and '-', starting with a letter)");
+  } else {
+    bool ok = name.size() <= 48 && name[0] >= 'a' && name[0] <= 'z';
+    for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+    if (!ok) {
+      p.push_back(absl::StrCat("name: '", name,
+                               "' must be at most 48 lowercase letters, digits and '-', starting with a letter"));
+    }
+  }
+  // model
+  const v1::ModelSpec& m = spec.model();
+  const auto kModels = {"softmax", "mlp", "sparse_lr", "fm", "mf"};
+  if (m.type().empty()) {
+    p.push_back(absl::StrCat("model.type: required; allowed: ", Allowed(kModels)));
+  } else if (!OneOf(m.type(), kModels)) {
+    p.push_back(absl::StrCat("model.type: '", m.type(), "' is not one of: ", Allowed(kModels)));
+  }
+  if (m.type() == "mlp" && m.hidden_size() == 0) {
+    p.push_back("model.hidden: mlp needs at least one hidden layer width (softmax has none)");
+  }
+  if (m.type() != "mlp" && m.hidden_size() > 0) p.push_back(absl::StrCat("model.hidden: only mlp has hidden layers"));
+  for (int i = 0; i < m.hidden_size(); ++i) {
+    if (m.hidden(i) <= 0 || m.hidden(i) > 65536) p.push_back(absl::StrCat("model.hidden[", i, "]: ", m.hidden(i), " must be 1 to 65536"));
+  }
+  if (!m.activation().empty() && !OneOf(m.activation(), {"relu", "gelu"})) {
+    p.push_back(absl::StrCat("model.activation: '", m.activation(), "' is not one of: relu, gelu"));
+  }
+  if (m.num_features() < 0) p.push_back("model.num_features: must be >= 0 (0: from the data)");
+  if (m.num_classes() == 1 || m.num_classes() < 0) p.push_back("model.num_classes: must be 0 (from the data) or >= 2");
+  if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
+  if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
+  // data
+  if (!spec.data().has_train()) {
+    p.push_back("data.train: required (format, path)");
+  } else {
+    CheckSource(spec.data().train(), "data.train", m.type(), &p);
+  }
+  if (spec.data().has_test()) CheckSource(spec.data().test(), "data.test", m.type(), &p);
+  CheckUnit(spec.data().test_fraction(), "data.test_fraction", &p);
+  if (spec.data().has_test() && spec.data().test_fraction() > 0) {
+    p.push_back("data.test_fraction: give either data.test or a held-out fraction, not both");
+  }
+  // optimizer
+  const v1::OptimizerSpec& o = spec.optimizer();
+  if (o.kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
+    p.push_back("optimizer.kind: required; allowed: sgd, momentum, adagrad, adam, adamw, ftrl");
+  }
+  if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
+    p.push_back(absl::StrCat("optimizer.learning_rate: ", o.learning_rate(), " must be > 0"));
+  }
+  CheckUnit(o.momentum(), "optimizer.momentum", &p);
+  CheckUnit(o.beta1(), "optimizer.beta1", &p);
+  CheckUnit(o.beta2(), "optimizer.beta2", &p);
+  for (auto [v, f] : {std::pair{o.epsilon(), "epsilon"}, {o.weight_decay(), "weight_decay"},
+                      {o.initial_accumulator(), "initial_accumulator"}, {o.l1(), "l1"}, {o.l2(), "l2"}}) {
+    if (!(v >= 0) || !std::isfinite(v)) p.push_back(absl::StrCat("optimizer.", f, ": ", v, " must be >= 0"));
+  }
+  if (o.momentum() != 0 && o.kind() != v1::OptimizerSpec::MOMENTUM) {
+    p.push_back("optimizer.momentum: only the momentum optimizer uses it");
+  }
+  // consistency
+  const v1::ConsistencySpec& c = spec.consistency();
+  if (c.model() == v1::ConsistencySpec::SSP && c.staleness() == 0) {
+    p.push_back("consistency.staleness: ssp needs a bound >= 1 (0 is bsp)");
+  }
+  if (c.model() != v1::ConsistencySpec::SSP && c.staleness() != 0) {
+    p.push_back("consistency.staleness: only ssp has a staleness bound");
+  }
+  if (c.staleness() > 1000) p.push_back("consistency.staleness: at most 1000");
+  // schedule
+  if (spec.num_workers() < 1 || spec.num_workers() > 1024) {
+    p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to 1024"));
+  }
+  if (spec.batch_size() < 1 || spec.batch_size() > 65536) {
+    p.push_back(absl::StrCat("batch_size: ", spec.batch_size(), " must be 1 to 65536 (examples per worker per step)"));
+  }
+  if (spec.epochs() < 1 || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
+  if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&
+      !OneOf(m.type(), {"softmax", "mlp"})) {
+    p.push_back(absl::StrCat("precision: model '", m.type(), "' has no GEMMs to run in 16 bits; use fp32"));
+  }
+  return p;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  std::vector<std::string> p = JobSpecProblems(spec);
+  if (p.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job spec has ", p.size(), p.size() == 1 ? " problem" : " problems",
+                                                 ":\n  ", absl::StrJoin(p, "\n  ")));
+}
+
+}  // namespace fulcrum::config

@@ -1,0 +1,21 @@
+// Semantic checks of a JobSpec: every mistake at once, each naming its field
+// path and what is allowed. The coordinator runs them on SubmitJob (and
+// answers INVALID_ARGUMENT); fulcrumctl runs them before sending.
+#ifndef FULCRUM_COMMON_CONFIG_JOB_SPEC_H_
+#define FULCRUM_COMMON_CONFIG_JOB_SPEC_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "fulcrum/v1/cluster.pb.h"
+
+namespace fulcrum::config {
+
+std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec);
+// OK, or INVALID_ARGUMENT listing JobSpecProblems one per line.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+}  // namespace fulcrum::config
+
+#endif  // FULCRUM_COMMON_CONFIG_JOB_SPEC_H_

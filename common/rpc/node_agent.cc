@@ -1,0 +1,110 @@
+#include "common/rpc/node_agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/logging.h"
+#include "common/rpc/grpc_util.h"
+
+namespace fulcrum {
+
+NodeAgent::NodeAgent(NodeAgentOptions options) : options_(std::move(options)) {
+  stub_ = v1::ClusterService::NewStub(CreateFulcrumChannel(options_.coordinator, 0));
+  thread_ = std::thread([this] { Run(); });
+}
+
+NodeAgent::~NodeAgent() { Stop(); }
+
+void NodeAgent::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string NodeAgent::node_id() const {
+  absl::MutexLock lock(&mu_);
+  return node_id_;
+}
+
+bool NodeAgent::WaitRegistered(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !node_id_.empty() || stop_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) && !node_id_.empty();
+}
+
+void NodeAgent::Run() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Time last_warning = absl::InfinitePast();
+  uint64_t generation = 0;
+  std::string id;
+  uint32_t interval_ms = 1000;
+  auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  };
+  auto sleep = [this](absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    auto s = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    mu_.AwaitWithTimeout(absl::Condition(&s), d);
+  };
+  while (!stopping()) {
+    if (id.empty()) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::RegisterNodeRequest req;
+      *req.mutable_node() = options_.info;
+      v1::RegisterNodeResponse resp;
+      absl::Status s = FromGrpcStatus(stub_->RegisterNode(&ctx, req, &resp));
+      if (!s.ok()) {
+        if (absl::Now() - last_warning > absl::Seconds(10)) {
+          FLOG(WARNING) << "waiting for the coordinator at " << options_.coordinator << ": " << s;
+          last_warning = absl::Now();
+        }
+        sleep(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(2));
+        continue;
+      }
+      backoff = absl::Milliseconds(100);
+      id = resp.node_id();
+      interval_ms = resp.heartbeat_interval_ms() == 0 ? 1000 : resp.heartbeat_interval_ms();
+      generation = 0;
+      FLOG(INFO) << "registered with the coordinator at " << options_.coordinator << " as " << id
+                 << " (heartbeat every " << interval_ms << " ms)";
+      {
+        absl::MutexLock lock(&mu_);
+        node_id_ = id;
+      }
+      if (options_.on_registered) options_.on_registered(id);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout + absl::Milliseconds(interval_ms)));
+    v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    req.set_generation(generation);
+    req.set_wait_ms(interval_ms);
+    v1::HeartbeatResponse resp;
+    absl::Status s = FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+    if (s.code() == absl::StatusCode::kNotFound) {
+      FLOG(WARNING) << "coordinator: " << s.message();
+      id.clear();
+      v1::HeartbeatResponse none;  // nothing assigned any more
+      if (options_.on_update) options_.on_update(none);
+      continue;
+    }
+    if (!s.ok()) {
+      if (absl::Now() - last_warning > absl::Seconds(10)) {
+        FLOG(WARNING) << "heartbeat to " << options_.coordinator << " failed: " << s << "; retrying";
+        last_warning = absl::Now();
+      }
+      sleep(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+      continue;
+    }
+    backoff = absl::Milliseconds(100);
+    generation = resp.generation();
+    if (options_.on_update) options_.on_update(resp);
+  }
+}
+
+}  // namespace fulcrum

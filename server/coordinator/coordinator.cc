@@ -1,0 +1,873 @@
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config/job_spec.h"
+#include "common/logging.h"
+#include "common/rpc/grpc_util.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+
+namespace fulcrum {
+namespace {
+
+constexpr char kJobPrefix[] = "job/";
+constexpr char kNodePrefix[] = "node/";
+constexpr char kMetaKey[] = "meta";
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool Terminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// The meta record: counters and the shard map.
+struct Meta {
+  uint64_t next_job = 1;
+  uint64_t next_node = 0;
+  std::optional<v1::ShardMap> map;
+};
+
+std::string EncodeMeta(const Meta& m) {
+  v1::ClusterState s;  // reuses a message with a shard map and a counter
+  s.set_generation(m.next_job);
+  if (m.map) *s.mutable_shard_map() = *m.map;
+  v1::NodeStatus* n = s.add_nodes();
+  n->set_last_heartbeat_unix_ms(static_cast<int64_t>(m.next_node));
+  return s.SerializeAsString();
+}
+
+bool DecodeMeta(const std::string& bytes, Meta* m) {
+  v1::ClusterState s;
+  if (!s.ParseFromString(bytes) || s.nodes_size() != 1) return false;
+  m->next_job = s.generation();
+  m->next_node = static_cast<uint64_t>(s.nodes(0).last_heartbeat_unix_ms());
+  if (s.has_shard_map()) m->map = s.shard_map();
+  return true;
+}
+
+class GrpcServerControl final : public ServerControl {
+ public:
+  explicit GrpcServerControl(absl::Duration timeout) : timeout_(timeout) {}
+
+  absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    v1::SetShardMapRequest req;
+    *req.mutable_map() = map;
+    v1::SetShardMapResponse resp;
+    absl::Status s = FromGrpcStatus(Stub(address)->SetShardMap(&ctx, req, &resp));
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      // Already installed (or newer): ask which one it has.
+      grpc::ClientContext ctx2;
+      ctx2.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+      v1::ShardMap have;
+      absl::Status g = FromGrpcStatus(Stub(address)->GetShardMap(&ctx2, v1::GetShardMapRequest(), &have));
+      if (g.ok() && have.version() == map.version()) return absl::OkStatus();
+    }
+    return s;
+  }
+
+  absl::Status DeleteJob(const std::string& address, const std::string& job_id) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    v1::DeleteJobRequest req;
+    req.set_job_id(job_id);
+    v1::DeleteJobResponse resp;
+    absl::Status s = FromGrpcStatus(Stub(address)->DeleteJob(&ctx, req, &resp));
+    if (s.code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+    return s;
+  }
+
+ private:
+  v1::ParameterService::Stub* Stub(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = stubs_[address];
+    if (stub == nullptr) {
+      stub = v1::ParameterService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    }
+    return stub.get();
+  }
+
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout) {
+  return std::make_unique<GrpcServerControl>(timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options,
+                                                               std::unique_ptr<ServerControl> servers) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("coordinator needs a data directory");
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(servers)));
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  rocksdb::DB* db = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, c->options_.data_dir, &db),
+                            absl::StrCat("opening coordinator state in ", c->options_.data_dir)));
+  c->db_.reset(db);
+  RETURN_IF_ERROR(c->Load());
+  c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
+  return c;
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers)
+    : options_(std::move(options)), servers_(std::move(servers)) {}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  if (scheduler_.joinable()) scheduler_.join();
+}
+
+void Coordinator::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  ++generation_;
+}
+
+absl::Status Coordinator::Load() {
+  absl::MutexLock lock(&mu_);
+  std::string meta_bytes;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kMetaKey, &meta_bytes);
+  if (s.ok()) {
+    Meta m;
+    if (!DecodeMeta(meta_bytes, &m)) return absl::DataLossError("coordinator meta record is corrupt");
+    next_job_ = m.next_job;
+    next_node_ = m.next_node;
+    shard_map_ = m.map;
+  } else if (!s.IsNotFound()) {
+    return FromRocks(s, "reading coordinator meta");
+  }
+  const absl::Time now = absl::Now();
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const std::string key = it->key().ToString();
+    if (absl::StartsWith(key, kJobPrefix)) {
+      JobRecord r;
+      if (!r.job.ParseFromString(it->value().ToString())) {
+        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
+      }
+      r.seq = r.job.status().create_time_unix_ms();
+      r.ranks.resize(r.job.spec().num_workers());
+      for (const v1::WorkerProgress& w : r.job.status().workers()) {
+        if (w.rank() >= r.ranks.size()) continue;
+        RankSlot& slot = r.ranks[w.rank()];
+        slot.incarnation = w.incarnation();
+        slot.finished = w.state() == "finished";
+        if (r.job.status().state() == v1::RUNNING && w.state() != "lost") slot.node_id = w.worker_id();
+      }
+      r.release_pending = Terminal(r.job.status().state());
+      if (r.job.status().state() == v1::RUNNING) r.started = now;
+      jobs_.emplace(r.job.id(), std::move(r));
+    } else if (absl::StartsWith(key, kNodePrefix)) {
+      NodeRecord n;
+      if (!n.info.ParseFromString(it->value().ToString())) {
+        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
+      }
+      n.last_heartbeat = now;  // a grace period to heartbeat again
+      nodes_.emplace(n.info.node_id(), std::move(n));
+    }
+  }
+  FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << nodes_.size()
+             << " nodes, shard map "
+             << (shard_map_ ? absl::StrCat("version ", shard_map_->version(), " over ", shard_map_->servers_size(),
+                                           " servers")
+                            : std::string("not built yet"));
+  return absl::OkStatus();
+}
+
+void Coordinator::SaveJobLocked(JobRecord& r, bool sync) {
+  ++r.version;
+  rocksdb::WriteOptions w;
+  w.sync = sync;
+  rocksdb::Status s = db_->Put(w, kJobPrefix + r.job.id(), r.job.SerializeAsString());
+  if (!s.ok()) FLOG(ERROR) << "saving job '" << r.job.id() << "': " << s.ToString();
+}
+
+void Coordinator::SaveNodeLocked(const NodeRecord& n) {
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  rocksdb::Status s = db_->Put(w, kNodePrefix + n.info.node_id(), n.info.SerializeAsString());
+  if (!s.ok()) FLOG(ERROR) << "saving node '" << n.info.node_id() << "': " << s.ToString();
+}
+
+void Coordinator::SaveMetaLocked() {
+  Meta m;
+  m.next_job = next_job_;
+  m.next_node = next_node_;
+  m.map = shard_map_;
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  rocksdb::Status s = db_->Put(w, kMetaKey, EncodeMeta(m));
+  if (!s.ok()) FLOG(ERROR) << "saving coordinator meta: " << s.ToString();
+}
+
+void Coordinator::BumpGenerationLocked() {
+  ++generation_;
+  kick_ = true;
+}
+
+// ---------------------------------------------------------------- job API
+
+absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, bool validate_only) {
+  RETURN_IF_ERROR(config::ValidateJobSpec(spec_in));
+  if (validate_only) return std::string();
+  v1::JobSpec spec = spec_in;
+  if (spec.seed() == 0) spec.set_seed(1);
+  if (spec.consistency().model() == v1::ConsistencySpec::MODEL_UNSPECIFIED) {
+    spec.mutable_consistency()->set_model(v1::ConsistencySpec::BSP);
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  JobRecord r;
+  r.seq = next_job_;
+  const std::string id = absl::StrCat(spec.name(), "-", next_job_++);
+  SaveMetaLocked();
+  r.job.set_id(id);
+  *r.job.mutable_spec() = spec;
+  r.job.mutable_status()->set_create_time_unix_ms(NowMs());
+  r.ranks.resize(spec.num_workers());
+  for (uint32_t i = 0; i < spec.num_workers(); ++i) {
+    v1::WorkerProgress* w = r.job.mutable_status()->add_workers();
+    w->set_rank(i);
+    w->set_state("pending");
+  }
+  SetStateLocked(r, v1::PENDING, "Created", "JobCreated", "accepted; waiting for servers and workers");
+  auto [it, inserted] = jobs_.emplace(id, std::move(r));
+  SaveJobLocked(it->second, true);
+  kick_ = true;
+  FLOG(INFO) << "job " << id << " submitted: model " << spec.model().type() << ", " << spec.num_workers()
+             << " workers, " << spec.epochs() << " epochs, "
+             << v1::ConsistencySpec::Model_Name(spec.consistency().model());
+  return id;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second.job;
+}
+
+std::vector<v1::Job> Coordinator::ListJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> rs;
+  for (const auto& [id, r] : jobs_) rs.push_back(&r);
+  std::sort(rs.begin(), rs.end(), [](const JobRecord* a, const JobRecord* b) {
+    return a->job.status().create_time_unix_ms() != b->job.status().create_time_unix_ms()
+               ? a->job.status().create_time_unix_ms() < b->job.status().create_time_unix_ms()
+               : a->job.id() < b->job.id();
+  });
+  std::vector<v1::Job> out;
+  for (const JobRecord* r : rs) out.push_back(r->job);
+  return out;
+}
+
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& r = it->second;
+  if (Terminal(r.job.status().state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already ended: ",
+                                                      v1::JobState_Name(r.job.status().state())));
+  }
+  FinishLocked(r, v1::CANCELLED, "JobCancelled", "cancelled by request");
+  FLOG(INFO) << "job " << job_id << " cancelled";
+  return r.job;
+}
+
+absl::StatusOr<v1::Job> Coordinator::WaitJob(const std::string& job_id, uint64_t* version,
+                                             absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = jobs_.find(job_id);
+    return shutdown_ || it == jobs_.end() || it->second.version != *version;
+  };
+  if (*version != 0) mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  *version = it->second.version;
+  return it->second.job;
+}
+
+void Coordinator::SetStateLocked(JobRecord& r, v1::JobState state, const std::string& type,
+                                 const std::string& reason, const std::string& message) {
+  v1::JobStatus* st = r.job.mutable_status();
+  st->set_state(state);
+  st->set_reason(reason);
+  st->set_message(message);
+  v1::JobCondition* c = st->add_conditions();
+  c->set_type(type);
+  c->set_reason(reason);
+  c->set_message(message);
+  c->set_time_unix_ms(NowMs());
+}
+
+void Coordinator::FinishLocked(JobRecord& r, v1::JobState state, const std::string& reason,
+                               const std::string& message) {
+  static const std::map<v1::JobState, std::string> kType = {
+      {v1::SUCCEEDED, "Succeeded"}, {v1::FAILED, "Failed"}, {v1::CANCELLED, "Cancelled"}};
+  SetStateLocked(r, state, kType.at(state), reason, message);
+  v1::JobStatus* st = r.job.mutable_status();
+  st->set_end_time_unix_ms(NowMs());
+  st->set_eta_seconds(0);
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(i));
+    if (w->state() != "finished" && w->state() != "failed") w->set_state(state == v1::CANCELLED ? "cancelled" : "stopped");
+    r.ranks[i].node_id.clear();
+  }
+  RecomputeLocked(r);
+  r.release_pending = true;
+  SaveJobLocked(r, true);
+  BumpGenerationLocked();
+}
+
+void Coordinator::RecomputeLocked(JobRecord& r) {
+  v1::JobStatus* st = r.job.mutable_status();
+  uint64_t min_step = UINT64_MAX;
+  uint32_t min_epoch = UINT32_MAX;
+  double loss = 0, acc = 0, sps = 0;
+  int n = 0;
+  uint32_t active = 0, succeeded = 0, failed = 0;
+  for (const v1::WorkerProgress& w : st->workers()) {
+    min_step = std::min<uint64_t>(min_step, w.step());
+    min_epoch = std::min(min_epoch, w.epoch());
+    if (w.state() == "finished") ++succeeded;
+    else if (w.state() == "failed") ++failed;
+    else if (!r.ranks.empty() && w.rank() < r.ranks.size() && !r.ranks[w.rank()].node_id.empty()) ++active;
+    if (w.state() == "training" || w.state() == "evaluating") {
+      loss += w.loss();
+      acc += w.train_accuracy();
+      sps += w.samples_per_second();
+      ++n;
+    }
+  }
+  if (min_step != UINT64_MAX) st->set_step(min_step);
+  if (min_epoch != UINT32_MAX) st->set_epoch(min_epoch);
+  if (n > 0) {
+    st->set_loss(loss / n);
+    st->set_train_accuracy(acc / n);
+    st->set_samples_per_second(sps);
+    const double steps_per_second = sps / std::max(1u, r.job.spec().num_workers()) / std::max(1u, r.job.spec().batch_size());
+    if (steps_per_second > 0 && st->total_steps() > st->step()) {
+      st->set_eta_seconds(static_cast<double>(st->total_steps() - st->step()) / steps_per_second);
+    }
+  }
+  st->set_active_workers(active);
+  st->set_succeeded_workers(succeeded);
+  st->set_failed_workers(failed);
+}
+
+// ---------------------------------------------------------------- cluster API
+
+absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::NodeInfo& node_in) {
+  if (node_in.role() != v1::SERVER && node_in.role() != v1::WORKER) {
+    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+  }
+  if (node_in.role() == v1::SERVER && node_in.address().empty()) {
+    return absl::InvalidArgumentError("register: a server must give the address its parameter service listens on");
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  v1::NodeInfo info = node_in;
+  auto known = info.node_id().empty() ? nodes_.end() : nodes_.find(info.node_id());
+  if (known != nodes_.end() && known->second.info.role() == info.role()) {
+    known->second.info = info;  // a node re-registering after our restart
+  } else {
+    // A server restarted at an address already known replaces the old entry.
+    if (info.role() == v1::SERVER) {
+      for (auto& [id, n] : nodes_) {
+        if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive) {
+          n.alive = false;
+          FLOG(WARNING) << "server " << id << " at " << info.address() << " re-registered: the old process is gone";
+        }
+      }
+    }
+    info.set_node_id(absl::StrCat(info.role() == v1::SERVER ? "server-" : "worker-", next_node_++));
+    SaveMetaLocked();
+  }
+  if (info.slots() == 0) info.set_slots(1);
+  NodeRecord& n = nodes_[info.node_id()];
+  n.info = info;
+  n.alive = true;
+  n.last_heartbeat = absl::Now();
+  n.seq = next_node_;
+  SaveNodeLocked(n);
+  if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
+  BumpGenerationLocked();
+  std::vector<std::string> devices;
+  for (const auto& d : info.devices()) devices.push_back(absl::StrCat(d.kind(), ":", d.ordinal(), " ", d.name()));
+  FLOG(INFO) << "registered " << info.node_id() << " (" << info.hostname() << " pid " << info.pid()
+             << (info.role() == v1::SERVER ? absl::StrCat(", parameter service at ", info.address())
+                                           : absl::StrCat(", ", info.slots(), " slot(s), devices: ",
+                                                          absl::StrJoin(devices, "; ")))
+             << ")";
+  v1::RegisterNodeResponse r;
+  r.set_node_id(info.node_id());
+  r.set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  return r;
+}
+
+std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& node_id) const {
+  std::vector<v1::Assignment> out;
+  for (const auto& [id, r] : jobs_) {
+    if (r.job.status().state() != v1::RUNNING) continue;
+    for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+      const RankSlot& s = r.ranks[rank];
+      if (s.node_id != node_id || s.finished) continue;
+      v1::Assignment a;
+      a.set_job_id(id);
+      a.set_rank(rank);
+      a.set_world_size(static_cast<uint32_t>(r.ranks.size()));
+      a.set_incarnation(s.incarnation);
+      *a.mutable_spec() = r.job.spec();
+      if (shard_map_) *a.mutable_shard_map() = *shard_map_;
+      out.push_back(std::move(a));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered; register again"));
+  }
+  if (!it->second.alive) {
+    // Declared dead (a long pause): its work has moved; it starts over.
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+  }
+  it->second.last_heartbeat = absl::Now();
+  const uint64_t seen = req.generation();
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || generation_ != seen; };
+  const absl::Duration wait =
+      std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
+  if (req.generation() != 0) mu_.AwaitWithTimeout(absl::Condition(&changed), wait);
+  it = nodes_.find(req.node_id());
+  if (it == nodes_.end() || !it->second.alive) {
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+  }
+  it->second.last_heartbeat = absl::Now();
+  v1::HeartbeatResponse r;
+  r.set_generation(generation_);
+  if (shard_map_) *r.mutable_shard_map() = *shard_map_;
+  if (it->second.info.role() == v1::WORKER) {
+    for (v1::Assignment& a : AssignmentsOfLocked(req.node_id())) *r.add_assignments() = std::move(a);
+  }
+  return r;
+}
+
+absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1::ReportProgressRequest& req) {
+  absl::MutexLock lock(&mu_);
+  v1::ReportProgressResponse resp;
+  auto it = jobs_.find(req.job_id());
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+  JobRecord& r = it->second;
+  if (r.job.status().state() != v1::RUNNING || req.rank() >= r.ranks.size() ||
+      r.ranks[req.rank()].node_id != req.node_id() || r.ranks[req.rank()].incarnation != req.incarnation()) {
+    resp.set_stop(true);  // cancelled, ended, or the rank moved on
+    return resp;
+  }
+  auto node = nodes_.find(req.node_id());
+  if (node != nodes_.end()) node->second.last_heartbeat = absl::Now();
+  v1::JobStatus* st = r.job.mutable_status();
+  v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
+  const std::string prev_state = w->state();
+  *w = req.progress();
+  w->set_rank(req.rank());
+  w->set_worker_id(req.node_id());
+  w->set_incarnation(req.incarnation());
+  w->set_updated_unix_ms(NowMs());
+  if (req.total_steps() > 0) st->set_total_steps(req.total_steps());
+  bool sync = w->state() != prev_state;
+  if (req.has_epoch_done()) {
+    const v1::EpochSummary& e = req.epoch_done();
+    v1::EpochSummary* sum = nullptr;
+    for (auto& x : *st->mutable_epochs()) {
+      if (x.epoch() == e.epoch()) sum = &x;
+    }
+    if (sum == nullptr) {
+      sum = st->add_epochs();
+      sum->set_epoch(e.epoch());
+    }
+    // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
+    const uint32_t k = ++r.epoch_reports[e.epoch()];
+    sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
+    sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
+    sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
+    sum->set_seconds(std::max(sum->seconds(), e.seconds()));
+    if (req.rank() == 0) {
+      sum->set_test_loss(e.test_loss());
+      sum->set_test_accuracy(e.test_accuracy());
+      sum->set_test_rmse(e.test_rmse());
+      st->set_test_loss(e.test_loss());
+      st->set_test_accuracy(e.test_accuracy());
+      st->set_test_rmse(e.test_rmse());
+    }
+    sync = true;
+  }
+  if (!req.weights_fingerprint().empty()) st->set_weights_fingerprint(req.weights_fingerprint());
+  RecomputeLocked(r);
+  if (!req.error().empty()) {
+    w->set_state("failed");
+    const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
+    FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
+                  << " failed: " << req.error();
+    FinishLocked(r, v1::FAILED, reason, absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", req.error()));
+    return resp;
+  }
+  if (req.finished()) {
+    w->set_state("finished");
+    r.ranks[req.rank()].finished = true;
+    bool all = true;
+    for (const RankSlot& s : r.ranks) all = all && s.finished;
+    if (all) {
+      const v1::JobStatus& s = r.job.status();
+      FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << s.test_accuracy() << ", " << s.step()
+                 << " steps per rank";
+      FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
+                   absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", s.test_accuracy()));
+      return resp;
+    }
+    RecomputeLocked(r);
+    BumpGenerationLocked();
+    sync = true;
+  }
+  SaveJobLocked(r, sync);
+  return resp;
+}
+
+v1::ClusterState Coordinator::GetCluster() const {
+  absl::MutexLock lock(&mu_);
+  v1::ClusterState s;
+  s.set_generation(generation_);
+  if (shard_map_) *s.mutable_shard_map() = *shard_map_;
+  for (const auto& [id, n] : nodes_) {
+    v1::NodeStatus* ns = s.add_nodes();
+    *ns->mutable_info() = n.info;
+    ns->set_alive(n.alive);
+    ns->set_last_heartbeat_unix_ms(absl::ToUnixMillis(n.last_heartbeat));
+    for (const v1::Assignment& a : AssignmentsOfLocked(id)) {
+      ns->add_assignments(absl::StrCat(a.job_id(), "/", a.rank()));
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- scheduler
+
+std::map<std::string, int> Coordinator::FreeSlotsLocked() const {
+  std::map<std::string, int> free;
+  for (const auto& [id, n] : nodes_) {
+    if (n.alive && n.info.role() == v1::WORKER) free[id] = static_cast<int>(n.info.slots());
+  }
+  for (const auto& [jid, r] : jobs_) {
+    if (r.job.status().state() != v1::RUNNING) continue;
+    for (const RankSlot& s : r.ranks) {
+      if (!s.node_id.empty() && !s.finished && free.count(s.node_id)) --free[s.node_id];
+    }
+  }
+  return free;
+}
+
+std::vector<std::string> Coordinator::LiveServersLocked() const {
+  std::vector<std::pair<uint64_t, std::string>> v;
+  for (const auto& [id, n] : nodes_) {
+    if (n.alive && n.info.role() == v1::SERVER) v.emplace_back(n.seq, n.info.address());
+  }
+  std::sort(v.begin(), v.end());
+  std::vector<std::string> out;
+  for (auto& [seq, a] : v) out.push_back(a);
+  return out;
+}
+
+bool Coordinator::AnyRunningLocked() const {
+  for (const auto& [id, r] : jobs_) {
+    if (r.job.status().state() == v1::RUNNING) return true;
+  }
+  return false;
+}
+
+void Coordinator::SchedulerLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || kick_; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), options_.tick);
+      if (shutdown_) return;
+      kick_ = false;
+    }
+    Tick();
+  }
+}
+
+void Coordinator::Tick() {
+  std::vector<std::pair<std::string, std::string>> releases;  // (job, server address)
+  std::vector<std::string> to_install;
+  v1::ShardMap map;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    // 1. Liveness.
+    for (auto& [id, n] : nodes_) {
+      if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
+      n.alive = false;
+      BumpGenerationLocked();
+      FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
+                    << ": declared dead";
+      for (auto& [jid, r] : jobs_) {
+        if (r.job.status().state() != v1::RUNNING) continue;
+        if (n.info.role() == v1::SERVER) {
+          if (shard_map_ && std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
+            FinishLocked(r, v1::FAILED, "ServerLost",
+                         absl::StrCat("parameter server ", id, " at ", n.info.address(),
+                                      " stopped heartbeating; its shards of this job are lost"));
+          }
+          continue;
+        }
+        for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+          RankSlot& s = r.ranks[rank];
+          if (s.node_id != id || s.finished) continue;
+          s.node_id.clear();
+          v1::JobStatus* st = r.job.mutable_status();
+          st->set_restarts(st->restarts() + 1);
+          st->mutable_workers(static_cast<int>(rank))->set_state("lost");
+          const uint32_t limit = r.job.spec().run_policy().backoff_limit() == 0
+                                     ? 6
+                                     : r.job.spec().run_policy().backoff_limit();
+          if (st->restarts() > limit) {
+            FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
+                         absl::StrCat("worker ", id, " (rank ", rank, ") lost; ", st->restarts(),
+                                      " replacements exceed the backoff limit of ", limit));
+            break;
+          }
+          SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
+                         absl::StrCat("worker ", id, " running rank ", rank,
+                                      " stopped heartbeating; its rank moves to another worker"));
+          SaveJobLocked(r, true);
+        }
+      }
+    }
+    // 2. Active deadlines and TTLs.
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      JobRecord& r = it->second;
+      const uint32_t deadline = r.job.spec().run_policy().active_deadline_seconds();
+      if (r.job.status().state() == v1::RUNNING && deadline > 0 && r.started != absl::InfinitePast() &&
+          now - r.started > absl::Seconds(deadline)) {
+        FinishLocked(r, v1::FAILED, "DeadlineExceeded",
+                     absl::StrCat("the job ran longer than activeDeadlineSeconds (", deadline, " s)"));
+      }
+      const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
+      if (Terminal(r.job.status().state()) && ttl > 0 && !r.release_pending &&
+          NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
+        db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
+        FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
+        it = jobs_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    // 3. The shard map follows the live servers while no job runs.
+    const std::vector<std::string> live = LiveServersLocked();
+    const bool running = AnyRunningLocked();
+    if (!live.empty() && !running &&
+        (!shard_map_ || std::vector<std::string>(shard_map_->servers().begin(), shard_map_->servers().end()) != live)) {
+      auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
+                                    shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
+      if (m.ok()) {
+        shard_map_ = m->ToProto();
+        installed_.clear();
+        SaveMetaLocked();
+        BumpGenerationLocked();
+        FLOG(INFO) << "shard map version " << shard_map_->version() << ": " << shard_map_->num_virtual_shards()
+                   << " virtual shards over " << absl::StrJoin(live, ", ");
+      }
+    }
+    if (shard_map_) {
+      map = *shard_map_;
+      for (const std::string& s : shard_map_->servers()) {
+        auto inst = installed_.find(s);
+        if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
+            std::count(live.begin(), live.end(), s)) {
+          to_install.push_back(s);
+        }
+      }
+    }
+    // 4. Releases of finished jobs.
+    for (auto& [jid, r] : jobs_) {
+      if (!r.release_pending) continue;
+      if (shard_map_) {
+        for (const std::string& s : shard_map_->servers()) releases.emplace_back(jid, s);
+      }
+    }
+  }
+  // Outside the lock: talk to servers.
+  std::map<std::string, uint64_t> installed_now;
+  for (const std::string& s : to_install) {
+    absl::Status st = servers_->InstallShardMap(s, map);
+    if (st.ok()) {
+      installed_now[s] = map.version();
+    } else {
+      FLOG(WARNING) << "installing shard map version " << map.version() << " on " << s << ": " << st;
+    }
+  }
+  std::set<std::string> release_failed;
+  for (const auto& [jid, server] : releases) {
+    absl::Status st = servers_->DeleteJob(server, jid);
+    if (!st.ok()) {
+      release_failed.insert(jid);
+      FLOG(WARNING) << "releasing job " << jid << " on " << server << ": " << st;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [s, v] : installed_now) installed_[s] = v;
+  for (const auto& [jid, server] : releases) {
+    auto it = jobs_.find(jid);
+    if (it == jobs_.end() || release_failed.count(jid)) continue;
+    if (it->second.release_pending) {
+      it->second.release_pending = false;
+      FLOG(INFO) << "job " << jid << " released: tables dropped on every server";
+    }
+  }
+  // 5. Reassign lost ranks, then start pending jobs, in submission order.
+  std::vector<JobRecord*> order;
+  for (auto& [jid, r] : jobs_) order.push_back(&r);
+  std::sort(order.begin(), order.end(), [](JobRecord* a, JobRecord* b) { return a->seq < b->seq; });
+  std::map<std::string, int> free = FreeSlotsLocked();
+  auto take = [&free](const std::set<std::string>& avoid) -> std::string {
+    std::string best;
+    int best_free = 0;
+    for (const auto& [id, f] : free) {
+      if (f > best_free && !avoid.count(id)) {
+        best = id;
+        best_free = f;
+      }
+    }
+    if (best.empty()) {  // a worker already in the job, if it has room
+      for (const auto& [id, f] : free) {
+        if (f > best_free) {
+          best = id;
+          best_free = f;
+        }
+      }
+    }
+    if (!best.empty()) --free[best];
+    return best;
+  };
+  for (JobRecord* r : order) {
+    if (r->job.status().state() != v1::RUNNING) continue;
+    std::set<std::string> in_job;
+    for (const RankSlot& s : r->ranks) {
+      if (!s.node_id.empty()) in_job.insert(s.node_id);
+    }
+    bool changed = false;
+    for (uint32_t rank = 0; rank < r->ranks.size(); ++rank) {
+      RankSlot& s = r->ranks[rank];
+      if (!s.node_id.empty() || s.finished) continue;
+      const std::string node = take(in_job);
+      if (node.empty()) {
+        r->job.mutable_status()->set_message(absl::StrCat("rank ", rank, " waits for a worker with a free slot"));
+        continue;
+      }
+      s.node_id = node;
+      ++s.incarnation;
+      in_job.insert(node);
+      v1::WorkerProgress* w = r->job.mutable_status()->mutable_workers(static_cast<int>(rank));
+      w->set_worker_id(node);
+      w->set_incarnation(s.incarnation);
+      w->set_state("assigned");
+      FLOG(INFO) << "job " << r->job.id() << ": rank " << rank << " moves to " << node << " (incarnation "
+                 << s.incarnation << ")";
+      SetStateLocked(*r, v1::RUNNING, "Running", "WorkerReplaced",
+                     absl::StrCat("rank ", rank, " resumed on ", node));
+      changed = true;
+    }
+    if (changed) {
+      SaveJobLocked(*r, true);
+      BumpGenerationLocked();
+    }
+  }
+  const std::vector<std::string> live = LiveServersLocked();
+  const bool map_ready = shard_map_ && !live.empty() && live.size() >= options_.min_servers &&
+                         std::vector<std::string>(shard_map_->servers().begin(), shard_map_->servers().end()) ==
+                             live &&
+                         std::all_of(live.begin(), live.end(), [&](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           auto it = installed_.find(s);
+                           return it != installed_.end() && it->second == shard_map_->version();
+                         });
+  bool blocked = false;  // first-come first-served: a waiting job holds back later ones
+  for (JobRecord* r : order) {
+    if (r->job.status().state() != v1::PENDING) continue;
+    std::string why;
+    const uint32_t need = r->job.spec().num_workers();
+    int free_workers = 0;
+    for (const auto& [id, f] : free) free_workers += f > 0 ? 1 : 0;
+    if (live.size() < std::max<size_t>(1, options_.min_servers)) {
+      why = absl::StrCat("waiting for parameter servers: ", live.size(), " of ", std::max<uint32_t>(1, options_.min_servers),
+                         " live");
+    } else if (!map_ready) {
+      why = AnyRunningLocked() ? "the shard map changes when the running jobs end (a server joined or left)"
+                               : "installing the shard map on the servers";
+    } else if (blocked) {
+      why = "an earlier job is waiting for workers";
+    } else if (free_workers < static_cast<int>(need)) {
+      why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ",
+                         std::count_if(nodes_.begin(), nodes_.end(),
+                                       [](const auto& kv) { return kv.second.alive && kv.second.info.role() == v1::WORKER; }),
+                         " live");
+    }
+    if (!why.empty()) {
+      blocked = true;
+      if (r->job.status().message() != why) {
+        r->job.mutable_status()->set_message(why);
+        r->job.mutable_status()->set_reason(live.size() < options_.min_servers || live.empty() ? "ServersNotReady"
+                                                                                                : "WorkersNotReady");
+        SaveJobLocked(*r, false);
+      }
+      continue;
+    }
+    std::set<std::string> used;
+    for (uint32_t rank = 0; rank < need; ++rank) {
+      const std::string node = take(used);
+      used.insert(node);
+      r->ranks[rank].node_id = node;
+      r->ranks[rank].incarnation = 0;
+      v1::WorkerProgress* w = r->job.mutable_status()->mutable_workers(static_cast<int>(rank));
+      w->set_worker_id(node);
+      w->set_state("assigned");
+    }
+    r->started = absl::Now();
+    r->job.mutable_status()->set_start_time_unix_ms(NowMs());
+    SetStateLocked(*r, v1::RUNNING, "Running", "JobRunning",
+                   absl::StrCat(need, " workers assigned; shard map version ", shard_map_->version(), " over ",
+                                shard_map_->servers_size(), " servers"));
+    RecomputeLocked(*r);
+    SaveJobLocked(*r, true);
+    BumpGenerationLocked();
+    FLOG(INFO) << "job " << r->job.id() << " running on " << absl::StrJoin(used, ", ");
+  }
+}
+
+}  // namespace fulcrum

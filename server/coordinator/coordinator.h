@@ -1,0 +1,156 @@
+// Coordinator: the cluster's control plane, transport-free (the gRPC
+// services in coordinator_service.h are a thin layer over it).
+//
+// It keeps the job registry (specs, states, progress), node membership
+// (servers and workers, with heartbeats), the versioned shard map and the
+// assignments of job ranks to workers, all in RocksDB: a restarted
+// coordinator knows everything it knew. A scheduler thread
+//   - declares nodes dead after `node_timeout` without a heartbeat; a dead
+//     worker's ranks move to live workers with a free slot (or the next one
+//     that registers), the job goes on; a dead server fails its jobs;
+//   - rebuilds the shard map over the live servers while no job runs, and
+//     installs it on every server before a job starts;
+//   - starts pending jobs in submission order once enough workers are free;
+//   - releases finished jobs: drops their tables on every server and frees
+//     their workers.
+// Nodes learn of changes through Heartbeat, a long poll that returns as soon
+// as anything they should know changed. Thread-safe.
+#ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
+#define FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "fulcrum/v1/cluster.pb.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace fulcrum {
+
+struct CoordinatorOptions {
+  std::string data_dir;  // RocksDB directory, created when missing
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A node that has not heartbeated for this long is dead.
+  absl::Duration node_timeout = absl::Seconds(5);
+  uint32_t virtual_shards = 256;
+  // Jobs wait until at least this many servers are live (so a job does not
+  // start on the first server of a cluster still coming up).
+  uint32_t min_servers = 1;
+  absl::Duration server_rpc_timeout = absl::Seconds(10);
+  absl::Duration tick = absl::Milliseconds(100);
+};
+
+// Talks to parameter servers on the coordinator's behalf (the gRPC one in
+// production, fakes in tests).
+class ServerControl {
+ public:
+  virtual ~ServerControl() = default;
+  // OK also when the server already has this version.
+  virtual absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) = 0;
+  // OK also when the job is not there.
+  virtual absl::Status DeleteJob(const std::string& address, const std::string& job_id) = 0;
+};
+std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
+
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(CoordinatorOptions options,
+                                                           std::unique_ptr<ServerControl> servers);
+  ~Coordinator();
+
+  // ---- job API
+  absl::StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, bool validate_only);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
+  std::vector<v1::Job> ListJobs() const;
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  // Waits up to `timeout` for the job to change after `*version` (0: return
+  // at once); returns the job and sets *version.
+  absl::StatusOr<v1::Job> WaitJob(const std::string& job_id, uint64_t* version, absl::Duration timeout) const;
+
+  // ---- cluster API
+  absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::NodeInfo& node);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(const v1::ReportProgressRequest& request);
+  v1::ClusterState GetCluster() const;
+
+  // Stops the scheduler and wakes every long poll. Idempotent.
+  void Shutdown();
+
+ private:
+  struct RankSlot {
+    std::string node_id;  // empty: waiting for a worker
+    uint32_t incarnation = 0;
+    bool finished = false;
+  };
+  struct JobRecord {
+    v1::Job job;
+    uint64_t seq = 0;          // submission order
+    uint64_t version = 1;      // bumped on every change
+    std::vector<RankSlot> ranks;
+    bool release_pending = false;  // tables still to drop on the servers
+    std::map<uint32_t, uint32_t> epoch_reports;  // epoch -> ranks that reported it
+    absl::Time started = absl::InfinitePast();
+  };
+  struct NodeRecord {
+    v1::NodeInfo info;
+    absl::Time last_heartbeat;
+    bool alive = true;
+    uint64_t seq = 0;  // registration order
+  };
+
+  Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);
+  absl::Status Load();
+  void SchedulerLoop();
+  void Tick();
+
+  // Persistence; `sync` for state changes, not for progress.
+  void SaveJobLocked(JobRecord& r, bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveNodeLocked(const NodeRecord& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveMetaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void SetStateLocked(JobRecord& r, v1::JobState state, const std::string& type, const std::string& reason,
+                      const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a job (FAILED, CANCELLED, SUCCEEDED): frees its workers, queues the
+  // release of its tables.
+  void FinishLocked(JobRecord& r, v1::JobState state, const std::string& reason, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecomputeLocked(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free assignment slots per live worker.
+  std::map<std::string, int> FreeSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<v1::Assignment> AssignmentsOfLocked(const std::string& node_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<ServerControl> servers_;
+  std::unique_ptr<rocksdb::DB> db_;
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_node_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::ShardMap> shard_map_ ABSL_GUARDED_BY(mu_);
+  // Servers (by address) known to hold shard_map_.
+  std::map<std::string, uint64_t> installed_ ABSL_GUARDED_BY(mu_);
+  std::thread scheduler_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_

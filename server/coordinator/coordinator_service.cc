@@ -1,0 +1,137 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+
+namespace fulcrum {
+
+class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
+ public:
+  explicit JobImpl(Coordinator* c) : c_(c) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                         v1::SubmitJobResponse* resp) override {
+    auto id = c_->SubmitJob(req->spec(), req->validate_only());
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    resp->set_job_id(*id);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::JobRef* req, v1::Job* resp) override {
+    auto j = c_->GetJob(req->job_id());
+    if (!j.ok()) return ToGrpcStatus(j.status());
+    *resp = *std::move(j);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) override {
+    for (v1::Job& j : c_->ListJobs()) *resp->add_jobs() = std::move(j);
+    return grpc::Status::OK;
+  }
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::Job* resp) override {
+    auto j = c_->CancelJob(req->job_id());
+    if (!j.ok()) return ToGrpcStatus(j.status());
+    *resp = *std::move(j);
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::JobRef* req,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    uint64_t version = 0;
+    v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+    size_t last_epochs = 0;
+    for (bool first = true;; first = false) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+      const uint64_t before = version;
+      auto j = c_->WaitJob(req->job_id(), &version, absl::Seconds(1));
+      if (!j.ok()) return ToGrpcStatus(j.status());
+      if (!first && version == before) continue;  // nothing new; check the client is still there
+      v1::JobEvent e;
+      if (first) e.set_kind("snapshot");
+      else if (j->status().state() != last_state) e.set_kind("state");
+      else if (static_cast<size_t>(j->status().epochs_size()) != last_epochs) e.set_kind("epoch");
+      else e.set_kind("progress");
+      last_state = j->status().state();
+      last_epochs = j->status().epochs_size();
+      *e.mutable_job() = *std::move(j);
+      if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+      if (last_state == v1::SUCCEEDED || last_state == v1::FAILED || last_state == v1::CANCELLED) {
+        return grpc::Status::OK;
+      }
+    }
+  }
+
+ private:
+  Coordinator* c_;
+};
+
+class CoordinatorGrpcServer::ClusterImpl final : public v1::ClusterService::Service {
+ public:
+  explicit ClusterImpl(Coordinator* c) : c_(c) {}
+
+  grpc::Status RegisterNode(grpc::ServerContext*, const v1::RegisterNodeRequest* req,
+                            v1::RegisterNodeResponse* resp) override {
+    auto r = c_->RegisterNode(req->node());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    auto r = c_->Heartbeat(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* req,
+                              v1::ReportProgressResponse* resp) override {
+    auto r = c_->ReportProgress(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*, v1::ClusterState* resp) override {
+    *resp = c_->GetCluster();
+    return grpc::Status::OK;
+  }
+
+ private:
+  Coordinator* c_;
+};
+
+absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::Start(
+    Coordinator* coordinator, const std::string& listen_address) {
+  std::unique_ptr<CoordinatorGrpcServer> s(new CoordinatorGrpcServer());
+  s->coordinator_ = coordinator;
+  s->jobs_ = std::make_unique<JobImpl>(coordinator);
+  s->cluster_ = std::make_unique<ClusterImpl>(coordinator);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder);
+  int port = 0;
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(s->jobs_.get());
+  builder.RegisterService(s->cluster_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address, " (address in use or invalid)"));
+  }
+  const size_t colon = listen_address.rfind(':');
+  s->address_ = absl::StrCat(colon == std::string::npos ? listen_address : listen_address.substr(0, colon), ":", port);
+  return s;
+}
+
+CoordinatorGrpcServer::~CoordinatorGrpcServer() { Shutdown(); }
+
+void CoordinatorGrpcServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  coordinator_->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,43 @@
+// gRPC front end of a Coordinator: JobService and ClusterService (sync API;
+// WatchJob and Heartbeat are long polls, one thread each), plus the standard
+// health service and server reflection.
+#ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#define FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "server/coordinator/coordinator.h"
+
+namespace fulcrum {
+
+class CoordinatorGrpcServer {
+ public:
+  // Serves `coordinator` (not owned) on `listen_address` ("127.0.0.1:0" for
+  // any free port).
+  static absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> Start(Coordinator* coordinator,
+                                                                      const std::string& listen_address);
+  ~CoordinatorGrpcServer();
+
+  const std::string& address() const { return address_; }
+  // Wakes the long polls, then stops the transport. Idempotent.
+  void Shutdown();
+
+ private:
+  class JobImpl;
+  class ClusterImpl;
+  CoordinatorGrpcServer() = default;
+  Coordinator* coordinator_ = nullptr;
+  std::unique_ptr<JobImpl> jobs_;
+  std::unique_ptr<ClusterImpl> cluster_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,0 +1,59 @@
+// fulcrum-coordinator: the cluster's control plane.
+//
+//   fulcrum-coordinator --listen=0.0.0.0:7070 --data_dir=/var/lib/fulcrum/coordinator
+//                       [--min_servers=2] [--node_timeout_ms=5000]
+//
+// Servers and workers start with --coordinator=host:7070; users submit jobs
+// with `fulcrumctl --coordinator=host:7070 submit -f spec.yaml`.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "address to serve the job and cluster services on");
+ABSL_FLAG(std::string, data_dir, "fulcrum-coordinator-data", "RocksDB directory for the coordinator's state");
+ABSL_FLAG(uint32_t, min_servers, 1, "jobs wait until this many parameter servers are live");
+ABSL_FLAG(uint32_t, virtual_shards, 256, "virtual shards of the shard map (fixed for a cluster)");
+ABSL_FLAG(int32_t, heartbeat_interval_ms, 1000, "how often nodes heartbeat (the long-poll length)");
+ABSL_FLAG(int32_t, node_timeout_ms, 5000, "a node silent this long is declared dead");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Fulcrum coordinator");
+  absl::ParseCommandLine(argc, argv);
+  fulcrum::InitServingProcess();
+  fulcrum::BlockTerminationSignals();
+  fulcrum::CoordinatorOptions options;
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.min_servers = absl::GetFlag(FLAGS_min_servers);
+  options.virtual_shards = absl::GetFlag(FLAGS_virtual_shards);
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
+  if (options.node_timeout <= options.heartbeat_interval) {
+    std::cerr << "fulcrum-coordinator: --node_timeout_ms must exceed --heartbeat_interval_ms\n";
+    return 2;
+  }
+  auto coordinator =
+      fulcrum::Coordinator::Open(options, fulcrum::NewGrpcServerControl(options.server_rpc_timeout));
+  if (!coordinator.ok()) {
+    std::cerr << "fulcrum-coordinator: " << coordinator.status() << "\n";
+    return 2;
+  }
+  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen));
+  if (!server.ok()) {
+    std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
+    return 1;
+  }
+  FLOG(INFO) << "fulcrum-coordinator listening on " << (*server)->address() << "; state in " << options.data_dir
+             << "; jobs wait for " << options.min_servers << " server(s); nodes heartbeat every "
+             << absl::FormatDuration(options.heartbeat_interval) << ", dead after "
+             << absl::FormatDuration(options.node_timeout);
+  const int sig = fulcrum::WaitForTerminationSignal();
+  FLOG(INFO) << "signal " << sig << " received; shutting down";
+  (*server)->Shutdown();
+  return 0;
+}

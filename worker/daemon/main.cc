@@ -1,0 +1,48 @@
+// fulcrum-worker: a stateless training worker.
+//
+//   fulcrum-worker --coordinator=coord:7070 [--device=auto|cpu|cuda:N]
+//                  [--data_dir=~/.cache/fulcrum/data] [--slots=1]
+//
+// One worker drives one device; run one per GPU on a multi-GPU host
+// (--device=cuda:0, --device=cuda:1, ...).
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "worker/daemon/worker_daemon.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coordinator");
+ABSL_FLAG(std::string, device, "auto", "compute device: auto (first GPU, else CPU), cpu, cuda:N");
+ABSL_FLAG(std::string, data_dir, "", "where relative data paths of job specs resolve "
+          "(default $FULCRUM_DATA_DIR, else ~/.cache/fulcrum/data)");
+ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Fulcrum worker");
+  absl::ParseCommandLine(argc, argv);
+  fulcrum::InitServingProcess();
+  fulcrum::BlockTerminationSignals();
+  fulcrum::WorkerDaemonOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.slots = absl::GetFlag(FLAGS_slots);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (o.data_dir.empty()) {
+    const char* env = std::getenv("FULCRUM_DATA_DIR");
+    const char* home = std::getenv("HOME");
+    o.data_dir = env != nullptr ? env : std::string(home != nullptr ? home : ".") + "/.cache/fulcrum/data";
+  }
+  if (o.slots == 0) {
+    std::cerr << "fulcrum-worker: --slots must be >= 1\n";
+    return 2;
+  }
+  fulcrum::WorkerDaemon daemon(o);
+  const int sig = fulcrum::WaitForTerminationSignal();
+  FLOG(INFO) << "signal " << sig << " received; stopping";
+  daemon.Stop();
+  return 0;
+}

@@ -1,0 +1,432 @@
+#include "worker/daemon/worker_daemon.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "common/rpc/grpc_util.h"
+#include "common/status_macros.h"
+#include "worker/compute/backend.h"
+#include "worker/models/model.h"
+#include "worker/rpc/grpc_ps_client.h"
+#include "worker/training/trainer.h"
+
+namespace fulcrum {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Resolve(const std::string& path, const std::string& dir) {
+  if (path.empty() || path[0] == '/' || dir.empty()) return path;
+  return (std::filesystem::path(dir) / path).string();
+}
+
+data::LabelKind LabelKindOf(const std::string& s, data::LabelKind fallback) {
+  if (s == "class") return data::LabelKind::kClass;
+  if (s == "binary") return data::LabelKind::kBinary;
+  if (s == "real") return data::LabelKind::kValue;
+  return fallback;
+}
+
+DType DTypeOf(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_BF16: return DType::kBf16;
+    case v1::DTYPE_FP16: return DType::kFp16;
+    default: return DType::kFp32;
+  }
+}
+
+// Datasets shared by every assignment of this process, by source.
+class DataCache {
+ public:
+  absl::StatusOr<std::shared_ptr<const data::Dataset>> Get(const v1::DataSource& source, const std::string& dir) {
+    const std::string key = source.SerializeAsString();
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return it->second;
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> d, LoadDataSource(source, dir));
+    std::shared_ptr<const data::Dataset> shared(std::move(d));
+    absl::MutexLock lock(&mu_);
+    cache_.emplace(key, shared);
+    return shared;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<const data::Dataset>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+DataCache& Cache() {
+  static DataCache* cache = new DataCache();
+  return *cache;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& s, const std::string& dir) {
+  const std::string path = Resolve(s.path(), dir);
+  if (s.format() == "idx") {
+    data::IdxOptions o;
+    if (s.scale() > 0) o.scale = s.scale();
+    return data::ReadIdx(path, Resolve(s.labels(), dir), o);
+  }
+  if (s.format() == "libsvm") {
+    data::LibSvmOptions o;
+    o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kBinary);
+    return data::ReadLibSvm(path, o);
+  }
+  if (s.format() == "csv") {
+    data::CsvOptions o;
+    o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kClass);
+    o.header = s.header();
+    if (s.label_column() > 0) o.label_column = s.label_column();
+    if (s.scale() > 0) o.scale = s.scale();
+    return data::ReadCsv(path, o);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv"));
+}
+
+// One assignment, on its own thread.
+class WorkerDaemon::Runner {
+ public:
+  Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub)
+      : a_(std::move(a)), options_(options), node_id_(std::move(node_id)), stub_(stub) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Runner() {
+    Stop();
+    thread_.join();
+  }
+  void Stop() { stop_.store(true); }
+  bool finished() const { return finished_.load(); }
+
+ private:
+  struct Failure {
+    std::string reason, message;
+  };
+
+  void Run() {
+    const std::string tag = absl::StrCat("job ", a_.job_id(), " rank ", a_.rank(), "/", a_.world_size());
+    FLOG(INFO) << tag << ": assigned (incarnation " << a_.incarnation() << ")";
+    absl::Status s = Train(tag);
+    if (stop_.load()) {
+      FLOG(INFO) << tag << ": stopped (" << (s.ok() ? std::string("done") : s.ToString()) << ")";
+    } else if (!s.ok()) {
+      FLOG(WARNING) << tag << ": failed: " << s;
+      v1::ReportProgressRequest r = Base();
+      r.set_error(std::string(s.message()));
+      r.set_error_reason(reason_.empty() ? "WorkerError" : reason_);
+      progress_.set_state("failed");
+      *r.mutable_progress() = progress_;
+      Report(r);
+    }
+    finished_.store(true);
+  }
+
+  v1::ReportProgressRequest Base() const {
+    v1::ReportProgressRequest r;
+    r.set_node_id(node_id_);
+    r.set_job_id(a_.job_id());
+    r.set_rank(a_.rank());
+    r.set_incarnation(a_.incarnation());
+    return r;
+  }
+
+  void Report(const v1::ReportProgressRequest& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::ReportProgressResponse resp;
+    const grpc::Status s = stub_->ReportProgress(&ctx, r, &resp);
+    if (s.ok() && resp.stop()) stop_.store(true);
+    if (!s.ok()) FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message();
+  }
+
+  void SendProgress(const std::string& state) {
+    progress_.set_state(state);
+    v1::ReportProgressRequest r = Base();
+    *r.mutable_progress() = progress_;
+    r.set_total_steps(total_steps_);
+    Report(r);
+  }
+
+  absl::Status Train(const std::string& tag) {
+    const v1::JobSpec& spec = a_.spec();
+    SendProgress("loading");
+    reason_ = "BadData";
+    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir));
+    std::shared_ptr<const data::Dataset> train = train_all, test;
+    std::unique_ptr<data::Dataset> train_part, test_part;
+    if (spec.data().has_test()) {
+      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir));
+    } else if (spec.data().test_fraction() > 0) {
+      auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
+      train_part = data::Subset(train_all.get(), tr);
+      test_part = data::Subset(train_all.get(), te);
+      train = std::shared_ptr<const data::Dataset>(train_all, train_part.get());
+      test = std::shared_ptr<const data::Dataset>(train_all, test_part.get());
+    }
+    if (test && test->num_features() != train->num_features() && !train->sparse()) {
+      return absl::InvalidArgumentError(absl::StrCat("test data has ", test->num_features(), " features, train data ",
+                                                     train->num_features()));
+    }
+    reason_ = "BadSpec";
+    std::string why;
+    ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
+                     compute::CreateBackend(options_.device, &why, cpu_threads()));
+    progress_.set_device(backend->name());
+    models::ModelConfig mc;
+    mc.type = spec.model().type();
+    mc.num_features = spec.model().num_features() > 0 ? spec.model().num_features() : train->num_features();
+    mc.num_classes = spec.model().num_classes() > 0 ? spec.model().num_classes() : train->num_classes();
+    if (!train->sparse() && spec.model().num_features() > 0 && spec.model().num_features() != train->num_features()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.num_features is ", spec.model().num_features(),
+                                                     " but the training data has ", train->num_features()));
+    }
+    for (int h : spec.model().hidden()) mc.hidden.push_back(h);
+    if (!spec.model().activation().empty()) {
+      ASSIGN_OR_RETURN(mc.activation, compute::ActivationFromName(spec.model().activation()));
+    }
+    if (spec.model().factors() > 0) mc.factors = spec.model().factors();
+    if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
+    mc.precision = DTypeOf(spec.precision());
+    mc.seed = spec.seed();
+    ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
+
+    reason_ = "ParameterServerError";
+    GrpcPsClientOptions po;
+    po.shard_map = a_.shard_map();
+    po.worker_id = absl::StrCat(node_id_, "/", a_.job_id(), "/r", a_.rank(), "/i", a_.incarnation());
+    po.rank = a_.rank();
+    po.wire_dtype = DTypeOf(spec.wire_dtype());
+    po.pull_wait_timeout = absl::Minutes(10);
+    po.rpc_timeout = absl::Minutes(11);
+    po.channels_per_server = 2;
+    ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(po));
+    v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
+                                                 a_.world_size());
+    ps_spec.set_quota_bytes(spec.quota_bytes());
+    RETURN_IF_ERROR(client->CreateJob(ps_spec));
+
+    training::TrainerOptions to;
+    to.job_id = a_.job_id();
+    to.batch_size = static_cast<int>(spec.batch_size());
+    to.seed = spec.seed();
+    to.rank = static_cast<int>(a_.rank());
+    to.world_size = static_cast<int>(a_.world_size());
+    to.shuffle = !spec.data().no_shuffle();
+    if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
+    to.on_step = [this](uint64_t step, const models::Metrics& m) { OnStep(step, m); };
+    to.stop = &stop_;
+    training::Trainer trainer(model.get(), client.get(), to);
+    const int64_t spe = trainer.StepsPerEpoch(*train);
+    if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
+    total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
+
+    uint64_t start = 0;
+    if (a_.incarnation() > 0) {
+      // Resume where the slowest server says this rank's last step landed.
+      start = UINT64_MAX;
+      for (int i = 0; i < a_.shard_map().servers_size(); ++i) {
+        ASSIGN_OR_RETURN(v1::GetJobResponse st, client->GetJobStats(a_.job_id(), static_cast<size_t>(i)));
+        const uint64_t c = a_.rank() < static_cast<uint32_t>(st.rank_clock_size()) ? st.rank_clock(static_cast<int>(a_.rank())) : 0;
+        start = std::min(start, c);
+      }
+      if (start == UINT64_MAX) start = 0;
+      start = std::min(start, total_steps_);
+      FLOG(INFO) << tag << ": replacing a lost worker; resuming at step " << start << " of " << total_steps_;
+    }
+    trainer.set_step(start);
+    progress_.set_step(start);
+    FLOG(INFO) << tag << ": " << model->config().type << " on " << backend->name() << ", " << train->size()
+               << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"
+               << (test ? absl::StrCat(", ", test->size(), " test examples") : std::string());
+    reason_ = "WorkerError";
+    for (uint32_t epoch = static_cast<uint32_t>(start / spe); epoch < spec.epochs(); ++epoch) {
+      if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+      const int64_t first = epoch == start / spe ? static_cast<int64_t>(start % spe) : 0;
+      progress_.set_epoch(epoch);
+      epoch_examples_ = 0;
+      epoch_loss_ = 0;
+      epoch_correct_ = 0;
+      epoch_start_ = Clock::now();
+      last_report_ = Clock::now();
+      SendProgress("training");
+      ASSIGN_OR_RETURN(training::EpochResult e, trainer.TrainEpoch(*train, static_cast<int>(epoch), first));
+      if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+      v1::EpochSummary sum;
+      sum.set_epoch(epoch);
+      sum.set_train_loss(e.train.loss);
+      sum.set_train_accuracy(e.train.accuracy);
+      sum.set_seconds(e.seconds);
+      sum.set_samples_per_second(e.samples_per_second);
+      progress_.set_data_wait_seconds(e.data_wait_seconds);
+      if (a_.rank() == 0 && test) {
+        SendProgress("evaluating");
+        ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(*test));
+        sum.set_test_loss(t.loss);
+        sum.set_test_accuracy(t.accuracy);
+        sum.set_test_rmse(t.rmse);
+        FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
+                   << t.accuracy << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
+      }
+      v1::ReportProgressRequest r = Base();
+      progress_.set_state("training");
+      *r.mutable_progress() = progress_;
+      *r.mutable_epoch_done() = sum;
+      r.set_total_steps(total_steps_);
+      Report(r);
+    }
+    v1::ReportProgressRequest r = Base();
+    if (a_.rank() == 0) {
+      ASSIGN_OR_RETURN(std::string fp, trainer.DenseFingerprint());
+      r.set_weights_fingerprint(fp);
+    }
+    progress_.set_state("finished");
+    progress_.set_step(trainer.step());
+    *r.mutable_progress() = progress_;
+    r.set_finished(true);
+    r.set_total_steps(total_steps_);
+    Report(r);
+    FLOG(INFO) << tag << ": finished at step " << trainer.step();
+    return absl::OkStatus();
+  }
+
+  void OnStep(uint64_t step, const models::Metrics& m) {
+    epoch_examples_ += m.examples;
+    epoch_loss_ += m.loss_sum;
+    epoch_correct_ += m.correct;
+    progress_.set_step(step + 1);
+    const auto now = Clock::now();
+    if (now - last_report_ < absl::ToChronoNanoseconds(options_.progress_interval)) return;
+    last_report_ = now;
+    const double secs = std::chrono::duration<double>(now - epoch_start_).count();
+    if (epoch_examples_ > 0) {
+      progress_.set_loss(epoch_loss_ / epoch_examples_);
+      progress_.set_train_accuracy(static_cast<double>(epoch_correct_) / epoch_examples_);
+    }
+    progress_.set_samples_per_second(secs > 0 ? epoch_examples_ / secs : 0);
+    SendProgress("training");
+  }
+
+  int cpu_threads() const {
+    // Several assignments on one host share its cores.
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return static_cast<int>(std::max<long>(1, cores / std::max<uint32_t>(1, options_.slots)));
+  }
+
+  const v1::Assignment a_;
+  const WorkerDaemonOptions& options_;
+  const std::string node_id_;
+  v1::ClusterService::Stub* const stub_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+  std::string reason_;
+  v1::WorkerProgress progress_;
+  uint64_t total_steps_ = 0;
+  int64_t epoch_examples_ = 0, epoch_correct_ = 0;
+  double epoch_loss_ = 0;
+  Clock::time_point epoch_start_, last_report_;
+  std::thread thread_;
+};
+
+WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(options)) {
+  std::string why;
+  v1::NodeInfo info;
+  info.set_role(v1::WORKER);
+  info.set_slots(std::max<uint32_t>(1, options_.slots));
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  info.set_hostname(host);
+  info.set_pid(getpid());
+  auto probe = compute::CreateBackend(options_.device, &why, 1);
+  v1::DeviceInfo* d = info.add_devices();
+  if (probe.ok()) {
+    d->set_kind((*probe)->is_gpu() ? "cuda" : "cpu");
+    d->set_name((*probe)->name());
+    device_description_ = (*probe)->name();
+  } else {
+    d->set_kind("none");
+    d->set_name(probe.status().ToString());
+    device_description_ = probe.status().ToString();
+  }
+  FLOG(INFO) << "fulcrum-worker: device " << device_description_ << " (" << why << "); data dir "
+             << options_.data_dir << "; " << info.slots() << " slot(s); coordinator " << options_.coordinator;
+  NodeAgentOptions ao;
+  ao.coordinator = options_.coordinator;
+  ao.info = info;
+  ao.on_update = [this](const v1::HeartbeatResponse& r) { OnUpdate(r); };
+  agent_ = std::make_unique<NodeAgent>(std::move(ao));
+}
+
+WorkerDaemon::~WorkerDaemon() { Stop(); }
+
+void WorkerDaemon::Stop() {
+  agent_->Stop();
+  std::map<Key, std::unique_ptr<Runner>> runners;
+  std::vector<std::unique_ptr<Runner>> retiring;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    runners.swap(runners_);
+    retiring.swap(retiring_);
+  }
+  for (auto& [k, r] : runners) r->Stop();
+  runners.clear();  // joins
+  retiring.clear();
+}
+
+int WorkerDaemon::running() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [k, r] : runners_) n += r->finished() ? 0 : 1;
+  return n;
+}
+
+void WorkerDaemon::OnUpdate(const v1::HeartbeatResponse& resp) {
+  std::vector<std::unique_ptr<Runner>> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    // Withdrawn runners end at their next step, or when their blocked pull
+    // fails (the job's tables are dropped); join only those that ended, so
+    // the heartbeat thread never waits on one.
+    for (auto it = retiring_.begin(); it != retiring_.end();) {
+      if ((*it)->finished()) {
+        retired.push_back(std::move(*it));
+        it = retiring_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::set<Key> wanted;
+    for (const v1::Assignment& a : resp.assignments()) {
+      Key k{a.job_id(), a.rank(), a.incarnation()};
+      wanted.insert(k);
+      if (runners_.count(k) || done_.count(k)) continue;
+      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), agent_->stub()));
+    }
+    for (auto it = runners_.begin(); it != runners_.end();) {
+      if (!wanted.count(it->first) || it->second->finished()) {
+        it->second->Stop();
+        if (it->second->finished()) done_.insert(it->first);
+        retiring_.push_back(std::move(it->second));
+        it = runners_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  retired.clear();  // joined outside the lock
+}
+
+}  // namespace fulcrum

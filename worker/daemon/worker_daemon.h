@@ -1,0 +1,72 @@
+// WorkerDaemon: the stateless fulcrum-worker. It registers with the
+// coordinator (reporting its devices and slots), runs exactly the
+// assignments the coordinator's heartbeat answers list, one thread each,
+// and reports progress. Each assignment:
+//   1. loads its train and test data (cached across jobs) from --data_dir;
+//   2. builds the model on its compute backend and a PsClient over the
+//      assignment's shard map; creates the job's tables (idempotent);
+//   3. when it replaces a lost rank (incarnation > 0), asks every server how
+//      far the rank got and resumes there, mid-epoch if need be;
+//   4. trains epoch by epoch, reporting progress twice a second; after each
+//      epoch rank 0 evaluates on the test set; after the last, rank 0 reports
+//      a fingerprint of the final weights.
+// Nothing lives only here: killing the process loses no training state.
+#ifndef FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_
+#define FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/rpc/node_agent.h"
+#include "fulcrum/v1/cluster.pb.h"
+#include "worker/data/dataset.h"
+
+namespace fulcrum {
+
+struct WorkerDaemonOptions {
+  std::string coordinator;
+  std::string data_dir;        // relative data paths resolve here
+  std::string device = "auto"; // auto | cpu | cuda:N
+  uint32_t slots = 1;          // assignments run at once
+  absl::Duration progress_interval = absl::Milliseconds(500);
+};
+
+class WorkerDaemon {
+ public:
+  explicit WorkerDaemon(WorkerDaemonOptions options);
+  ~WorkerDaemon();  // stops every assignment
+
+  std::string node_id() const { return agent_->node_id(); }
+  bool WaitRegistered(absl::Duration timeout) const { return agent_->WaitRegistered(timeout); }
+  // Assignments running now.
+  int running() const;
+  void Stop();
+
+  class Runner;
+
+ private:
+  using Key = std::tuple<std::string, uint32_t, uint32_t>;  // job, rank, incarnation
+  void OnUpdate(const v1::HeartbeatResponse& r);
+
+  const WorkerDaemonOptions options_;
+  std::string device_description_;
+  std::unique_ptr<NodeAgent> agent_;
+  mutable absl::Mutex mu_;
+  std::map<Key, std::unique_ptr<Runner>> runners_ ABSL_GUARDED_BY(mu_);
+  std::set<Key> done_ ABSL_GUARDED_BY(mu_);  // never restarted
+  std::vector<std::unique_ptr<Runner>> retiring_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Loads one DataSource (paths relative to `data_dir`).
+absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& source,
+                                                              const std::string& data_dir);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_
