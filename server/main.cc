@@ -23,6 +23,7 @@
 #include "common/rpc/node_agent.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
+#include "server/rpc/server_agent.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "address to serve the parameter service on");
 ABSL_FLAG(uint32_t, server_index, 0, "this server's index in --shard_map");
@@ -106,23 +107,7 @@ int main(int argc, char** argv) {
     FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << ", advertised as " << advertise
                << "; coordinator " << coordinator << " assigns the shard map; default job quota "
                << options.default_quota_bytes << " bytes";
-    fulcrum::NodeAgentOptions ao;
-    ao.coordinator = coordinator;
-    ao.info.set_role(fulcrum::v1::SERVER);
-    ao.info.set_address(advertise);
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    ao.info.set_hostname(host);
-    ao.info.set_pid(getpid());
-    fulcrum::ParameterServer* p = ps->get();
-    ao.on_update = [p](const fulcrum::v1::HeartbeatResponse& r) {
-      if (!r.has_shard_map()) return;
-      auto have = p->GetShardMap();
-      if (have.ok() && have->version() >= r.shard_map().version()) return;
-      absl::Status s = p->SetShardMap(r.shard_map());
-      if (!s.ok()) FLOG(WARNING) << "installing shard map version " << r.shard_map().version() << ": " << s;
-    };
-    agent = std::make_unique<fulcrum::NodeAgent>(std::move(ao));
+    agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   }
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";

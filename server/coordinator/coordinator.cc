@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 #include <utility>
 
@@ -120,6 +121,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
                                                                std::unique_ptr<ServerControl> servers) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("coordinator needs a data directory");
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(servers)));
+  std::error_code ec;
+  std::filesystem::create_directories(c->options_.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create coordinator data directory ", c->options_.data_dir, ": ", ec.message()));
+  }
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   rocksdb::DB* db = nullptr;

@@ -1,0 +1,29 @@
+#include "server/rpc/server_agent.h"
+
+#include <unistd.h>
+
+#include "common/logging.h"
+
+namespace fulcrum {
+
+std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::string& coordinator,
+                                            const std::string& advertise_address) {
+  NodeAgentOptions o;
+  o.coordinator = coordinator;
+  o.info.set_role(v1::SERVER);
+  o.info.set_address(advertise_address);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  o.info.set_hostname(host);
+  o.info.set_pid(getpid());
+  o.on_update = [ps](const v1::HeartbeatResponse& r) {
+    if (!r.has_shard_map() || r.shard_map().servers_size() == 0) return;
+    auto have = ps->GetShardMap();
+    if (have.ok() && have->version() >= r.shard_map().version()) return;
+    absl::Status s = ps->SetShardMap(r.shard_map());
+    if (!s.ok()) FLOG(WARNING) << "installing shard map version " << r.shard_map().version() << ": " << s;
+  };
+  return std::make_unique<NodeAgent>(std::move(o));
+}
+
+}  // namespace fulcrum

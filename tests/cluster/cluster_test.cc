@@ -1,0 +1,303 @@
+// An in-process cluster: a coordinator, 2 parameter servers and 2 worker
+// daemons in this test process, talking gRPC over 127.0.0.1, with the
+// coordinator's state in a real RocksDB directory. Drives the job API the way
+// fulcrumctl does.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/spec_text.h"
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/parameter_server.h"
+#include "server/rpc/ps_service.h"
+#include "server/rpc/server_agent.h"
+#include "worker/daemon/worker_daemon.h"
+
+namespace fulcrum {
+namespace {
+
+namespace fs = std::filesystem;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string Example(const std::string& name) {
+  return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name;
+}
+
+struct Server {
+  std::unique_ptr<ParameterServer> ps;
+  std::unique_ptr<PsGrpcServer> grpc;
+  std::unique_ptr<NodeAgent> agent;
+};
+
+class InProcessCluster {
+ public:
+  InProcessCluster(int servers, int workers, uint32_t slots = 1) {
+    dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-cluster-", getpid(), "-", counter_++);
+    fs::remove_all(dir_);
+    CoordinatorOptions o;
+    o.data_dir = (dir_ / "coordinator").string();
+    o.heartbeat_interval = absl::Milliseconds(200);
+    o.node_timeout = absl::Seconds(2);
+    o.min_servers = static_cast<uint32_t>(servers);
+    options_ = o;
+    StartCoordinator();
+    for (int i = 0; i < servers; ++i) {
+      const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+      Server s;
+      ParameterServerOptions po;
+      po.advertise_address = addr;
+      auto ps = ParameterServer::Create(po);
+      REQUIRE(ps.ok());
+      s.ps = *std::move(ps);
+      auto g = PsGrpcServer::Start(s.ps.get(), addr);
+      REQUIRE(g.ok());
+      s.grpc = *std::move(g);
+      s.agent = StartServerAgent(s.ps.get(), address_, addr);
+      servers_.push_back(std::move(s));
+    }
+    for (int i = 0; i < workers; ++i) AddWorker(slots);
+    for (auto& s : servers_) REQUIRE(s.agent->WaitRegistered(absl::Seconds(10)));
+    for (auto& w : workers_) REQUIRE(w->WaitRegistered(absl::Seconds(10)));
+  }
+  ~InProcessCluster() {
+    workers_.clear();
+    for (auto& s : servers_) {
+      s.agent->Stop();
+      s.grpc->Shutdown();
+    }
+    servers_.clear();
+    grpc_.reset();
+    coordinator_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void AddWorker(uint32_t slots) {
+    WorkerDaemonOptions wo;
+    wo.coordinator = address_;
+    wo.data_dir = FULCRUM_TEST_DATA_DIR;
+    wo.device = "cpu";
+    wo.slots = slots;
+    workers_.push_back(std::make_unique<WorkerDaemon>(wo));
+  }
+
+  // Stops the coordinator and opens a new one on the same state and port.
+  void RestartCoordinator() {
+    grpc_.reset();
+    coordinator_.reset();
+    StartCoordinator();
+  }
+
+  v1::JobService::Stub* jobs() { return jobs_.get(); }
+  std::vector<Server>& servers() { return servers_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  void StartCoordinator() {
+    auto c = Coordinator::Open(options_, NewGrpcServerControl(absl::Seconds(5)));
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    coordinator_ = *std::move(c);
+    if (address_.empty()) address_ = absl::StrCat("127.0.0.1:", FreePort());
+    auto g = CoordinatorGrpcServer::Start(coordinator_.get(), address_);
+    REQUIRE(g.ok());
+    grpc_ = *std::move(g);
+    jobs_ = v1::JobService::NewStub(CreateFulcrumChannel(address_, 0));
+  }
+
+  static inline int counter_ = 0;
+  fs::path dir_;
+  CoordinatorOptions options_;
+  std::string address_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorGrpcServer> grpc_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::vector<Server> servers_;
+  std::vector<std::unique_ptr<WorkerDaemon>> workers_;
+};
+
+std::unique_ptr<grpc::ClientContext> Ctx() {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return c;
+}
+
+grpc::Status Submit(v1::JobService::Stub* stub, const v1::JobSpec& spec, std::string* id) {
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  v1::SubmitJobResponse resp;
+  grpc::Status s = stub->SubmitJob(Ctx().get(), req, &resp);
+  *id = resp.job_id();
+  return s;
+}
+
+v1::Job Get(v1::JobService::Stub* stub, const std::string& id) {
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::Job j;
+  REQUIRE(stub->GetJob(Ctx().get(), ref, &j).ok());
+  return j;
+}
+
+// Watches the job to its end, as fulcrumctl does; returns the last snapshot
+// and the number of events seen.
+v1::Job WatchToEnd(v1::JobService::Stub* stub, const std::string& id, int* events) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  auto reader = stub->WatchJob(&ctx, ref);
+  v1::JobEvent e;
+  v1::Job last;
+  *events = 0;
+  while (reader->Read(&e)) {
+    if (*events == 0) CHECK(e.kind() == "snapshot");
+    ++*events;
+    last = e.job();
+  }
+  REQUIRE(reader->Finish().ok());
+  return last;
+}
+
+v1::JobSpec DigitsSpec() {
+  v1::JobSpec spec;
+  REQUIRE(config::ParseSpecFile(Example("digits-softmax.yaml"), &spec).ok());
+  return spec;
+}
+
+TEST_CASE("an in-process cluster trains softmax regression on digits to >= 0.90 and releases the job", "[cluster]") {
+  InProcessCluster cluster(2, 2);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
+  CHECK(id == "digits-1");
+  int events = 0;
+  const auto t0 = absl::Now();
+  v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(j.status().message());
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  WARN("digits on an in-process cluster: test accuracy " << j.status().test_accuracy() << " in "
+                                                         << absl::FormatDuration(absl::Now() - t0) << ", "
+                                                         << events << " watch events");
+  CHECK(j.status().test_accuracy() >= 0.90);
+  CHECK(j.status().epochs_size() == 10);
+  CHECK(j.status().weights_fingerprint().size() == 16);
+  CHECK(j.status().succeeded_workers() == 2);
+  CHECK(events >= 3);  // snapshot, running, ..., succeeded
+  for (const auto& w : j.status().workers()) CHECK(w.state() == "finished");
+  // Both servers held a share and dropped it when the job ended.
+  for (int tries = 0; tries < 50; ++tries) {
+    bool any = false;
+    for (auto& s : cluster.servers()) any |= !s.ps->JobIds().empty();
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& s : cluster.servers()) CHECK(s.ps->JobIds().empty());
+}
+
+TEST_CASE("the job API answers bad specs, unknown jobs and late cancels with clear errors", "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  v1::JobSpec bad = DigitsSpec();
+  bad.set_num_workers(0);
+  bad.mutable_optimizer()->set_learning_rate(-1);
+  std::string id;
+  grpc::Status s = Submit(cluster.jobs(), bad, &id);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("2 problems") != std::string::npos);
+  CHECK(s.error_message().find("num_workers: 0 must be 1 to 1024") != std::string::npos);
+  CHECK(s.error_message().find("optimizer.learning_rate: -1 must be > 0") != std::string::npos);
+
+  v1::JobRef ref;
+  ref.set_job_id("no-such-job-7");
+  v1::Job j;
+  s = cluster.jobs()->GetJob(Ctx().get(), ref, &j);
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(s.error_message() == "no job 'no-such-job-7'");
+  s = cluster.jobs()->CancelJob(Ctx().get(), ref, &j);
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+
+  // A job needing more workers than exist waits and says why; cancelling it works once.
+  v1::JobSpec big = DigitsSpec();
+  big.set_num_workers(3);
+  REQUIRE(Submit(cluster.jobs(), big, &id).ok());
+  for (int tries = 0; tries < 50 && Get(cluster.jobs(), id).status().reason() != "WorkersNotReady"; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  j = Get(cluster.jobs(), id);
+  CHECK(j.status().state() == v1::PENDING);
+  CHECK(j.status().message() == "needs 3 workers with a free slot; 1 free of 1 live");
+  ref.set_job_id(id);
+  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &j).ok());
+  CHECK(j.status().state() == v1::CANCELLED);
+  s = cluster.jobs()->CancelJob(Ctx().get(), ref, &j);
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("already ended: CANCELLED") != std::string::npos);
+}
+
+TEST_CASE("a job whose data is missing fails with the reason and the file", "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.mutable_data()->mutable_train()->set_path("digits/nope.csv");
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  int events = 0;
+  v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  CHECK(j.status().state() == v1::FAILED);
+  CHECK(j.status().reason() == "BadData");
+  CHECK(j.status().message().find("digits/nope.csv") != std::string::npos);
+}
+
+TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(2);  // cannot start on one worker: stays pending
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  cluster.RestartCoordinator();
+  v1::Job j = Get(cluster.jobs(), id);
+  CHECK(j.status().state() == v1::PENDING);
+  CHECK(j.spec().SerializeAsString() == [&] {
+    v1::JobSpec s = spec;
+    // Defaults are made explicit on submit.
+    s.mutable_consistency()->set_model(v1::ConsistencySpec::BSP);
+    s.set_seed(1);
+    return s.SerializeAsString();
+  }());
+  // The next id continues the sequence, and a second worker lets the job run.
+  std::string id2;
+  REQUIRE(Submit(cluster.jobs(), spec, &id2).ok());
+  CHECK(id2 == "digits-2");
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  v1::ClusterState cs;
+  REQUIRE(cluster_stub->GetCluster(Ctx().get(), v1::GetClusterRequest(), &cs).ok());
+  CHECK(cs.nodes_size() == 2);  // the server and the worker, from RocksDB and their heartbeats
+  CHECK(cs.shard_map().servers_size() == 1);
+  cluster.AddWorker(1);
+  int events = 0;
+  j = WatchToEnd(cluster.jobs(), id, &events);
+  CHECK(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.90);
+}
+
+}  // namespace
+}  // namespace fulcrum

@@ -1,0 +1,147 @@
+// Job specs from YAML and JSON: what parses, and that every mistake is
+// reported with its field path and line.
+#include <catch2/catch.hpp>
+
+#include "common/config/job_spec.h"
+#include "common/config/spec_text.h"
+#include "fulcrum/v1/cluster.pb.h"
+
+namespace fulcrum::config {
+namespace {
+
+constexpr char kYaml[] = R"(---
+# a comment
+name: mnist-mlp
+model:
+  type: mlp
+  hidden: [256, 128]   # two layers
+  activation: "gelu"
+data:
+  train: {format: idx, path: mnist/train-images-idx3-ubyte, labels: 'mnist/train-labels-idx1-ubyte'}
+  test:
+    format: idx
+    path: mnist/t10k-images-idx3-ubyte
+    labels: mnist/t10k-labels-idx1-ubyte
+optimizer:
+  kind: adam
+  learningRate: 1e-3
+consistency: {model: ssp, staleness: 2}
+num_workers: 2
+batch_size: 32
+epochs: 3
+precision: bf16
+wire_dtype: DTYPE_FP16
+runPolicy:
+  backoffLimit: 2
+)";
+
+TEST_CASE("a YAML job spec fills every field, camelCase keys and enum short names included", "[spec]") {
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText(kYaml, "mnist.yaml", &s).ok());
+  CHECK(s.name() == "mnist-mlp");
+  CHECK(s.model().type() == "mlp");
+  REQUIRE(s.model().hidden_size() == 2);
+  CHECK(s.model().hidden(1) == 128);
+  CHECK(s.model().activation() == "gelu");
+  CHECK(s.data().train().labels() == "mnist/train-labels-idx1-ubyte");
+  CHECK(s.data().test().path() == "mnist/t10k-images-idx3-ubyte");
+  CHECK(s.optimizer().kind() == v1::OptimizerSpec::ADAM);
+  CHECK(s.optimizer().learning_rate() == Approx(1e-3));
+  CHECK(s.consistency().model() == v1::ConsistencySpec::SSP);
+  CHECK(s.consistency().staleness() == 2);
+  CHECK(s.precision() == v1::DTYPE_BF16);
+  CHECK(s.wire_dtype() == v1::DTYPE_FP16);
+  CHECK(s.run_policy().backoff_limit() == 2);
+  CHECK(ValidateJobSpec(s).ok());
+}
+
+TEST_CASE("JSON parses to the same spec as YAML", "[spec]") {
+  v1::JobSpec y, j;
+  REQUIRE(ParseSpecText("name: x\nnum_workers: 3\nmodel: {type: softmax}\nhidden: []\n", "a", &y).code() ==
+          absl::StatusCode::kInvalidArgument);  // 'hidden' at the top level is unknown
+  REQUIRE(ParseSpecText("name: x\nnum_workers: 3\nmodel:\n  type: softmax\n", "a.yaml", &y).ok());
+  REQUIRE(ParseSpecText(R"({"name": "x", "num_workers": 3, "model": {"type": "softmax"}})", "a.json", &j).ok());
+  CHECK(y.SerializeAsString() == j.SerializeAsString());
+}
+
+TEST_CASE("block lists of mappings parse", "[spec]") {
+  v1::ListJobsResponse r;  // a message with a repeated message field
+  REQUIRE(ParseSpecText("jobs:\n  - id: a\n    spec: {name: one}\n  - id: b\n", "l.yaml", &r).ok());
+  REQUIRE(r.jobs_size() == 2);
+  CHECK(r.jobs(0).id() == "a");
+  CHECK(r.jobs(0).spec().name() == "one");
+  CHECK(r.jobs(1).id() == "b");
+}
+
+TEST_CASE("every binding mistake is reported with its path and line", "[spec]") {
+  v1::JobSpec s;
+  const absl::Status st = ParseSpecText(
+      "name: x\nmodel:\n  type: mlp\n  hiden: [1]\nnum_workers: -2\noptimizer: {kind: adamax}\nbatch_size: many\n",
+      "bad.yaml", &s);
+  REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+  const std::string m(st.message());
+  CHECK(m.find("4 problems") != std::string::npos);
+  CHECK(m.find("model.hiden: unknown field; ModelSpec has: type, hidden,") != std::string::npos);
+  CHECK(m.find("(line 4)") != std::string::npos);
+  CHECK(m.find("num_workers: '-2' is not a non-negative whole number") != std::string::npos);
+  CHECK(m.find("optimizer.kind: 'adamax' is not one of: sgd, momentum, adagrad, adam, adamw, ftrl") != std::string::npos);
+  CHECK(m.find("batch_size: 'many' is not a non-negative whole number") != std::string::npos);
+}
+
+TEST_CASE("syntax errors name the file and line", "[spec]") {
+  v1::JobSpec s;
+  absl::Status st = ParseSpecText("name: x\nmodel:\n  type: [mlp\n", "s.yaml", &s);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find("s.yaml:3:") == 0);
+  st = ParseSpecText("name: x\n\tepochs: 2\n", "t.yaml", &s);
+  CHECK(std::string(st.message()) == "t.yaml:2: tabs cannot indent YAML; use spaces");
+  st = ParseSpecText("name: &anchor x\n", "a.yaml", &s);
+  CHECK(std::string(st.message()).find("not supported") != std::string::npos);
+  st = ParseSpecText("name: x\nname: y\n", "d.yaml", &s);
+  CHECK(std::string(st.message()) == "d.yaml:2: key 'name' appears twice");
+  CHECK(ParseSpecFile("/nonexistent/spec.yaml", &s).code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec]") {
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText("name: Bad_Name\nmodel: {type: mlp}\ndata: {train: {format: parquet}}\n"
+                        "optimizer: {kind: sgd}\nconsistency: {model: ssp}\nepochs: 0\n",
+                        "v.yaml", &s)
+              .ok());
+  const std::vector<std::string> p = JobSpecProblems(s);
+  auto has = [&](const std::string& needle) {
+    for (const auto& x : p) {
+      if (x.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  CHECK(has("name: 'Bad_Name' must be at most 48 lowercase letters"));
+  CHECK(has("model.hidden: mlp needs at least one hidden layer"));
+  CHECK(has("data.train.format: 'parquet' is not one of: idx, libsvm, csv"));
+  CHECK(has("data.train.path: required"));
+  CHECK(has("optimizer.learning_rate: 0 must be > 0"));
+  CHECK(has("consistency.staleness: ssp needs a bound >= 1"));
+  CHECK(has("num_workers: 0 must be 1 to 1024"));
+  CHECK(has("batch_size: 0 must be 1 to 65536"));
+  CHECK(has("epochs: 0 must be 1 to 100000"));
+  const absl::Status st = ValidateJobSpec(s);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()).find(std::to_string(p.size()) + " problems") != std::string::npos);
+}
+
+TEST_CASE("a sparse model with dense data is refused", "[spec]") {
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText("name: s\nmodel: {type: sparse_lr}\n"
+                        "data: {train: {format: idx, path: a, labels: b}}\n"
+                        "optimizer: {kind: adagrad, learning_rate: 1}\nnum_workers: 1\nbatch_size: 8\nepochs: 1\n"
+                        "precision: bf16\n",
+                        "s.yaml", &s)
+              .ok());
+  const std::vector<std::string> p = JobSpecProblems(s);
+  REQUIRE(p.size() == 2);
+  CHECK(p[0] == "data.train.format: model 'sparse_lr' reads sparse features: use libsvm");
+  CHECK(p[1] == "precision: model 'sparse_lr' has no GEMMs to run in 16 bits; use fp32");
+}
+
+}  // namespace
+}  // namespace fulcrum::config
