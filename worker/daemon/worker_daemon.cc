@@ -96,6 +96,26 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
   return absl::InvalidArgumentError(absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv"));
 }
 
+absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train) {
+  models::ModelConfig mc;
+  mc.type = spec.model().type();
+  mc.num_features = spec.model().num_features() > 0 ? spec.model().num_features() : train.num_features();
+  mc.num_classes = spec.model().num_classes() > 0 ? spec.model().num_classes() : train.num_classes();
+  if (!train.sparse() && spec.model().num_features() > 0 && spec.model().num_features() != train.num_features()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.num_features is ", spec.model().num_features(),
+                                                   " but the training data has ", train.num_features()));
+  }
+  for (int h : spec.model().hidden()) mc.hidden.push_back(h);
+  if (!spec.model().activation().empty()) {
+    ASSIGN_OR_RETURN(mc.activation, compute::ActivationFromName(spec.model().activation()));
+  }
+  if (spec.model().factors() > 0) mc.factors = spec.model().factors();
+  if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
+  mc.precision = DTypeOf(spec.precision());
+  mc.seed = spec.seed();
+  return mc;
+}
+
 // One assignment, on its own thread.
 class WorkerDaemon::Runner {
  public:
@@ -184,22 +204,7 @@ class WorkerDaemon::Runner {
     ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                      compute::CreateBackend(options_.device, &why, cpu_threads()));
     progress_.set_device(backend->name());
-    models::ModelConfig mc;
-    mc.type = spec.model().type();
-    mc.num_features = spec.model().num_features() > 0 ? spec.model().num_features() : train->num_features();
-    mc.num_classes = spec.model().num_classes() > 0 ? spec.model().num_classes() : train->num_classes();
-    if (!train->sparse() && spec.model().num_features() > 0 && spec.model().num_features() != train->num_features()) {
-      return absl::InvalidArgumentError(absl::StrCat("model.num_features is ", spec.model().num_features(),
-                                                     " but the training data has ", train->num_features()));
-    }
-    for (int h : spec.model().hidden()) mc.hidden.push_back(h);
-    if (!spec.model().activation().empty()) {
-      ASSIGN_OR_RETURN(mc.activation, compute::ActivationFromName(spec.model().activation()));
-    }
-    if (spec.model().factors() > 0) mc.factors = spec.model().factors();
-    if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
-    mc.precision = DTypeOf(spec.precision());
-    mc.seed = spec.seed();
+    ASSIGN_OR_RETURN(models::ModelConfig mc, ModelConfigFor(spec, *train));
     ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
 
     reason_ = "ParameterServerError";

@@ -25,6 +25,7 @@
 #include "common/rpc/node_agent.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "worker/data/dataset.h"
+#include "worker/models/model.h"
 
 namespace fulcrum {
 
@@ -66,6 +67,8 @@ class WorkerDaemon {
 // Loads one DataSource (paths relative to `data_dir`).
 absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& source,
                                                               const std::string& data_dir);
+// The model a job spec asks for, completed from the training data.
+absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
 
 }  // namespace fulcrum
 
