@@ -34,8 +34,13 @@ struct Node {
   std::string scalar;
   bool quoted = false;
   std::vector<Node> list;
-  std::vector<std::pair<std::string, Node>> map;
+  struct Entry;
+  std::vector<Entry> map;  // in document order
   int line = 0;
+};
+struct Node::Entry {
+  std::string first;
+  Node second;
 };
 
 std::string_view TrimLeft(std::string_view s) {
@@ -190,7 +195,7 @@ class FlowParser {
         Node value;
         if (!Value(&value, err)) return false;
         value.line = key_line;
-        out->map.emplace_back(key.scalar, std::move(value));
+        out->map.push_back({key.scalar, std::move(value)});
         Skip();
         if (i_ < s_.size() && s_[i_] == ',') {
           ++i_;
@@ -353,7 +358,7 @@ class BlockParser {
         if (!Block(lines_[pos_].indent, &value, err)) return false;
         value.line = l.number;
       }
-      out->map.emplace_back(std::move(key), std::move(value));
+      out->map.push_back({std::move(key), std::move(value)});
     }
     if (pos_ < lines_.size() && lines_[pos_].indent > indent) {
       err->message = "unexpected indentation";
