@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include "absl/synchronization/mutex.h"
 
@@ -29,6 +30,12 @@ int WaitForTerminationSignal() {
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
+}
+
+std::string HostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == 0) return "localhost";
+  return name;
 }
 
 }  // namespace fulcrum

@@ -2,6 +2,8 @@
 #ifndef FULCRUM_COMMON_PROCESS_H_
 #define FULCRUM_COMMON_PROCESS_H_
 
+#include <string>
+
 namespace fulcrum {
 
 // Set-up for a serving binary (server, bench):
@@ -16,6 +18,9 @@ void InitServingProcess();
 // returns a function that waits for one of them; returns the signal number.
 int WaitForTerminationSignal();
 void BlockTerminationSignals();
+
+// This machine's host name ("localhost" when it has none).
+std::string HostName();
 
 }  // namespace fulcrum
 

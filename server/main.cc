@@ -74,11 +74,7 @@ int main(int argc, char** argv) {
       advertise = listen;
       const size_t colon = listen.rfind(':');
       const std::string host = listen.substr(0, colon);
-      if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
-        char name[256] = {0};
-        gethostname(name, sizeof(name) - 1);
-        advertise = std::string(name) + listen.substr(colon);
-      }
+      if (host == "0.0.0.0" || host == "[::]" || host.empty()) advertise = fulcrum::HostName() + listen.substr(colon);
     }
     if (advertise.rfind(":0") == advertise.size() - 2) {
       std::cerr << "fulcrum-server: with --coordinator, --listen needs a fixed port (or give --advertise)\n";

@@ -12,6 +12,9 @@
 
 namespace fulcrum::config {
 
+// SUCCEEDED, FAILED or CANCELLED.
+inline bool JobEnded(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec);
 // OK, or INVALID_ARGUMENT listing JobSpecProblems one per line.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);

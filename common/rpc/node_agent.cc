@@ -48,6 +48,15 @@ void NodeAgent::Run() {
     auto s = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&s), d);
   };
+  // A failed call: warn at most every 10 s, back off up to 2 s.
+  auto retry_later = [&](const std::string& what, const absl::Status& s) {
+    if (absl::Now() - last_warning > absl::Seconds(10)) {
+      FLOG(WARNING) << what << " " << options_.coordinator << ": " << s << "; retrying";
+      last_warning = absl::Now();
+    }
+    sleep(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  };
   while (!stopping()) {
     if (id.empty()) {
       grpc::ClientContext ctx;
@@ -57,12 +66,7 @@ void NodeAgent::Run() {
       v1::RegisterNodeResponse resp;
       absl::Status s = FromGrpcStatus(stub_->RegisterNode(&ctx, req, &resp));
       if (!s.ok()) {
-        if (absl::Now() - last_warning > absl::Seconds(10)) {
-          FLOG(WARNING) << "waiting for the coordinator at " << options_.coordinator << ": " << s;
-          last_warning = absl::Now();
-        }
-        sleep(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(2));
+        retry_later("waiting for the coordinator at", s);
         continue;
       }
       backoff = absl::Milliseconds(100);
@@ -75,7 +79,6 @@ void NodeAgent::Run() {
         absl::MutexLock lock(&mu_);
         node_id_ = id;
       }
-      if (options_.on_registered) options_.on_registered(id);
     }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout + absl::Milliseconds(interval_ms)));
@@ -93,12 +96,7 @@ void NodeAgent::Run() {
       continue;
     }
     if (!s.ok()) {
-      if (absl::Now() - last_warning > absl::Seconds(10)) {
-        FLOG(WARNING) << "heartbeat to " << options_.coordinator << " failed: " << s << "; retrying";
-        last_warning = absl::Now();
-      }
-      sleep(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
+      retry_later("heartbeat to", s);
       continue;
     }
     backoff = absl::Milliseconds(100);

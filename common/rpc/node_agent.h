@@ -24,8 +24,6 @@ struct NodeAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Called on the agent's thread after every heartbeat.
   std::function<void(const v1::HeartbeatResponse&)> on_update;
-  // Called (on the agent's thread) each time the node gets a new id.
-  std::function<void(const std::string& node_id)> on_registered;
 };
 
 class NodeAgent {

@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -29,38 +30,17 @@ constexpr char kMetaKey[] = "meta";
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-bool Terminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+// Job ids ("name-N") and node ids ("server-N", "worker-N") end in the
+// coordinator's counter: N orders jobs by submission and nodes by
+// registration, across restarts.
+uint64_t Serial(const std::string& id) {
+  const size_t dash = id.rfind('-');
+  return dash == std::string::npos ? 0 : std::strtoull(id.c_str() + dash + 1, nullptr, 10);
 }
 
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", s.ToString()));
-}
-
-// The meta record: counters and the shard map.
-struct Meta {
-  uint64_t next_job = 1;
-  uint64_t next_node = 0;
-  std::optional<v1::ShardMap> map;
-};
-
-std::string EncodeMeta(const Meta& m) {
-  v1::ClusterState s;  // reuses a message with a shard map and a counter
-  s.set_generation(m.next_job);
-  if (m.map) *s.mutable_shard_map() = *m.map;
-  v1::NodeStatus* n = s.add_nodes();
-  n->set_last_heartbeat_unix_ms(static_cast<int64_t>(m.next_node));
-  return s.SerializeAsString();
-}
-
-bool DecodeMeta(const std::string& bytes, Meta* m) {
-  v1::ClusterState s;
-  if (!s.ParseFromString(bytes) || s.nodes_size() != 1) return false;
-  m->next_job = s.generation();
-  m->next_node = static_cast<uint64_t>(s.nodes(0).last_heartbeat_unix_ms());
-  if (s.has_shard_map()) m->map = s.shard_map();
-  return true;
 }
 
 class GrpcServerControl final : public ServerControl {
@@ -157,11 +137,11 @@ absl::Status Coordinator::Load() {
   std::string meta_bytes;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kMetaKey, &meta_bytes);
   if (s.ok()) {
-    Meta m;
-    if (!DecodeMeta(meta_bytes, &m)) return absl::DataLossError("coordinator meta record is corrupt");
-    next_job_ = m.next_job;
-    next_node_ = m.next_node;
-    shard_map_ = m.map;
+    v1::CoordinatorMeta m;
+    if (!m.ParseFromString(meta_bytes)) return absl::DataLossError("coordinator meta record is corrupt");
+    next_job_ = m.next_job();
+    next_node_ = m.next_node();
+    if (m.has_shard_map()) shard_map_ = m.shard_map();
   } else if (!s.IsNotFound()) {
     return FromRocks(s, "reading coordinator meta");
   }
@@ -174,7 +154,6 @@ absl::Status Coordinator::Load() {
       if (!r.job.ParseFromString(it->value().ToString())) {
         return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
       }
-      r.seq = r.job.status().create_time_unix_ms();
       r.ranks.resize(r.job.spec().num_workers());
       for (const v1::WorkerProgress& w : r.job.status().workers()) {
         if (w.rank() >= r.ranks.size()) continue;
@@ -183,7 +162,7 @@ absl::Status Coordinator::Load() {
         slot.finished = w.state() == "finished";
         if (r.job.status().state() == v1::RUNNING && w.state() != "lost") slot.node_id = w.worker_id();
       }
-      r.release_pending = Terminal(r.job.status().state());
+      r.release_pending = config::JobEnded(r.job.status().state());
       if (r.job.status().state() == v1::RUNNING) r.started = now;
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
@@ -219,13 +198,13 @@ void Coordinator::SaveNodeLocked(const NodeRecord& n) {
 }
 
 void Coordinator::SaveMetaLocked() {
-  Meta m;
-  m.next_job = next_job_;
-  m.next_node = next_node_;
-  m.map = shard_map_;
+  v1::CoordinatorMeta m;
+  m.set_next_job(next_job_);
+  m.set_next_node(next_node_);
+  if (shard_map_) *m.mutable_shard_map() = *shard_map_;
   rocksdb::WriteOptions w;
   w.sync = true;
-  rocksdb::Status s = db_->Put(w, kMetaKey, EncodeMeta(m));
+  rocksdb::Status s = db_->Put(w, kMetaKey, m.SerializeAsString());
   if (!s.ok()) FLOG(ERROR) << "saving coordinator meta: " << s.ToString();
 }
 
@@ -247,7 +226,6 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   JobRecord r;
-  r.seq = next_job_;
   const std::string id = absl::StrCat(spec.name(), "-", next_job_++);
   SaveMetaLocked();
   r.job.set_id(id);
@@ -280,11 +258,8 @@ std::vector<v1::Job> Coordinator::ListJobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<const JobRecord*> rs;
   for (const auto& [id, r] : jobs_) rs.push_back(&r);
-  std::sort(rs.begin(), rs.end(), [](const JobRecord* a, const JobRecord* b) {
-    return a->job.status().create_time_unix_ms() != b->job.status().create_time_unix_ms()
-               ? a->job.status().create_time_unix_ms() < b->job.status().create_time_unix_ms()
-               : a->job.id() < b->job.id();
-  });
+  std::sort(rs.begin(), rs.end(),
+            [](const JobRecord* a, const JobRecord* b) { return Serial(a->job.id()) < Serial(b->job.id()); });
   std::vector<v1::Job> out;
   for (const JobRecord* r : rs) out.push_back(r->job);
   return out;
@@ -295,7 +270,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   JobRecord& r = it->second;
-  if (Terminal(r.job.status().state())) {
+  if (config::JobEnded(r.job.status().state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already ended: ",
                                                       v1::JobState_Name(r.job.status().state())));
   }
@@ -419,7 +394,6 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   n.info = info;
   n.alive = true;
   n.last_heartbeat = absl::Now();
-  n.seq = next_node_;
   SaveNodeLocked(n);
   if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
   BumpGenerationLocked();
@@ -536,7 +510,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     sync = true;
   }
   if (!req.weights_fingerprint().empty()) st->set_weights_fingerprint(req.weights_fingerprint());
-  RecomputeLocked(r);
+  // FinishLocked and the end of this function recompute the job's totals.
   if (!req.error().empty()) {
     w->set_state("failed");
     const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
@@ -552,16 +526,16 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     for (const RankSlot& s : r.ranks) all = all && s.finished;
     if (all) {
       const v1::JobStatus& s = r.job.status();
-      FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << s.test_accuracy() << ", " << s.step()
-                 << " steps per rank";
       FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
                    absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", s.test_accuracy()));
+      FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << s.test_accuracy() << ", " << s.step()
+                 << " steps per rank";
       return resp;
     }
-    RecomputeLocked(r);
     BumpGenerationLocked();
     sync = true;
   }
+  RecomputeLocked(r);
   SaveJobLocked(r, sync);
   return resp;
 }
@@ -602,12 +576,17 @@ std::map<std::string, int> Coordinator::FreeSlotsLocked() const {
 std::vector<std::string> Coordinator::LiveServersLocked() const {
   std::vector<std::pair<uint64_t, std::string>> v;
   for (const auto& [id, n] : nodes_) {
-    if (n.alive && n.info.role() == v1::SERVER) v.emplace_back(n.seq, n.info.address());
+    if (n.alive && n.info.role() == v1::SERVER) v.emplace_back(Serial(id), n.info.address());
   }
   std::sort(v.begin(), v.end());
   std::vector<std::string> out;
   for (auto& [seq, a] : v) out.push_back(a);
   return out;
+}
+
+bool Coordinator::MapListsExactlyLocked(const std::vector<std::string>& servers) const {
+  return shard_map_ && std::equal(shard_map_->servers().begin(), shard_map_->servers().end(), servers.begin(),
+                                  servers.end());
 }
 
 bool Coordinator::AnyRunningLocked() const {
@@ -687,7 +666,7 @@ void Coordinator::Tick() {
                      absl::StrCat("the job ran longer than activeDeadlineSeconds (", deadline, " s)"));
       }
       const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
-      if (Terminal(r.job.status().state()) && ttl > 0 && !r.release_pending &&
+      if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
           NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
         db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
         FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
@@ -700,7 +679,7 @@ void Coordinator::Tick() {
     const std::vector<std::string> live = LiveServersLocked();
     const bool running = AnyRunningLocked();
     if (!live.empty() && !running &&
-        (!shard_map_ || std::vector<std::string>(shard_map_->servers().begin(), shard_map_->servers().end()) != live)) {
+        !MapListsExactlyLocked(live)) {
       auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
                                     shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
       if (m.ok()) {
@@ -761,7 +740,8 @@ void Coordinator::Tick() {
   // 5. Reassign lost ranks, then start pending jobs, in submission order.
   std::vector<JobRecord*> order;
   for (auto& [jid, r] : jobs_) order.push_back(&r);
-  std::sort(order.begin(), order.end(), [](JobRecord* a, JobRecord* b) { return a->seq < b->seq; });
+  std::sort(order.begin(), order.end(),
+            [](JobRecord* a, JobRecord* b) { return Serial(a->job.id()) < Serial(b->job.id()); });
   std::map<std::string, int> free = FreeSlotsLocked();
   auto take = [&free](const std::set<std::string>& avoid) -> std::string {
     std::string best;
@@ -817,9 +797,7 @@ void Coordinator::Tick() {
     }
   }
   const std::vector<std::string> live = LiveServersLocked();
-  const bool map_ready = shard_map_ && !live.empty() && live.size() >= options_.min_servers &&
-                         std::vector<std::string>(shard_map_->servers().begin(), shard_map_->servers().end()) ==
-                             live &&
+  const bool map_ready = !live.empty() && live.size() >= options_.min_servers && MapListsExactlyLocked(live) &&
                          std::all_of(live.begin(), live.end(), [&](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                            auto it = installed_.find(s);
                            return it != installed_.end() && it->second == shard_map_->version();

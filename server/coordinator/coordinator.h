@@ -94,7 +94,6 @@ class Coordinator {
   };
   struct JobRecord {
     v1::Job job;
-    uint64_t seq = 0;          // submission order
     uint64_t version = 1;      // bumped on every change
     std::vector<RankSlot> ranks;
     bool release_pending = false;  // tables still to drop on the servers
@@ -105,7 +104,6 @@ class Coordinator {
     v1::NodeInfo info;
     absl::Time last_heartbeat;
     bool alive = true;
-    uint64_t seq = 0;  // registration order
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);
@@ -131,6 +129,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether there is a shard map and it lists exactly `servers`, in order.
+  bool MapListsExactlyLocked(const std::vector<std::string>& servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/job_spec.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 
@@ -57,9 +58,7 @@ class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
       last_epochs = j->status().epochs_size();
       *e.mutable_job() = *std::move(j);
       if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
-      if (last_state == v1::SUCCEEDED || last_state == v1::FAILED || last_state == v1::CANCELLED) {
-        return grpc::Status::OK;
-      }
+      if (config::JobEnded(last_state)) return grpc::Status::OK;
     }
   }
 

@@ -14,6 +14,7 @@
 // state (e.g. cancelling a finished job); 6 any other error.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -89,10 +90,6 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 
 std::string State(JobState s) { return fulcrum::v1::JobState_Name(s); }
 
-bool Terminal(JobState s) {
-  return s == fulcrum::v1::SUCCEEDED || s == fulcrum::v1::FAILED || s == fulcrum::v1::CANCELLED;
-}
-
 std::string Duration(double seconds) {
   if (seconds <= 0) return "-";
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -104,9 +101,9 @@ std::string Duration(double seconds) {
 std::string JobLine(const Job& j) {
   const auto& s = j.status();
   std::string line = absl::StrFormat("%-20s %-9s", j.id(), State(s.state()));
-  if (s.state() == fulcrum::v1::RUNNING || Terminal(s.state())) {
+  if (s.state() == fulcrum::v1::RUNNING || fulcrum::config::JobEnded(s.state())) {
     const double pct = s.total_steps() > 0 ? 100.0 * s.step() / s.total_steps() : 0;
-    absl::StrAppendFormat(&line, " epoch %u/%u step %llu/%llu (%.0f%%)", s.epoch() + 1 > j.spec().epochs() ? j.spec().epochs() : s.epoch() + 1,
+    absl::StrAppendFormat(&line, " epoch %u/%u step %llu/%llu (%.0f%%)", std::min(s.epoch() + 1, j.spec().epochs()),
                           j.spec().epochs(), static_cast<unsigned long long>(s.step()),
                           static_cast<unsigned long long>(s.total_steps()), pct);
     if (s.loss() > 0) absl::StrAppendFormat(&line, " loss %.4f acc %.4f", s.loss(), s.train_accuracy());
@@ -255,7 +252,7 @@ int main(int argc, char** argv) {
     if (parsed.ok()) parsed = fulcrum::config::ValidateJobSpec(req.spec());
     if (!parsed.ok()) {
       std::cerr << "fulcrumctl: " << parsed.message() << "\n";
-      return parsed.code() == absl::StatusCode::kNotFound ? kUsage : kUsage;
+      return kUsage;
     }
     req.set_validate_only(absl::GetFlag(FLAGS_validate));
     fulcrum::v1::SubmitJobResponse resp;

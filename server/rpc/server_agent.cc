@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "common/logging.h"
+#include "common/process.h"
 
 namespace fulcrum {
 
@@ -12,9 +13,7 @@ std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::stri
   o.coordinator = coordinator;
   o.info.set_role(v1::SERVER);
   o.info.set_address(advertise_address);
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  o.info.set_hostname(host);
+  o.info.set_hostname(HostName());
   o.info.set_pid(getpid());
   o.on_update = [ps](const v1::HeartbeatResponse& r) {
     if (!r.has_shard_map() || r.shard_map().servers_size() == 0) return;

@@ -2,8 +2,6 @@
 // daemons in this test process, talking gRPC over 127.0.0.1, with the
 // coordinator's state in a real RocksDB directory. Drives the job API the way
 // fulcrumctl does.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -21,6 +19,7 @@
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 #include "server/rpc/server_agent.h"
+#include "tests/testing/process_util.h"
 #include "worker/daemon/worker_daemon.h"
 
 namespace fulcrum {
@@ -28,17 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 std::string Example(const std::string& name) {
   return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name;

@@ -3,17 +3,12 @@
 // and fulcrum-worker processes on 127.0.0.1, jobs submitted with fulcrumctl
 // from the example specs, results read back with `fulcrumctl --output=json`
 // and the job API.
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -23,38 +18,17 @@
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
-
-extern char** environ;
+#include "tests/testing/process_util.h"
 
 namespace fulcrum {
 namespace {
 
 namespace fs = std::filesystem;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
 
 pid_t Spawn(std::vector<std::string> args, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
+  return testing::Spawn(std::move(args), log).pid;
 }
 
 std::string Bin(const char* rel) { return std::string(FULCRUM_BUILD_DIR) + "/" + rel; }
@@ -130,10 +104,7 @@ class ProcessCluster {
     const pid_t pid = Spawn(argv, log);
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    *out = ss.str();
+    *out = testing::ReadFile(log);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 

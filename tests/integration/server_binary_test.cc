@@ -3,71 +3,26 @@
 // then stopped with SIGTERM. Checks the startup log names the address and
 // virtual shards, BSP training steps work across processes, and shutdown is
 // clean.
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
-
-extern char** environ;
 
 namespace fulcrum {
 namespace {
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::FreePort;
+using testing::Process;
+using testing::ReadFile;
+using testing::Spawn;
 
-struct Process {
-  pid_t pid = -1;
-  std::string log;
-};
-
-Process Spawn(std::vector<std::string> args, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  Process p;
-  p.log = log;
-  REQUIRE(posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return p;
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/fulcrum-e2e-XXXXXX";
-  const char* dir = mkdtemp(tmpl);
-  REQUIRE(dir != nullptr);
-  return dir;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string TempDir() { return testing::MakeTempDir("fulcrum-e2e"); }
 
 TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGTERM", "[e2e]") {
   const std::string binary = FULCRUM_SERVER_BINARY;

@@ -5,7 +5,6 @@
 //
 // One worker drives one device; run one per GPU on a multi-GPU host
 // (--device=cuda:0, --device=cuda:1, ...).
-#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -31,11 +30,7 @@ int main(int argc, char** argv) {
   o.device = absl::GetFlag(FLAGS_device);
   o.slots = absl::GetFlag(FLAGS_slots);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (o.data_dir.empty()) {
-    const char* env = std::getenv("FULCRUM_DATA_DIR");
-    const char* home = std::getenv("HOME");
-    o.data_dir = env != nullptr ? env : std::string(home != nullptr ? home : ".") + "/.cache/fulcrum/data";
-  }
+  if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
   if (o.slots == 0) {
     std::cerr << "fulcrum-worker: --slots must be >= 1\n";
     return 2;

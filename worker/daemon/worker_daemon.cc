@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/rpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
@@ -36,12 +38,10 @@ data::LabelKind LabelKindOf(const std::string& s, data::LabelKind fallback) {
   return fallback;
 }
 
+// A spec's dtype: unspecified means fp32.
 DType DTypeOf(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_BF16: return DType::kBf16;
-    case v1::DTYPE_FP16: return DType::kFp16;
-    default: return DType::kFp32;
-  }
+  auto t = DTypeFromWire(d);
+  return t.ok() && *t != DType::kUnspecified ? *t : DType::kFp32;
 }
 
 // Datasets shared by every assignment of this process, by source.
@@ -72,6 +72,12 @@ DataCache& Cache() {
 }
 
 }  // namespace
+
+std::string DefaultDataDir() {
+  if (const char* env = std::getenv("FULCRUM_DATA_DIR"); env != nullptr && *env != 0) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr ? home : ".") + "/.cache/fulcrum/data";
+}
 
 absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& s, const std::string& dir) {
   const std::string path = Resolve(s.path(), dir);
@@ -349,22 +355,18 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(opt
   v1::NodeInfo info;
   info.set_role(v1::WORKER);
   info.set_slots(std::max<uint32_t>(1, options_.slots));
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  info.set_hostname(host);
+  info.set_hostname(HostName());
   info.set_pid(getpid());
   auto probe = compute::CreateBackend(options_.device, &why, 1);
   v1::DeviceInfo* d = info.add_devices();
   if (probe.ok()) {
     d->set_kind((*probe)->is_gpu() ? "cuda" : "cpu");
     d->set_name((*probe)->name());
-    device_description_ = (*probe)->name();
   } else {
     d->set_kind("none");
     d->set_name(probe.status().ToString());
-    device_description_ = probe.status().ToString();
   }
-  FLOG(INFO) << "fulcrum-worker: device " << device_description_ << " (" << why << "); data dir "
+  FLOG(INFO) << "fulcrum-worker: device " << d->name() << " (" << why << "); data dir "
              << options_.data_dir << "; " << info.slots() << " slot(s); coordinator " << options_.coordinator;
   NodeAgentOptions ao;
   ao.coordinator = options_.coordinator;

@@ -55,7 +55,6 @@ class WorkerDaemon {
   void OnUpdate(const v1::HeartbeatResponse& r);
 
   const WorkerDaemonOptions options_;
-  std::string device_description_;
   std::unique_ptr<NodeAgent> agent_;
   mutable absl::Mutex mu_;
   std::map<Key, std::unique_ptr<Runner>> runners_ ABSL_GUARDED_BY(mu_);
@@ -63,6 +62,10 @@ class WorkerDaemon {
   std::vector<std::unique_ptr<Runner>> retiring_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// Where relative data paths resolve by default: $FULCRUM_DATA_DIR, else
+// ~/.cache/fulcrum/data (where deploy/local/fetch_data.sh puts datasets).
+std::string DefaultDataDir();
 
 // Loads one DataSource (paths relative to `data_dir`).
 absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& source,

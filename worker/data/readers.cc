@@ -253,18 +253,30 @@ absl::StatusOr<std::string> ReadFileMaybeGz(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// An IDX file of `what` starts with a `header_bytes` header whose first word is `magic`.
+absl::Status CheckIdxHeader(const std::string& bytes, const std::string& path, size_t header_bytes, uint32_t magic,
+                            const char* what) {
+  if (bytes.size() < header_bytes) {
+    return FileError(path, absl::StrCat("byte ", bytes.size()),
+                     absl::StrCat("file ends inside the ", header_bytes, "-byte IDX header"));
+  }
+  if (BigEndian32(bytes, 0) != magic) {
+    return FileError(path, "byte 0",
+                     absl::StrCat("wrong magic number 0x", absl::Hex(BigEndian32(bytes, 0), absl::kZeroPad8),
+                                  " (IDX ", what, " are 0x", absl::Hex(magic, absl::kZeroPad8), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Dataset>> ReadIdx(const std::string& images_path, const std::string& labels_path,
                                                  const IdxOptions& options) {
   ASSIGN_OR_RETURN(std::string images, ReadFileMaybeGz(images_path));
   ASSIGN_OR_RETURN(std::string labels, ReadFileMaybeGz(labels_path));
-  if (images.size() < 16) {
-    return FileError(images_path, absl::StrCat("byte ", images.size()), "file ends inside the 16-byte IDX header");
-  }
-  if (BigEndian32(images, 0) != 0x00000803) {
-    return FileError(images_path, "byte 0",
-                     absl::StrCat("wrong magic number 0x", absl::Hex(BigEndian32(images, 0), absl::kZeroPad8),
-                                  " (IDX images are 0x00000803)"));
-  }
+  RETURN_IF_ERROR(CheckIdxHeader(images, images_path, 16, 0x00000803, "images"));
   const uint64_t n = BigEndian32(images, 4), rows = BigEndian32(images, 8), cols = BigEndian32(images, 12);
   if (rows == 0 || cols == 0 || rows * cols > (1u << 24)) {
     return FileError(images_path, "byte 8", absl::StrCat("implausible image size ", rows, " x ", cols));
@@ -275,14 +287,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadIdx(const std::string& images_path,
                      absl::StrCat(images.size() < want ? "file is truncated" : "file has trailing bytes", ": header says ",
                                   n, " images of ", rows, " x ", cols, " = ", want, " bytes"));
   }
-  if (labels.size() < 8) {
-    return FileError(labels_path, absl::StrCat("byte ", labels.size()), "file ends inside the 8-byte IDX header");
-  }
-  if (BigEndian32(labels, 0) != 0x00000801) {
-    return FileError(labels_path, "byte 0",
-                     absl::StrCat("wrong magic number 0x", absl::Hex(BigEndian32(labels, 0), absl::kZeroPad8),
-                                  " (IDX labels are 0x00000801)"));
-  }
+  RETURN_IF_ERROR(CheckIdxHeader(labels, labels_path, 8, 0x00000801, "labels"));
   const uint64_t nl = BigEndian32(labels, 4);
   if (nl != n) {
     return FileError(labels_path, "byte 4", absl::StrCat(nl, " labels for ", n, " images in ", images_path));

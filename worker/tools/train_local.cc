@@ -8,7 +8,6 @@
 //
 // Prints one line per epoch and, last, "samples_per_second=N test_accuracy=A".
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -40,10 +39,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_epochs) > 0) spec.set_epochs(static_cast<uint32_t>(absl::GetFlag(FLAGS_epochs)));
   if (spec.seed() == 0) spec.set_seed(1);
   std::string dir = absl::GetFlag(FLAGS_data_dir);
-  if (dir.empty()) {
-    const char* env = std::getenv("FULCRUM_DATA_DIR");
-    dir = env != nullptr ? env : std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/fulcrum/data";
-  }
+  if (dir.empty()) dir = fulcrum::DefaultDataDir();
   auto fail = [](const absl::Status& st) {
     std::cerr << "fulcrum-train-local: " << st << "\n";
     return 1;
