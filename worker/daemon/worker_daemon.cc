@@ -219,8 +219,9 @@ class WorkerDaemon::Runner {
     po.worker_id = absl::StrCat(node_id_, "/", a_.job_id(), "/r", a_.rank(), "/i", a_.incarnation());
     po.rank = a_.rank();
     po.wire_dtype = DTypeOf(spec.wire_dtype());
-    po.pull_wait_timeout = absl::Minutes(10);
-    po.rpc_timeout = absl::Minutes(11);
+    // Short waits, asked again by the Trainer until stopped: a withdrawn
+    // assignment or a stopping worker never sits in a long wait.
+    po.pull_wait_timeout = absl::Seconds(2);
     po.channels_per_server = 2;
     ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(po));
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),

@@ -47,6 +47,17 @@ absl::Status Trainer::Stage() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::Pull(const PullBatch& pull) {
+  for (;;) {
+    absl::Status s = client_->Pull(options_.job_id, pull);
+    // A consistency wait that ran out (the client's pull_wait_timeout) is
+    // asked again until the trainer is stopped: a slow or replaced rank is
+    // waited for, and a stop reaches a blocked wait within one timeout.
+    if (s.code() != absl::StatusCode::kDeadlineExceeded || options_.stop == nullptr) return s;
+    if (options_.stop->load()) return absl::CancelledError("training stopped");
+  }
+}
+
 absl::Status Trainer::LoadParameters(uint64_t pull_step) {
   RETURN_IF_ERROR(Stage());
   PullBatch pull;
@@ -60,7 +71,7 @@ absl::Status Trainer::LoadParameters(uint64_t pull_step) {
       pull.dense.push_back({t.spec.name(), host_value_[i].as<float>(), t.elements});
     }
   }
-  RETURN_IF_ERROR(client_->Pull(options_.job_id, pull));
+  RETURN_IF_ERROR(Pull(pull));
   compute::Backend* be = model_->backend();
   for (size_t i = 0; i < tables.size(); ++i) {
     RETURN_IF_ERROR(be->CopyToDevice(tables[i].value.data(), host_value_[i].data(), tables[i].elements * 4));
@@ -122,7 +133,7 @@ absl::StatusOr<std::string> Trainer::DenseFingerprint() {
   for (size_t i = 0; i < tables.size(); ++i) {
     if (!tables[i].sparse) pull.dense.push_back({tables[i].spec.name(), host_value_[i].as<float>(), tables[i].elements});
   }
-  RETURN_IF_ERROR(client_->Pull(options_.job_id, pull));
+  RETURN_IF_ERROR(Pull(pull));
   uint64_t h = 1469598103934665603ull;
   for (const DenseTarget& t : pull.dense) {
     const auto* b = reinterpret_cast<const unsigned char*>(t.out);

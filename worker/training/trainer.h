@@ -31,7 +31,8 @@ struct TrainerOptions {
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
   // Called after every step with the step's metrics.
   std::function<void(uint64_t step, const models::Metrics&)> on_step;
-  // Checked before every step; when set, TrainEpoch returns CANCELLED.
+  // Checked before every step and between consistency waits (see Pull);
+  // when set, TrainEpoch returns CANCELLED.
   const std::atomic<bool>* stop = nullptr;
 };
 
@@ -76,6 +77,8 @@ class Trainer {
   void set_step(uint64_t step) { step_ = step; }
 
  private:
+  // PsClient::Pull, retried on DEADLINE_EXCEEDED while `stop` is given and unset.
+  absl::Status Pull(const PullBatch& pull);
   absl::Status LoadParameters(uint64_t pull_step);
   absl::Status PushGradients();
   absl::Status Stage();
