@@ -52,6 +52,7 @@ struct PushMessage {
   uint32_t rank = 0;
   uint64_t step = 0;
   uint32_t num_parts = 1;
+  bool more_parts = false;  // num_parts 0: the total comes with a later part
   uint64_t shard_map_version = 0;
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;

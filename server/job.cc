@@ -338,21 +338,22 @@ bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Dec
   std::vector<RankStep>& ranks = steps_[step];
   if (ranks.empty()) ranks.resize(num_workers_);
   RankStep& rs = ranks[rank];
-  if (rs.num_parts != 0 && rs.num_parts != num_parts) {
+  if (num_parts != 0 && rs.num_parts != 0 && rs.num_parts != num_parts) {
     *error = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " announced ", rs.num_parts,
                                                      " parts for step ", step, ", then ",
                                                      num_parts));
     return false;
   }
-  if (rs.received >= num_parts) {
+  const uint32_t total = num_parts != 0 ? num_parts : rs.num_parts;
+  if ((total != 0 && rs.received >= total) || rs.received >= kMaxParts) {
     *error = absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " already sent all ", num_parts, " parts for step ", step));
+        "rank ", rank, " already sent all ", total != 0 ? total : rs.received, " parts for step ", step));
     return false;
   }
-  rs.num_parts = num_parts;
+  if (num_parts != 0) rs.num_parts = num_parts;
   ++rs.received;
   if (bsp_part != nullptr) rs.parts.push_back(std::move(*bsp_part));
-  const bool complete = rs.received == rs.num_parts;
+  const bool complete = rs.complete();
   if (complete && model_ != Model::kBsp) {
     // Clocks only matter to SSP/ASP; BSP tracks completion through steps_.
     done_ahead_[rank].insert(step);
@@ -364,7 +365,7 @@ bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Dec
     // step once no rank has parts of it in flight.
     rs = RankStep();
     if (std::all_of(ranks.begin(), ranks.end(),
-                    [](const RankStep& x) { return x.num_parts == 0; })) {
+                    [](const RankStep& x) { return x.empty(); })) {
       steps_.erase(step);
     }
   }
@@ -380,10 +381,13 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
                                                    m.rank, " but job '", id(), "' has ",
                                                    num_workers_, " workers"));
   }
-  if (m.num_parts == 0 || m.num_parts > kMaxParts) {
-    return absl::InvalidArgumentError(absl::StrCat("push num_parts ", m.num_parts,
-                                                   " must be 1 to ", kMaxParts));
+  if (m.more_parts ? m.num_parts != 0 : m.num_parts > kMaxParts) {
+    return absl::InvalidArgumentError(absl::StrCat("push num_parts ", m.num_parts, " must be ",
+                                                   m.more_parts ? "0 with more_parts" : "1 to ",
+                                                   m.more_parts ? "" : absl::StrCat(kMaxParts)));
   }
+  // A push that leaves num_parts out (proto3: 0) is one message.
+  const uint32_t num_parts = m.more_parts ? 0 : std::max<uint32_t>(1, m.num_parts);
   // A retry of a push already taken is acknowledged before anything else:
   // its step may have been applied since.
   if (!dedup_.Begin(m.worker_id, m.seq)) {
@@ -402,8 +406,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
       // is acknowledged, not applied twice.
       auto pending = steps_.find(m.step);
       if (m.step < applied_step_ ||
-          (pending != steps_.end() && pending->second[m.rank].num_parts != 0 &&
-           pending->second[m.rank].received == pending->second[m.rank].num_parts)) {
+          (pending != steps_.end() && pending->second[m.rank].complete())) {
         duplicates_.fetch_add(1, std::memory_order_relaxed);
         out->duplicate = true;
         out->applied_step = applied_step_;
@@ -443,7 +446,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   {
     absl::MutexLock lock(&mu_);
     absl::Status record;
-    const bool complete = RecordPartLocked(m.rank, m.step, m.num_parts,
+    const bool complete = RecordPartLocked(m.rank, m.step, num_parts,
                                            model_ == Model::kBsp ? &decoded : nullptr, &record);
     if (!record.ok()) {
       dedup_.Abort(m.worker_id, m.seq);
@@ -472,8 +475,7 @@ bool Job::StepCompleteLocked(uint64_t step) const {
   for (uint32_t r = 0; r < num_workers_; ++r) {
     if (!active_[r]) continue;
     any = true;
-    const RankStep& rs = it->second[r];
-    if (rs.num_parts == 0 || rs.received < rs.num_parts) return false;
+    if (!it->second[r].complete()) return false;
   }
   return any;
 }
@@ -587,8 +589,7 @@ std::string Job::WaitReasonLocked(uint64_t step) const {
     auto it = steps_.find(applied_step_);
     for (uint32_t r = 0; r < num_workers_; ++r) {
       if (!active_[r]) continue;
-      if (it == steps_.end() || it->second[r].num_parts == 0 ||
-          it->second[r].received < it->second[r].num_parts) {
+      if (it == steps_.end() || !it->second[r].complete()) {
         missing.push_back(absl::StrCat(r));
       }
     }
@@ -821,7 +822,7 @@ v1::GetJobResponse Job::Stats() const {
       c = applied_step_;
       for (auto it = steps_.find(c); it != steps_.end() && it->first == c; it = steps_.find(++c)) {
         const RankStep& rs = it->second[rank];
-        if (rs.num_parts == 0 || rs.received != rs.num_parts) break;
+        if (!rs.complete()) break;
       }
     }
     r.add_rank_clock(c);

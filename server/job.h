@@ -97,10 +97,15 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;
   };
+  // A rank's parts of one step. A worker pushing layer by layer sends parts
+  // with num_parts 0 ("more follow") and announces the total in its last
+  // parts; the step is complete once the total is known and all arrived.
   struct RankStep {
-    uint32_t num_parts = 0;
+    uint32_t num_parts = 0;  // 0 until announced
     uint32_t received = 0;
     std::vector<Decoded> parts;  // BSP only
+    bool complete() const { return num_parts != 0 && received == num_parts; }
+    bool empty() const { return num_parts == 0 && received == 0; }
   };
   struct Waiter {
     uint64_t step;

@@ -79,7 +79,16 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   m.seq = ++seq_;
   m.rank = rank_;
   m.step = batch.step;
-  m.num_parts = 1;
+  // Groups of one step (PushBatch::last): "more follow" until the last,
+  // which counts them all.
+  {
+    absl::MutexLock l(&mu_);
+    uint32_t& sent = open_steps_[{job_id, batch.step}];
+    ++sent;
+    m.num_parts = batch.last ? sent : 0;
+    m.more_parts = !batch.last;
+    if (batch.last) open_steps_.erase({job_id, batch.step});
+  }
   m.shard_map_version = map->version();
   for (const DenseGradient& g : batch.dense) {
     absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);

@@ -42,6 +42,8 @@ class LocalPsClient final : public PsClient {
   std::atomic<uint64_t> seq_{0};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const v1::PsJobSpec>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Groups sent so far of steps pushed in groups, by (job, step).
+  std::map<std::pair<std::string, uint64_t>, uint32_t> open_steps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fulcrum

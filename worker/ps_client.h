@@ -41,6 +41,10 @@ struct PushBatch {
   uint64_t step = 0;  // the worker's clock: 0 for the first step
   std::vector<DenseGradient> dense;
   std::vector<SparseGradient> sparse;
+  // A step's gradients may be pushed in several groups as they become ready
+  // (a layer's while earlier layers' backward runs): every group but the
+  // step's last has last = false. Each table of a step goes in one group.
+  bool last = true;
 };
 
 struct DenseTarget {

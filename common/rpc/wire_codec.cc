@@ -289,6 +289,7 @@ Writer EncodePush(const PushMessage& m) {
   w.Varint(5, m.step);
   w.Varint(6, m.num_parts);
   w.Varint(7, m.shard_map_version);
+  w.Varint(10, m.more_parts ? 1 : 0);
   for (const DenseSliceView& d : m.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
     inner.External(15, d.data);
@@ -307,6 +308,9 @@ Writer EncodePush(const PushMessage& m) {
 
 absl::Status DecodePush(const Payload& p, PushMessage* m) {
   Reader r(p);
+  // Proto3: an absent field is 0 (a "more follow" part omits num_parts).
+  m->num_parts = 0;
+  m->more_parts = false;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -318,6 +322,12 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;
       case 6: RETURN_IF_ERROR(ReadU32(r, wt, "num_parts", &m->num_parts)); break;
       case 7: RETURN_IF_ERROR(ReadU64(r, wt, "shard_map_version", &m->shard_map_version)); break;
+      case 10: {
+        uint64_t v = 0;
+        RETURN_IF_ERROR(ReadU64(r, wt, "more_parts", &v));
+        m->more_parts = v != 0;
+        break;
+      }
       case 8: {
         Payload sub;
         RETURN_IF_ERROR(ReadPayload(r, wt, "dense", &sub));

@@ -69,10 +69,14 @@ case "$cmd" in
         >"$dir/logs/server-$i.log" 2>&1 &
       echo "$! server-$i" >>"$dir/pids"
     done
-    # Workers share this host's cores: one BLAS thread each unless told.
+    # Workers share this host's cores with the servers: one compute thread
+    # each unless told (FULCRUM_CPU_THREADS). Idle BLAS threads spin, and a
+    # spinning thread takes the core a server needs to answer (measured in
+    # docs/benchmarks.md).
     for ((i = 0; i < workers; i++)); do
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} "$bin/worker/fulcrum-worker" --coordinator="$coord" \
-        --data_dir="$data" --slots="$slots" >"$dir/logs/worker-$i.log" 2>&1 &
+        --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
+        >"$dir/logs/worker-$i.log" 2>&1 &
       echo "$! worker-$i" >>"$dir/pids"
     done
     echo "FULCRUM_COORDINATOR=$coord" >"$dir/env"

@@ -1,51 +1,71 @@
 #!/usr/bin/env bash
-# End-to-end training throughput of the MNIST MLP (deploy/examples/mnist-mlp.yaml,
-# one epoch) on a local cluster, against the same model trained in one process
-# with no parameter-server network (fulcrum-train-local), in the same run:
+# End-to-end training throughput of the MNIST MLP (deploy/examples/mnist-mlp.yaml)
+# on a local cluster, against the same model trained in one process with no
+# parameter-server network (fulcrum-train-local), in the same run:
 #   baseline   one process, LocalPsClient
 #   1x1        coordinator + 1 server + 1 worker processes over 127.0.0.1
 #   2x2        2 servers + 2 workers (both workers on this host's cores)
-# Every trainer uses the same compute settings (OPENBLAS_NUM_THREADS=1, the
-# backend's threads = cores / workers on the host).
+# each under BSP (the example's model) and under SSP with bound 1, where the
+# worker prefetches the next step's parameters and pushes in the background.
+# Every trainer uses the same compute settings: one compute thread (the
+# local cluster's default, deploy/local/cluster.sh). Each figure is the best
+# of EPOCHS epochs (default 3) of one run, as this machine's speed swings by
+# +-20% from one minute to the next.
 #
 #   tests/bench/cluster_bench.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build}
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
+epochs=${EPOCHS:-3}
 tmp=$(mktemp -d)
-port=7170
 cleanup() {
   for c in "$tmp"/c*; do [[ -d "$c" ]] && "$root/deploy/local/cluster.sh" stop --dir "$c" >/dev/null; done
-  rm -rf "$tmp"
+  [[ -n "${KEEP:-}" ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 "$root/deploy/local/fetch_data.sh" "$data" mnist >/dev/null
 spec=$root/deploy/examples/mnist-mlp.yaml
-sed 's/^epochs: .*/epochs: 1/; s/^num_workers: .*/num_workers: 1/; s/^name: .*/name: bench-a/' "$spec" >"$tmp/a.yaml"
-sed 's/^epochs: .*/epochs: 1/; s/^num_workers: .*/num_workers: 2/; s/^name: .*/name: bench-b/' "$spec" >"$tmp/b.yaml"
+make_spec() {  # make_spec NAME WORKERS MODEL [STALENESS]
+  local extra=""
+  [[ -n "${4:-}" ]] && extra="\\n  staleness: $4"
+  sed "s/^epochs: .*/epochs: $epochs/; s/^num_workers: .*/num_workers: $2/; s/^name: .*/name: $1/; s/^  model: bsp\$/  model: $3$extra/" \
+    "$spec" >"$tmp/$1.yaml"
+  grep -q "^  model: $3\$" "$tmp/$1.yaml" || { echo "cluster_bench: no '  model: bsp' line in $spec" >&2; exit 1; }
+}
+make_spec bsp1 1 bsp
+make_spec bsp2 2 bsp
+make_spec ssp1 1 ssp 1
 
 export OPENBLAS_NUM_THREADS=1
-base=$("$build/worker/fulcrum-train-local" --spec="$tmp/a.yaml" --device=cpu --data_dir="$data" |
-  sed -n 's/^samples_per_second=\([0-9]*\).*/\1/p')
+local_run() {  # local_run SPEC -> best samples/s over the epochs
+  "$build/worker/fulcrum-train-local" --spec="$1" --device=cpu --cpu_threads=1 --data_dir="$data" 2>/dev/null |
+    sed -n 's/^epoch [0-9]*: \([0-9]*\) samples.*/\1/p' | sort -n | tail -1
+}
 
-run() {  # run NAME SERVERS WORKERS SPEC -> samples/s of the epoch, all workers together
-  local name=$1 servers=$2 workers=$3 spec=$4
-  "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" --dir "$tmp/c$name" \
+cluster_run() {  # cluster_run PORT SERVERS WORKERS SPEC -> best samples/s over the epochs, all workers together
+  local port=$1 servers=$2 workers=$3 spec=$4 dir=$tmp/c$1
+  "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" --dir "$dir" \
     --port "$port" --bin "$build" --data "$data" >/dev/null
   local ctl=("$build/server/fulcrumctl" "--coordinator=127.0.0.1:$port")
   "${ctl[@]}" submit -f "$spec" >/dev/null
   local id
   id=$("${ctl[@]}" list | awk '{print $1}' | head -1)
   "${ctl[@]}" --output=json status "$id" |
-    python3 -c 'import json,sys; print(round(json.load(sys.stdin)["status"]["epochs"][0]["samples_per_second"]))'
-  "$root/deploy/local/cluster.sh" stop --dir "$tmp/c$name" >/dev/null
-  port=$((port + 10))
+    python3 -c 'import json,sys; print(round(max(e["samples_per_second"] for e in json.load(sys.stdin)["status"]["epochs"])))'
+  grep -h "took" "$dir"/logs/worker-*.log >&2 || true
+  "$root/deploy/local/cluster.sh" stop --dir "$dir" >/dev/null
 }
-one=$(run 1 1 1 "$tmp/a.yaml")
-two=$(run 2 2 2 "$tmp/b.yaml")
-echo "MNIST MLP 784-256-10, batch 32 per worker, 1 epoch, $(nproc) cores"
-printf '%-44s %10s %8s\n' "setup" "samples/s" "ratio"
-printf '%-44s %10s %8s\n' "one process, no PS network (baseline)" "$base" "1.00"
-printf '%-44s %10s %8s\n' "cluster: 1 server + 1 worker" "$one" "$(python3 -c "print(f'{$one/$base:.2f}')")"
-printf '%-44s %10s %8s\n' "cluster: 2 servers + 2 workers" "$two" "$(python3 -c "print(f'{$two/$base:.2f}')")"
+base=$(local_run "$tmp/bsp1.yaml")
+one=$(cluster_run 7170 1 1 "$tmp/bsp1.yaml")
+two=$(cluster_run 7180 2 2 "$tmp/bsp2.yaml")
+sbase=$(local_run "$tmp/ssp1.yaml")
+sone=$(cluster_run 7190 1 1 "$tmp/ssp1.yaml")
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+echo "MNIST MLP 784-256-10, batch 32 per worker, best of $epochs epochs, $(nproc) cores"
+printf '%-52s %10s %8s\n' "setup" "samples/s" "ratio"
+printf '%-52s %10s %8s\n' "BSP: one process, no PS network (baseline)" "$base" "1.00"
+printf '%-52s %10s %8s\n' "BSP: cluster, 1 server + 1 worker" "$one" "$(ratio "$one" "$base")"
+printf '%-52s %10s %8s\n' "BSP: cluster, 2 servers + 2 workers" "$two" "$(ratio "$two" "$base")"
+printf '%-52s %10s %8s\n' "SSP(1): one process, no PS network" "$sbase" "$(ratio "$sbase" "$base")"
+printf '%-52s %10s %8s\n' "SSP(1): cluster, 1 server + 1 worker, prefetching" "$sone" "$(ratio "$sone" "$base")"

@@ -58,7 +58,10 @@ Future<absl::Status> FakePsClient::Enqueue(Call call, std::function<absl::Status
 }
 
 Future<absl::Status> FakePsClient::PushAsync(const std::string& job_id, const PushBatch& batch) {
-  return Enqueue({true, job_id, batch.step}, [this, job_id, batch]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Call call{true, job_id, batch.step, batch.last, {}};
+  for (const DenseGradient& g : batch.dense) call.tables.push_back(g.table);
+  for (const SparseGradient& g : batch.sparse) call.tables.push_back(g.table);
+  return Enqueue(std::move(call), [this, job_id, batch]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     auto job = jobs_.find(job_id);
     if (job == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
     for (const DenseGradient& g : batch.dense) {
@@ -84,7 +87,10 @@ Future<absl::Status> FakePsClient::PushAsync(const std::string& job_id, const Pu
 }
 
 Future<absl::Status> FakePsClient::PullAsync(const std::string& job_id, const PullBatch& batch) {
-  return Enqueue({false, job_id, batch.step}, [this, job_id, batch]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Call call{false, job_id, batch.step, true, {}};
+  for (const DenseTarget& t : batch.dense) call.tables.push_back(t.table);
+  for (const SparseTarget& t : batch.sparse) call.tables.push_back(t.table);
+  return Enqueue(std::move(call), [this, job_id, batch]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     auto job = jobs_.find(job_id);
     if (job == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
     for (const DenseTarget& d : batch.dense) {

@@ -23,6 +23,8 @@ class FakePsClient final : public PsClient {
     bool is_push;
     std::string job_id;
     uint64_t step;
+    bool last = true;                  // push: PushBatch::last
+    std::vector<std::string> tables;   // dense then sparse, as given
   };
 
   absl::Status CreateJob(const v1::PsJobSpec& spec) override;

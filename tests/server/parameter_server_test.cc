@@ -201,6 +201,109 @@ TEST_CASE("a BSP pull waiting past its deadline names the missing workers", "[bs
 
 // ------------------------------------------------------------------ SSP
 
+TEST_CASE("a step pushed in groups completes when the announced total of parts arrived", "[bsp][groups]") {
+  // One server, so every part goes to it; chunks of 4 elements.
+  testing::TestCluster::Options one;
+  one.num_servers = 1;
+  auto cluster = TestCluster::Start(one);
+  GrpcPsClientOptions opts;
+  opts.pull_wait_timeout = absl::Milliseconds(200);
+  auto c = cluster->Client(0, opts);
+  REQUIRE_OK(c->CreateJob(JobSpec("groups", {DenseTableSpec("w", 8, 1.0f, v1::OptimizerSpec::SGD, 4)}, 1)));
+  auto stub = RawStub(cluster->address(0));
+  // Part 1 of step 0: "more follow".
+  v1::PushRequest a = DensePush("groups", "w", 0, {1, 1, 1, 1}, 1);
+  a.set_num_parts(0);
+  a.set_more_parts(true);
+  REQUIRE_OK(RawPush(stub.get(), a));
+  std::vector<float> w(8);
+  REQUIRE_STATUS(c->Pull("groups", {1, {{"w", w.data(), 8}}, {}}), absl::StatusCode::kDeadlineExceeded,
+                 "step 0 waits for workers 0");
+  // The last part carries the total: now step 0 applies, both chunks at once.
+  v1::PushRequest b = DensePush("groups", "w", 1, {2, 2, 2, 2}, 2);
+  b.set_num_parts(2);
+  REQUIRE_OK(RawPush(stub.get(), b));
+  REQUIRE_OK(c->Pull("groups", {1, {{"w", w.data(), 8}}, {}}));
+  REQUIRE(w == std::vector<float>{-1, -1, -1, -1, -2, -2, -2, -2});
+  // Step 1: the total arrives first, the "more follow" part after it.
+  v1::PushRequest d = DensePush("groups", "w", 1, {1, 1, 1, 1}, 3, 1);
+  d.set_num_parts(2);
+  REQUIRE_OK(RawPush(stub.get(), d));
+  v1::PushRequest e = DensePush("groups", "w", 0, {1, 1, 1, 1}, 4, 1);
+  e.set_num_parts(0);
+  e.set_more_parts(true);
+  REQUIRE_OK(RawPush(stub.get(), e));
+  REQUIRE_OK(c->Pull("groups", {2, {{"w", w.data(), 8}}, {}}));
+  REQUIRE(w == std::vector<float>{-2, -2, -2, -2, -3, -3, -3, -3});
+  // Step 2: a total that changes, and a part beyond the total, are refused.
+  v1::PushRequest f = DensePush("groups", "w", 0, {1, 1, 1, 1}, 5, 2);
+  f.set_num_parts(2);
+  REQUIRE_OK(RawPush(stub.get(), f));
+  v1::PushRequest g = DensePush("groups", "w", 1, {1, 1, 1, 1}, 6, 2);
+  g.set_num_parts(3);
+  REQUIRE_STATUS(RawPush(stub.get(), g), absl::StatusCode::kInvalidArgument, "announced 2 parts for step 2, then 3");
+  g.set_num_parts(2);
+  g.set_seq(7);
+  REQUIRE_OK(RawPush(stub.get(), g));
+  REQUIRE_OK(c->Pull("groups", {3, {{"w", w.data(), 8}}, {}}));
+  REQUIRE(w == std::vector<float>{-3, -3, -3, -3, -4, -4, -4, -4});
+  // A part after the step completed is acknowledged and not applied again.
+  v1::PushRequest h = DensePush("groups", "w", 1, {1, 1, 1, 1}, 8, 2);
+  h.set_num_parts(0);
+  h.set_more_parts(true);
+  v1::PushResponse hr;
+  REQUIRE_OK(RawPush(stub.get(), h, &hr));
+  REQUIRE(hr.duplicate());
+  REQUIRE_OK(c->Pull("groups", {3, {{"w", w.data(), 8}}, {}}));
+  REQUIRE(w == std::vector<float>{-3, -3, -3, -3, -4, -4, -4, -4});
+  // "More follow" must not carry a count.
+  h.set_step(3);
+  h.set_seq(9);
+  h.set_num_parts(1);
+  REQUIRE_STATUS(RawPush(stub.get(), h), absl::StatusCode::kInvalidArgument, "must be 0 with more_parts");
+}
+
+TEST_CASE("the client's grouped pushes of a step equal one push of it", "[bsp][groups]") {
+  auto cluster = TestCluster::Start();
+  std::vector<std::unique_ptr<GrpcPsClient>> w;
+  w.push_back(cluster->Client(0));
+  w.push_back(cluster->Client(1));
+  // Two tables of 3 chunks each over 2 servers; 2 workers' steps in groups
+  // (table by table) and whole must give the same weights, exactly.
+  for (const char* job : {"whole", "grouped"}) {
+    auto spec = JobSpec(job, {DenseTableSpec("a", 12, 1.0f, v1::OptimizerSpec::SGD, 4),
+                              DenseTableSpec("b", 12, 1.0f, v1::OptimizerSpec::SGD, 4)}, 2);
+    REQUIRE_OK(w[0]->CreateJob(spec));
+    REQUIRE_OK(w[1]->OpenJob(job));
+  }
+  std::vector<float> out(12);
+  for (int t = 0; t < 3; ++t) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      std::vector<float> ga(12), gb(12);
+      for (size_t i = 0; i < 12; ++i) {
+        ga[i] = Grad(r, t, i);
+        gb[i] = Grad(r, t, i + 5);
+      }
+      REQUIRE_OK(w[r]->Push("whole", {static_cast<uint64_t>(t), {{"b", gb.data(), 12}, {"a", ga.data(), 12}}, {}}));
+      PushBatch first{static_cast<uint64_t>(t), {{"b", gb.data(), 12}}, {}};
+      first.last = false;
+      REQUIRE_OK(w[r]->Push("grouped", first));
+      if (r == 0) {
+        // Worker 0's step is not complete until its last group: no server applies step t.
+        REQUIRE(w[r]->GetJobStats("grouped", 0)->applied_step() == static_cast<uint64_t>(t));
+      }
+      REQUIRE_OK(w[r]->Push("grouped", {static_cast<uint64_t>(t), {{"a", ga.data(), 12}}, {}}));
+    }
+  }
+  for (const char* table : {"a", "b"}) {
+    std::vector<float> whole(12), grouped(12);
+    REQUIRE_OK(w[0]->Pull("whole", {3, {{table, whole.data(), 12}}, {}}));
+    REQUIRE_OK(w[0]->Pull("grouped", {3, {{table, grouped.data(), 12}}, {}}));
+    REQUIRE(whole == grouped);
+    REQUIRE(whole[0] != 0.0f);
+  }
+}
+
 TEST_CASE("SSP: a fast worker blocks at the staleness bound and resumes", "[ssp]") {
   auto cluster = TestCluster::Start();
   auto fast = cluster->Client(0);

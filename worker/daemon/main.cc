@@ -19,6 +19,7 @@ ABSL_FLAG(std::string, device, "auto", "compute device: auto (first GPU, else CP
 ABSL_FLAG(std::string, data_dir, "", "where relative data paths of job specs resolve "
           "(default $FULCRUM_DATA_DIR, else ~/.cache/fulcrum/data)");
 ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
+ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum worker");
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.device = absl::GetFlag(FLAGS_device);
   o.slots = absl::GetFlag(FLAGS_slots);
+  o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
   if (o.slots == 0) {

@@ -233,6 +233,7 @@ class WorkerDaemon::Runner {
     to.job_id = a_.job_id();
     to.batch_size = static_cast<int>(spec.batch_size());
     to.seed = spec.seed();
+    to.prefetch_parameters = training::AllowsPrefetch(spec.consistency());
     to.rank = static_cast<int>(a_.rank());
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();
@@ -291,6 +292,9 @@ class WorkerDaemon::Runner {
         FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
                    << t.accuracy << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
       }
+      {
+        FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data " << e.data_wait_seconds << " s";
+      }
       v1::ReportProgressRequest r = Base();
       progress_.set_state("training");
       *r.mutable_progress() = progress_;
@@ -331,6 +335,7 @@ class WorkerDaemon::Runner {
   }
 
   int cpu_threads() const {
+    if (options_.cpu_threads > 0) return options_.cpu_threads;
     // Several assignments on one host share its cores.
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return static_cast<int>(std::max<long>(1, cores / std::max<uint32_t>(1, options_.slots)));

@@ -34,6 +34,7 @@ struct WorkerDaemonOptions {
   std::string data_dir;        // relative data paths resolve here
   std::string device = "auto"; // auto | cpu | cuda:N
   uint32_t slots = 1;          // assignments run at once
+  int cpu_threads = 0;         // CPU backend threads per assignment; 0: cores / slots
   absl::Duration progress_interval = absl::Milliseconds(500);
 };
 

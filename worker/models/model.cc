@@ -213,6 +213,11 @@ class Mlp final : public Model {
         RETURN_IF_ERROR(be_->Gemm(true, false, dims_[l], dims_[l + 1], B, 1.0f, acts_[l].as<float>(), dZ, 0.0f, dW));
       }
       RETURN_IF_ERROR(be_->ColumnSum(B, dims_[l + 1], dZ, db));
+      // fp16's loss scaling may still zero or rescale every gradient.
+      if (config_.precision != DType::kFp16) {
+        RETURN_IF_ERROR(GradientReady(2 * l + 1));  // the bias first: the weight completes the layer
+        RETURN_IF_ERROR(GradientReady(2 * l));
+      }
       if (l == 0) break;
       RETURN_IF_ERROR(Reserve(&dx_, size_t{4} * B * dims_[l]));
       if (lowp) {

@@ -15,6 +15,9 @@
 //      or from anywhere in tests.
 //   3. Run(batch, train): forward, and with train the backward pass, which
 //      overwrites every Table::grad (mean over the batch's examples).
+//      Models that compute gradients layer by layer (mlp, softmax) report
+//      each table whose gradient is final through the on_gradient callback
+//      while the rest of backward still runs, so the caller can push it.
 //
 // Mixed precision: with precision bf16 or fp16 the dense layers' GEMMs take
 // 16-bit inputs with fp32 accumulation; weights stay fp32 (the servers keep
@@ -25,6 +28,7 @@
 #define FULCRUM_WORKER_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +84,12 @@ class Model {
   absl::Status Prepare(const data::Batch& batch);
   virtual absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) = 0;
 
+  // Called during Run's backward with the index of a table whose gradient
+  // is final (issued on the backend; not yet synchronized). Tables never
+  // reported are final when Run returns. An error aborts Run with it.
+  using GradientCallback = std::function<absl::Status(size_t table)>;
+  void set_on_gradient(GradientCallback f) { on_gradient_ = std::move(f); }
+
  protected:
   Model(ModelConfig config, compute::Backend* backend) : config_(std::move(config)), be_(backend) {}
   // Sparse models: fill the sparse tables' keys and upload their indices.
@@ -91,8 +101,12 @@ class Model {
   Table& AddDense(const std::string& name, std::vector<int64_t> shape, v1::InitializerSpec init);
   Table& AddSparse(const std::string& name, uint32_t dim, v1::InitializerSpec init);
 
+  // Reports table i's gradient as final (see set_on_gradient).
+  absl::Status GradientReady(size_t i) { return on_gradient_ ? on_gradient_(i) : absl::OkStatus(); }
+
   ModelConfig config_;
   compute::Backend* be_;
+  GradientCallback on_gradient_;
   std::vector<Table> tables_;
 
  private:

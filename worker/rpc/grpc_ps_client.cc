@@ -514,7 +514,7 @@ class GrpcPsClient::Impl {
       }
       AddSparse(m, packer, &it->second, g.keys, g.num_keys, g.values);
     }
-    return packer.Take(job.synchronous);
+    return packer.Take(job.synchronous && batch.last);
   }
 
   // Groups keyed rows by owner into the packer's parts.
@@ -551,11 +551,35 @@ class GrpcPsClient::Impl {
       op->Done(error);
       return f;
     }
-    std::vector<uint32_t> count(m->num_servers(), 0);
+    const size_t n = m->num_servers();
+    std::vector<uint32_t> count(n, 0);
     for (auto& [s, p] : parts) ++count[s];
+    // A step pushed in groups: earlier groups' messages say "more follow"
+    // (num_parts 0); the last group's carry each server's total, and a
+    // server with earlier parts but nothing now gets an empty part with it.
+    std::vector<uint32_t> earlier;
+    {
+      absl::MutexLock lock(&open_mu_);
+      auto key = std::make_pair(job_id, batch.step);
+      if (!batch.last) {
+        std::vector<uint32_t>& e = open_steps_[key];
+        e.resize(std::max(e.size(), n), 0);
+        for (size_t s = 0; s < n; ++s) e[s] += count[s];
+      } else if (auto it = open_steps_.find(key); it != open_steps_.end()) {
+        earlier = std::move(it->second);
+        open_steps_.erase(it);
+      }
+    }
+    earlier.resize(std::max(earlier.size(), n), 0);
+    for (uint32_t s = 0; s < n; ++s) {
+      if (batch.last && earlier[s] > 0 && count[s] == 0) {
+        parts.emplace_back(s, std::make_shared<PushPart>());
+        ++count[s];
+      }
+    }
     op->Add(static_cast<int>(parts.size()));
     for (auto& [s, p] : parts) {
-      SendPush(op, *job, m, s, job_id, batch.step, count[s], std::move(p),
+      SendPush(op, *job, m, s, job_id, batch.step, batch.last ? earlier[s] + count[s] : 0, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
     op->Done(absl::OkStatus());
@@ -573,6 +597,7 @@ class GrpcPsClient::Impl {
     msg.rank = options_.rank;
     msg.step = step;
     msg.num_parts = num_parts;
+    msg.more_parts = num_parts == 0;
     msg.shard_map_version = m->version();
     const DType dt = options_.wire_dtype;
     // Converted payloads live in `encoded` until the call completes.
@@ -611,7 +636,8 @@ class GrpcPsClient::Impl {
              return;
            }
            if (auto version = WrongShardVersion(s); version && !job->synchronous) {
-             timer_.Schedule(absl::Now(), [=, this] { ReroutePush(op, job, address, *version, job_id, step, part); });
+             timer_.Schedule(absl::Now(),
+                             [=, this] { ReroutePush(op, job, address, *version, job_id, step, num_parts, part); });
              return;
            }
            op->Done(Annotate(s, absl::StrCat("push to ", address)));
@@ -620,7 +646,7 @@ class GrpcPsClient::Impl {
 
   void ReroutePush(std::shared_ptr<Op> op, std::shared_ptr<const JobInfo> job,
                    const std::string& address, uint64_t version, const std::string& job_id,
-                   uint64_t step, std::shared_ptr<PushPart> part) {
+                   uint64_t step, uint32_t num_parts, std::shared_ptr<PushPart> part) {
     absl::Status s = FetchMap(address, version);
     if (!s.ok()) {
       op->Done(Annotate(s, "refreshing the shard map"));
@@ -640,7 +666,7 @@ class GrpcPsClient::Impl {
     auto parts = packer.Take(false);
     op->Add(static_cast<int>(parts.size()));
     for (auto& [srv, p] : parts) {
-      SendPush(op, job, m, srv, job_id, step, 1, std::move(p),
+      SendPush(op, job, m, srv, job_id, step, num_parts == 0 ? 0 : 1, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
     op->Done(absl::OkStatus());  // the rejected part is replaced by the new ones
@@ -835,6 +861,11 @@ class GrpcPsClient::Impl {
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<ServerConn>> conns_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const JobInfo>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Steps pushed in groups whose last group has not gone yet: parts sent so
+  // far per server, by (job, step).
+  absl::Mutex open_mu_;
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, std::vector<uint32_t>> open_steps_
+      ABSL_GUARDED_BY(open_mu_);
   // Runs retries and re-routes off gRPC's threads. Declared last so it stops
   // (and drops its pending closures) before the members they use go away.
   DeadlineTimer timer_;

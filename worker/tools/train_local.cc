@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   to.job_id = "local";
   to.batch_size = static_cast<int>(spec.batch_size());
   to.seed = spec.seed();
+  to.prefetch_parameters = fulcrum::training::AllowsPrefetch(spec.consistency());
   fulcrum::training::Trainer trainer(model->get(), &client, to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
   double examples = 0, seconds = 0, accuracy = 0;
@@ -85,6 +86,8 @@ int main(int argc, char** argv) {
     }
     std::printf("epoch %u: %.0f samples/s, train loss %.4f, test accuracy %.4f\n", e + 1, r->samples_per_second,
                 r->train.loss, accuracy);
+    std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s\n", r->seconds, r->pull_wait_seconds,
+                r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds);
   }
   std::printf("samples_per_second=%.0f test_accuracy=%.4f\n", seconds > 0 ? examples / seconds : 0, accuracy);
   return 0;

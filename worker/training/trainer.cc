@@ -27,18 +27,41 @@ v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const 
   return spec;
 }
 
-Trainer::Trainer(models::Model* model, PsClient* client, TrainerOptions options)
-    : model_(model), client_(client), options_(std::move(options)) {
-  host_value_.resize(model_->tables().size());
-  host_grad_.resize(model_->tables().size());
+bool AllowsPrefetch(const v1::ConsistencySpec& c) {
+  return c.model() == v1::ConsistencySpec::ASP || (c.model() == v1::ConsistencySpec::SSP && c.staleness() >= 1);
 }
 
-absl::Status Trainer::Stage() {
+Trainer::Trainer(models::Model* model, PsClient* client, TrainerOptions options)
+    : model_(model), client_(client), options_(std::move(options)) {
+  for (Staging& st : staging_) {
+    st.value.resize(model_->tables().size());
+    st.grad.resize(model_->tables().size());
+  }
+}
+
+Trainer::~Trainer() {
+  Drain();
+  model_->set_on_gradient(nullptr);
+}
+
+void Trainer::Drain() {
+  if (prefetch_) {
+    prefetch_->done.Wait();
+    prefetch_.reset();
+  }
+  for (InFlightPush& p : pushes_) p.done.Wait();
+  pushes_.clear();
+}
+
+absl::Status Trainer::Stage(int set, bool values, bool grads) {
+  // Only `set`'s buffers may grow (sparse tables' rows vary by batch): the
+  // other set's may be in flight.
   compute::Backend* be = model_->backend();
+  Staging& st = staging_[set];
   for (size_t i = 0; i < model_->tables().size(); ++i) {
     const size_t bytes = std::max<size_t>(64, model_->tables()[i].elements * 4);
-    for (compute::Buffer* b : {&host_value_[i], &host_grad_[i]}) {
-      if (b->data() != nullptr && b->bytes() >= bytes) continue;
+    for (compute::Buffer* b : {values ? &st.value[i] : nullptr, grads ? &st.grad[i] : nullptr}) {
+      if (b == nullptr || (b->data() != nullptr && b->bytes() >= bytes)) continue;
       b->Reset();
       // Grow by half again so batches of slightly more keys do not reallocate.
       ASSIGN_OR_RETURN(*b, be->AllocateHost(bytes + bytes / 2));
@@ -47,56 +70,147 @@ absl::Status Trainer::Stage() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Pull(const PullBatch& pull) {
+absl::Status Trainer::Pull(const PullBatch& pull, Future<absl::Status>* f) {
+  absl::Status s = f != nullptr ? f->Wait() : client_->Pull(options_.job_id, pull);
   for (;;) {
-    absl::Status s = client_->Pull(options_.job_id, pull);
     // A consistency wait that ran out (the client's pull_wait_timeout) is
     // asked again until the trainer is stopped: a slow or replaced rank is
     // waited for, and a stop reaches a blocked wait within one timeout.
     if (s.code() != absl::StatusCode::kDeadlineExceeded || options_.stop == nullptr) return s;
     if (options_.stop->load()) return absl::CancelledError("training stopped");
+    s = client_->Pull(options_.job_id, pull);
   }
 }
 
-absl::Status Trainer::LoadParameters(uint64_t pull_step) {
-  RETURN_IF_ERROR(Stage());
+PullBatch Trainer::PullFor(uint64_t step, int set, bool dense, bool sparse) {
   PullBatch pull;
-  pull.step = pull_step;
+  pull.step = step;
   auto& tables = model_->tables();
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
+    float* out = staging_[set].value[i].as<float>();
     if (t.sparse) {
-      if (!t.keys.empty()) pull.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), host_value_[i].as<float>()});
-    } else {
-      pull.dense.push_back({t.spec.name(), host_value_[i].as<float>(), t.elements});
+      if (sparse && !t.keys.empty()) pull.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), out});
+    } else if (dense) {
+      pull.dense.push_back({t.spec.name(), out, t.elements});
     }
   }
-  RETURN_IF_ERROR(Pull(pull));
+  return pull;
+}
+
+absl::Status Trainer::CopyToDevice(int set) {
   compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
   for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(be->CopyToDevice(tables[i].value.data(), host_value_[i].data(), tables[i].elements * 4));
+    RETURN_IF_ERROR(be->CopyToDevice(tables[i].value.data(), staging_[set].value[i].data(), tables[i].elements * 4));
   }
   return absl::OkStatus();
 }
 
-absl::Status Trainer::PushGradients() {
+absl::Status Trainer::LoadParameters(uint64_t step, bool prefetch_next) {
+  const int set = static_cast<int>(step % 2);
+  if (prefetch_ && (prefetch_->step != step || prefetch_->set != set)) Drain();  // not for this step
+  RETURN_IF_ERROR(Stage(set, /*values=*/true, /*grads=*/false));
+  bool have_dense = false;
+  if (prefetch_) {
+    Prefetch p = std::move(*prefetch_);
+    prefetch_.reset();
+    RETURN_IF_ERROR(Pull(p.pull, &p.done));
+    have_dense = true;
+  }
+  PullBatch now = PullFor(step, set, /*dense=*/!have_dense, /*sparse=*/true);
+  if (!now.dense.empty() || !now.sparse.empty()) RETURN_IF_ERROR(Pull(now));
+  RETURN_IF_ERROR(CopyToDevice(set));
+  if (prefetch_next) {
+    // The other set's values were copied to the device a step ago; its
+    // grads belong to pushes, which pulls do not touch.
+    RETURN_IF_ERROR(Stage(1 - set, /*values=*/true, /*grads=*/false));  // dense: sized once
+    Prefetch p{step + 1, 1 - set, PullFor(step + 1, 1 - set, /*dense=*/true, /*sparse=*/false), {}};
+    if (!p.pull.dense.empty()) {
+      prefetch_ = std::move(p);
+      prefetch_->done = client_->PullAsync(options_.job_id, prefetch_->pull);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
-  for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(be->CopyToHost(host_grad_[i].data(), tables[i].grad.data(), tables[i].elements * 4));
+  Staging& st = staging_[grad_set_];
+  for (size_t i : group) {
+    RETURN_IF_ERROR(be->CopyToHost(st.grad[i].data(), tables[i].grad.data(), tables[i].elements * 4));
   }
   RETURN_IF_ERROR(be->Synchronize());
   PushBatch push;
   push.step = step_;
-  for (size_t i = 0; i < tables.size(); ++i) {
+  push.last = last;
+  for (size_t i : group) {
     models::Table& t = tables[i];
     if (t.sparse) {
-      if (!t.keys.empty()) push.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), host_grad_[i].as<float>()});
+      if (!t.keys.empty()) push.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), st.grad[i].as<float>()});
     } else {
-      push.dense.push_back({t.spec.name(), host_grad_[i].as<float>(), t.elements});
+      push.dense.push_back({t.spec.name(), st.grad[i].as<float>(), t.elements});
     }
   }
-  return client_->Push(options_.job_id, push);
+  pushes_.push_back({step_, client_->PushAsync(options_.job_id, push)});
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::WaitPushes(uint64_t before) {
+  absl::Status first;
+  size_t kept = 0;
+  for (size_t k = 0; k < pushes_.size(); ++k) {
+    if (pushes_[k].step < before) {
+      first.Update(pushes_[k].done.Wait());
+    } else {
+      pushes_[kept++] = std::move(pushes_[k]);
+    }
+  }
+  pushes_.resize(kept);
+  return first;
+}
+
+absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
+  auto& tables = model_->tables();
+  // This step's gradients stage in the set step - 2 used: its pushes must be done.
+  grad_set_ = static_cast<int>(step_ % 2);
+  {
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(WaitPushes(step_ >= 1 ? step_ - 1 : 0));
+    if (timing_) timing_->push_wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  RETURN_IF_ERROR(Stage(grad_set_, /*values=*/false, /*grads=*/true));
+  ready_.clear();
+  ready_bytes_ = 0;
+  pushed_.assign(tables.size(), false);
+  // Sparse rows (their keys and row count change every batch) wait for the
+  // end of backward with the rest; dense tables go in groups as ready.
+  model_->set_on_gradient([this, &tables](size_t i) -> absl::Status {
+    if (i >= tables.size() || pushed_[i] || tables[i].sparse) return absl::OkStatus();
+    ready_.push_back(i);
+    ready_bytes_ += tables[i].elements * 4;
+    if (ready_bytes_ < options_.min_push_group_bytes) return absl::OkStatus();
+    // When nothing else is left, this is the step's last group: sent after Run.
+    size_t left = 0;
+    for (size_t k = 0; k < tables.size(); ++k) left += !pushed_[k];
+    if (left == ready_.size()) return absl::OkStatus();
+    for (size_t k : ready_) pushed_[k] = true;
+    // The step's last group is sent after Run, so this one never is.
+    absl::Status s = PushGroup(ready_, /*last=*/false);
+    ready_.clear();
+    ready_bytes_ = 0;
+    return s;
+  });
+  absl::StatusOr<models::Metrics> m = model_->Run(batch, /*train=*/true);
+  model_->set_on_gradient(nullptr);
+  if (!m.ok()) return m.status();
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (!pushed_[i]) rest.push_back(i);
+  }
+  RETURN_IF_ERROR(PushGroup(rest, /*last=*/true));
+  return m;
 }
 
 // Sums while running; Finish turns the sums into means.
@@ -126,13 +240,10 @@ int64_t Trainer::StepsPerEpoch(const data::Dataset& train) const {
 }
 
 absl::StatusOr<std::string> Trainer::DenseFingerprint() {
-  RETURN_IF_ERROR(Stage());
-  PullBatch pull;
-  pull.step = step_;
-  auto& tables = model_->tables();
-  for (size_t i = 0; i < tables.size(); ++i) {
-    if (!tables[i].sparse) pull.dense.push_back({tables[i].spec.name(), host_value_[i].as<float>(), tables[i].elements});
-  }
+  RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
+  Drain();
+  RETURN_IF_ERROR(Stage(0, /*values=*/true, /*grads=*/false));
+  PullBatch pull = PullFor(step_, 0, /*dense=*/true, /*sparse=*/false);
   RETURN_IF_ERROR(Pull(pull));
   uint64_t h = 1469598103934665603ull;
   for (const DenseTarget& t : pull.dense) {
@@ -156,22 +267,46 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
-  const int64_t limit = options_.max_steps_per_epoch < 0 ? -1 : std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch);
-  for (;;) {
-    if (limit >= 0 && result.steps >= limit) break;
-    if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
-    ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
-    if (!batch) break;
-    RETURN_IF_ERROR(model_->Prepare(*batch));
-    RETURN_IF_ERROR(LoadParameters(step_));
-    ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/true));
-    RETURN_IF_ERROR(PushGradients());
-    if (options_.on_step) options_.on_step(step_, m);
-    ++step_;
-    ++result.steps;
-    result.skipped_steps += m.skipped;
-    Accumulate(m, &result.train);
-    prefetch.Recycle(std::move(batch));
+  timing_ = &result;
+  int64_t steps = prefetch.num_batches();
+  if (options_.max_steps_per_epoch >= 0) {
+    steps = std::min(steps, std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch));
+  }
+  absl::Status s = [&]() -> absl::Status {
+    while (result.steps < steps) {
+      if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
+      ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
+      if (!batch) break;
+      RETURN_IF_ERROR(model_->Prepare(*batch));
+      const auto a = Clock::now();
+      RETURN_IF_ERROR(LoadParameters(step_, options_.prefetch_parameters && result.steps + 1 < steps));
+      const auto b = Clock::now();
+      ASSIGN_OR_RETURN(models::Metrics m, RunAndPush(*batch));
+      const auto c = Clock::now();
+      // Without prefetching the next pull needs this push applied (BSP), so
+      // wait for it now; otherwise it completes while the next step runs.
+      if (!options_.prefetch_parameters) RETURN_IF_ERROR(WaitPushes(step_ + 1));
+      const auto d = Clock::now();
+      result.pull_wait_seconds += std::chrono::duration<double>(b - a).count();
+      result.compute_seconds += std::chrono::duration<double>(c - b).count();
+      result.push_wait_seconds += std::chrono::duration<double>(d - c).count();
+      if (options_.on_step) options_.on_step(step_, m);
+      ++step_;
+      ++result.steps;
+      result.skipped_steps += m.skipped;
+      Accumulate(m, &result.train);
+      prefetch.Recycle(std::move(batch));
+    }
+    // The epoch's results (evaluation, fingerprints) include every push.
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
+    result.push_wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    return absl::OkStatus();
+  }();
+  timing_ = nullptr;
+  if (!s.ok()) {
+    Drain();
+    return s;
   }
   Finish(model_->task(), &result.train);
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -197,7 +332,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
     // Evaluation reads the parameters as of this rank's clock (the first
     // pull waits for the consistency model; later ones are then ready);
     // dense-only models load their tables once.
-    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(step_));
+    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(step_, /*prefetch_next=*/false));
     loaded = true;
     ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/false));
     Accumulate(m, &r);

@@ -4,11 +4,26 @@
 // gradients; the servers apply the optimizer. Data comes from a Prefetcher
 // over the rank's shard. Works over any PsClient: the gRPC client in a
 // worker daemon, LocalPsClient in a single process.
+//
+// Communication overlaps compute where the consistency model allows:
+//   - Per-layer push (every model): gradients go out in groups as backward
+//     finishes them (the last layer's while the earlier layers' backward
+//     runs), a group once it holds min_push_group_bytes.
+//   - Under SSP (bound >= 1) and ASP (prefetch_parameters): the dense tables
+//     for step s+1 are pulled while step s computes, and step s's push
+//     completes in the background while step s+1 runs (one step in flight,
+//     double-buffered). The parameters a step uses may then lack this
+//     worker's own previous step, a staleness of 1 the bound already allows.
+//     Sparse rows are pulled with their batch (its keys are known only
+//     then).
+//   - Under BSP a step's parameters need every worker's previous step, so
+//     the pull waits for the push; only the per-layer push overlaps.
 #ifndef FULCRUM_WORKER_TRAINING_TRAINER_H_
 #define FULCRUM_WORKER_TRAINING_TRAINER_H_
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +44,13 @@ struct TrainerOptions {
   int prefetch_depth = 4;
   bool shuffle = true;
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
+  // Pull step s+1's dense parameters during step s, and let pushes complete
+  // in the background: only for SSP with a bound >= 1, or ASP.
+  bool prefetch_parameters = false;
+  // Backward's gradients are pushed in groups of at least this many bytes
+  // as they become ready (the rest when backward ends). 0: every table as
+  // soon as it is ready; SIZE_MAX: all at the end.
+  size_t min_push_group_bytes = 256 << 10;
   // Called after every step with the step's metrics.
   std::function<void(uint64_t step, const models::Metrics&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
@@ -50,8 +72,15 @@ struct EpochResult {
   EvalResult train;            // over this epoch's batches, as trained
   double seconds = 0;
   double data_wait_seconds = 0;  // time steps waited for the prefetcher
+  double pull_wait_seconds = 0;  // time steps waited for parameters
+  double push_wait_seconds = 0;  // time steps waited for their pushes
+  double compute_seconds = 0;    // forward + backward
   double samples_per_second = 0;
 };
+
+// Whether a consistency model lets a worker pull step s+1's parameters
+// before its step s push is applied: SSP with a bound >= 1, and ASP.
+bool AllowsPrefetch(const v1::ConsistencySpec& c);
 
 // The PsJobSpec for a model's tables with one optimizer for all of them.
 v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const v1::OptimizerSpec& optimizer,
@@ -60,6 +89,10 @@ v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const 
 class Trainer {
  public:
   Trainer(models::Model* model, PsClient* client, TrainerOptions options);
+  // Waits for pushes and pulls still in flight (they write its buffers).
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Trains one epoch of this rank's shard, from batch `start_batch` (a
   // worker resuming a lost rank mid-epoch skips what its predecessor did).
@@ -77,11 +110,32 @@ class Trainer {
   void set_step(uint64_t step) { step_ = step; }
 
  private:
-  // PsClient::Pull, retried on DEADLINE_EXCEEDED while `stop` is given and unset.
-  absl::Status Pull(const PullBatch& pull);
-  absl::Status LoadParameters(uint64_t pull_step);
-  absl::Status PushGradients();
-  absl::Status Stage();
+  // Staging buffers: two sets (steps alternate) so one step's push and the
+  // next step's prefetched pull can be in flight while another computes.
+  struct Staging {
+    std::vector<compute::Buffer> value, grad;  // one per table
+  };
+
+  // Waits for `f`; a consistency wait that ran out (DEADLINE_EXCEEDED) is
+  // asked again synchronously with `pull` until `stop` is set.
+  absl::Status Pull(const PullBatch& pull, Future<absl::Status>* f = nullptr);
+  // The pull of `set`'s buffers for `step`: dense tables, and with `sparse`
+  // the batch's rows.
+  PullBatch PullFor(uint64_t step, int set, bool dense, bool sparse);
+  // Fills the model's tables for the step about to run (from a prefetched
+  // pull when there is one for it) and, when allowed, starts the next
+  // step's prefetch.
+  absl::Status LoadParameters(uint64_t step, bool prefetch_next);
+  absl::Status CopyToDevice(int set);
+  // Runs forward and backward, pushing gradient groups as they are ready.
+  absl::StatusOr<models::Metrics> RunAndPush(const data::Batch& batch);
+  absl::Status PushGroup(const std::vector<size_t>& tables, bool last);
+  // Waits for the pushes of steps < `before`; the first error wins.
+  absl::Status WaitPushes(uint64_t before);
+  // Waits for everything in flight, ignoring errors (cleanup paths).
+  void Drain();
+  // Sizes `set`'s value and/or grad buffers for this step's tables.
+  absl::Status Stage(int set, bool values, bool grads);
   static void Accumulate(const models::Metrics& m, EvalResult* r);
   static void Finish(models::Task task, EvalResult* r);
 
@@ -89,7 +143,25 @@ class Trainer {
   PsClient* client_;
   TrainerOptions options_;
   uint64_t step_ = 0;
-  std::vector<compute::Buffer> host_value_, host_grad_;  // staging, one per table
+  Staging staging_[2];
+  struct InFlightPush {
+    uint64_t step;
+    Future<absl::Status> done;
+  };
+  std::vector<InFlightPush> pushes_;
+  struct Prefetch {
+    uint64_t step;
+    int set;
+    PullBatch pull;  // kept alive while in flight
+    Future<absl::Status> done;
+  };
+  std::optional<Prefetch> prefetch_;
+  // Per step: its staging set and the tables its push groups covered so far.
+  int grad_set_ = 0;
+  std::vector<size_t> ready_;
+  size_t ready_bytes_ = 0;
+  std::vector<bool> pushed_;
+  EpochResult* timing_ = nullptr;  // where RunAndPush adds its push waits
 };
 
 }  // namespace fulcrum::training
