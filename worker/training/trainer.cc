@@ -36,6 +36,7 @@ Trainer::Trainer(models::Model* model, PsClient* client, TrainerOptions options)
   for (Staging& st : staging_) {
     st.value.resize(model_->tables().size());
     st.grad.resize(model_->tables().size());
+    st.keys.resize(model_->tables().size());
   }
 }
 
@@ -102,6 +103,12 @@ absl::Status Trainer::CopyToDevice(int set) {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
   for (size_t i = 0; i < tables.size(); ++i) {
+    if (!be->is_gpu()) {
+      // The CPU's device memory is host memory: hand the pulled buffer to
+      // the model instead of copying it (Stage regrows the one handed back).
+      std::swap(tables[i].value, staging_[set].value[i]);
+      continue;
+    }
     RETURN_IF_ERROR(be->CopyToDevice(tables[i].value.data(), staging_[set].value[i].data(), tables[i].elements * 4));
   }
   return absl::OkStatus();
@@ -139,6 +146,12 @@ absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   auto& tables = model_->tables();
   Staging& st = staging_[grad_set_];
   for (size_t i : group) {
+    if (!be->is_gpu()) {
+      // Host memory already: take the gradient buffer and give the model
+      // this set's free one for its next backward.
+      std::swap(tables[i].grad, st.grad[i]);
+      continue;
+    }
     RETURN_IF_ERROR(be->CopyToHost(st.grad[i].data(), tables[i].grad.data(), tables[i].elements * 4));
   }
   RETURN_IF_ERROR(be->Synchronize());
@@ -148,7 +161,10 @@ absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   for (size_t i : group) {
     models::Table& t = tables[i];
     if (t.sparse) {
-      if (!t.keys.empty()) push.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), st.grad[i].as<float>()});
+      // The keys must outlive the push, which may still fly when the next
+      // batch's keys replace the model's.
+      st.keys[i] = t.keys;
+      if (!t.keys.empty()) push.sparse.push_back({t.spec.name(), st.keys[i].data(), st.keys[i].size(), st.grad[i].as<float>()});
     } else {
       push.dense.push_back({t.spec.name(), st.grad[i].as<float>(), t.elements});
     }

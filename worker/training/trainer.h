@@ -112,8 +112,11 @@ class Trainer {
  private:
   // Staging buffers: two sets (steps alternate) so one step's push and the
   // next step's prefetched pull can be in flight while another computes.
+  // On the CPU backend the buffers are swapped with the model's instead of
+  // copied.
   struct Staging {
     std::vector<compute::Buffer> value, grad;  // one per table
+    std::vector<std::vector<uint64_t>> keys;   // sparse tables' keys of the push in flight
   };
 
   // Waits for `f`; a consistency wait that ran out (DEADLINE_EXCEEDED) is
