@@ -397,6 +397,19 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     out->applied_step = applied_step_;
     return absl::OkStatus();
   }
+  if (model_ == Model::kSsp) {
+    absl::MutexLock lock(&mu_);
+    // SSP: a step this rank already completed here (a lost worker's
+    // replacement resumes from the slowest server's clock and pushes again
+    // what other servers already had) is acknowledged, not applied twice.
+    // ASP has no steps to speak of: every push is applied on arrival.
+    if (m.step < clock_[m.rank] || done_ahead_[m.rank].count(m.step) != 0) {
+      duplicates_.fetch_add(1, std::memory_order_relaxed);
+      out->duplicate = true;
+      out->applied_step = applied_step_;
+      return absl::OkStatus();
+    }
+  }
   if (model_ == Model::kBsp) {
     absl::Status bad;
     {

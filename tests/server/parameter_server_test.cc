@@ -327,6 +327,49 @@ TEST_CASE("SSP: a fast worker blocks at the staleness bound and resumes", "[ssp]
   for (float x : w) REQUIRE(x == -3.0f);
 }
 
+TEST_CASE("SSP: a step a lost worker completed on a server is not applied again", "[ssp]") {
+  {
+    const std::string job = "ssp-dup";
+    auto cluster = TestCluster::Start();
+    // Chunks of 4 over 2 servers: every step reaches both.
+    GrpcPsClientOptions lost_opts;
+    lost_opts.worker_id = "lost";
+    auto lost = cluster->Client(0, lost_opts);
+    REQUIRE_OK(lost->CreateJob(
+        JobSpec(job, {DenseTableSpec("w", 16, 1.0f, v1::OptimizerSpec::SGD, 4)}, 1, v1::ConsistencySpec::SSP, 1)));
+    std::vector<float> g(16, 1.0f), w(16);
+    REQUIRE_OK(lost->Push(job, {0, {{"w", g.data(), 16}}, {}}));
+    REQUIRE_OK(lost->Push(job, {1, {{"w", g.data(), 16}}, {}}));
+    for (size_t s = 0; s < 2; ++s) REQUIRE(lost->GetJobStats(job, s)->rank_clock(0) == 2);
+    // The replacement (another worker id, so no request-id dedup) pushes step 1 again.
+    GrpcPsClientOptions next_opts;
+    next_opts.worker_id = "replacement";
+    auto next = cluster->Client(0, next_opts);
+    REQUIRE_OK(next->OpenJob(job));
+    REQUIRE_OK(next->Push(job, {1, {{"w", g.data(), 16}}, {}}));
+    REQUIRE_OK(next->Push(job, {2, {{"w", g.data(), 16}}, {}}));
+    REQUIRE_OK(next->Pull(job, {3, {{"w", w.data(), 16}}, {}}));
+    for (float x : w) REQUIRE(x == -3.0f);  // steps 0, 1, 2 once each
+    uint64_t dups = 0;
+    for (size_t s = 0; s < 2; ++s) dups += next->GetJobStats(job, s)->duplicate_pushes();
+    REQUIRE(dups >= 2);  // step 1's part on each server
+  }
+}
+
+TEST_CASE("ASP: a server with no part of a step still advances the rank's clock", "[asp]") {
+  auto cluster = TestCluster::Start();
+  auto c = cluster->Client(0);
+  // One small dense table lives on one server; the other hears nothing but
+  // the step's empty part.
+  REQUIRE_OK(c->CreateJob(JobSpec("asp-clock", {DenseTableSpec("w", 4)}, 1, v1::ConsistencySpec::ASP)));
+  std::vector<float> g(4, 1.0f);
+  for (uint64_t t = 0; t < 5; ++t) REQUIRE_OK(c->Push("asp-clock", {t, {{"w", g.data(), 4}}, {}}));
+  for (size_t s = 0; s < 2; ++s) {
+    INFO("server " << s);
+    REQUIRE(c->GetJobStats("asp-clock", s)->rank_clock(0) == 5);
+  }
+}
+
 // ------------------------------------------------------------------ ASP, concurrency
 
 TEST_CASE("16 client threads x 1000 pushes to shared keys lose no update", "[asp][concurrency]") {

@@ -156,7 +156,7 @@ struct TableInfo {
 
 struct JobInfo {
   v1::PsJobSpec spec;
-  bool synchronous = true;  // BSP or SSP: every server hears from every worker each step
+  bool synchronous = true;  // BSP or SSP: a push's parts must not be re-routed mid-step
   absl::flat_hash_map<std::string, TableInfo> tables;
 };
 
@@ -514,7 +514,9 @@ class GrpcPsClient::Impl {
       }
       AddSparse(m, packer, &it->second, g.keys, g.num_keys, g.values);
     }
-    return packer.Take(job.synchronous && batch.last);
+    // Every server hears from every worker each step, ASP included: its
+    // per-rank clocks (which a replacement worker resumes from) stay exact.
+    return packer.Take(batch.last);
   }
 
   // Groups keyed rows by owner into the packer's parts.
