@@ -36,6 +36,22 @@ namespace fulcrum {
 
 using PullCallback = std::function<void(absl::StatusOr<PullResult>)>;
 
+// A job's state on one server at one instant: what a checkpoint writes.
+struct JobState {
+  uint64_t step = 0;                 // BSP: steps < step applied (else the slowest clock)
+  std::vector<uint64_t> rank_clock;  // per rank: steps taken from it in order
+  struct Dense {
+    const DenseTable* table;
+    std::vector<DenseTable::ChunkState> chunks;
+  };
+  struct Sparse {
+    const SparseTable* table;
+    std::vector<SparseTable::ShardState> shards;
+  };
+  std::vector<Dense> dense;    // tables in name order
+  std::vector<Sparse> sparse;
+};
+
 class Job : public std::enable_shared_from_this<Job> {
  public:
   // Validates the spec; INVALID_ARGUMENT names the field.
@@ -63,6 +79,20 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status SetActiveWorkers(const std::vector<uint32_t>& ranks);
 
   v1::GetJobResponse Stats() const;
+
+  // Captures this server's part of the job for a checkpoint. BSP: exactly
+  // at the boundary before step `at_step` (steps < at_step applied, none
+  // after): waits until `deadline` for it, holding step at_step back while
+  // the state is taken; FAILED_PRECONDITION once at_step was applied.
+  // SSP/ASP (at_step ignored): now, each chunk and shard consistent in
+  // itself, the clocks read first. Dense chunks are shared copy-on-write,
+  // so the pause lasts as long as copying the sparse rows.
+  absl::StatusOr<JobState> Capture(uint64_t at_step, absl::Time deadline);
+  // Restoring a checkpoint into a fresh job: tables, then the clocks.
+  absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, const float* block);
+  absl::Status RestoreSparse(const std::string& table, uint32_t vshard, size_t n, const uint64_t* keys,
+                             const uint32_t* updates, const float* rows);
+  absl::Status RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock);
   uint64_t bytes_used() const { return quota_.used(); }
 
  private:
@@ -175,6 +205,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // SSP/ASP: per-rank clock (steps completed in order) and completed steps ahead of it.
   std::vector<uint64_t> clock_ ABSL_GUARDED_BY(mu_);
   std::vector<std::set<uint64_t>> done_ahead_ ABSL_GUARDED_BY(mu_);
+  // BSP steps a capture holds back until it has taken the state.
+  std::multiset<uint64_t> holds_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 

@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, advertise, "",
           "address workers reach this server at (default: --listen, with this host's name "
           "for a wildcard host)");
 ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consistency model");
+ABSL_FLAG(std::string, data_dir, "",
+          "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints); "
+          "empty: no checkpoints");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum parameter server");
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
     }
     options.advertise_address = advertise;
   }
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
   auto ps = fulcrum::ParameterServer::Create(options);
   if (!ps.ok()) {
     std::cerr << "fulcrum-server: " << ps.status() << "\n";
@@ -91,6 +95,11 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::cerr << "fulcrum-server: " << server.status() << "\n";
     return 1;
+  }
+  if (options.data_dir.empty()) {
+    FLOG(INFO) << "no --data_dir: this server takes no checkpoints";
+  } else {
+    FLOG(INFO) << "checkpoints in " << options.data_dir << "/checkpoints";
   }
   std::unique_ptr<fulcrum::NodeAgent> agent;
   if (map) {

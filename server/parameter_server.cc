@@ -21,6 +21,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     map = std::make_shared<const ShardMap>(std::move(m));
   }
   std::unique_ptr<ParameterServer> ps(new ParameterServer(std::move(options)));
+  if (!ps->options_.data_dir.empty()) {
+    ASSIGN_OR_RETURN(ps->store_, CheckpointStore::Open(ps->options_.data_dir + "/checkpoints"));
+  }
   uint32_t self = 0;
   if (map != nullptr) {
     ASSIGN_OR_RETURN(self, ps->IndexIn(*map));
@@ -156,6 +159,86 @@ absl::StatusOr<uint64_t> ParameterServer::DeleteJob(const std::string& job_id) {
   job->Shutdown(absl::AbortedError(absl::StrCat("job '", job_id, "' was deleted")));
   FLOG(INFO) << "deleted job '" << job_id << "', freeing " << bytes << " bytes";
   return bytes;  // freed when the last in-flight request drops its reference
+}
+
+absl::StatusOr<CheckpointStore*> ParameterServer::Store() const {
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError("this server has no data directory (start it with --data_dir) for checkpoints");
+  }
+  return store_.get();
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& job_id, uint64_t cut_id,
+                                                             uint64_t at_step, absl::Duration wait) {
+  ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  ASSIGN_OR_RETURN(MapRef ref, Map());
+  const absl::Time t0 = absl::Now();
+  ASSIGN_OR_RETURN(JobState state, job->Capture(at_step, t0 + wait));
+  const absl::Time t1 = absl::Now();
+  ASSIGN_OR_RETURN(v1::ShardCutMeta meta, store->Write(job->spec(), state, cut_id, ref.self, ref.map->version()));
+  meta.set_capture_seconds(absl::ToDoubleSeconds(t1 - t0));
+  meta.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - t1));
+  FLOG(INFO) << "job '" << job_id << "': cut " << cut_id << " at step " << meta.step() << ", " << meta.bytes()
+             << " bytes in " << meta.records() << " records, captured in " << meta.capture_seconds() << " s, written in "
+             << meta.write_seconds() << " s";
+  return meta;
+}
+
+absl::StatusOr<std::vector<v1::ShardCutMeta>> ParameterServer::ListCuts(const std::string& job_id) const {
+  ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+  return store->List(job_id);
+}
+
+absl::Status ParameterServer::DeleteCut(const std::string& job_id, uint64_t cut_id) {
+  ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+  return store->Delete(job_id, cut_id);
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job_id, uint64_t cut_id) {
+  ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+  ASSIGN_OR_RETURN(MapRef ref, Map());
+  // The spec first (from the meta alone), then the job afresh.
+  ASSIGN_OR_RETURN(std::vector<v1::ShardCutMeta> cuts, store->List(job_id));
+  auto found = std::find_if(cuts.begin(), cuts.end(), [&](const v1::ShardCutMeta& m) { return m.cut_id() == cut_id; });
+  if (found == cuts.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " on this server"));
+  }
+  if (FindJob(job_id).ok()) RETURN_IF_ERROR(DeleteJob(job_id).status());
+  RETURN_IF_ERROR(CreateJob(found->spec()).status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  const ShardMap& map = *ref.map;
+  uint64_t skipped = 0;
+  CheckpointStore::Visitor visit;
+  visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t, uint32_t,
+                    const float* block) -> absl::Status {
+    if (map.ServerOfChunk(table, chunk) != ref.self) {
+      ++skipped;  // owned elsewhere under the current map
+      return absl::OkStatus();
+    }
+    return job->RestoreDense(table, chunk, updates, block);
+  };
+  visit.sparse = [&](const std::string& table, uint32_t vshard, uint32_t, uint32_t, size_t n, const uint64_t* keys,
+                     const uint32_t* updates, const float* rows) -> absl::Status {
+    if (vshard >= map.num_virtual_shards() || map.owner(vshard) != ref.self) {
+      ++skipped;
+      return absl::OkStatus();
+    }
+    return job->RestoreSparse(table, vshard, n, keys, updates, rows);
+  };
+  absl::StatusOr<v1::ShardCutMeta> meta = store->Read(job_id, cut_id, visit);
+  if (meta.ok()) {
+    absl::Status s = job->RestoreClocks(meta->step(), {meta->rank_clock().begin(), meta->rank_clock().end()});
+    if (!s.ok()) meta = s;
+  }
+  if (!meta.ok()) {
+    // Never leave a half-restored job serving.
+    (void)DeleteJob(job_id);
+    return meta.status();
+  }
+  FLOG(INFO) << "job '" << job_id << "': restored cut " << cut_id << " (step " << meta->step() << ", "
+             << meta->records() - skipped << " records; " << skipped << " owned by other servers now)";
+  return meta;
 }
 
 absl::StatusOr<v1::GetJobResponse> ParameterServer::GetJob(const std::string& job_id) const {

@@ -18,6 +18,7 @@
 #include "common/shard_map.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "common/deadline_timer.h"
+#include "server/checkpoint.h"
 #include "server/job.h"
 
 namespace fulcrum {
@@ -35,6 +36,9 @@ struct ParameterServerOptions {
   uint64_t default_quota_bytes = uint64_t{8} << 30;
   // Longest a pull may wait for the consistency model.
   absl::Duration max_wait = absl::Minutes(10);
+  // Checkpoints live in <data_dir>/checkpoints (a RocksDB database); empty:
+  // this server takes no checkpoints.
+  std::string data_dir;
 };
 
 class ParameterServer {
@@ -62,6 +66,22 @@ class ParameterServer {
   // down without a request left hanging.
   void Drain();
 
+  // Checkpoints (docs/checkpoint-format.md). Writes this server's part of
+  // cut `cut_id` of a job, taken at the BSP step boundary `at_step` (waiting
+  // up to `wait` for it; see Job::Capture) or, under SSP/ASP, now. Training
+  // pauses only while the state is captured; the write runs after.
+  absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& job_id, uint64_t cut_id, uint64_t at_step,
+                                              absl::Duration wait);
+  // Committed cuts of a job on this server, oldest first.
+  absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& job_id) const;
+  // Replaces the job (deleting it if present) with cut `cut_id` from this
+  // server's store: the cut's spec, the records of what this server owns
+  // under the current map, and the cut's clocks.
+  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& job_id, uint64_t cut_id);
+  absl::Status DeleteCut(const std::string& job_id, uint64_t cut_id);
+  // Null without a data_dir.
+  CheckpointStore* checkpoints() const { return store_.get(); }
+
   uint32_t server_index() const;
   // Jobs on this server (for the coordinator's bookkeeping and tests).
   std::vector<std::string> JobIds() const;
@@ -77,7 +97,10 @@ class ParameterServer {
   // This server's index in `m`, or an error naming why it has none.
   absl::StatusOr<uint32_t> IndexIn(const ShardMap& m) const;
 
+  absl::StatusOr<CheckpointStore*> Store() const;
+
   const ParameterServerOptions options_;
+  std::unique_ptr<CheckpointStore> store_;
   DeadlineTimer timer_;
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

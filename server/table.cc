@@ -228,6 +228,28 @@ absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype) {
   return absl::OkStatus();
 }
 
+std::vector<DenseTable::ChunkState> DenseTable::Capture() const {
+  std::vector<ChunkState> out;
+  for (uint32_t i = 0; i < num_chunks_; ++i) {
+    Chunk* c = chunks_[i].load(std::memory_order_acquire);
+    if (c == nullptr) continue;
+    absl::MutexLock lock(&c->mu);
+    out.push_back({i, c->updates, std::shared_ptr<const float[]>(c->block)});
+  }
+  return out;
+}
+
+absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, const float* block) {
+  if (index >= num_chunks_) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no chunk ", index));
+  }
+  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  absl::MutexLock lock(&c->mu);
+  std::memcpy(Writable(c, index), block, ChunkBytes(index));
+  c->updates = updates;
+  return absl::OkStatus();
+}
+
 uint32_t DenseTable::materialized_chunks() const {
   absl::MutexLock lock(&create_mu_);
   return static_cast<uint32_t>(owned_.size());
@@ -270,6 +292,49 @@ uint64_t SparseTable::num_rows() const {
     n += p->index.size();
   }
   return n;
+}
+
+std::vector<SparseTable::ShardState> SparseTable::Capture() const {
+  std::vector<ShardState> out;
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  for (uint32_t v = 0; v < partitions_.size(); ++v) {
+    Partition* p = partitions_[v].get();
+    absl::MutexLock lock(&p->mu);
+    if (p->index.empty()) continue;
+    ShardState& s = out.emplace_back();
+    s.vshard = v;
+    s.keys.reserve(p->index.size());
+    s.updates.reserve(p->index.size());
+    s.rows.resize(p->index.size() * row_floats);
+    // Rows in key order, so a cut's bytes do not depend on arrival order.
+    std::vector<std::pair<uint64_t, uint32_t>> order(p->index.begin(), p->index.end());
+    std::sort(order.begin(), order.end());
+    for (size_t k = 0; k < order.size(); ++k) {
+      const uint32_t r = order[k].second;
+      s.keys.push_back(order[k].first);
+      s.updates.push_back(p->updates[r]);
+      std::memcpy(s.rows.data() + k * row_floats,
+                  p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats, row_floats * sizeof(float));
+    }
+  }
+  return out;
+}
+
+absl::Status SparseTable::Restore(uint32_t vshard, size_t n, const uint64_t* keys, const uint32_t* updates,
+                                  const float* rows) {
+  if (vshard >= partitions_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no virtual shard ", vshard));
+  }
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t k = 0; k < n; ++k) {
+    uint32_t r;
+    ASSIGN_OR_RETURN(float* row, Row(p, keys[k], &r));
+    std::memcpy(row, rows + k * row_floats, row_floats * sizeof(float));
+    p->updates[r] = updates[k];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* row_index) {

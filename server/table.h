@@ -96,6 +96,20 @@ class DenseTable final : public Table {
   absl::Status Apply(uint32_t chunk, const Payload& g, DType dtype);
   uint32_t materialized_chunks() const;
 
+  // Checkpoints: every materialized chunk's block (weights, then each
+  // optimizer slot; ChunkLength floats each) and update count. The blocks
+  // are shared copy-on-write with the live table, so this costs no copy and
+  // later updates leave them untouched.
+  struct ChunkState {
+    uint32_t chunk;
+    uint64_t updates;
+    std::shared_ptr<const float[]> block;
+  };
+  std::vector<ChunkState> Capture() const;
+  // Installs a chunk's block (ChunkLength * (1 + slots) floats) and update
+  // count, materializing it (RESOURCE_EXHAUSTED over quota).
+  absl::Status Restore(uint32_t chunk, uint64_t updates, const float* block);
+
  private:
   struct Chunk {
     absl::Mutex mu;
@@ -141,6 +155,19 @@ class SparseTable final : public Table {
   absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                      const float* grads);
   uint64_t num_rows() const;
+
+  // Checkpoints: the rows of one virtual shard, copied under its lock.
+  struct ShardState {
+    uint32_t vshard;
+    std::vector<uint64_t> keys;
+    std::vector<uint32_t> updates;
+    std::vector<float> rows;  // per key: dim weights, then dim per slot
+  };
+  // Every non-empty virtual shard's rows.
+  std::vector<ShardState> Capture() const;
+  // Installs rows (creating or overwriting them) into `vshard`.
+  absl::Status Restore(uint32_t vshard, size_t n, const uint64_t* keys, const uint32_t* updates,
+                       const float* rows);
 
  private:
   static constexpr uint32_t kRowsPerBlock = 1024;

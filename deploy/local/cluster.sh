@@ -10,7 +10,7 @@
 #
 # The coordinator listens on BASE (default 7070), servers on BASE+1..BASE+N.
 # RUN_DIR (default /tmp/fulcrum-cluster) holds logs/, coordinator/ (its
-# RocksDB state), pids and `env` (FULCRUM_COORDINATOR=...), which fulcrumctl
+# RocksDB state), server-N/ (each server's checkpoints), pids and `env` (FULCRUM_COORDINATOR=...), which fulcrumctl
 # users can source. Submit jobs with:
 #   build/server/fulcrumctl --coordinator=127.0.0.1:7070 submit -f deploy/examples/mnist-mlp.yaml
 set -euo pipefail
@@ -65,7 +65,7 @@ case "$cmd" in
     echo "$! coordinator" >>"$dir/pids"
     for ((i = 0; i < servers; i++)); do
       addr="127.0.0.1:$((port + 1 + i))"
-      "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
+      "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" --data_dir="$dir/server-$i" \
         >"$dir/logs/server-$i.log" 2>&1 &
       echo "$! server-$i" >>"$dir/pids"
     done

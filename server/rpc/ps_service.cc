@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -19,7 +21,11 @@
 namespace fulcrum {
 namespace {
 
-using ServiceBase = v1::ParameterService::WithCallbackMethod_CreateJob<
+using ServiceBase = v1::ParameterService::WithCallbackMethod_Checkpoint<
+    v1::ParameterService::WithCallbackMethod_ListCheckpoints<
+    v1::ParameterService::WithCallbackMethod_Restore<
+    v1::ParameterService::WithCallbackMethod_DeleteCheckpoint<
+    v1::ParameterService::WithCallbackMethod_CreateJob<
     v1::ParameterService::WithCallbackMethod_DeleteJob<
         v1::ParameterService::WithCallbackMethod_GetJob<
             v1::ParameterService::WithCallbackMethod_GetShardMap<
@@ -27,7 +33,7 @@ using ServiceBase = v1::ParameterService::WithCallbackMethod_CreateJob<
                     v1::ParameterService::WithRawCallbackMethod_Push<
                         v1::ParameterService::WithRawCallbackMethod_Pull<
                             v1::ParameterService::WithRawCallbackMethod_Stream<
-                                v1::ParameterService::Service>>>>>>>>;
+                                v1::ParameterService::Service>>>>>>>>>>>>;
 
 absl::Time DeadlineOf(const grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
@@ -220,6 +226,55 @@ class PsGrpcServer::Service final : public ServiceBase {
     return reactor;
   }
 
+  // Checkpoint and Restore wait (for a step, for the disk): they run on a
+  // thread of their own, not on gRPC's.
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
+                                       v1::ShardCutMeta* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    const absl::Duration wait = req->wait_timeout_ms() > 0 ? absl::Milliseconds(req->wait_timeout_ms()) : absl::Seconds(60);
+    Blocking([=, this] {
+      auto r = ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait);
+      if (r.ok()) *resp = *std::move(r);
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx, const v1::RestoreRequest* req,
+                                    v1::ShardCutMeta* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    Blocking([=, this] {
+      auto r = ps_->Restore(req->job_id(), req->cut_id());
+      if (r.ok()) *resp = *std::move(r);
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    auto r = ps_->ListCuts(req->job_id());
+    if (r.ok()) {
+      for (auto& m : *r) *resp->add_cuts() = std::move(m);
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* DeleteCheckpoint(grpc::CallbackServerContext* ctx, const v1::DeleteCheckpointRequest* req,
+                                             v1::DeleteCheckpointResponse*) override {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(ps_->DeleteCut(req->job_id(), req->cut_id())));
+    return reactor;
+  }
+
+  ~Service() override {
+    absl::MutexLock lock(&blocking_mu_);
+    blocking_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &blocking_));
+  }
+
   grpc::ServerUnaryReactor* GetShardMap(grpc::CallbackServerContext* ctx,
                                         const v1::GetShardMapRequest*,
                                         v1::ShardMap* resp) override {
@@ -272,7 +327,22 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
  private:
+  // Runs `f` on a detached thread; the destructor waits for every one.
+  void Blocking(std::function<void()> f) {
+    {
+      absl::MutexLock lock(&blocking_mu_);
+      ++blocking_;
+    }
+    std::thread([this, f = std::move(f)] {
+      f();
+      absl::MutexLock lock(&blocking_mu_);
+      --blocking_;
+    }).detach();
+  }
+
   ParameterServer* const ps_;
+  absl::Mutex blocking_mu_;
+  int blocking_ ABSL_GUARDED_BY(blocking_mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(

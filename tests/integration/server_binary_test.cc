@@ -11,6 +11,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 
@@ -79,6 +82,94 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   REQUIRE(log0.find("32 virtual shards, owns 0,2,4") != std::string::npos);
   REQUIRE(log0.find("created job 'e2e'") != std::string::npos);
   REQUIRE(log0.find("draining and shutting down") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// Retries `f` while the server starts (UNAVAILABLE), up to 10 s.
+template <typename F>
+auto WhileStarting(F f) {
+  auto r = f();
+  for (int i = 0; i < 100 && r.status().code() == absl::StatusCode::kUnavailable; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r = f();
+  }
+  return r;
+}
+
+TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut from --data_dir", "[e2e][checkpoint]") {
+  const std::string binary = FULCRUM_SERVER_BINARY;
+  const std::string dir = TempDir();
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  const std::vector<std::string> args = {binary, "--listen=" + addr, "--shard_map=" + addr, "--virtual_shards=16",
+                                         "--data_dir=" + dir + "/data"};
+  Process s = Spawn(args, dir + "/server.log");
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(addr, 99));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return FromGrpcStatus(((*stub).*method)(&ctx, req, resp));
+  };
+  GrpcPsClientOptions o;
+  o.bootstrap_servers = {addr};
+  o.worker_id = "ckpt-e2e";
+  o.retry_budget = absl::Seconds(20);
+  auto client = WhileStarting([&] { return GrpcPsClient::Create(o); });
+  REQUIRE_OK(client.status());
+  REQUIRE_OK((*client)->CreateJob(testing::JobSpec("k9", {testing::DenseTableSpec("w", 5000, 0.25f, v1::OptimizerSpec::MOMENTUM, 1024)}, 1)));
+  std::vector<float> g(5000), w(5000), at2(5000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * static_cast<float>(i % 97);
+  for (uint64_t step = 0; step < 4; ++step) {
+    if (step == 2) {
+      REQUIRE_OK((*client)->Pull("k9", {2, {{"w", at2.data(), at2.size()}}, {}}));
+      v1::CheckpointRequest req;
+      req.set_job_id("k9");
+      req.set_cut_id(5);
+      req.set_at_step(2);
+      v1::ShardCutMeta meta;
+      REQUIRE_OK(call(&v1::ParameterService::Stub::Checkpoint, req, &meta));
+      REQUIRE(meta.step() == 2);
+      REQUIRE(meta.dense_chunks() == 5);
+    }
+    REQUIRE_OK((*client)->Push("k9", {step, {{"w", g.data(), g.size()}}, {}}));
+  }
+  client->reset();
+  // SIGKILL: no shutdown path runs.
+  REQUIRE(kill(s.pid, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(waitpid(s.pid, &status, 0) == s.pid);
+  REQUIRE(WIFSIGNALED(status));
+
+  Process again = Spawn(args, dir + "/server2.log");
+  v1::ListCheckpointsRequest list;
+  list.set_job_id("k9");
+  v1::ListCheckpointsResponse cuts;
+  absl::Status listed = call(&v1::ParameterService::Stub::ListCheckpoints, list, &cuts);
+  for (int i = 0; i < 100 && listed.code() == absl::StatusCode::kUnavailable; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    listed = call(&v1::ParameterService::Stub::ListCheckpoints, list, &cuts);
+  }
+  REQUIRE_OK(listed);
+  REQUIRE(cuts.cuts_size() == 1);
+  REQUIRE(cuts.cuts(0).cut_id() == 5);
+  v1::RestoreRequest restore;
+  restore.set_job_id("k9");
+  restore.set_cut_id(5);
+  v1::ShardCutMeta restored;
+  REQUIRE_OK(call(&v1::ParameterService::Stub::Restore, restore, &restored));
+  REQUIRE(restored.step() == 2);
+  o.worker_id = "ckpt-e2e-2";
+  auto fresh = WhileStarting([&] { return GrpcPsClient::Create(o); });
+  REQUIRE_OK(fresh.status());
+  REQUIRE_OK((*fresh)->OpenJob("k9"));
+  REQUIRE_OK((*fresh)->Pull("k9", {2, {{"w", w.data(), w.size()}}, {}}));
+  REQUIRE(w == at2);
+  fresh->reset();
+  REQUIRE(kill(again.pid, SIGTERM) == 0);
+  REQUIRE(waitpid(again.pid, &status, 0) == again.pid);
+  const std::string log = ReadFile(again.log);
+  INFO(log);
+  REQUIRE(log.find("checkpoints in " + dir + "/data/checkpoints") != std::string::npos);
+  REQUIRE(log.find("restored cut 5 (step 2") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,343 @@
+#include "server/checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/sst_file_writer.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError() && s.subcode() == rocksdb::Status::kNoSpace) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+uint32_t Crc(const void* data, size_t n, uint32_t crc = 0) {
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
+}
+
+template <typename T>
+void Append(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+std::string DenseKey(const std::string& prefix, const std::string& table, uint32_t chunk) {
+  return absl::StrCat(prefix, "dense/", table, "/", absl::StrFormat("%08x", chunk));
+}
+std::string SparseKey(const std::string& prefix, const std::string& table, uint32_t vshard) {
+  return absl::StrCat(prefix, "sparse/", table, "/", absl::StrFormat("%08x", vshard));
+}
+
+// The first byte after every key starting with `prefix` (which ends in '/').
+std::string PrefixEnd(const std::string& prefix) { return prefix.substr(0, prefix.size() - 1) + "0"; }
+
+// Reads fixed-size fields from a record value, refusing to run past its end.
+class Cursor {
+ public:
+  Cursor(const char* data, size_t size) : p_(data), end_(data + size) {}
+  template <typename T>
+  bool Read(T* out) {
+    return Bytes(out, sizeof(T));
+  }
+  bool Bytes(void* out, size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) return false;
+    std::memcpy(out, p_, n);
+    p_ += n;
+    return true;
+  }
+  size_t left() const { return static_cast<size_t>(end_ - p_); }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace
+
+std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
+  return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / "ingest", ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint directory ", dir, ": ", ec.message()));
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  rocksdb::DB* db = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir, &db), absl::StrCat("opening checkpoints in ", dir)));
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, db));
+  RETURN_IF_ERROR(store->CollectGarbage());
+  return store;
+}
+
+CheckpointStore::CheckpointStore(std::string dir, rocksdb::DB* db) : dir_(std::move(dir)), db_(db) {}
+
+CheckpointStore::~CheckpointStore() = default;
+
+absl::Status CheckpointStore::CollectGarbage() {
+  // Cut prefixes seen, and which of them are committed.
+  std::set<std::string> seen, committed;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("cut/"); it->Valid() && it->key().starts_with("cut/"); it->Next()) {
+    const std::string key = it->key().ToString();
+    // cut/<job>/<16 hex>/...
+    const size_t job_end = key.find('/', 4);
+    if (job_end == std::string::npos || key.size() < job_end + 18) continue;
+    const std::string prefix = key.substr(0, job_end + 18);
+    seen.insert(prefix);
+    if (key.size() == prefix.size() + 4 && absl::EndsWith(key, "/meta")) committed.insert(prefix);
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "scanning checkpoints"));
+  for (const std::string& prefix : seen) {
+    if (committed.count(prefix)) continue;
+    RETURN_IF_ERROR(FromRocks(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix,
+                                               PrefixEnd(prefix)),
+                              absl::StrCat("deleting the uncommitted cut ", prefix)));
+  }
+  // Ingest files of writes that never finished.
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(fs::path(dir_) / "ingest", ec)) fs::remove(f.path(), ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spec, const JobState& state,
+                                                        uint64_t cut_id, uint32_t server_index,
+                                                        uint64_t shard_map_version) {
+  const std::string& job = spec.job_id();
+  if (job.empty() || job.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("job id '", job, "' cannot name a checkpoint (empty or has '/')"));
+  }
+  const std::string prefix = CutPrefix(job, cut_id);
+  const std::string meta_key = prefix + "meta";
+  {
+    std::string existing;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_key, &existing);
+    if (s.ok()) return absl::AlreadyExistsError(absl::StrCat("job '", job, "' already has cut ", cut_id));
+    if (!s.IsNotFound()) return FromRocks(s, "reading " + meta_key);
+  }
+  // Records in key order (SstFileWriter requires it): (key, dense or sparse, index).
+  struct Ref {
+    std::string key;
+    bool dense;
+    size_t table, item;
+  };
+  std::vector<Ref> refs;
+  for (size_t t = 0; t < state.dense.size(); ++t) {
+    const std::string& name = state.dense[t].table->name();
+    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
+    for (size_t i = 0; i < state.dense[t].chunks.size(); ++i) {
+      refs.push_back({DenseKey(prefix, name, state.dense[t].chunks[i].chunk), true, t, i});
+    }
+  }
+  for (size_t t = 0; t < state.sparse.size(); ++t) {
+    const std::string& name = state.sparse[t].table->name();
+    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
+    for (size_t i = 0; i < state.sparse[t].shards.size(); ++i) {
+      refs.push_back({SparseKey(prefix, name, state.sparse[t].shards[i].vshard), false, t, i});
+    }
+  }
+  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.key < b.key; });
+
+  v1::ShardCutMeta meta;
+  *meta.mutable_spec() = spec;
+  meta.set_cut_id(cut_id);
+  meta.set_step(state.step);
+  for (uint64_t c : state.rank_clock) meta.add_rank_clock(c);
+  meta.set_shard_map_version(shard_map_version);
+  meta.set_server_index(server_index);
+  uint32_t combined = 0;
+  uint64_t bytes = 0, rows = 0;
+  if (!refs.empty()) {
+    const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
+    const rocksdb::Options sst_options;
+    rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), sst_options);
+    RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
+    std::string value;
+    for (const Ref& r : refs) {
+      value.clear();
+      if (r.dense) {
+        const JobState::Dense& d = state.dense[r.table];
+        const DenseTable::ChunkState& c = d.chunks[r.item];
+        const uint32_t length = d.table->ChunkLength(c.chunk);
+        const uint32_t slots = static_cast<uint32_t>(d.table->num_slots());
+        Append(&value, c.updates);
+        Append(&value, length);
+        Append(&value, slots);
+        value.append(reinterpret_cast<const char*>(c.block.get()), size_t{length} * (1 + slots) * sizeof(float));
+      } else {
+        const JobState::Sparse& s = state.sparse[r.table];
+        const SparseTable::ShardState& sh = s.shards[r.item];
+        const uint32_t n = static_cast<uint32_t>(sh.keys.size());
+        const uint32_t dim = s.table->dim();
+        const uint32_t slots = static_cast<uint32_t>(s.table->num_slots());
+        Append(&value, n);
+        Append(&value, dim);
+        Append(&value, slots);
+        Append(&value, uint32_t{0});
+        value.append(reinterpret_cast<const char*>(sh.keys.data()), sh.keys.size() * 8);
+        value.append(reinterpret_cast<const char*>(sh.updates.data()), sh.updates.size() * 4);
+        value.append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
+        rows += n;
+      }
+      const uint32_t crc = Crc(value.data(), value.size());
+      Append(&value, crc);
+      combined = Crc(&crc, sizeof(crc), combined);
+      bytes += value.size();
+      RETURN_IF_ERROR(FromRocks(writer.Put(r.key, value), "writing " + r.key));
+    }
+    RETURN_IF_ERROR(FromRocks(writer.Finish(), "finishing " + sst));
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    RETURN_IF_ERROR(FromRocks(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst));
+  }
+  size_t dense_chunks = 0;
+  for (const auto& d : state.dense) dense_chunks += d.chunks.size();
+  meta.set_dense_chunks(dense_chunks);
+  meta.set_sparse_rows(rows);
+  meta.set_bytes(bytes);
+  meta.set_records(refs.size());
+  meta.set_crc32(combined);
+  meta.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count());
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Put(sync, meta_key, meta.SerializeAsString()), "committing " + meta_key));
+  return meta;
+}
+
+absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::string& job_id) const {
+  std::vector<v1::ShardCutMeta> out;
+  const std::string prefix = absl::StrCat("cut/", job_id, "/");
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    // cut/<job>/<16 hex>/meta
+    if (key.size() != prefix.size() + 21 || !key.ends_with("/meta")) continue;
+    v1::ShardCutMeta meta;
+    if (!meta.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat("checkpoint meta ", key.ToString(), " does not parse"));
+    }
+    out.push_back(std::move(meta));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing checkpoints of job " + job_id));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointStore::Jobs() const {
+  std::set<std::string> jobs;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("cut/"); it->Valid() && it->key().starts_with("cut/"); it->Next()) {
+    const std::string key = it->key().ToString();
+    const size_t job_end = key.find('/', 4);
+    if (job_end != std::string::npos && absl::EndsWith(key, "/meta")) jobs.insert(key.substr(4, job_end - 4));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing checkpointed jobs"));
+  return std::vector<std::string>(jobs.begin(), jobs.end());
+}
+
+absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id, uint64_t cut_id,
+                                                       const Visitor& visit) const {
+  const std::string prefix = CutPrefix(job_id, cut_id);
+  std::string raw;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), prefix + "meta", &raw);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " in ", dir_));
+  }
+  RETURN_IF_ERROR(FromRocks(s, "reading the meta of " + prefix));
+  v1::ShardCutMeta meta;
+  if (!meta.ParseFromString(raw)) return absl::DataLossError(absl::StrCat("checkpoint meta ", prefix, "meta does not parse"));
+
+  uint32_t combined = 0;
+  uint64_t records = 0;
+  std::vector<float> floats;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> updates;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string key = it->key().ToString();
+    const std::string rest = key.substr(prefix.size());
+    if (rest == "meta") continue;
+    const rocksdb::Slice v = it->value();
+    auto bad = [&](const std::string& why) {
+      return absl::DataLossError(absl::StrCat("checkpoint record ", key, " in ", dir_, ": ", why));
+    };
+    if (v.size() < 4) return bad("shorter than its checksum");
+    uint32_t crc;
+    std::memcpy(&crc, v.data() + v.size() - 4, 4);
+    if (Crc(v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
+    combined = Crc(&crc, sizeof(crc), combined);
+    ++records;
+    Cursor c(v.data(), v.size() - 4);
+    const bool dense = absl::StartsWith(rest, "dense/");
+    if (!dense && !absl::StartsWith(rest, "sparse/")) return bad("unknown record kind");
+    const size_t slash = rest.rfind('/');
+    const size_t kind_end = rest.find('/');
+    if (slash == std::string::npos || slash <= kind_end) return bad("malformed key");
+    const std::string table = rest.substr(kind_end + 1, slash - kind_end - 1);
+    const uint32_t index = static_cast<uint32_t>(std::strtoul(rest.c_str() + slash + 1, nullptr, 16));
+    if (dense) {
+      uint64_t upd;
+      uint32_t length, slots;
+      if (!c.Read(&upd) || !c.Read(&length) || !c.Read(&slots)) return bad("truncated header");
+      const size_t n = size_t{length} * (1 + slots);
+      if (c.left() != n * sizeof(float)) return bad("size does not match its header");
+      floats.resize(n);
+      c.Bytes(floats.data(), n * sizeof(float));
+      if (visit.dense) RETURN_IF_ERROR(visit.dense(table, index, upd, length, slots, floats.data()));
+    } else {
+      uint32_t n, dim, slots, pad;
+      if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
+      const size_t row_floats = size_t{dim} * (1 + slots);
+      if (c.left() != size_t{n} * (8 + 4 + row_floats * sizeof(float))) return bad("size does not match its header");
+      keys.resize(n);
+      updates.resize(n);
+      floats.resize(size_t{n} * row_floats);
+      c.Bytes(keys.data(), size_t{n} * 8);
+      c.Bytes(updates.data(), size_t{n} * 4);
+      c.Bytes(floats.data(), floats.size() * sizeof(float));
+      if (visit.sparse) {
+        RETURN_IF_ERROR(visit.sparse(table, index, dim, slots, n, keys.data(), updates.data(), floats.data()));
+      }
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "reading " + prefix));
+  if (records != meta.records() || combined != meta.crc32()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", prefix, " in ", dir_, ": ", records, " records (meta says ",
+                                            meta.records(), "), combined checksum ",
+                                            combined == meta.crc32() ? "matches" : "differs"));
+  }
+  return meta;
+}
+
+absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id) {
+  const std::string prefix = CutPrefix(job_id, cut_id);
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Delete(sync, prefix + "meta"), "uncommitting " + prefix));
+  return FromRocks(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix, PrefixEnd(prefix)),
+                   "deleting " + prefix);
+}
+
+}  // namespace fulcrum

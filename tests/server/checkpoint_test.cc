@@ -1,0 +1,218 @@
+// Checkpoints of a server's shards in a real RocksDB directory: a cut taken
+// at a BSP step boundary holds weights, optimizer slots and update counts
+// together, so training resumed from it continues bit for bit; a server
+// reopened on the same directory finds it; an uncommitted cut is ignored;
+// damaged records are reported, never loaded.
+#include <filesystem>
+#include <thread>
+
+#include <rocksdb/db.h>
+
+#include "tests/testing/process_util.h"
+#include "tests/testing/test_util.h"
+#include "worker/local_ps_client.h"
+
+namespace fulcrum {
+namespace {
+
+using testing::DenseTableSpec;
+using testing::JobSpec;
+using testing::SparseTableSpec;
+
+std::unique_ptr<ParameterServer> NewServer(const std::string& data_dir) {
+  auto map = ShardMap::RoundRobin(1, 64, {"in-process"});
+  REQUIRE_OK(map.status());
+  ParameterServerOptions o;
+  o.shard_map = map->ToProto();
+  o.data_dir = data_dir;
+  auto ps = ParameterServer::Create(std::move(o));
+  REQUIRE_OK(ps.status());
+  return std::move(*ps);
+}
+
+constexpr size_t kDense = 1000;  // 4 chunks of 256 (the last shorter)
+constexpr uint32_t kDim = 3;
+const std::vector<uint64_t> kKeys = {7, 1ull << 40, 12345, 99};
+
+v1::PsJobSpec Spec(const std::string& job, v1::ConsistencySpec::Model model = v1::ConsistencySpec::BSP) {
+  return JobSpec(job, {DenseTableSpec("w", kDense, 0.05f, v1::OptimizerSpec::ADAM, 256),
+                       SparseTableSpec("emb", kDim, 0.1f, v1::OptimizerSpec::ADAGRAD)},
+                 1, model);
+}
+
+// One training step of worker 0: pull at `step`, push a gradient that
+// depends on the weights (so a wrong restore shows in every later step).
+void Step(LocalPsClient& c, const std::string& job, uint64_t step) {
+  std::vector<float> w(kDense), rows(kKeys.size() * kDim);
+  REQUIRE_OK(c.Pull(job, {step, {{"w", w.data(), kDense}}, {{"emb", kKeys.data(), kKeys.size(), rows.data()}}}));
+  std::vector<float> g(kDense), sg(rows.size());
+  for (size_t i = 0; i < kDense; ++i) g[i] = 0.3f * w[i] + 0.01f * static_cast<float>(i % 7) - 0.02f;
+  for (size_t i = 0; i < sg.size(); ++i) sg[i] = rows[i] + 0.05f * static_cast<float>(i % 5);
+  REQUIRE_OK(c.Push(job, {step, {{"w", g.data(), kDense}}, {{"emb", kKeys.data(), kKeys.size(), sg.data()}}}));
+}
+
+struct Weights {
+  std::vector<float> dense, rows;
+  bool operator==(const Weights& o) const { return dense == o.dense && rows == o.rows; }
+};
+
+Weights Read(LocalPsClient& c, const std::string& job, uint64_t step) {
+  Weights out{std::vector<float>(kDense), std::vector<float>(kKeys.size() * kDim)};
+  REQUIRE_OK(c.Pull(job, {step, {{"w", out.dense.data(), kDense}}, {{"emb", kKeys.data(), kKeys.size(), out.rows.data()}}}));
+  return out;
+}
+
+TEST_CASE("a BSP cut restores weights, optimizer state and clocks: training resumes bit for bit", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  Weights at3, at6;
+  {
+    std::shared_ptr<ParameterServer> ps = NewServer(dir);
+    LocalPsClient c(ps, "w0");
+    REQUIRE_OK(c.CreateJob(Spec("job")));
+    for (uint64_t t = 0; t < 3; ++t) Step(c, "job", t);
+    REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("job", 1, 3, absl::Seconds(5)));
+    CHECK(meta.step() == 3);
+    CHECK(meta.rank_clock_size() == 1);
+    CHECK(meta.dense_chunks() == 4);
+    CHECK(meta.sparse_rows() == kKeys.size());
+    CHECK(meta.records() >= 5);            // 4 chunks + the virtual shards the keys fall in
+    CHECK(meta.bytes() > kDense * 3 * 4);  // weights and Adam's two slots
+    at3 = Read(c, "job", 3);
+    for (uint64_t t = 3; t < 6; ++t) Step(c, "job", t);
+    at6 = Read(c, "job", 6);
+    REQUIRE_FALSE(at6 == at3);
+
+    // Roll back to the cut and train the same steps again: the same bits,
+    // which needs Adam's moments and step counts restored with the weights.
+    REQUIRE_OK(ps->Restore("job", 1).status());
+    REQUIRE(ps->GetJob("job")->applied_step() == 3);
+    LocalPsClient again(ps, "w0-again");
+    REQUIRE(Read(again, "job", 3) == at3);
+    for (uint64_t t = 3; t < 6; ++t) Step(again, "job", t);
+    REQUIRE(Read(again, "job", 6) == at6);
+  }
+  // A server restarted on the same directory finds the cut.
+  std::shared_ptr<ParameterServer> restarted = NewServer(dir);
+  REQUIRE_OK_AND_ASSIGN(auto cuts, restarted->ListCuts("job"));
+  REQUIRE(cuts.size() == 1);
+  REQUIRE(cuts[0].step() == 3);
+  REQUIRE_OK(restarted->Restore("job", 1).status());
+  LocalPsClient fresh(restarted, "w0-fresh");
+  REQUIRE(Read(fresh, "job", 3) == at3);
+  for (uint64_t t = 3; t < 6; ++t) Step(fresh, "job", t);
+  REQUIRE(Read(fresh, "job", 6) == at6);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a BSP cut waits for its step boundary, and a step already applied is refused", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  std::shared_ptr<ParameterServer> ps = NewServer(dir);
+  LocalPsClient c0(ps, "w0", 0), c1(ps, "w1", 1);
+  v1::PsJobSpec spec = Spec("job");
+  spec.set_num_workers(2);
+  REQUIRE_OK(c0.CreateJob(spec));
+  std::vector<float> g(kDense, 0.5f);
+  auto push = [&](LocalPsClient& c, uint64_t step) { REQUIRE_OK(c.Push("job", {step, {{"w", g.data(), kDense}}, {}})); };
+  push(c0, 0);
+  push(c1, 0);
+  push(c0, 1);  // step 1 waits for worker 1
+  absl::StatusOr<v1::ShardCutMeta> meta;
+  std::thread cut([&] { meta = ps->Checkpoint("job", 7, 2, absl::Seconds(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  push(c1, 1);  // completes step 1: the boundary the cut waits for
+  const Weights at2 = Read(c0, "job", 2);
+  cut.join();
+  REQUIRE_OK(meta.status());
+  REQUIRE(meta->step() == 2);
+  REQUIRE(meta->rank_clock_size() == 2);
+  push(c0, 2);
+  push(c1, 2);
+  REQUIRE_FALSE(Read(c0, "job", 3) == at2);
+  REQUIRE_OK(ps->Restore("job", 7).status());
+  LocalPsClient again(ps, "w0-again");
+  REQUIRE(Read(again, "job", 2) == at2);
+
+  REQUIRE_STATUS(ps->Checkpoint("job", 8, 1, absl::Seconds(1)).status(), absl::StatusCode::kFailedPrecondition,
+                 "too late");
+  REQUIRE_STATUS(ps->Checkpoint("job", 8, 5, absl::Milliseconds(200)).status(), absl::StatusCode::kDeadlineExceeded,
+                 "a cut at step 5 timed out");
+  REQUIRE_STATUS(ps->Checkpoint("job", 7, 2, absl::Seconds(1)).status(), absl::StatusCode::kAlreadyExists, "cut 7");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("SSP and ASP cuts are taken at once with the ranks' clocks", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  std::shared_ptr<ParameterServer> ps = NewServer(dir);
+  LocalPsClient c(ps, "w0");
+  REQUIRE_OK(c.CreateJob(Spec("asp", v1::ConsistencySpec::ASP)));
+  for (uint64_t t = 0; t < 4; ++t) Step(c, "asp", t);
+  const Weights now = Read(c, "asp", 4);
+  REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("asp", 1, 0, absl::Seconds(1)));
+  REQUIRE(meta.step() == 4);
+  REQUIRE(meta.rank_clock(0) == 4);
+  Step(c, "asp", 4);
+  REQUIRE_OK(ps->Restore("asp", 1).status());
+  REQUIRE(ps->GetJob("asp")->rank_clock(0) == 4);
+  LocalPsClient again(ps, "w0-again");
+  REQUIRE(Read(again, "asp", 4) == now);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an uncommitted cut is ignored and cleared, and a damaged record is reported and never loaded", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  {
+    std::shared_ptr<ParameterServer> ps = NewServer(dir);
+    LocalPsClient c(ps, "w0");
+    REQUIRE_OK(c.CreateJob(Spec("job")));
+    Step(c, "job", 0);
+    REQUIRE_OK(ps->Checkpoint("job", 1, 1, absl::Seconds(5)).status());
+    Step(c, "job", 1);
+    REQUIRE_OK(ps->Checkpoint("job", 2, 2, absl::Seconds(5)).status());
+  }
+  // As if the server died writing cut 2: its records, no meta.
+  {
+    rocksdb::DB* raw = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    REQUIRE(db->Delete(rocksdb::WriteOptions(), CutPrefix("job", 2) + "meta").ok());
+    // And damage one record of cut 1: a flipped byte in a dense chunk.
+    const std::string key = CutPrefix("job", 1) + "dense/w/00000001";
+    std::string v;
+    REQUIRE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
+    v[40] ^= 0x10;
+    REQUIRE(db->Put(rocksdb::WriteOptions(), key, v).ok());
+  }
+  std::shared_ptr<ParameterServer> ps = NewServer(dir);
+  REQUIRE_OK_AND_ASSIGN(auto cuts, ps->ListCuts("job"));
+  REQUIRE(cuts.size() == 1);
+  REQUIRE(cuts[0].cut_id() == 1);
+  REQUIRE_STATUS(ps->checkpoints()->Read("job", 2, {}).status(), absl::StatusCode::kNotFound, "no committed cut 2");
+  {
+    // Its records are gone, not just hidden: nothing under its prefix.
+    ps.reset();
+    rocksdb::DB* raw = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    const std::string prefix = CutPrefix("job", 2);
+    it->Seek(prefix);
+    REQUIRE((!it->Valid() || !it->key().starts_with(prefix)));
+  }
+  ps = NewServer(dir);
+  REQUIRE_STATUS(ps->Restore("job", 1).status(), absl::StatusCode::kDataLoss,
+                 "dense/w/00000001 in " + dir + "/checkpoints: checksum mismatch");
+  REQUIRE(ps->GetJob("job").status().code() == absl::StatusCode::kNotFound);  // nothing half-restored
+  REQUIRE_STATUS(ps->Restore("job", 9).status(), absl::StatusCode::kNotFound, "no committed cut 9");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a server without a data directory says how to get checkpoints", "[checkpoint]") {
+  std::shared_ptr<ParameterServer> ps = NewServer("");
+  LocalPsClient c(ps, "w0");
+  REQUIRE_OK(c.CreateJob(Spec("job")));
+  REQUIRE_STATUS(ps->Checkpoint("job", 1, 0, absl::Seconds(1)).status(), absl::StatusCode::kFailedPrecondition,
+                 "--data_dir");
+}
+
+}  // namespace
+}  // namespace fulcrum
