@@ -47,8 +47,9 @@ class CheckpointStore {
   absl::StatusOr<std::vector<std::string>> Jobs() const;
 
   struct Visitor {
+    // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).
     std::function<absl::Status(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
-                               uint32_t slots, const float* block)>
+                               uint32_t slots, const void* block)>
         dense;
     std::function<absl::Status(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
                                const uint64_t* keys, const uint32_t* updates, const float* rows)>

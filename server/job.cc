@@ -873,7 +873,7 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   return state;
 }
 
-absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, const float* block) {
+absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, const void* block) {
   ASSIGN_OR_RETURN(Table * t, FindTable(table, /*dense=*/true));
   return static_cast<DenseTable*>(t)->Restore(chunk, updates, block);
 }

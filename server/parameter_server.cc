@@ -169,13 +169,15 @@ absl::StatusOr<CheckpointStore*> ParameterServer::Store() const {
 }
 
 absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& job_id, uint64_t cut_id,
-                                                             uint64_t at_step, absl::Duration wait) {
+                                                             uint64_t at_step, absl::Duration wait,
+                                                             std::function<void()> on_captured) {
   ASSIGN_OR_RETURN(CheckpointStore * store, Store());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   ASSIGN_OR_RETURN(MapRef ref, Map());
   const absl::Time t0 = absl::Now();
   ASSIGN_OR_RETURN(JobState state, job->Capture(at_step, t0 + wait));
   const absl::Time t1 = absl::Now();
+  if (on_captured) on_captured();
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, store->Write(job->spec(), state, cut_id, ref.self, ref.map->version()));
   meta.set_capture_seconds(absl::ToDoubleSeconds(t1 - t0));
   meta.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - t1));
@@ -211,7 +213,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
   uint64_t skipped = 0;
   CheckpointStore::Visitor visit;
   visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t, uint32_t,
-                    const float* block) -> absl::Status {
+                    const void* block) -> absl::Status {
     if (map.ServerOfChunk(table, chunk) != ref.self) {
       ++skipped;  // owned elsewhere under the current map
       return absl::OkStatus();

@@ -5,6 +5,7 @@
 #define FULCRUM_SERVER_PARAMETER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,8 +71,10 @@ class ParameterServer {
   // cut `cut_id` of a job, taken at the BSP step boundary `at_step` (waiting
   // up to `wait` for it; see Job::Capture) or, under SSP/ASP, now. Training
   // pauses only while the state is captured; the write runs after.
+  // `on_captured`, when given, runs once the state is captured (training
+  // goes on from then), before the write.
   absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& job_id, uint64_t cut_id, uint64_t at_step,
-                                              absl::Duration wait);
+                                              absl::Duration wait, std::function<void()> on_captured = nullptr);
   // Committed cuts of a job on this server, oldest first.
   absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& job_id) const;
   // Replaces the job (deleting it if present) with cut `cut_id` from this

@@ -239,7 +239,7 @@ std::vector<DenseTable::ChunkState> DenseTable::Capture() const {
   return out;
 }
 
-absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, const float* block) {
+absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, const void* block) {
   if (index >= num_chunks_) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no chunk ", index));
   }

@@ -106,9 +106,9 @@ class DenseTable final : public Table {
     std::shared_ptr<const float[]> block;
   };
   std::vector<ChunkState> Capture() const;
-  // Installs a chunk's block (ChunkLength * (1 + slots) floats) and update
-  // count, materializing it (RESOURCE_EXHAUSTED over quota).
-  absl::Status Restore(uint32_t chunk, uint64_t updates, const float* block);
+  // Installs a chunk's block (ChunkLength * (1 + slots) floats, any
+  // alignment) and update count, materializing it (RESOURCE_EXHAUSTED over quota).
+  absl::Status Restore(uint32_t chunk, uint64_t updates, const void* block);
 
  private:
   struct Chunk {

@@ -362,11 +362,19 @@ class GrpcPsClient::Impl {
   absl::Status ForEachServer(Fn fn) {
     auto m = map();
     absl::Status result;
+    const absl::Time retry_until = absl::Now() + options_.retry_budget;
     for (const std::string& address : m->servers()) {
       auto conn = Conn(address);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      absl::Status s = FromGrpcStatus(fn(conn->admin.get(), &ctx));
+      absl::Status s;
+      // A server still starting (or restarting) is UNAVAILABLE: asked again
+      // with backoff, within the retry budget, as pushes and pulls are.
+      for (int attempt = 0;; ++attempt) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+        s = FromGrpcStatus(fn(conn->admin.get(), &ctx));
+        if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + Backoff(attempt) >= retry_until) break;
+        absl::SleepFor(Backoff(attempt));
+      }
       result.Update(Annotate(s, absl::StrCat("server ", address)));
     }
     return result;

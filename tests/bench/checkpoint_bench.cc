@@ -1,0 +1,171 @@
+// Checkpoint write and restore throughput of one server's shards against
+// this machine's sequential disk bandwidth, measured in the same run, and
+// the training pause a cut costs (issue #5's benchmark).
+//
+//   fulcrum-checkpoint-bench [--gib=1] [--dir=/tmp] [--quick]
+//
+// Disk bounds: a file of the same size written with 1 MiB writes and
+// fdatasync, then read back after its pages are dropped from the page cache
+// (posix_fadvise DONTNEED). The checkpoint: a BSP job with one dense SGD
+// table of that many bytes, cut with ParameterServer::Checkpoint (capture +
+// SST write + ingest + synced commit), then, after dropping the cache of the
+// RocksDB files, restored with ParameterServer::Restore. The pause is the
+// capture; one training step is one push of the whole table's gradient
+// (the server's part of a step of this model), timed before the cut and
+// while the cut's write is in flight (updates then copy shared blocks).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/parameter_server.h"
+#include "worker/local_ps_client.h"
+
+ABSL_FLAG(double, gib, 1.0, "parameter bytes to checkpoint, in GiB");
+ABSL_FLAG(std::string, dir, "/tmp", "directory (on the disk to measure) for the bench's files");
+ABSL_FLAG(bool, quick, false, "64 MiB, for the smoke test");
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+void DropCache(const fs::path& p) {
+  std::vector<fs::path> files;
+  if (fs::is_directory(p)) {
+    for (const auto& e : fs::recursive_directory_iterator(p)) {
+      if (e.is_regular_file()) files.push_back(e.path());
+    }
+  } else {
+    files.push_back(p);
+  }
+  for (const auto& f : files) {
+    const int fd = open(f.c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+// Sequential write (1 MiB writes, fdatasync) and read (cache dropped) of `bytes`.
+std::pair<double, double> DiskBounds(const fs::path& file, size_t bytes) {
+  std::vector<char> buf(1 << 20, 'x');
+  auto t0 = Clock::now();
+  const int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    std::perror("open");
+    std::exit(1);
+  }
+  for (size_t done = 0; done < bytes; done += buf.size()) {
+    if (write(fd, buf.data(), buf.size()) != static_cast<ssize_t>(buf.size())) {
+      std::perror("write");
+      std::exit(1);
+    }
+  }
+  fdatasync(fd);
+  close(fd);
+  const double write_gbs = bytes / Seconds(t0, Clock::now()) / 1e9;
+  DropCache(file);
+  t0 = Clock::now();
+  const int rfd = open(file.c_str(), O_RDONLY);
+  size_t total = 0;
+  for (ssize_t n; (n = read(rfd, buf.data(), buf.size())) > 0;) total += static_cast<size_t>(n);
+  close(rfd);
+  const double read_gbs = total / Seconds(t0, Clock::now()) / 1e9;
+  fs::remove(file);
+  return {write_gbs, read_gbs};
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const double gib = absl::GetFlag(FLAGS_quick) ? 1.0 / 16 : absl::GetFlag(FLAGS_gib);
+  const size_t elements = static_cast<size_t>(gib * (1ull << 30) / 4);
+  const size_t bytes = elements * 4;
+  const fs::path root = fs::path(absl::GetFlag(FLAGS_dir)) / absl::StrCat("fulcrum-ckpt-bench-", getpid());
+  fs::create_directories(root);
+
+  const auto [disk_write, disk_read] = DiskBounds(root / "seq.bin", bytes);
+
+  auto map = fulcrum::ShardMap::RoundRobin(1, 64, {"in-process"});
+  Check(map.status(), "shard map");
+  fulcrum::ParameterServerOptions o;
+  o.shard_map = map->ToProto();
+  o.data_dir = (root / "server").string();
+  o.default_quota_bytes = bytes * 3;
+  auto created = fulcrum::ParameterServer::Create(std::move(o));
+  Check(created.status(), "server");
+  std::shared_ptr<fulcrum::ParameterServer> ps = std::move(*created);
+  fulcrum::v1::PsJobSpec spec;
+  spec.set_job_id("bench");
+  spec.set_num_workers(1);
+  spec.mutable_consistency()->set_model(fulcrum::v1::ConsistencySpec::BSP);
+  auto* t = spec.add_tables();
+  t->set_name("w");
+  t->set_kind(fulcrum::v1::TableSpec::DENSE);
+  t->add_shape(static_cast<int64_t>(elements));
+  t->mutable_optimizer()->set_kind(fulcrum::v1::OptimizerSpec::SGD);
+  t->mutable_optimizer()->set_learning_rate(0.01f);
+  fulcrum::LocalPsClient client(ps, "bench");
+  Check(client.CreateJob(spec), "create job");
+
+  std::vector<float> g(elements, 0.001f);
+  auto step = [&](uint64_t s) {
+    const auto a = Clock::now();
+    Check(client.Push("bench", {s, {{"w", g.data(), elements}}, {}}), "push");
+    return Seconds(a, Clock::now());
+  };
+  step(0);
+  const double step_seconds = std::min(step(1), step(2));
+
+  // The cut at step 3, with a training step running while it is written.
+  absl::StatusOr<fulcrum::v1::ShardCutMeta> meta;
+  const auto c0 = Clock::now();
+  absl::Notification captured;
+  std::thread cut([&] { meta = ps->Checkpoint("bench", 1, 3, absl::Seconds(60), [&] { captured.Notify(); }); });
+  captured.WaitForNotification();
+  const double step_during_write = step(3);
+  cut.join();
+  const double cut_seconds = Seconds(c0, Clock::now());
+  Check(meta.status(), "checkpoint");
+
+  DropCache(root / "server");
+  const auto r0 = Clock::now();
+  auto restored = ps->Restore("bench", 1);
+  const double restore_seconds = Seconds(r0, Clock::now());
+  Check(restored.status(), "restore");
+
+  const double write_gbs = meta->bytes() / cut_seconds / 1e9;
+  const double read_gbs = meta->bytes() / restore_seconds / 1e9;
+  std::printf("checkpoint of %.2f GiB (one dense SGD table, %zu chunks), disk %s\n", gib,
+              static_cast<size_t>(meta->records()), root.c_str());
+  std::printf("| what | GB/s | bound GB/s | ratio |\n|---|---|---|---|\n");
+  std::printf("| checkpoint write (capture, SST, ingest, synced commit) | %.2f | %.2f | %.2f |\n", write_gbs,
+              disk_write, write_gbs / disk_write);
+  std::printf("| restore (read, verify, install) | %.2f | %.2f | %.2f |\n", read_gbs, disk_read, read_gbs / disk_read);
+  std::printf("pause: capture %.3f ms; one training step (push of the whole table) %.1f ms; pause/step %.4f\n",
+              meta->capture_seconds() * 1e3, step_seconds * 1e3, meta->capture_seconds() / step_seconds);
+  std::printf("step while the cut is written: %.1f ms (%.2fx a normal step: updates copy the shared blocks)\n",
+              step_during_write * 1e3, step_during_write / step_seconds);
+  fs::remove_all(root);
+  return 0;
+}
