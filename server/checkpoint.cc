@@ -16,21 +16,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": ", s.ToString());
-  if (s.IsNotFound()) return absl::NotFoundError(msg);
-  if (s.IsCorruption()) return absl::DataLossError(msg);
-  if (s.IsIOError() && s.subcode() == rocksdb::Status::kNoSpace) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
 
 uint32_t Crc(const void* data, size_t n, uint32_t crc = 0) {
   return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
@@ -46,6 +38,25 @@ std::string DenseKey(const std::string& prefix, const std::string& table, uint32
 }
 std::string SparseKey(const std::string& prefix, const std::string& table, uint32_t vshard) {
   return absl::StrCat(prefix, "sparse/", table, "/", absl::StrFormat("%08x", vshard));
+}
+
+// A key "cut/<job>/<16 hex>/<rest>" split at its cut prefix; false for
+// keys of another shape.
+bool SplitCutKey(std::string_view key, std::string_view* prefix, std::string_view* rest) {
+  if (key.substr(0, 4) != "cut/") return false;
+  const size_t job_end = key.find('/', 4);
+  if (job_end == std::string_view::npos || key.size() < job_end + 18 || key[job_end + 17] != '/') return false;
+  *prefix = key.substr(0, job_end + 18);
+  *rest = key.substr(job_end + 18);
+  return true;
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParseMeta(const std::string& key, std::string_view raw) {
+  v1::ShardCutMeta meta;
+  if (!meta.ParseFromArray(raw.data(), static_cast<int>(raw.size()))) {
+    return absl::DataLossError(absl::StrCat("checkpoint meta ", key, " does not parse"));
+  }
+  return meta;
 }
 
 // The first byte after every key starting with `prefix` (which ends in '/').
@@ -103,13 +114,10 @@ absl::Status CheckpointStore::CollectGarbage() {
   std::set<std::string> seen, committed;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("cut/"); it->Valid() && it->key().starts_with("cut/"); it->Next()) {
-    const std::string key = it->key().ToString();
-    // cut/<job>/<16 hex>/...
-    const size_t job_end = key.find('/', 4);
-    if (job_end == std::string::npos || key.size() < job_end + 18) continue;
-    const std::string prefix = key.substr(0, job_end + 18);
-    seen.insert(prefix);
-    if (key.size() == prefix.size() + 4 && absl::EndsWith(key, "/meta")) committed.insert(prefix);
+    std::string_view prefix, rest;
+    if (!SplitCutKey(it->key().ToStringView(), &prefix, &rest)) continue;
+    seen.emplace(prefix);
+    if (rest == "meta") committed.emplace(prefix);
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "scanning checkpoints"));
   for (const std::string& prefix : seen) {
@@ -133,11 +141,10 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   }
   const std::string prefix = CutPrefix(job, cut_id);
   const std::string meta_key = prefix + "meta";
-  {
-    std::string existing;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_key, &existing);
-    if (s.ok()) return absl::AlreadyExistsError(absl::StrCat("job '", job, "' already has cut ", cut_id));
-    if (!s.IsNotFound()) return FromRocks(s, "reading " + meta_key);
+  if (absl::StatusOr<v1::ShardCutMeta> existing = Meta(job, cut_id); existing.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", job, "' already has cut ", cut_id));
+  } else if (existing.status().code() != absl::StatusCode::kNotFound) {
+    return existing.status();
   }
   // Records in key order (SstFileWriter requires it): (key, dense or sparse, index).
   struct Ref {
@@ -236,42 +243,30 @@ absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::s
   const std::string prefix = absl::StrCat("cut/", job_id, "/");
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const rocksdb::Slice key = it->key();
-    // cut/<job>/<16 hex>/meta
-    if (key.size() != prefix.size() + 21 || !key.ends_with("/meta")) continue;
-    v1::ShardCutMeta meta;
-    if (!meta.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("checkpoint meta ", key.ToString(), " does not parse"));
-    }
+    std::string_view cut, rest;
+    if (!SplitCutKey(it->key().ToStringView(), &cut, &rest) || rest != "meta") continue;
+    ASSIGN_OR_RETURN(v1::ShardCutMeta meta, ParseMeta(it->key().ToString(), it->value().ToStringView()));
     out.push_back(std::move(meta));
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing checkpoints of job " + job_id));
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> CheckpointStore::Jobs() const {
-  std::set<std::string> jobs;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek("cut/"); it->Valid() && it->key().starts_with("cut/"); it->Next()) {
-    const std::string key = it->key().ToString();
-    const size_t job_end = key.find('/', 4);
-    if (job_end != std::string::npos && absl::EndsWith(key, "/meta")) jobs.insert(key.substr(4, job_end - 4));
+absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Meta(const std::string& job_id, uint64_t cut_id) const {
+  const std::string key = CutPrefix(job_id, cut_id) + "meta";
+  std::string raw;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &raw);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " in ", dir_));
   }
-  RETURN_IF_ERROR(FromRocks(it->status(), "listing checkpointed jobs"));
-  return std::vector<std::string>(jobs.begin(), jobs.end());
+  RETURN_IF_ERROR(FromRocks(s, "reading " + key));
+  return ParseMeta(key, raw);
 }
 
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id, uint64_t cut_id,
                                                        const Visitor& visit) const {
   const std::string prefix = CutPrefix(job_id, cut_id);
-  std::string raw;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), prefix + "meta", &raw);
-  if (s.IsNotFound()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " in ", dir_));
-  }
-  RETURN_IF_ERROR(FromRocks(s, "reading the meta of " + prefix));
-  v1::ShardCutMeta meta;
-  if (!meta.ParseFromString(raw)) return absl::DataLossError(absl::StrCat("checkpoint meta ", prefix, "meta does not parse"));
+  ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
 
   uint32_t combined = 0;
   uint64_t records = 0;

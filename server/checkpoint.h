@@ -43,8 +43,8 @@ class CheckpointStore {
 
   // The committed cuts of a job, oldest first.
   absl::StatusOr<std::vector<v1::ShardCutMeta>> List(const std::string& job_id) const;
-  // Every job with a committed cut.
-  absl::StatusOr<std::vector<std::string>> Jobs() const;
+  // One committed cut's meta; NOT_FOUND when the cut is not committed.
+  absl::StatusOr<v1::ShardCutMeta> Meta(const std::string& job_id, uint64_t cut_id) const;
 
   struct Visitor {
     // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).

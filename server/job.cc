@@ -472,8 +472,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     out->applied_step = applied_step_;
   }
   pushes_applied_.fetch_add(1, std::memory_order_relaxed);
-  absl::Status drained = drain ? DrainBspSteps(&ready) : absl::OkStatus();
-  for (auto& r : ready) r(absl::OkStatus());
+  absl::Status drained = Resume(drain, &ready);
   if (drain) {
     absl::MutexLock lock(&mu_);
     out->applied_step = applied_step_;
@@ -491,6 +490,12 @@ bool Job::StepCompleteLocked(uint64_t step) const {
     if (!it->second[r].complete()) return false;
   }
   return any;
+}
+
+absl::Status Job::Resume(bool drain, std::vector<std::function<void(absl::Status)>>* ready) {
+  absl::Status s = drain ? DrainBspSteps(ready) : absl::OkStatus();
+  for (auto& r : *ready) r(absl::OkStatus());
+  return s;
 }
 
 absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready) {
@@ -809,9 +814,7 @@ absl::Status Job::SetActiveWorkers(const std::vector<uint32_t>& ranks) {
     if (model_ == Model::kBsp) drain = !applying_ && StepCompleteLocked(applied_step_);
     else CollectReadyLocked(&ready);
   }
-  absl::Status s = drain ? DrainBspSteps(&ready) : absl::OkStatus();
-  for (auto& r : ready) r(absl::OkStatus());
-  return s;
+  return Resume(drain, &ready);
 }
 
 absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
@@ -866,9 +869,7 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
       drain = StepCompleteLocked(applied_step_);
     }
     // Steps that completed meanwhile apply now.
-    absl::Status s = drain ? DrainBspSteps(&ready) : absl::OkStatus();
-    for (auto& r : ready) r(absl::OkStatus());
-    RETURN_IF_ERROR(s);
+    RETURN_IF_ERROR(Resume(drain, &ready));
   }
   return state;
 }

@@ -179,6 +179,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // Applies complete BSP steps in order; returns waiters that became ready.
   absl::Status DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // After an update outside the lock: with `drain`, applies the BSP steps
+  // now complete; then resumes the waiters in `ready` (and those the drain
+  // made ready).
+  absl::Status Resume(bool drain, std::vector<std::function<void(absl::Status)>>* ready)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void CollectReadyLocked(std::vector<std::function<void(absl::Status)>>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Expire(uint64_t waiter_id);

@@ -201,13 +201,9 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
   ASSIGN_OR_RETURN(CheckpointStore * store, Store());
   ASSIGN_OR_RETURN(MapRef ref, Map());
   // The spec first (from the meta alone), then the job afresh.
-  ASSIGN_OR_RETURN(std::vector<v1::ShardCutMeta> cuts, store->List(job_id));
-  auto found = std::find_if(cuts.begin(), cuts.end(), [&](const v1::ShardCutMeta& m) { return m.cut_id() == cut_id; });
-  if (found == cuts.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " on this server"));
-  }
+  ASSIGN_OR_RETURN(v1::ShardCutMeta cut, store->Meta(job_id, cut_id));
   if (FindJob(job_id).ok()) RETURN_IF_ERROR(DeleteJob(job_id).status());
-  RETURN_IF_ERROR(CreateJob(found->spec()).status());
+  RETURN_IF_ERROR(CreateJob(cut.spec()).status());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   const ShardMap& map = *ref.map;
   uint64_t skipped = 0;

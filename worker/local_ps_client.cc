@@ -79,16 +79,6 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   m.seq = ++seq_;
   m.rank = rank_;
   m.step = batch.step;
-  // Groups of one step (PushBatch::last): "more follow" until the last,
-  // which counts them all.
-  {
-    absl::MutexLock l(&mu_);
-    uint32_t& sent = open_steps_[{job_id, batch.step}];
-    ++sent;
-    m.num_parts = batch.last ? sent : 0;
-    m.more_parts = !batch.last;
-    if (batch.last) open_steps_.erase({job_id, batch.step});
-  }
   m.shard_map_version = map->version();
   for (const DenseGradient& g : batch.dense) {
     absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);
@@ -108,6 +98,16 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
     if (g.num_keys == 0) continue;
     m.sparse.push_back({g.table, DType::kFp32, Payload(g.keys, g.num_keys * 8),
                         Payload(g.values, g.num_keys * t->dim() * 4)});
+  }
+  // Groups of one step (PushBatch::last): "more follow" until the last,
+  // which counts them all. Counted once the message is known to be sent.
+  {
+    absl::MutexLock l(&mu_);
+    uint32_t& sent = open_steps_[{job_id, batch.step}];
+    ++sent;
+    m.num_parts = batch.last ? sent : 0;
+    m.more_parts = !batch.last;
+    if (batch.last) open_steps_.erase({job_id, batch.step});
   }
   PushResult r;
   return Ready(server_->Push(m, &r));

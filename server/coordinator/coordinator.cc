@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/rpc/grpc_util.h"
 #include "common/shard_map.h"
+#include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 
@@ -36,11 +37,6 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 uint64_t Serial(const std::string& id) {
   const size_t dash = id.rfind('-');
   return dash == std::string::npos ? 0 : std::strtoull(id.c_str() + dash + 1, nullptr, 10);
-}
-
-absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", s.ToString()));
 }
 
 class GrpcServerControl final : public ServerControl {

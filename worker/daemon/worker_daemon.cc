@@ -292,9 +292,9 @@ class WorkerDaemon::Runner {
         FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
                    << t.accuracy << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
       }
-      {
-        FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data " << e.data_wait_seconds << " s";
-      }
+      FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds
+                 << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data "
+                 << e.data_wait_seconds << " s";
       v1::ReportProgressRequest r = Base();
       progress_.set_state("training");
       *r.mutable_progress() = progress_;

@@ -116,7 +116,7 @@ absl::Status Trainer::CopyToDevice(int set) {
 
 absl::Status Trainer::LoadParameters(uint64_t step, bool prefetch_next) {
   const int set = static_cast<int>(step % 2);
-  if (prefetch_ && (prefetch_->step != step || prefetch_->set != set)) Drain();  // not for this step
+  if (prefetch_ && prefetch_->step != step) Drain();  // not for this step
   RETURN_IF_ERROR(Stage(set, /*values=*/true, /*grads=*/false));
   bool have_dense = false;
   if (prefetch_) {
@@ -132,7 +132,7 @@ absl::Status Trainer::LoadParameters(uint64_t step, bool prefetch_next) {
     // The other set's values were copied to the device a step ago; its
     // grads belong to pushes, which pulls do not touch.
     RETURN_IF_ERROR(Stage(1 - set, /*values=*/true, /*grads=*/false));  // dense: sized once
-    Prefetch p{step + 1, 1 - set, PullFor(step + 1, 1 - set, /*dense=*/true, /*sparse=*/false), {}};
+    Prefetch p{step + 1, PullFor(step + 1, 1 - set, /*dense=*/true, /*sparse=*/false), {}};
     if (!p.pull.dense.empty()) {
       prefetch_ = std::move(p);
       prefetch_->done = client_->PullAsync(options_.job_id, prefetch_->pull);
@@ -144,7 +144,7 @@ absl::Status Trainer::LoadParameters(uint64_t step, bool prefetch_next) {
 absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
-  Staging& st = staging_[grad_set_];
+  Staging& st = staging_[step_ % 2];
   for (size_t i : group) {
     if (!be->is_gpu()) {
       // Host memory already: take the gradient buffer and give the model
@@ -189,33 +189,26 @@ absl::Status Trainer::WaitPushes(uint64_t before) {
 
 absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   auto& tables = model_->tables();
-  // This step's gradients stage in the set step - 2 used: its pushes must be done.
-  grad_set_ = static_cast<int>(step_ % 2);
-  {
-    const auto t0 = Clock::now();
-    RETURN_IF_ERROR(WaitPushes(step_ >= 1 ? step_ - 1 : 0));
-    if (timing_) timing_->push_wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  RETURN_IF_ERROR(Stage(grad_set_, /*values=*/false, /*grads=*/true));
-  ready_.clear();
-  ready_bytes_ = 0;
-  pushed_.assign(tables.size(), false);
-  // Sparse rows (their keys and row count change every batch) wait for the
-  // end of backward with the rest; dense tables go in groups as ready.
-  model_->set_on_gradient([this, &tables](size_t i) -> absl::Status {
-    if (i >= tables.size() || pushed_[i] || tables[i].sparse) return absl::OkStatus();
-    ready_.push_back(i);
-    ready_bytes_ += tables[i].elements * 4;
-    if (ready_bytes_ < options_.min_push_group_bytes) return absl::OkStatus();
-    // When nothing else is left, this is the step's last group: sent after Run.
-    size_t left = 0;
-    for (size_t k = 0; k < tables.size(); ++k) left += !pushed_[k];
-    if (left == ready_.size()) return absl::OkStatus();
-    for (size_t k : ready_) pushed_[k] = true;
-    // The step's last group is sent after Run, so this one never is.
-    absl::Status s = PushGroup(ready_, /*last=*/false);
-    ready_.clear();
-    ready_bytes_ = 0;
+  // The step's gradients stage in set step % 2, free once the caller waited
+  // for the pushes of step - 2.
+  RETURN_IF_ERROR(Stage(static_cast<int>(step_ % 2), /*values=*/false, /*grads=*/true));
+  // Dense tables go in groups as backward finishes them; sparse rows (their
+  // keys change every batch) and whatever is left form the last group,
+  // sent after Run.
+  std::vector<bool> pushed(tables.size(), false);
+  size_t unpushed = tables.size();
+  std::vector<size_t> ready;
+  size_t ready_bytes = 0;
+  model_->set_on_gradient([&](size_t i) -> absl::Status {
+    if (i >= tables.size() || pushed[i] || tables[i].sparse) return absl::OkStatus();
+    ready.push_back(i);
+    ready_bytes += tables[i].elements * 4;
+    if (ready_bytes < options_.min_push_group_bytes || ready.size() == unpushed) return absl::OkStatus();
+    for (size_t k : ready) pushed[k] = true;
+    unpushed -= ready.size();
+    absl::Status s = PushGroup(ready, /*last=*/false);
+    ready.clear();
+    ready_bytes = 0;
     return s;
   });
   absl::StatusOr<models::Metrics> m = model_->Run(batch, /*train=*/true);
@@ -223,7 +216,7 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   if (!m.ok()) return m.status();
   std::vector<size_t> rest;
   for (size_t i = 0; i < tables.size(); ++i) {
-    if (!pushed_[i]) rest.push_back(i);
+    if (!pushed[i]) rest.push_back(i);
   }
   RETURN_IF_ERROR(PushGroup(rest, /*last=*/true));
   return m;
@@ -283,7 +276,6 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
-  timing_ = &result;
   int64_t steps = prefetch.num_batches();
   if (options_.max_steps_per_epoch >= 0) {
     steps = std::min(steps, std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch));
@@ -297,15 +289,19 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       const auto a = Clock::now();
       RETURN_IF_ERROR(LoadParameters(step_, options_.prefetch_parameters && result.steps + 1 < steps));
       const auto b = Clock::now();
-      ASSIGN_OR_RETURN(models::Metrics m, RunAndPush(*batch));
+      // This step's gradients reuse the staging set of step - 2: its pushes
+      // must be done (with prefetching they complete in the background).
+      RETURN_IF_ERROR(WaitPushes(step_ >= 1 ? step_ - 1 : 0));
       const auto c = Clock::now();
+      ASSIGN_OR_RETURN(models::Metrics m, RunAndPush(*batch));
+      const auto d = Clock::now();
       // Without prefetching the next pull needs this push applied (BSP), so
       // wait for it now; otherwise it completes while the next step runs.
       if (!options_.prefetch_parameters) RETURN_IF_ERROR(WaitPushes(step_ + 1));
-      const auto d = Clock::now();
+      const auto e = Clock::now();
       result.pull_wait_seconds += std::chrono::duration<double>(b - a).count();
-      result.compute_seconds += std::chrono::duration<double>(c - b).count();
-      result.push_wait_seconds += std::chrono::duration<double>(d - c).count();
+      result.compute_seconds += std::chrono::duration<double>(d - c).count();
+      result.push_wait_seconds += std::chrono::duration<double>((c - b) + (e - d)).count();
       if (options_.on_step) options_.on_step(step_, m);
       ++step_;
       ++result.steps;
@@ -319,7 +315,6 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
     result.push_wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     return absl::OkStatus();
   }();
-  timing_ = nullptr;
   if (!s.ok()) {
     Drain();
     return s;

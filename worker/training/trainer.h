@@ -130,8 +130,10 @@ class Trainer {
   // step's prefetch.
   absl::Status LoadParameters(uint64_t step, bool prefetch_next);
   absl::Status CopyToDevice(int set);
-  // Runs forward and backward, pushing gradient groups as they are ready.
+  // Runs forward and backward, pushing gradient groups as they are ready
+  // (the caller has waited for the pushes of step - 2).
   absl::StatusOr<models::Metrics> RunAndPush(const data::Batch& batch);
+  // Pushes `tables`' gradients of this step from staging set step % 2.
   absl::Status PushGroup(const std::vector<size_t>& tables, bool last);
   // Waits for the pushes of steps < `before`; the first error wins.
   absl::Status WaitPushes(uint64_t before);
@@ -153,18 +155,11 @@ class Trainer {
   };
   std::vector<InFlightPush> pushes_;
   struct Prefetch {
-    uint64_t step;
-    int set;
+    uint64_t step;   // into staging set step % 2
     PullBatch pull;  // kept alive while in flight
     Future<absl::Status> done;
   };
   std::optional<Prefetch> prefetch_;
-  // Per step: its staging set and the tables its push groups covered so far.
-  int grad_set_ = 0;
-  std::vector<size_t> ready_;
-  size_t ready_bytes_ = 0;
-  std::vector<bool> pushed_;
-  EpochResult* timing_ = nullptr;  // where RunAndPush adds its push waits
 };
 
 }  // namespace fulcrum::training
