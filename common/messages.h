@@ -53,6 +53,7 @@ struct PushMessage {
   uint64_t step = 0;
   uint32_t num_parts = 1;
   bool more_parts = false;  // num_parts 0: the total comes with a later part
+  uint32_t incarnation = 0;
   uint64_t shard_map_version = 0;
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;
@@ -82,6 +83,7 @@ struct PullMessage {
   uint64_t shard_map_version = 0;
   DType dtype = DType::kFp32;
   uint32_t wait_timeout_ms = 0;
+  uint32_t incarnation = 0;
   std::vector<DenseChunkRef> dense;
   std::vector<SparseKeysView> sparse;
   std::shared_ptr<const void> keepalive;

@@ -83,7 +83,70 @@ class Cursor {
   const char* end_;
 };
 
+struct ParsedKey {
+  bool dense = false;
+  std::string_view table;
+  uint32_t index = 0;
+};
+
+absl::Status ParseRecordKey(std::string_view rest, ParsedKey* k, std::string_view context) {
+  const bool dense = rest.starts_with("dense/");
+  const size_t slash = rest.rfind('/');
+  const size_t kind_end = rest.find('/');
+  if ((!dense && !rest.starts_with("sparse/")) || slash == std::string_view::npos || slash <= kind_end ||
+      rest.size() - slash - 1 != 8) {
+    return absl::DataLossError(absl::StrCat("checkpoint record key '", std::string(rest), "' is malformed", std::string(context)));
+  }
+  k->dense = dense;
+  k->table = rest.substr(kind_end + 1, slash - kind_end - 1);
+  k->index = static_cast<uint32_t>(std::strtoul(std::string(rest.substr(slash + 1)).c_str(), nullptr, 16));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view rest, std::string_view v,
+                                   const CheckpointStore::Visitor& visit, uint32_t* crc_out, std::string_view where) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint record ", std::string(prefix), std::string(rest), std::string(where), ": ", why));
+  };
+  ParsedKey k;
+  RETURN_IF_ERROR(ParseRecordKey(rest, &k, absl::StrCat(" in ", std::string(prefix), std::string(where))));
+  if (v.size() < 4) return bad("shorter than its checksum");
+  uint32_t crc;
+  std::memcpy(&crc, v.data() + v.size() - 4, 4);
+  if (Crc(v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
+  *crc_out = crc;
+  Cursor c(v.data(), v.size() - 4);
+  const std::string table(k.table);
+  if (k.dense) {
+    uint64_t upd;
+    uint32_t length, slots;
+    if (!c.Read(&upd) || !c.Read(&length) || !c.Read(&slots)) return bad("truncated header");
+    const size_t n = size_t{length} * (1 + slots);
+    if (c.left() != n * sizeof(float)) return bad("size does not match its header");
+    // The block goes straight from the stored buffer to its chunk (the
+    // visitor copies it; no alignment is assumed).
+    const char* block = v.data() + (v.size() - 4 - c.left());
+    if (visit.dense) RETURN_IF_ERROR(visit.dense(table, k.index, upd, length, slots, block));
+    return absl::OkStatus();
+  }
+  uint32_t n, dim, slots, pad;
+  if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
+  const size_t row_floats = size_t{dim} * (1 + slots);
+  if (c.left() != size_t{n} * (8 + 4 + row_floats * sizeof(float))) return bad("size does not match its header");
+  keys_.resize(n);
+  updates_.resize(n);
+  floats_.resize(size_t{n} * row_floats);
+  c.Bytes(keys_.data(), size_t{n} * 8);
+  c.Bytes(updates_.data(), size_t{n} * 4);
+  c.Bytes(floats_.data(), floats_.size() * sizeof(float));
+  if (visit.sparse) {
+    RETURN_IF_ERROR(visit.sparse(table, k.index, dim, slots, n, keys_.data(), updates_.data(), floats_.data()));
+  }
+  return absl::OkStatus();
+}
 
 std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
@@ -270,9 +333,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
 
   uint32_t combined = 0;
   uint64_t records = 0;
-  std::vector<float> floats;
-  std::vector<uint64_t> keys;
-  std::vector<uint32_t> updates;
+  RecordDecoder decoder;
   // One sequential pass over big values: read ahead, and keep them out of
   // the block cache.
   rocksdb::ReadOptions scan;
@@ -280,52 +341,12 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   scan.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const std::string key = it->key().ToString();
-    const std::string rest = key.substr(prefix.size());
+    const std::string_view rest = it->key().ToStringView().substr(prefix.size());
     if (rest == "meta") continue;
-    const rocksdb::Slice v = it->value();
-    auto bad = [&](const std::string& why) {
-      return absl::DataLossError(absl::StrCat("checkpoint record ", key, " in ", dir_, ": ", why));
-    };
-    if (v.size() < 4) return bad("shorter than its checksum");
-    uint32_t crc;
-    std::memcpy(&crc, v.data() + v.size() - 4, 4);
-    if (Crc(v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
+    uint32_t crc = 0;
+    RETURN_IF_ERROR(decoder.Decode(prefix, rest, it->value().ToStringView(), visit, &crc, " in " + dir_));
     combined = Crc(&crc, sizeof(crc), combined);
     ++records;
-    Cursor c(v.data(), v.size() - 4);
-    const bool dense = absl::StartsWith(rest, "dense/");
-    if (!dense && !absl::StartsWith(rest, "sparse/")) return bad("unknown record kind");
-    const size_t slash = rest.rfind('/');
-    const size_t kind_end = rest.find('/');
-    if (slash == std::string::npos || slash <= kind_end) return bad("malformed key");
-    const std::string table = rest.substr(kind_end + 1, slash - kind_end - 1);
-    const uint32_t index = static_cast<uint32_t>(std::strtoul(rest.c_str() + slash + 1, nullptr, 16));
-    if (dense) {
-      uint64_t upd;
-      uint32_t length, slots;
-      if (!c.Read(&upd) || !c.Read(&length) || !c.Read(&slots)) return bad("truncated header");
-      const size_t n = size_t{length} * (1 + slots);
-      if (c.left() != n * sizeof(float)) return bad("size does not match its header");
-      // The block goes straight from RocksDB's buffer to its chunk (the
-      // visitor copies it; no alignment is assumed).
-      const char* block = v.data() + (v.size() - 4 - c.left());
-      if (visit.dense) RETURN_IF_ERROR(visit.dense(table, index, upd, length, slots, block));
-    } else {
-      uint32_t n, dim, slots, pad;
-      if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
-      const size_t row_floats = size_t{dim} * (1 + slots);
-      if (c.left() != size_t{n} * (8 + 4 + row_floats * sizeof(float))) return bad("size does not match its header");
-      keys.resize(n);
-      updates.resize(n);
-      floats.resize(size_t{n} * row_floats);
-      c.Bytes(keys.data(), size_t{n} * 8);
-      c.Bytes(updates.data(), size_t{n} * 4);
-      c.Bytes(floats.data(), floats.size() * sizeof(float));
-      if (visit.sparse) {
-        RETURN_IF_ERROR(visit.sparse(table, index, dim, slots, n, keys.data(), updates.data(), floats.data()));
-      }
-    }
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "reading " + prefix));
   if (records != meta.records() || combined != meta.crc32()) {
@@ -334,6 +355,42 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
                                             combined == meta.crc32() ? "matches" : "differs"));
   }
   return meta;
+}
+
+absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
+    const v1::ReadCheckpointRequest& req, const std::function<bool(std::string_view table, uint32_t index, bool dense)>& keep) const {
+  const std::string prefix = CutPrefix(req.job_id(), req.cut_id());
+  v1::ReadCheckpointResponse resp;
+  ASSIGN_OR_RETURN(*resp.mutable_meta(), Meta(req.job_id(), req.cut_id()));
+  const size_t max_bytes = req.max_bytes() == 0 ? size_t{4} << 20 : req.max_bytes();
+  rocksdb::ReadOptions scan;
+  scan.readahead_size = 16 << 20;
+  scan.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
+  size_t bytes = 0;
+  std::string last;
+  it->Seek(prefix + req.start_after());
+  for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const std::string_view rest = it->key().ToStringView().substr(prefix.size());
+    if (rest == "meta" || rest == req.start_after()) continue;
+    if (bytes >= max_bytes) break;
+    ParsedKey k;
+    RETURN_IF_ERROR(ParseRecordKey(rest, &k, " in " + prefix));
+    last = std::string(rest);
+    if (keep && !keep(k.table, k.index, k.dense)) continue;
+    const std::string_view v = it->value().ToStringView();
+    uint32_t crc = 0;
+    if (v.size() < 4 || (std::memcpy(&crc, v.data() + v.size() - 4, 4), Crc(v.data(), v.size() - 4) != crc)) {
+      return absl::DataLossError(absl::StrCat("checkpoint record ", prefix, std::string(rest), " in ", dir_, ": checksum mismatch"));
+    }
+    v1::CheckpointRecord* r = resp.add_records();
+    r->set_key(std::string(rest));
+    r->set_value(std::string(v));
+    bytes += v.size();
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "reading " + prefix));
+  if (it->Valid() && it->key().starts_with(prefix) && bytes >= max_bytes) resp.set_next_start_after(last);
+  return resp;
 }
 
 absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,6 +61,13 @@ class CheckpointStore {
   // and hands each record to `visit`. NOT_FOUND when the cut is not committed.
   absl::StatusOr<v1::ShardCutMeta> Read(const std::string& job_id, uint64_t cut_id, const Visitor& visit) const;
 
+  // One page of a committed cut's raw records (ReadCheckpoint), in key
+  // order, each checksum verified; `keep` (when given) filters by record.
+  // NOT_FOUND when the cut is not committed.
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadPage(
+      const v1::ReadCheckpointRequest& req,
+      const std::function<bool(std::string_view table, uint32_t index, bool dense)>& keep) const;
+
   // Deletes a cut (its meta first, so a crash leaves it uncommitted).
   absl::Status Delete(const std::string& job_id, uint64_t cut_id);
 
@@ -69,6 +77,23 @@ class CheckpointStore {
 
   const std::string dir_;
   std::unique_ptr<rocksdb::DB> db_;
+};
+
+// Decodes one stored record (`rest`: its key after the cut's prefix),
+// verifying its checksum (returned in *crc), and hands it to the visitor.
+// DATA_LOSS, naming the record and `context`, when it is malformed. Reuses
+// its buffers across records.
+class RecordDecoder {
+ public:
+  // `prefix` (the cut's key prefix) and `where` (e.g. " in DIR") name the
+  // record in errors.
+  absl::Status Decode(std::string_view prefix, std::string_view rest, std::string_view value,
+                      const CheckpointStore::Visitor& visit, uint32_t* crc, std::string_view where);
+
+ private:
+  std::vector<float> floats_;
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> updates_;
 };
 
 // Key layout, exposed for tests and tools: "cut/<job>/<cut, 16 hex>/".

@@ -372,7 +372,18 @@ bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Dec
   return complete;
 }
 
+absl::Status Job::CheckIncarnation(uint32_t incarnation, const std::string& worker, uint32_t rank,
+                                  const char* what) const {
+  const uint32_t min = min_incarnation_.load();
+  if (incarnation >= min) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " from ", Who(worker, rank), " is of incarnation ",
+                                                    incarnation, "; job '", id(),
+                                                    "' was restored from a checkpoint for incarnation ", min,
+                                                    " onwards"));
+}
+
 absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self, PushResult* out) {
+  RETURN_IF_ERROR(CheckIncarnation(m.incarnation, m.worker_id, m.rank, "push"));
   if (m.worker_id.empty()) {
     return absl::InvalidArgumentError("push has no worker_id; (worker_id, seq) identifies a push");
   }
@@ -654,6 +665,7 @@ void Job::Expire(uint64_t waiter_id) {
 
 absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,
                               std::vector<KeyGroups>* sparse) const {
+  RETURN_IF_ERROR(CheckIncarnation(m.incarnation, m.worker_id, m.rank, "pull"));
   RETURN_IF_ERROR(CheckDType(m.dtype, "<response>", "pull"));
   if (m.rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("pull from worker '", m.worker_id, "' has rank ",

@@ -94,6 +94,9 @@ class Job : public std::enable_shared_from_this<Job> {
                              const uint32_t* updates, const float* rows);
   absl::Status RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock);
   uint64_t bytes_used() const { return quota_.used(); }
+  // Refuses pushes and pulls of incarnations below `n` from now on (a job
+  // restored from a checkpoint fences off the run it rolled back).
+  void set_min_incarnation(uint32_t n) { min_incarnation_.store(n); }
 
  private:
   enum class Model { kBsp, kSsp, kAsp };
@@ -215,6 +218,11 @@ class Job : public std::enable_shared_from_this<Job> {
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 
+  // FAILED_PRECONDITION for a request of a fenced-off incarnation.
+  absl::Status CheckIncarnation(uint32_t incarnation, const std::string& worker, uint32_t rank,
+                                const char* what) const;
+
+  std::atomic<uint32_t> min_incarnation_{0};
   std::atomic<uint64_t> pushes_applied_{0};
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> rejected_nonfinite_{0};

@@ -197,16 +197,66 @@ absl::Status ParameterServer::DeleteCut(const std::string& job_id, uint64_t cut_
   return store->Delete(job_id, cut_id);
 }
 
-absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job_id, uint64_t cut_id) {
+absl::StatusOr<v1::ReadCheckpointResponse> ParameterServer::ReadCut(const v1::ReadCheckpointRequest& req) const {
   ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+  if (!req.has_owner_map()) return store->ReadPage(req, nullptr);
+  ASSIGN_OR_RETURN(ShardMap map, ShardMap::FromProto(req.owner_map()));
+  const uint32_t owner = req.owner_index();
+  return store->ReadPage(req, [&](std::string_view table, uint32_t index, bool dense) {
+    return dense ? map.ServerOfChunk(table, index) == owner
+                 : index < map.num_virtual_shards() && map.owner(index) == owner;
+  });
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job_id, uint64_t cut_id,
+                                                          const std::vector<CutReader>& sources,
+                                                          uint32_t min_incarnation) {
   ASSIGN_OR_RETURN(MapRef ref, Map());
-  // The spec first (from the meta alone), then the job afresh.
-  ASSIGN_OR_RETURN(v1::ShardCutMeta cut, store->Meta(job_id, cut_id));
+  const ShardMap& map = *ref.map;
+  // The spec first (from a meta alone), then the job afresh.
+  v1::ShardCutMeta cut;
+  v1::ReadCheckpointRequest first;
+  first.set_job_id(job_id);
+  first.set_cut_id(cut_id);
+  *first.mutable_owner_map() = map.ToProto();
+  first.set_owner_index(ref.self);
+  std::vector<v1::ReadCheckpointResponse> first_pages;
+  if (sources.empty()) {
+    ASSIGN_OR_RETURN(CheckpointStore * store, Store());
+    ASSIGN_OR_RETURN(cut, store->Meta(job_id, cut_id));
+  } else {
+    // Every source's first page: its meta (clocks may differ under SSP/ASP).
+    for (size_t i = 0; i < sources.size(); ++i) {
+      absl::StatusOr<v1::ReadCheckpointResponse> page = sources[i](first);
+      if (!page.ok()) {
+        return absl::Status(page.status().code(),
+                            absl::StrCat("reading cut ", cut_id, " of job '", job_id, "' from source ", i, ": ",
+                                         page.status().message()));
+      }
+      const v1::ShardCutMeta& m = page->meta();
+      if (i == 0) {
+        cut = m;
+      } else {
+        const auto model = cut.spec().consistency().model();
+        if ((model == v1::ConsistencySpec::BSP || model == v1::ConsistencySpec::MODEL_UNSPECIFIED) &&
+            m.step() != cut.step()) {
+          return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' is not one BSP cut: source 0 has step ",
+                                                  cut.step(), ", source ", i, " step ", m.step()));
+        }
+        for (int r = 0; r < cut.rank_clock_size() && r < m.rank_clock_size(); ++r) {
+          cut.set_rank_clock(r, std::min(cut.rank_clock(r), m.rank_clock(r)));
+        }
+        cut.set_step(std::min(cut.step(), m.step()));
+        cut.set_records(cut.records() + m.records());
+      }
+      first_pages.push_back(*std::move(page));
+    }
+  }
   if (FindJob(job_id).ok()) RETURN_IF_ERROR(DeleteJob(job_id).status());
   RETURN_IF_ERROR(CreateJob(cut.spec()).status());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  const ShardMap& map = *ref.map;
-  uint64_t skipped = 0;
+  job->set_min_incarnation(min_incarnation);
+  uint64_t skipped = 0, restored = 0;
   CheckpointStore::Visitor visit;
   visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t, uint32_t,
                     const void* block) -> absl::Status {
@@ -214,6 +264,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
       ++skipped;  // owned elsewhere under the current map
       return absl::OkStatus();
     }
+    ++restored;
     return job->RestoreDense(table, chunk, updates, block);
   };
   visit.sparse = [&](const std::string& table, uint32_t vshard, uint32_t, uint32_t, size_t n, const uint64_t* keys,
@@ -222,21 +273,54 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
       ++skipped;
       return absl::OkStatus();
     }
+    ++restored;
     return job->RestoreSparse(table, vshard, n, keys, updates, rows);
   };
-  absl::StatusOr<v1::ShardCutMeta> meta = store->Read(job_id, cut_id, visit);
-  if (meta.ok()) {
-    absl::Status s = job->RestoreClocks(meta->step(), {meta->rank_clock().begin(), meta->rank_clock().end()});
-    if (!s.ok()) meta = s;
+  absl::Status s;
+  if (sources.empty()) {
+    s = store_->Read(job_id, cut_id, visit).status();
+  } else {
+    RecordDecoder decoder;
+    const std::string prefix = CutPrefix(job_id, cut_id);
+    for (size_t i = 0; i < sources.size() && s.ok(); ++i) {
+      const std::string where = absl::StrCat(" from source ", i);
+      v1::ReadCheckpointResponse page = std::move(first_pages[i]);
+      for (;;) {
+        for (const v1::CheckpointRecord& r : page.records()) {
+          uint32_t crc = 0;
+          s = decoder.Decode(prefix, r.key(), r.value(), visit, &crc, where);
+          if (!s.ok()) break;
+        }
+        if (!s.ok() || page.next_start_after().empty()) break;
+        v1::ReadCheckpointRequest next = first;
+        next.set_start_after(page.next_start_after());
+        absl::StatusOr<v1::ReadCheckpointResponse> more = sources[i](next);
+        if (!more.ok()) {
+          s = absl::Status(more.status().code(), absl::StrCat("reading cut ", cut_id, " of job '", job_id,
+                                                              "' from source ", i, ": ", more.status().message()));
+          break;
+        }
+        page = *std::move(more);
+      }
+    }
   }
-  if (!meta.ok()) {
+  if (s.ok()) s = job->RestoreClocks(cut.step(), {cut.rank_clock().begin(), cut.rank_clock().end()});
+  if (!s.ok()) {
     // Never leave a half-restored job serving.
     (void)DeleteJob(job_id);
-    return meta.status();
+    return s;
   }
-  FLOG(INFO) << "job '" << job_id << "': restored cut " << cut_id << " (step " << meta->step() << ", "
-             << meta->records() - skipped << " records; " << skipped << " owned by other servers now)";
-  return meta;
+  FLOG(INFO) << "job '" << job_id << "': restored cut " << cut_id << " (step " << cut.step() << ") from "
+             << (sources.empty() ? std::string("this server's store") : absl::StrCat(sources.size(), " source(s)"))
+             << ": " << restored << " records" << (sources.empty() ? absl::StrCat(", ", skipped, " owned by other servers now") : std::string())
+             << (min_incarnation > 0 ? absl::StrCat("; incarnations below ", min_incarnation, " fenced off") : std::string());
+  return cut;
+}
+
+bool ParameterServer::IsSelf(const std::string& address) const {
+  if (!options_.advertise_address.empty()) return address == options_.advertise_address;
+  absl::MutexLock lock(&mu_);
+  return map_ != nullptr && self_ < map_->num_servers() && map_->servers()[self_] == address;
 }
 
 absl::StatusOr<v1::GetJobResponse> ParameterServer::GetJob(const std::string& job_id) const {

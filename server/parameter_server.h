@@ -77,15 +77,31 @@ class ParameterServer {
                                               absl::Duration wait, std::function<void()> on_captured = nullptr);
   // Committed cuts of a job on this server, oldest first.
   absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& job_id) const;
-  // Replaces the job (deleting it if present) with cut `cut_id` from this
-  // server's store: the cut's spec, the records of what this server owns
-  // under the current map, and the cut's clocks.
-  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& job_id, uint64_t cut_id);
+  // A page of a committed cut's records in this server's store
+  // (ReadCheckpoint); with an owner map, only those its owner_index owns.
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const v1::ReadCheckpointRequest& req) const;
+  // Where a restore reads a cut from: ReadCheckpoint pages of one server.
+  using CutReader =
+      std::function<absl::StatusOr<v1::ReadCheckpointResponse>(const v1::ReadCheckpointRequest&)>;
+  // Replaces the job (deleting it if present) with cut `cut_id`: the cut's
+  // spec, the records of what this server owns under the current map, and
+  // the cut's clocks (each rank's lowest over the sources). Without
+  // `sources`, from this server's own store, every checksum verified;
+  // otherwise from each source in turn (the servers that wrote the cut,
+  // this one perhaps among them), so a cut taken on N servers restores onto
+  // any number. Afterwards requests of incarnations below `min_incarnation`
+  // are refused.
+  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& job_id, uint64_t cut_id,
+                                           const std::vector<CutReader>& sources = {},
+                                           uint32_t min_incarnation = 0);
   absl::Status DeleteCut(const std::string& job_id, uint64_t cut_id);
   // Null without a data_dir.
   CheckpointStore* checkpoints() const { return store_.get(); }
 
   uint32_t server_index() const;
+  // Whether `address` names this server: its advertised address, or its
+  // entry in the installed map.
+  bool IsSelf(const std::string& address) const;
   // Jobs on this server (for the coordinator's bookkeeping and tests).
   std::vector<std::string> JobIds() const;
 

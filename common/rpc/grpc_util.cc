@@ -67,9 +67,15 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
+std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxCheckpointMessageBytes);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxCheckpointMessageBytes);
   // Without this gRPC 1.51 opens a second random port when asked for port 0.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients ping every kKeepaliveMs on long-lived calls (a stream idle in a

@@ -22,10 +22,17 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // headers so a full-size payload plus framing always fits.
 inline constexpr int kMaxPayloadBytes = 4 << 20;
 inline constexpr int kMaxMessageBytes = 8 << 20;
+// A ReadCheckpoint page holds at least one whole record, and one record (a
+// dense chunk of up to 2^20 elements with two optimizer slots, or a sparse
+// virtual shard) can outgrow kMaxMessageBytes: servers send, and the
+// channels that read checkpoints receive, messages up to this size.
+inline constexpr int kMaxCheckpointMessageBytes = 256 << 20;
 
 // A channel to `target` with Fulcrum's message limits. `index` distinguishes
 // otherwise identical channels so each gets its own TCP connection.
 std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index);
+// A channel for reading checkpoints (kMaxCheckpointMessageBytes).
+std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target);
 
 // Applies Fulcrum's limits and channel args to a server builder.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);

@@ -290,6 +290,7 @@ Writer EncodePush(const PushMessage& m) {
   w.Varint(6, m.num_parts);
   w.Varint(7, m.shard_map_version);
   w.Varint(10, m.more_parts ? 1 : 0);
+  w.Varint(11, m.incarnation);
   for (const DenseSliceView& d : m.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
     inner.External(15, d.data);
@@ -311,6 +312,7 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
   // Proto3: an absent field is 0 (a "more follow" part omits num_parts).
   m->num_parts = 0;
   m->more_parts = false;
+  m->incarnation = 0;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -328,6 +330,7 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
         m->more_parts = v != 0;
         break;
       }
+      case 11: RETURN_IF_ERROR(ReadU32(r, wt, "incarnation", &m->incarnation)); break;
       case 8: {
         Payload sub;
         RETURN_IF_ERROR(ReadPayload(r, wt, "dense", &sub));
@@ -367,12 +370,14 @@ Writer EncodePull(const PullMessage& m) {
     w.Message(8, std::move(inner));
   }
   w.Varint(9, m.wait_timeout_ms);
+  w.Varint(10, m.incarnation);
   return w;
 }
 
 absl::Status DecodePull(const Payload& p, PullMessage* m) {
   Reader r(p);
   m->dtype = DType::kUnspecified;
+  m->incarnation = 0;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -383,6 +388,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
       case 4: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "shard_map_version", &m->shard_map_version)); break;
       case 6: RETURN_IF_ERROR(ReadDType(r, wt, &m->dtype)); break;
+      case 10: RETURN_IF_ERROR(ReadU32(r, wt, "incarnation", &m->incarnation)); break;
       case 7: {
         Payload sub;
         RETURN_IF_ERROR(ReadPayload(r, wt, "dense", &sub));

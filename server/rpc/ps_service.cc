@@ -21,7 +21,8 @@
 namespace fulcrum {
 namespace {
 
-using ServiceBase = v1::ParameterService::WithCallbackMethod_Checkpoint<
+using ServiceBase = v1::ParameterService::WithCallbackMethod_ReadCheckpoint<
+    v1::ParameterService::WithCallbackMethod_Checkpoint<
     v1::ParameterService::WithCallbackMethod_ListCheckpoints<
     v1::ParameterService::WithCallbackMethod_Restore<
     v1::ParameterService::WithCallbackMethod_DeleteCheckpoint<
@@ -33,7 +34,7 @@ using ServiceBase = v1::ParameterService::WithCallbackMethod_Checkpoint<
                     v1::ParameterService::WithRawCallbackMethod_Push<
                         v1::ParameterService::WithRawCallbackMethod_Pull<
                             v1::ParameterService::WithRawCallbackMethod_Stream<
-                                v1::ParameterService::Service>>>>>>>>>>>>;
+                                v1::ParameterService::Service>>>>>>>>>>>>>;
 
 absl::Time DeadlineOf(const grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
@@ -244,7 +245,36 @@ class PsGrpcServer::Service final : public ServiceBase {
                                     v1::ShardCutMeta* resp) override {
     auto* reactor = ctx->DefaultReactor();
     Blocking([=, this] {
-      auto r = ps_->Restore(req->job_id(), req->cut_id());
+      std::vector<ParameterServer::CutReader> sources;
+      for (const std::string& address : req->sources()) {
+        if (ps_->IsSelf(address)) {
+          sources.push_back([this](const v1::ReadCheckpointRequest& r) { return ps_->ReadCut(r); });
+          continue;
+        }
+        std::shared_ptr<v1::ParameterService::Stub> stub =
+            v1::ParameterService::NewStub(CreateCheckpointChannel(address));
+        sources.push_back([stub, address](const v1::ReadCheckpointRequest& r)
+                              -> absl::StatusOr<v1::ReadCheckpointResponse> {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+          v1::ReadCheckpointResponse page;
+          absl::Status s = FromGrpcStatus(stub->ReadCheckpoint(&ctx, r, &page));
+          if (!s.ok()) return absl::Status(s.code(), absl::StrCat(address, ": ", s.message()));
+          return page;
+        });
+      }
+      auto r = ps_->Restore(req->job_id(), req->cut_id(), sources, req->min_incarnation());
+      if (r.ok()) *resp = *std::move(r);
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* req,
+                                           v1::ReadCheckpointResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    Blocking([=, this] {
+      auto r = ps_->ReadCut(*req);
       if (r.ok()) *resp = *std::move(r);
       reactor->Finish(ToGrpcStatus(r.status()));
     });

@@ -8,6 +8,8 @@
 
 #include <rocksdb/db.h>
 
+#include "common/rpc/grpc_util.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 #include "worker/local_ps_client.h"
@@ -42,7 +44,7 @@ v1::PsJobSpec Spec(const std::string& job, v1::ConsistencySpec::Model model = v1
 
 // One training step of worker 0: pull at `step`, push a gradient that
 // depends on the weights (so a wrong restore shows in every later step).
-void Step(LocalPsClient& c, const std::string& job, uint64_t step) {
+void Step(PsClient& c, const std::string& job, uint64_t step) {
   std::vector<float> w(kDense), rows(kKeys.size() * kDim);
   REQUIRE_OK(c.Pull(job, {step, {{"w", w.data(), kDense}}, {{"emb", kKeys.data(), kKeys.size(), rows.data()}}}));
   std::vector<float> g(kDense), sg(rows.size());
@@ -56,7 +58,7 @@ struct Weights {
   bool operator==(const Weights& o) const { return dense == o.dense && rows == o.rows; }
 };
 
-Weights Read(LocalPsClient& c, const std::string& job, uint64_t step) {
+Weights Read(PsClient& c, const std::string& job, uint64_t step) {
   Weights out{std::vector<float>(kDense), std::vector<float>(kKeys.size() * kDim)};
   REQUIRE_OK(c.Pull(job, {step, {{"w", out.dense.data(), kDense}}, {{"emb", kKeys.data(), kKeys.size(), out.rows.data()}}}));
   return out;
@@ -212,6 +214,62 @@ TEST_CASE("a server without a data directory says how to get checkpoints", "[che
   REQUIRE_OK(c.CreateJob(Spec("job")));
   REQUIRE_STATUS(ps->Checkpoint("job", 1, 0, absl::Seconds(1)).status(), absl::StatusCode::kFailedPrecondition,
                  "--data_dir");
+}
+
+TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers that wrote it", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt3");
+  testing::TestCluster::Options o;
+  o.num_servers = 3;
+  o.mapped_servers = 2;
+  o.data_dir = dir;
+  auto cluster = testing::TestCluster::Start(o);
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(Spec("job")));
+  for (uint64_t t = 0; t < 3; ++t) Step(*c, "job", t);
+  for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("job", 1, 3, absl::Seconds(5)).status());
+  const Weights at3 = Read(*c, "job", 3);
+  Step(*c, "job", 3);  // moves on past the cut
+  const Weights at4 = Read(*c, "job", 4);
+  c.reset();
+
+  // Version 2 spreads the virtual shards over all three servers.
+  auto map = ShardMap::RoundRobin(2, o.num_virtual_shards,
+                                  {cluster->address(0), cluster->address(1), cluster->address(2)});
+  REQUIRE_OK(map.status());
+  cluster->SetShardMap(map->ToProto());
+  for (size_t i = 0; i < 3; ++i) {
+    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(i), 0));
+    grpc::ClientContext ctx;
+    v1::RestoreRequest req;
+    req.set_job_id("job");
+    req.set_cut_id(1);
+    req.add_sources(cluster->address(0));
+    req.add_sources(cluster->address(1));
+    req.set_min_incarnation(1);
+    v1::ShardCutMeta meta;
+    REQUIRE_OK(FromGrpcStatus(stub->Restore(&ctx, req, &meta)));
+    CHECK(meta.step() == 3);
+    REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse stats, cluster->server(i)->GetJob("job"));
+    CHECK(stats.applied_step() == 3);
+    CHECK(stats.bytes_used() > 0);  // the new server got its share
+  }
+  GrpcPsClientOptions fenced;
+  fenced.incarnation = 1;
+  auto resumed = cluster->Client(0, fenced);
+  REQUIRE_OK(resumed->OpenJob("job"));
+  REQUIRE(Read(*resumed, "job", 3) == at3);
+  Step(*resumed, "job", 3);
+  REQUIRE(Read(*resumed, "job", 4) == at4);  // Adam's slots and counts came along
+
+  // The rolled-back run (incarnation 0) can no longer touch the job.
+  GrpcPsClientOptions old;
+  old.worker_id = "stale";
+  auto stale = cluster->Client(0, old);
+  REQUIRE_OK(stale->OpenJob("job"));
+  std::vector<float> w(kDense);
+  REQUIRE_STATUS(stale->Pull("job", {4, {{"w", w.data(), kDense}}, {}}), absl::StatusCode::kFailedPrecondition,
+                 "incarnation 0");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -135,6 +135,13 @@ std::vector<float> ExpectedDense(uint32_t workers, int steps, size_t n) {
   return w;
 }
 
+testing::TestCluster::Options OneServerFourShards() {
+  testing::TestCluster::Options o;
+  o.num_servers = 1;
+  o.num_virtual_shards = 4;
+  return o;
+}
+
 TEST_CASE("BSP with SGD lr 1 yields exactly the expected weights", "[bsp]") {
   auto cluster = TestCluster::Start();
   BspRun run = RunBsp(*cluster, "exact", 3, 4);
@@ -586,7 +593,7 @@ TEST_CASE("an unknown job is NOT_FOUND", "[errors]") {
 }
 
 TEST_CASE("wrong dtype, shape, dim and key count are INVALID_ARGUMENT naming the table", "[errors]") {
-  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto cluster = TestCluster::Start(OneServerFourShards());
   auto c = cluster->Client(0);
   REQUIRE_OK(c->CreateJob(JobSpec("bad", {DenseTableSpec("w", 10), SparseTableSpec("emb", 4)}, 1,
                                   v1::ConsistencySpec::ASP)));
@@ -654,7 +661,7 @@ TEST_CASE("a NaN or Inf gradient is rejected, counted and never applied", "[erro
 }
 
 TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash", "[errors][quota]") {
-  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto cluster = TestCluster::Start(OneServerFourShards());
   auto c = cluster->Client(0);
   auto big = JobSpec("huge", {DenseTableSpec("w", 1'000'000, 0.1f, v1::OptimizerSpec::ADAM)}, 1);
   big.set_quota_bytes(1 << 20);
@@ -721,7 +728,7 @@ TEST_CASE("bad job specs are rejected naming the field", "[errors]") {
 }
 
 TEST_CASE("garbage and hostile bytes get an error and the server keeps serving", "[errors]") {
-  auto cluster = TestCluster::Start(TestCluster::Options{1, 4});
+  auto cluster = TestCluster::Start(OneServerFourShards());
   auto c = cluster->Client(0);
   REQUIRE_OK(c->CreateJob(JobSpec("ok", {DenseTableSpec("w", 4)}, 1, v1::ConsistencySpec::ASP)));
   grpc::GenericStub stub(CreateFulcrumChannel(cluster->address(0), 7));

@@ -13,6 +13,7 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     po.server_index = static_cast<uint32_t>(i);
     po.default_quota_bytes = options.default_quota_bytes;
     po.max_wait = options.max_wait;
+    if (!options.data_dir.empty()) po.data_dir = absl::StrCat(options.data_dir, "/server-", i);
     auto ps = ParameterServer::Create(po);
     REQUIRE(ps.ok());
     auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0");
@@ -21,7 +22,11 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     c->grpc_.push_back(*std::move(grpc));
   }
   std::vector<std::string> addresses;
-  for (auto& g : c->grpc_) addresses.push_back(g->address());
+  for (auto& g : c->grpc_) {
+    if (options.mapped_servers == 0 || static_cast<int>(addresses.size()) < options.mapped_servers) {
+      addresses.push_back(g->address());
+    }
+  }
   auto map = ShardMap::RoundRobin(1, options.num_virtual_shards, addresses);
   REQUIRE(map.ok());
   c->SetShardMap(map->ToProto());
@@ -33,7 +38,12 @@ TestCluster::~TestCluster() {
 }
 
 void TestCluster::SetShardMap(const v1::ShardMap& map) {
-  for (auto& s : servers_) REQUIRE(s->SetShardMap(map).ok());
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (static_cast<int>(i) >= map.servers_size()) continue;  // unlisted: owns nothing yet
+    const absl::Status st = servers_[i]->SetShardMap(map);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+  }
   map_ = map;
 }
 

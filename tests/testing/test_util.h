@@ -55,6 +55,11 @@ class TestCluster {
     uint32_t num_virtual_shards = 16;
     uint64_t default_quota_bytes = uint64_t{1} << 30;
     absl::Duration max_wait = absl::Seconds(30);
+    // When set, server i keeps checkpoints in <data_dir>/server-i.
+    std::string data_dir;
+    // Servers listed in the initial map (0: all of them); the others own
+    // nothing until a map lists them.
+    int mapped_servers = 0;
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }

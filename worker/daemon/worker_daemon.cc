@@ -218,6 +218,7 @@ class WorkerDaemon::Runner {
     po.shard_map = a_.shard_map();
     po.worker_id = absl::StrCat(node_id_, "/", a_.job_id(), "/r", a_.rank(), "/i", a_.incarnation());
     po.rank = a_.rank();
+    po.incarnation = a_.incarnation();
     po.wire_dtype = DTypeOf(spec.wire_dtype());
     // Short waits, asked again by the Trainer until stopped: a withdrawn
     // assignment or a stopping worker never sits in a long wait.

@@ -603,6 +603,7 @@ class GrpcPsClient::Impl {
     PushMessage msg;
     msg.job_id = job_id;
     msg.worker_id = options_.worker_id;
+    msg.incarnation = options_.incarnation;
     msg.seq = seq;
     msg.rank = options_.rank;
     msg.step = step;
@@ -816,6 +817,7 @@ class GrpcPsClient::Impl {
     PullMessage msg;
     msg.job_id = job_id;
     msg.worker_id = options_.worker_id;
+    msg.incarnation = options_.incarnation;
     msg.rank = options_.rank;
     msg.step = step;
     msg.shard_map_version = m->version();

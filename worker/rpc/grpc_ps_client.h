@@ -34,6 +34,9 @@ struct GrpcPsClientOptions {
   std::vector<std::string> bootstrap_servers;
   std::optional<v1::ShardMap> shard_map;
   std::string worker_id;  // required; with seq, identifies every push
+  // The rank's incarnation, sent with every push and pull: a job restored
+  // from a checkpoint refuses older ones.
+  uint32_t incarnation = 0;
   uint32_t rank = 0;
   DType wire_dtype = DType::kFp32;  // of gradients pushed and weights pulled
   int channels_per_server = 4;
