@@ -33,7 +33,7 @@ function(fulcrum_cc_test)
   # ctest splits discovered test names at ';' (a CMake list separator), and
   # the halves then "pass" without running anything: refuse such names.
   foreach(src ${ARG_SRCS})
-    file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${src} bad REGEX "TEST_CASE\\(\"[^\"]*;")
+    file(STRINGS ${CMAKE_CURRENT_SOURCE_DIR}/${src} bad REGEX "(TEST_CASE\\(\"[^\"]*;)|(^ +\"[^\"]*;[^\"]*\",)")
     if(bad)
       message(FATAL_ERROR "${src}: a TEST_CASE name contains ';', which ctest cannot run: ${bad}")
     endif()
@@ -52,5 +52,7 @@ function(fulcrum_cc_test)
   if(ARG_GPU)
     list(APPEND props SKIP_REGULAR_EXPRESSION "SKIPPED: no GPU")
   endif()
-  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: " PROPERTIES ${props})
+  # -w NoTests: a name ctest could not pass through intact matches no test,
+  # and that must fail, not pass silently.
+  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}: " EXTRA_ARGS -w NoTests PROPERTIES ${props})
 endfunction()

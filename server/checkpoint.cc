@@ -1,9 +1,9 @@
 #include "server/checkpoint.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_record.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 
@@ -24,9 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-uint32_t Crc(const void* data, size_t n, uint32_t crc = 0) {
-  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
-}
+uint32_t Crc(const void* data, size_t n, uint32_t crc = 0) { return CheckpointCrc(data, n, crc); }
 
 template <typename T>
 void Append(std::string* out, const T& v) {
@@ -62,91 +61,8 @@ absl::StatusOr<v1::ShardCutMeta> ParseMeta(const std::string& key, std::string_v
 // The first byte after every key starting with `prefix` (which ends in '/').
 std::string PrefixEnd(const std::string& prefix) { return prefix.substr(0, prefix.size() - 1) + "0"; }
 
-// Reads fixed-size fields from a record value, refusing to run past its end.
-class Cursor {
- public:
-  Cursor(const char* data, size_t size) : p_(data), end_(data + size) {}
-  template <typename T>
-  bool Read(T* out) {
-    return Bytes(out, sizeof(T));
-  }
-  bool Bytes(void* out, size_t n) {
-    if (static_cast<size_t>(end_ - p_) < n) return false;
-    std::memcpy(out, p_, n);
-    p_ += n;
-    return true;
-  }
-  size_t left() const { return static_cast<size_t>(end_ - p_); }
-
- private:
-  const char* p_;
-  const char* end_;
-};
-
-struct ParsedKey {
-  bool dense = false;
-  std::string_view table;
-  uint32_t index = 0;
-};
-
-absl::Status ParseRecordKey(std::string_view rest, ParsedKey* k, std::string_view context) {
-  const bool dense = rest.starts_with("dense/");
-  const size_t slash = rest.rfind('/');
-  const size_t kind_end = rest.find('/');
-  if ((!dense && !rest.starts_with("sparse/")) || slash == std::string_view::npos || slash <= kind_end ||
-      rest.size() - slash - 1 != 8) {
-    return absl::DataLossError(absl::StrCat("checkpoint record key '", std::string(rest), "' is malformed", std::string(context)));
-  }
-  k->dense = dense;
-  k->table = rest.substr(kind_end + 1, slash - kind_end - 1);
-  k->index = static_cast<uint32_t>(std::strtoul(std::string(rest.substr(slash + 1)).c_str(), nullptr, 16));
-  return absl::OkStatus();
-}
 
 }  // namespace
-
-absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view rest, std::string_view v,
-                                   const CheckpointStore::Visitor& visit, uint32_t* crc_out, std::string_view where) {
-  auto bad = [&](const std::string& why) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint record ", std::string(prefix), std::string(rest), std::string(where), ": ", why));
-  };
-  ParsedKey k;
-  RETURN_IF_ERROR(ParseRecordKey(rest, &k, absl::StrCat(" in ", std::string(prefix), std::string(where))));
-  if (v.size() < 4) return bad("shorter than its checksum");
-  uint32_t crc;
-  std::memcpy(&crc, v.data() + v.size() - 4, 4);
-  if (Crc(v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
-  *crc_out = crc;
-  Cursor c(v.data(), v.size() - 4);
-  const std::string table(k.table);
-  if (k.dense) {
-    uint64_t upd;
-    uint32_t length, slots;
-    if (!c.Read(&upd) || !c.Read(&length) || !c.Read(&slots)) return bad("truncated header");
-    const size_t n = size_t{length} * (1 + slots);
-    if (c.left() != n * sizeof(float)) return bad("size does not match its header");
-    // The block goes straight from the stored buffer to its chunk (the
-    // visitor copies it; no alignment is assumed).
-    const char* block = v.data() + (v.size() - 4 - c.left());
-    if (visit.dense) RETURN_IF_ERROR(visit.dense(table, k.index, upd, length, slots, block));
-    return absl::OkStatus();
-  }
-  uint32_t n, dim, slots, pad;
-  if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
-  const size_t row_floats = size_t{dim} * (1 + slots);
-  if (c.left() != size_t{n} * (8 + 4 + row_floats * sizeof(float))) return bad("size does not match its header");
-  keys_.resize(n);
-  updates_.resize(n);
-  floats_.resize(size_t{n} * row_floats);
-  c.Bytes(keys_.data(), size_t{n} * 8);
-  c.Bytes(updates_.data(), size_t{n} * 4);
-  c.Bytes(floats_.data(), floats_.size() * sizeof(float));
-  if (visit.sparse) {
-    RETURN_IF_ERROR(visit.sparse(table, k.index, dim, slots, n, keys_.data(), updates_.data(), floats_.data()));
-  }
-  return absl::OkStatus();
-}
 
 std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
@@ -295,6 +211,11 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   meta.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count());
+  // Fault injection for the crash tests only: hold the records uncommitted
+  // this long, so a test can kill the server mid-checkpoint.
+  if (const char* delay = std::getenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS"); delay != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+  }
   rocksdb::WriteOptions sync;
   sync.sync = true;
   RETURN_IF_ERROR(FromRocks(db_->Put(sync, meta_key, meta.SerializeAsString()), "committing " + meta_key));
@@ -374,7 +295,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
     const std::string_view rest = it->key().ToStringView().substr(prefix.size());
     if (rest == "meta" || rest == req.start_after()) continue;
     if (bytes >= max_bytes) break;
-    ParsedKey k;
+    RecordKey k;
     RETURN_IF_ERROR(ParseRecordKey(rest, &k, " in " + prefix));
     last = std::string(rest);
     if (keep && !keep(k.table, k.index, k.dense)) continue;

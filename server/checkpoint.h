@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_record.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "server/job.h"
 
@@ -47,15 +48,7 @@ class CheckpointStore {
   // One committed cut's meta; NOT_FOUND when the cut is not committed.
   absl::StatusOr<v1::ShardCutMeta> Meta(const std::string& job_id, uint64_t cut_id) const;
 
-  struct Visitor {
-    // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).
-    std::function<absl::Status(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
-                               uint32_t slots, const void* block)>
-        dense;
-    std::function<absl::Status(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                               const uint64_t* keys, const uint32_t* updates, const float* rows)>
-        sparse;
-  };
+  using Visitor = CheckpointVisitor;
   // Reads a committed cut, verifying every record's checksum and the meta's
   // counts and combined checksum (DATA_LOSS naming the record otherwise),
   // and hands each record to `visit`. NOT_FOUND when the cut is not committed.
@@ -79,22 +72,6 @@ class CheckpointStore {
   std::unique_ptr<rocksdb::DB> db_;
 };
 
-// Decodes one stored record (`rest`: its key after the cut's prefix),
-// verifying its checksum (returned in *crc), and hands it to the visitor.
-// DATA_LOSS, naming the record and `context`, when it is malformed. Reuses
-// its buffers across records.
-class RecordDecoder {
- public:
-  // `prefix` (the cut's key prefix) and `where` (e.g. " in DIR") name the
-  // record in errors.
-  absl::Status Decode(std::string_view prefix, std::string_view rest, std::string_view value,
-                      const CheckpointStore::Visitor& visit, uint32_t* crc, std::string_view where);
-
- private:
-  std::vector<float> floats_;
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> updates_;
-};
 
 // Key layout, exposed for tests and tools: "cut/<job>/<cut, 16 hex>/".
 std::string CutPrefix(const std::string& job_id, uint64_t cut_id);

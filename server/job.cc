@@ -832,6 +832,7 @@ absl::Status Job::SetActiveWorkers(const std::vector<uint32_t>& ranks) {
 absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   JobState state;
   const bool bsp = model_ == Model::kBsp;
+  absl::Time paused;
   {
     absl::MutexLock lock(&mu_);
     if (bsp) {
@@ -854,6 +855,7 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
       }
       applying_ = true;  // nothing applies while the state is taken
     }
+    paused = absl::Now();
     state.step = bsp ? applied_step_ : MinClockLocked();
   }
   v1::GetJobResponse stats = Stats();
@@ -880,8 +882,11 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
       holds_.erase(holds_.find(at_step));
       drain = StepCompleteLocked(applied_step_);
     }
+    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
     // Steps that completed meanwhile apply now.
     RETURN_IF_ERROR(Resume(drain, &ready));
+  } else {
+    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
   }
   return state;
 }

@@ -50,6 +50,9 @@ struct JobState {
   };
   std::vector<Dense> dense;    // tables in name order
   std::vector<Sparse> sparse;
+  // How long training on this server was held while the state was taken
+  // (BSP: from reaching the boundary to releasing it; not the wait for it).
+  double pause_seconds = 0;
 };
 
 class Job : public std::enable_shared_from_this<Job> {

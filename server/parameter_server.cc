@@ -179,10 +179,11 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   const absl::Time t1 = absl::Now();
   if (on_captured) on_captured();
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, store->Write(job->spec(), state, cut_id, ref.self, ref.map->version()));
-  meta.set_capture_seconds(absl::ToDoubleSeconds(t1 - t0));
+  meta.set_capture_seconds(state.pause_seconds);
   meta.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - t1));
   FLOG(INFO) << "job '" << job_id << "': cut " << cut_id << " at step " << meta.step() << ", " << meta.bytes()
-             << " bytes in " << meta.records() << " records, captured in " << meta.capture_seconds() << " s, written in "
+             << " bytes in " << meta.records() << " records; waited " << absl::ToDoubleSeconds(t1 - t0) - meta.capture_seconds()
+             << " s for the step, paused training " << meta.capture_seconds() << " s, written in "
              << meta.write_seconds() << " s";
   return meta;
 }

@@ -1,6 +1,7 @@
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -72,7 +73,74 @@ class GrpcServerControl final : public ServerControl {
     return s;
   }
 
+  absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& address, const std::string& job_id,
+                                              uint64_t cut_id, uint64_t at_step, absl::Duration wait) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + timeout_));
+    v1::CheckpointRequest req;
+    req.set_job_id(job_id);
+    req.set_cut_id(cut_id);
+    req.set_at_step(at_step);
+    req.set_wait_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
+    v1::ShardCutMeta meta;
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Checkpoint(&ctx, req, &meta)));
+    return meta;
+  }
+
+  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& address, const std::string& job_id, uint64_t cut_id,
+                                           const std::vector<std::string>& sources,
+                                           uint32_t min_incarnation) override {
+    grpc::ClientContext ctx;
+    // A restore moves the whole cut: give it minutes, not the control timeout.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(30)));
+    v1::RestoreRequest req;
+    req.set_job_id(job_id);
+    req.set_cut_id(cut_id);
+    for (const std::string& s : sources) req.add_sources(s);
+    req.set_min_incarnation(min_incarnation);
+    v1::ShardCutMeta meta;
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Restore(&ctx, req, &meta)));
+    return meta;
+  }
+
+  absl::Status DeleteCut(const std::string& address, const std::string& job_id, uint64_t cut_id) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    v1::DeleteCheckpointRequest req;
+    req.set_job_id(job_id);
+    req.set_cut_id(cut_id);
+    v1::DeleteCheckpointResponse resp;
+    return FromGrpcStatus(Stub(address)->DeleteCheckpoint(&ctx, req, &resp));
+  }
+
+  absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& address,
+                                                         const std::string& job_id) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    v1::ListCheckpointsRequest req;
+    req.set_job_id(job_id);
+    v1::ListCheckpointsResponse resp;
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->ListCheckpoints(&ctx, req, &resp)));
+    return std::vector<v1::ShardCutMeta>(resp.cuts().begin(), resp.cuts().end());
+  }
+
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
+                                                     const v1::ReadCheckpointRequest& req) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::ReadCheckpointResponse resp;
+    RETURN_IF_ERROR(FromGrpcStatus(ReadStub(address)->ReadCheckpoint(&ctx, req, &resp)));
+    return resp;
+  }
+
  private:
+  v1::ParameterService::Stub* ReadStub(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = read_stubs_[address];
+    if (stub == nullptr) stub = v1::ParameterService::NewStub(CreateCheckpointChannel(address));
+    return stub.get();
+  }
+
   v1::ParameterService::Stub* Stub(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[address];
@@ -85,6 +153,7 @@ class GrpcServerControl final : public ServerControl {
   const absl::Duration timeout_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> read_stubs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -120,6 +189,19 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerContr
 Coordinator::~Coordinator() {
   Shutdown();
   if (scheduler_.joinable()) scheduler_.join();
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+}
+
+void Coordinator::Spawn(std::function<void()> f) {
+  // Called with mu_ held (from the scheduler); the thread takes it later.
+  ++background_;
+  std::thread([this, f = std::move(f)] {
+    f();
+    absl::MutexLock lock(&mu_);
+    --background_;
+  }).detach();
 }
 
 void Coordinator::Shutdown() {
@@ -156,10 +238,16 @@ absl::Status Coordinator::Load() {
         RankSlot& slot = r.ranks[w.rank()];
         slot.incarnation = w.incarnation();
         slot.finished = w.state() == "finished";
-        if (r.job.status().state() == v1::RUNNING && w.state() != "lost") slot.node_id = w.worker_id();
+        if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0 && w.state() != "lost") {
+          slot.node_id = w.worker_id();
+        }
       }
       r.release_pending = config::JobEnded(r.job.status().state());
       if (r.job.status().state() == v1::RUNNING) r.started = now;
+      r.restore_since = now;
+      if (r.job.status().checkpoints_size() > 0) {
+        r.last_cut = absl::FromUnixMillis(r.job.status().checkpoints().rbegin()->created_unix_ms());
+      }
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
       NodeRecord n;
@@ -307,6 +395,9 @@ void Coordinator::FinishLocked(JobRecord& r, v1::JobState state, const std::stri
   static const std::map<v1::JobState, std::string> kType = {
       {v1::SUCCEEDED, "Succeeded"}, {v1::FAILED, "Failed"}, {v1::CANCELLED, "Cancelled"}};
   SetStateLocked(r, state, kType.at(state), reason, message);
+  // A succeeded job's final weights are cut before its tables go, so they
+  // can be exported afterwards.
+  r.final_cut_pending = state == v1::SUCCEEDED;
   v1::JobStatus* st = r.job.mutable_status();
   st->set_end_time_unix_ms(NowMs());
   st->set_eta_seconds(0);
@@ -377,7 +468,9 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
     if (info.role() == v1::SERVER) {
       for (auto& [id, n] : nodes_) {
         if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive) {
-          n.alive = false;
+          // The scheduler declares it dead at its next tick, and deals with
+          // the jobs that had shards on it.
+          n.last_heartbeat = absl::InfinitePast();
           FLOG(WARNING) << "server " << id << " at " << info.address() << " re-registered: the old process is gone";
         }
       }
@@ -512,7 +605,14 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
     FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
                   << " failed: " << req.error();
-    FinishLocked(r, v1::FAILED, reason, absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", req.error()));
+    const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", req.error());
+    // Bad data and bad specs fail the same way every time; anything else
+    // (a server that lost its state, a crash) rolls back to the last cut.
+    if (reason != "BadData" && reason != "BadSpec" && BeginRollbackLocked(r, 0, reason, message, true)) {
+      resp.set_stop(true);
+      return resp;
+    }
+    FinishLocked(r, v1::FAILED, reason, message);
     return resp;
   }
   if (req.finished()) {
@@ -581,13 +681,17 @@ std::vector<std::string> Coordinator::LiveServersLocked() const {
 }
 
 bool Coordinator::MapListsExactlyLocked(const std::vector<std::string>& servers) const {
-  return shard_map_ && std::equal(shard_map_->servers().begin(), shard_map_->servers().end(), servers.begin(),
-                                  servers.end());
+  // The same servers in any order: a server restarted at its address keeps
+  // its place (and its checkpoints' shards).
+  if (!shard_map_) return false;
+  std::set<std::string> have(shard_map_->servers().begin(), shard_map_->servers().end());
+  return have == std::set<std::string>(servers.begin(), servers.end());
 }
 
 bool Coordinator::AnyRunningLocked() const {
+  // A job rolling back holds no tables yet: the map may change under it.
   for (const auto& [id, r] : jobs_) {
-    if (r.job.status().state() == v1::RUNNING) return true;
+    if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0) return true;
   }
   return false;
 }
@@ -607,6 +711,7 @@ void Coordinator::SchedulerLoop() {
 
 void Coordinator::Tick() {
   std::vector<std::pair<std::string, std::string>> releases;  // (job, server address)
+  std::vector<std::pair<std::string, std::vector<std::pair<uint64_t, std::vector<std::string>>>>> forgotten_cuts;
   std::vector<std::string> to_install;
   v1::ShardMap map;
   {
@@ -622,10 +727,13 @@ void Coordinator::Tick() {
       for (auto& [jid, r] : jobs_) {
         if (r.job.status().state() != v1::RUNNING) continue;
         if (n.info.role() == v1::SERVER) {
-          if (shard_map_ && std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
-            FinishLocked(r, v1::FAILED, "ServerLost",
-                         absl::StrCat("parameter server ", id, " at ", n.info.address(),
-                                      " stopped heartbeating; its shards of this job are lost"));
+          if (r.job.status().restoring_cut() == 0 && shard_map_ &&
+              std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
+            const std::string why =
+                absl::StrCat("parameter server ", id, " at ", n.info.address(), " stopped; its shards of this job are lost");
+            if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
+              FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
+            }
           }
           continue;
         }
@@ -665,6 +773,11 @@ void Coordinator::Tick() {
       if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
           NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
         db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
+        std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
+        for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
+          cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
+        }
+        if (!cuts.empty()) forgotten_cuts.emplace_back(r.job.id(), std::move(cuts));
         FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
         it = jobs_.erase(it);
         continue;
@@ -699,13 +812,14 @@ void Coordinator::Tick() {
     }
     // 4. Releases of finished jobs.
     for (auto& [jid, r] : jobs_) {
-      if (!r.release_pending) continue;
+      if (!r.release_pending || r.final_cut_pending || r.cut_in_flight || r.restore_in_flight) continue;
       if (shard_map_) {
         for (const std::string& s : shard_map_->servers()) releases.emplace_back(jid, s);
       }
     }
   }
   // Outside the lock: talk to servers.
+  for (const auto& [jid, cuts] : forgotten_cuts) DeleteCuts(jid, cuts);
   std::map<std::string, uint64_t> installed_now;
   for (const std::string& s : to_install) {
     absl::Status st = servers_->InstallShardMap(s, map);
@@ -760,7 +874,8 @@ void Coordinator::Tick() {
     return best;
   };
   for (JobRecord* r : order) {
-    if (r->job.status().state() != v1::RUNNING) continue;
+    // A job rolling back gets its workers once the servers hold the cut.
+    if (r->job.status().state() != v1::RUNNING || r->job.status().restoring_cut() != 0) continue;
     std::set<std::string> in_job;
     for (const RankSlot& s : r->ranks) {
       if (!s.node_id.empty()) in_job.insert(s.node_id);
@@ -849,6 +964,478 @@ void Coordinator::Tick() {
     BumpGenerationLocked();
     FLOG(INFO) << "job " << r->job.id() << " running on " << absl::StrJoin(used, ", ");
   }
+  ScheduleCheckpointsLocked();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+namespace {
+
+const v1::CheckpointInfo* FindCut(const v1::JobStatus& st, uint64_t cut_id) {
+  if (st.checkpoints_size() == 0) return nullptr;
+  if (cut_id == 0) return &*st.checkpoints().rbegin();
+  for (const v1::CheckpointInfo& c : st.checkpoints()) {
+    if (c.cut_id() == cut_id) return &c;
+  }
+  return nullptr;
+}
+
+std::string CutIds(const v1::JobStatus& st) {
+  std::vector<std::string> ids;
+  for (const v1::CheckpointInfo& c : st.checkpoints()) ids.push_back(absl::StrCat(c.cut_id()));
+  return ids.empty() ? std::string("none") : absl::StrJoin(ids, ", ");
+}
+
+bool IsBsp(const v1::JobSpec& spec) {
+  return spec.consistency().model() == v1::ConsistencySpec::BSP ||
+         spec.consistency().model() == v1::ConsistencySpec::MODEL_UNSPECIFIED;
+}
+
+}  // namespace
+
+bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason,
+                                      const std::string& message, bool counts_as_restart) {
+  v1::JobStatus* st = r.job.mutable_status();
+  const v1::CheckpointInfo* cut = FindCut(*st, cut_id);
+  if (cut == nullptr) return false;
+  const uint64_t id = cut->cut_id(), step = cut->step();
+  if (counts_as_restart) {
+    st->set_restarts(st->restarts() + 1);
+    const uint32_t limit =
+        r.job.spec().run_policy().backoff_limit() == 0 ? 6 : r.job.spec().run_policy().backoff_limit();
+    if (st->restarts() > limit) {
+      FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
+                   absl::StrCat(message, "; ", st->restarts(), " restarts exceed the backoff limit of ", limit));
+      return true;
+    }
+  }
+  st->set_restoring_cut(id);
+  st->set_rollbacks(st->rollbacks() + 1);
+  st->set_end_time_unix_ms(0);
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    r.ranks[i].node_id.clear();
+    r.ranks[i].finished = false;
+    st->mutable_workers(static_cast<int>(i))->set_state("restoring");
+  }
+  r.final_cut_pending = false;
+  r.restore_since = absl::Now();
+  if (r.started == absl::InfinitePast()) r.started = absl::Now();
+  SetStateLocked(r, v1::RUNNING, "Restarting", reason,
+                 absl::StrCat(message, "; rolling back to checkpoint ", id, " (step ", step, ")"));
+  RecomputeLocked(r);
+  SaveJobLocked(r, true);
+  BumpGenerationLocked();
+  FLOG(WARNING) << "job " << r.job.id() << ": " << message << "; rolling back to checkpoint " << id << " (step "
+                << step << ")";
+  return true;
+}
+
+void Coordinator::ScheduleCheckpointsLocked() {
+  if (!shard_map_ || shutdown_) return;
+  const std::vector<std::string> live = LiveServersLocked();
+  const std::set<std::string> live_set(live.begin(), live.end());
+  const bool map_ready =
+      MapListsExactlyLocked(live) && std::all_of(live.begin(), live.end(), [&](const std::string& s)
+                                                                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                                                                auto it = installed_.find(s);
+                                                                                return it != installed_.end() &&
+                                                                                       it->second ==
+                                                                                           shard_map_->version();
+                                                                              });
+  const absl::Time now = absl::Now();
+  for (auto& [jid, r] : jobs_) {
+    v1::JobStatus* st = r.job.mutable_status();
+    // A rollback: restore once every server holding the cut is back.
+    if (st->state() == v1::RUNNING && st->restoring_cut() != 0) {
+      if (r.restore_in_flight || r.release_pending) continue;
+      const v1::CheckpointInfo* cut = FindCut(*st, st->restoring_cut());
+      if (cut == nullptr) {
+        FinishLocked(r, v1::FAILED, "CheckpointLost",
+                     absl::StrCat("checkpoint ", st->restoring_cut(), " is no longer recorded"));
+        continue;
+      }
+      std::vector<std::string> missing;
+      for (const std::string& s : cut->servers()) {
+        if (!live_set.count(s)) missing.push_back(s);
+      }
+      if (!missing.empty() || !map_ready) {
+        if (now - r.restore_since > options_.restore_timeout) {
+          FinishLocked(r, v1::FAILED, "ServerLost",
+                       absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
+                                    ", not back after ", absl::FormatDuration(options_.restore_timeout)));
+          continue;
+        }
+        const std::string why =
+            missing.empty() ? absl::StrCat("installing the shard map before restoring checkpoint ", cut->cut_id())
+                            : absl::StrCat("waiting for ", absl::StrJoin(missing, ", "),
+                                           " to come back: it holds part of checkpoint ", cut->cut_id());
+        if (st->message() != why) {
+          st->set_message(why);
+          SaveJobLocked(r, false);
+        }
+        continue;
+      }
+      RestoreTask t;
+      t.job_id = jid;
+      t.cut = *cut;
+      t.targets.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+      for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
+      ++t.min_incarnation;
+      r.restore_in_flight = true;
+      FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
+                 << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto "
+                 << absl::StrJoin(t.targets, ", ");
+      Spawn([this, t = std::move(t)]() mutable { RunRestore(std::move(t)); });
+      continue;
+    }
+    // Cuts.
+    const bool final = r.final_cut_pending && st->state() == v1::SUCCEEDED;
+    if (r.cut_in_flight || !map_ready) continue;
+    if (!final && (st->state() != v1::RUNNING || r.ranks.empty())) continue;
+    if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) continue;
+    const v1::JobSpec& spec = r.job.spec();
+    const v1::CheckpointPolicy& policy = spec.checkpoint();
+    const bool bsp = IsBsp(spec);
+    uint64_t cur = 0;
+    for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
+    const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, spec.batch_size());
+    const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2;  // progress reports lag up to 0.5 s
+    const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
+    CutTask t;
+    if (final) {
+      if (st->total_steps() == 0) {
+        r.final_cut_pending = false;
+        continue;
+      }
+      t.trigger = "final";
+      t.at_step = st->total_steps();
+    } else if (r.manual_requested > r.manual_served) {
+      t.trigger = "manual";
+      t.manual_ticket = r.manual_requested;
+      t.at_step = cur + lead;
+    } else if (policy.every_steps() > 0 && cur > 0) {
+      const uint64_t n = policy.every_steps();
+      const uint64_t next = (last_step / n + 1) * n;
+      if (cur + 2 * lead < next) continue;
+      t.trigger = "steps";
+      t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
+    } else if (policy.every_seconds() > 0 &&
+               now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {
+      t.trigger = "seconds";
+      t.at_step = cur + lead;
+    } else {
+      continue;
+    }
+    if (!bsp) t.at_step = 0;  // SSP/ASP cuts are taken when asked
+    if (bsp && t.trigger != "final" && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
+      continue;  // the final cut covers the end
+    }
+    t.job_id = jid;
+    t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
+    st->set_next_cut_id(t.cut_id + 1);
+    t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+    t.map_version = shard_map_->version();
+    t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+    r.cut_in_flight = true;
+    SaveJobLocked(r, true);  // a cut id is never used twice
+    Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
+  }
+}
+
+void Coordinator::RunCut(CutTask t) {
+  const absl::Time t0 = absl::Now();
+  std::vector<absl::StatusOr<v1::ShardCutMeta>> metas(t.servers.size(), absl::UnknownError("not asked"));
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < t.servers.size(); ++i) {
+      threads.emplace_back([&, i] {
+        metas[i] = servers_->Checkpoint(t.servers[i], t.job_id, t.cut_id, t.at_step, options_.checkpoint_wait);
+      });
+    }
+    for (std::thread& th : threads) th.join();
+  }
+  absl::Status failed;
+  for (size_t i = 0; i < metas.size() && failed.ok(); ++i) {
+    if (!metas[i].ok()) {
+      failed = absl::Status(metas[i].status().code(),
+                            absl::StrCat("server ", t.servers[i], ": ", metas[i].status().message()));
+    }
+  }
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> to_delete;
+  std::set<uint64_t> kept;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(t.job_id);
+    if (it == jobs_.end()) {
+      to_delete.emplace_back(t.cut_id, t.servers);
+    } else {
+      JobRecord& r = it->second;
+      v1::JobStatus* st = r.job.mutable_status();
+      r.cut_in_flight = false;
+      if (t.trigger == "final") r.final_cut_pending = false;
+      const bool current = t.trigger == "final"
+                               ? st->state() == v1::SUCCEEDED
+                               : st->state() == v1::RUNNING && st->restoring_cut() == 0;
+      if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
+      if (failed.ok() && (!shard_map_ || shard_map_->version() != t.map_version)) {
+        failed = absl::AbortedError("the shard map changed while the cut was taken");
+      }
+      v1::CheckpointInfo info;
+      if (failed.ok()) {
+        info.set_cut_id(t.cut_id);
+        info.set_trigger(t.trigger);
+        info.set_shard_map_version(t.map_version);
+        info.set_created_unix_ms(NowMs());
+        for (const std::string& s : t.servers) info.add_servers(s);
+        uint64_t step = UINT64_MAX;
+        std::vector<uint64_t> clocks;
+        for (const auto& m : metas) {
+          step = std::min(step, m->step());
+          info.set_bytes(info.bytes() + m->bytes());
+          info.set_pause_seconds(std::max(info.pause_seconds(), m->capture_seconds()));
+          info.set_write_seconds(std::max(info.write_seconds(), m->write_seconds()));
+          if (clocks.empty()) clocks.assign(m->rank_clock().begin(), m->rank_clock().end());
+          for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m->rank_clock_size()); ++k) {
+            clocks[k] = std::min(clocks[k], m->rank_clock(static_cast<int>(k)));
+          }
+        }
+        info.set_step(step);
+        for (size_t k = 0; k < clocks.size(); ++k) {
+          v1::RankPosition* p = info.add_positions();
+          p->set_rank(static_cast<uint32_t>(k));
+          p->set_step(clocks[k]);
+          if (t.steps_per_epoch > 0) {
+            p->set_epoch(static_cast<uint32_t>(clocks[k] / t.steps_per_epoch));
+            p->set_batch(clocks[k] % t.steps_per_epoch);
+          }
+        }
+        *st->add_checkpoints() = info;
+        const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
+        while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
+          const v1::CheckpointInfo& old = st->checkpoints(0);
+          to_delete.emplace_back(old.cut_id(), std::vector<std::string>(old.servers().begin(), old.servers().end()));
+          st->mutable_checkpoints()->DeleteSubrange(0, 1);
+        }
+        for (const v1::CheckpointInfo& c : st->checkpoints()) kept.insert(c.cut_id());
+        st->clear_last_checkpoint_error();
+        r.last_cut = absl::Now();
+        SaveJobLocked(r, true);
+        FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
+                   << step << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
+                   << info.pause_seconds() << " s, " << absl::FormatDuration(absl::Now() - t0) << " in all)";
+      } else {
+        st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
+        r.cut_backoff_until = absl::Now() + absl::Seconds(5);
+        SaveJobLocked(r, false);
+        to_delete.emplace_back(t.cut_id, t.servers);
+        FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;
+      }
+      if (t.manual_ticket > 0 || (t.trigger == "final" && r.manual_requested > r.manual_served)) {
+        r.manual_served = std::max(r.manual_served, std::max(t.manual_ticket, r.manual_requested));
+        if (failed.ok()) {
+          r.manual_result = info;
+        } else {
+          r.manual_result = failed;
+        }
+      }
+    }
+  }
+  DeleteCuts(t.job_id, to_delete);
+  if (!failed.ok()) return;
+  // Parts of cuts this coordinator never committed (it stopped mid-cut, or
+  // a server failed one) are deleted once a later cut commits.
+  for (const std::string& s : t.servers) {
+    absl::StatusOr<std::vector<v1::ShardCutMeta>> cuts = servers_->ListCuts(s, t.job_id);
+    if (!cuts.ok()) continue;
+    for (const v1::ShardCutMeta& m : *cuts) {
+      if (m.cut_id() < t.cut_id && !kept.count(m.cut_id())) (void)servers_->DeleteCut(s, t.job_id, m.cut_id());
+    }
+  }
+}
+
+void Coordinator::RunRestore(RestoreTask t) {
+  const absl::Time t0 = absl::Now();
+  const std::vector<std::string> sources(t.cut.servers().begin(), t.cut.servers().end());
+  std::vector<absl::StatusOr<v1::ShardCutMeta>> results(t.targets.size(), absl::UnknownError("not asked"));
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < t.targets.size(); ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = servers_->Restore(t.targets[i], t.job_id, t.cut.cut_id(), sources, t.min_incarnation);
+      });
+    }
+    for (std::thread& th : threads) th.join();
+  }
+  absl::Status failed;
+  for (size_t i = 0; i < results.size() && failed.ok(); ++i) {
+    if (!results[i].ok()) {
+      failed = absl::Status(results[i].status().code(),
+                            absl::StrCat("server ", t.targets[i], ": ", results[i].status().message()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(t.job_id);
+  if (it == jobs_.end()) return;
+  JobRecord& r = it->second;
+  r.restore_in_flight = false;
+  v1::JobStatus* st = r.job.mutable_status();
+  if (st->state() != v1::RUNNING || st->restoring_cut() != t.cut.cut_id()) return;  // superseded
+  if (!failed.ok()) {
+    st->set_last_checkpoint_error(absl::StrCat("restoring checkpoint ", t.cut.cut_id(), ": ", failed.message()));
+    FLOG(WARNING) << "job " << t.job_id << ": restoring checkpoint " << t.cut.cut_id() << " failed: " << failed;
+    if (failed.code() == absl::StatusCode::kNotFound || failed.code() == absl::StatusCode::kDataLoss) {
+      // That cut is gone or damaged: fall back to the one before it.
+      auto* cps = st->mutable_checkpoints();
+      for (int i = 0; i < cps->size(); ++i) {
+        if (cps->Get(i).cut_id() == t.cut.cut_id()) {
+          cps->DeleteSubrange(i, 1);
+          break;
+        }
+      }
+      if (cps->empty()) {
+        FinishLocked(r, v1::FAILED, "CheckpointLost",
+                     absl::StrCat("no usable checkpoint left: ", failed.message()));
+        return;
+      }
+      st->set_restoring_cut(cps->rbegin()->cut_id());
+    }
+    SaveJobLocked(r, true);
+    return;
+  }
+  // Every server holds the cut: the ranks start again from it, as new
+  // incarnations (the servers refuse the old ones).
+  st->set_restoring_cut(0);
+  uint32_t min_epoch = UINT32_MAX;
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    r.ranks[i].node_id.clear();
+    r.ranks[i].finished = false;
+    r.ranks[i].incarnation = t.min_incarnation - 1;  // the reassignment bumps it to min_incarnation
+    v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(i));
+    w->set_state("restored");
+    if (i < static_cast<size_t>(t.cut.positions_size())) {
+      w->set_step(t.cut.positions(static_cast<int>(i)).step());
+      w->set_epoch(t.cut.positions(static_cast<int>(i)).epoch());
+      min_epoch = std::min(min_epoch, w->epoch());
+    }
+  }
+  // Epochs from the cut's on will be trained (and reported) again.
+  auto* epochs = st->mutable_epochs();
+  for (int i = epochs->size() - 1; i >= 0; --i) {
+    if (epochs->Get(i).epoch() >= min_epoch) {
+      r.epoch_reports.erase(epochs->Get(i).epoch());
+      epochs->DeleteSubrange(i, 1);
+    }
+  }
+  st->clear_weights_fingerprint();
+  SetStateLocked(r, v1::RUNNING, "Running", "CheckpointRestored",
+                 absl::StrCat("restored checkpoint ", t.cut.cut_id(), " (step ", t.cut.step(), ") onto ",
+                              t.targets.size(), " servers in ", absl::FormatDuration(absl::Now() - t0),
+                              "; workers resume there"));
+  RecomputeLocked(r);
+  SaveJobLocked(r, true);
+  BumpGenerationLocked();
+  FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut.cut_id() << " restored onto " << t.targets.size()
+             << " servers in " << absl::FormatDuration(absl::Now() - t0);
+}
+
+void Coordinator::DeleteCuts(const std::string& job_id,
+                             const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts) {
+  for (const auto& [cut, servers] : cuts) {
+    for (const std::string& s : servers) {
+      absl::Status st = servers_->DeleteCut(s, job_id, cut);
+      if (!st.ok()) FLOG(WARNING) << "deleting checkpoint " << cut << " of job " << job_id << " on " << s << ": " << st;
+    }
+  }
+}
+
+absl::StatusOr<v1::CheckpointInfo> Coordinator::CheckpointJob(const std::string& job_id, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const v1::JobStatus& st = it->second.job.status();
+  if (st.state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' is ", v1::JobState_Name(st.state()),
+                                                      "; only a running job can be checkpointed (its checkpoints: ",
+                                                      CutIds(st), ")"));
+  }
+  const uint64_t ticket = ++it->second.manual_requested;
+  kick_ = true;
+  auto served = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto j = jobs_.find(job_id);
+    return shutdown_ || j == jobs_.end() || j->second.manual_served >= ticket ||
+           (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
+            !j->second.cut_in_flight);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&served), timeout);
+  it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' was deleted"));
+  if (it->second.manual_served >= ticket) return it->second.manual_result;
+  if (config::JobEnded(it->second.job.status().state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("checkpoint of job '", job_id, "' not committed within ",
+                                                  absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& r = it->second;
+  const v1::JobStatus& st = r.job.status();
+  if (FindCut(st, cut_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
+                                            cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
+                                            " (its checkpoints: ", CutIds(st), ")"));
+  }
+  if (st.state() == v1::PENDING) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' has not started"));
+  }
+  if (config::JobEnded(st.state())) r.started = absl::Now();
+  BeginRollbackLocked(r, cut_id, "RestoreRequested", "restore requested", false);
+  kick_ = true;
+  return r.job;
+}
+
+absl::Status Coordinator::ExportCheckpoint(const std::string& job_id, uint64_t cut_id,
+                                           const std::function<bool(const v1::ExportCheckpointChunk&)>& write) {
+  v1::CheckpointInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    const v1::CheckpointInfo* cut = FindCut(it->second.job.status(), cut_id);
+    if (cut == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
+                                              cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
+                                              " (its checkpoints: ", CutIds(it->second.job.status()), ")"));
+    }
+    info = *cut;
+  }
+  bool first = true;
+  for (const std::string& server : info.servers()) {
+    v1::ReadCheckpointRequest req;
+    req.set_job_id(job_id);
+    req.set_cut_id(info.cut_id());
+    for (;;) {
+      absl::StatusOr<v1::ReadCheckpointResponse> page = servers_->ReadCut(server, req);
+      if (!page.ok()) {
+        return absl::Status(page.status().code(), absl::StrCat("reading checkpoint ", info.cut_id(), " from ", server,
+                                                               ": ", page.status().message()));
+      }
+      v1::ExportCheckpointChunk chunk;
+      if (first) {
+        *chunk.mutable_checkpoint() = info;
+        *chunk.mutable_meta() = page->meta();
+        first = false;
+      }
+      chunk.mutable_records()->Swap(page->mutable_records());
+      if (!write(chunk)) return absl::CancelledError("the reader went away");
+      if (page->next_start_after().empty()) break;
+      req.set_start_after(page->next_start_after());
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace fulcrum

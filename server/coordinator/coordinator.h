@@ -19,6 +19,7 @@
 #define FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/cluster.pb.h"
+#include "fulcrum/v1/ps.pb.h"
 
 namespace rocksdb {
 class DB;
@@ -47,6 +49,11 @@ struct CoordinatorOptions {
   // start on the first server of a cluster still coming up).
   uint32_t min_servers = 1;
   absl::Duration server_rpc_timeout = absl::Seconds(10);
+  // How long a server may wait for a BSP cut's step boundary.
+  absl::Duration checkpoint_wait = absl::Seconds(60);
+  // How long a job rolling back to a checkpoint waits for the servers that
+  // hold the cut to come back before it fails.
+  absl::Duration restore_timeout = absl::Minutes(5);
   absl::Duration tick = absl::Milliseconds(100);
 };
 
@@ -59,6 +66,19 @@ class ServerControl {
   virtual absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) = 0;
   // OK also when the job is not there.
   virtual absl::Status DeleteJob(const std::string& address, const std::string& job_id) = 0;
+  // Checkpoints (ParameterService's Checkpoint, Restore, DeleteCheckpoint,
+  // ListCheckpoints and ReadCheckpoint).
+  virtual absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& address, const std::string& job_id,
+                                                      uint64_t cut_id, uint64_t at_step, absl::Duration wait) = 0;
+  virtual absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& address, const std::string& job_id,
+                                                   uint64_t cut_id, const std::vector<std::string>& sources,
+                                                   uint32_t min_incarnation) = 0;
+  // OK also when the cut is not there.
+  virtual absl::Status DeleteCut(const std::string& address, const std::string& job_id, uint64_t cut_id) = 0;
+  virtual absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& address,
+                                                                 const std::string& job_id) = 0;
+  virtual absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
+                                                             const v1::ReadCheckpointRequest& req) = 0;
 };
 std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
 
@@ -76,6 +96,18 @@ class Coordinator {
   // Waits up to `timeout` for the job to change after `*version` (0: return
   // at once); returns the job and sets *version.
   absl::StatusOr<v1::Job> WaitJob(const std::string& job_id, uint64_t* version, absl::Duration timeout) const;
+
+  // ---- checkpoints (docs/checkpoints.md)
+  // Takes a cut of a running job now; returns once it is committed.
+  absl::StatusOr<v1::CheckpointInfo> CheckpointJob(const std::string& job_id, absl::Duration timeout);
+  // Rolls the job back to committed cut `cut_id` (0: the latest) on the
+  // servers live now: a running job's workers restart from it, an ended job
+  // runs again from it.
+  absl::StatusOr<v1::Job> RestoreJob(const std::string& job_id, uint64_t cut_id);
+  // Hands `write` the cut's info and meta, then its records, server by
+  // server; stops early when `write` returns false.
+  absl::Status ExportCheckpoint(const std::string& job_id, uint64_t cut_id,
+                                const std::function<bool(const v1::ExportCheckpointChunk&)>& write);
 
   // ---- cluster API
   absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::NodeInfo& node);
@@ -99,6 +131,34 @@ class Coordinator {
     bool release_pending = false;  // tables still to drop on the servers
     std::map<uint32_t, uint32_t> epoch_reports;  // epoch -> ranks that reported it
     absl::Time started = absl::InfinitePast();
+    // Checkpoints (not persisted: a cut in flight when the coordinator
+    // stops is never committed, and its parts are deleted later).
+    bool cut_in_flight = false;
+    absl::Time last_cut = absl::InfinitePast();
+    uint64_t manual_requested = 0;  // tickets of CheckpointJob calls
+    uint64_t manual_served = 0;
+    absl::StatusOr<v1::CheckpointInfo> manual_result = absl::UnknownError("no checkpoint yet");
+    absl::Time cut_backoff_until = absl::InfinitePast();  // after a failed cut
+    bool final_cut_pending = false;  // succeeded: a last cut before the tables go
+    bool restore_in_flight = false;
+    absl::Time restore_since = absl::InfinitePast();
+  };
+  // A cut or a restore to run outside the lock.
+  struct CutTask {
+    std::string job_id;
+    uint64_t cut_id = 0;
+    uint64_t at_step = 0;
+    std::string trigger;
+    std::vector<std::string> servers;  // the map's, in order
+    uint64_t map_version = 0;
+    uint64_t manual_ticket = 0;
+    uint64_t steps_per_epoch = 0;
+  };
+  struct RestoreTask {
+    std::string job_id;
+    v1::CheckpointInfo cut;
+    std::vector<std::string> targets;
+    uint32_t min_incarnation = 0;
   };
   struct NodeRecord {
     v1::NodeInfo info;
@@ -133,6 +193,18 @@ class Coordinator {
   bool MapListsExactlyLocked(const std::vector<std::string>& servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Checkpoints. Starts the cuts and restores due now (on threads of their own).
+  void ScheduleCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunCut(CutTask task);
+  void RunRestore(RestoreTask task);
+  // Rolls a running job back to its latest committed cut (or `cut_id`);
+  // false when it has none to roll back to.
+  bool BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason, const std::string& message,
+                           bool counts_as_restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes cuts on servers, best effort (outside the lock).
+  void DeleteCuts(const std::string& job_id, const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts);
+  void Spawn(std::function<void()> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const CoordinatorOptions options_;
   std::unique_ptr<ServerControl> servers_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -149,6 +221,7 @@ class Coordinator {
   // Servers (by address) known to hold shard_map_.
   std::map<std::string, uint64_t> installed_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
+  int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 };
 
 }  // namespace fulcrum

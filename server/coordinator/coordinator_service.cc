@@ -61,6 +61,29 @@ class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
       if (config::JobEnded(last_state)) return grpc::Status::OK;
     }
   }
+  grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::CheckpointInfo* resp) override {
+    absl::Duration timeout = absl::Minutes(5);
+    const auto d = ctx->deadline();
+    if (d < std::chrono::system_clock::now() + std::chrono::hours(24)) {
+      timeout = std::min(timeout, absl::FromChrono(d) - absl::Now() - absl::Milliseconds(200));
+    }
+    auto r = c_->CheckpointJob(req->job_id(), timeout);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status RestoreJob(grpc::ServerContext*, const v1::RestoreJobRequest* req, v1::Job* resp) override {
+    auto j = c_->RestoreJob(req->job_id(), req->cut_id());
+    if (!j.ok()) return ToGrpcStatus(j.status());
+    *resp = *std::move(j);
+    return grpc::Status::OK;
+  }
+  grpc::Status ExportCheckpoint(grpc::ServerContext* ctx, const v1::ExportCheckpointRequest* req,
+                                grpc::ServerWriter<v1::ExportCheckpointChunk>* writer) override {
+    return ToGrpcStatus(c_->ExportCheckpoint(req->job_id(), req->cut_id(), [&](const v1::ExportCheckpointChunk& c) {
+      return !ctx->IsCancelled() && writer->Write(c);
+    }));
+  }
 
  private:
   Coordinator* c_;

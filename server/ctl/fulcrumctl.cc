@@ -7,6 +7,9 @@
 //     watch JOB                                      live progress until the job ends
 //     cancel JOB
 //     cluster                                        nodes, devices, shard map, health
+//     checkpoint JOB                                 take a checkpoint now; wait for its commit
+//     restore JOB [--cut=N]                          roll the job back to a checkpoint (default: the latest)
+//     export JOB [--cut=N] -o FILE.safetensors       a checkpoint's parameters as safetensors
 //
 // Exit codes (for scripts): 0 success (a watched job SUCCEEDED); 1 the job
 // FAILED or was CANCELLED; 2 bad usage or an invalid spec; 3 no such job;
@@ -15,7 +18,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -30,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_record.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
@@ -41,6 +48,8 @@ ABSL_FLAG(std::string, f, "", "submit: the job spec file (YAML or JSON)");
 ABSL_FLAG(bool, no_wait, false, "submit: print the job id and return without watching");
 ABSL_FLAG(bool, validate, false, "submit: only validate the spec (locally and on the coordinator)");
 ABSL_FLAG(int32_t, timeout_seconds, 10, "deadline of each unary call");
+ABSL_FLAG(uint64_t, cut, 0, "restore, export: the checkpoint id (0: the latest)");
+ABSL_FLAG(std::string, o, "", "export: the output file (safetensors)");
 
 namespace {
 
@@ -116,6 +125,8 @@ std::string JobLine(const Job& j) {
   return line;
 }
 
+std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c);
+
 std::vector<std::string> WorkerLines(const Job& j) {
   std::vector<std::string> out;
   for (const auto& w : j.status().workers()) {
@@ -144,7 +155,10 @@ void PrintStatus(const Job& j) {
                                  e.test_accuracy(), e.seconds());
   }
   if (!s.weights_fingerprint().empty()) std::cout << "  weights:   fingerprint " << s.weights_fingerprint() << "\n";
-  std::cout << "  restarts:  " << s.restarts() << "\n";
+  std::cout << "  restarts:  " << s.restarts() << (s.rollbacks() > 0 ? absl::StrCat(", rollbacks: ", s.rollbacks()) : "")
+            << "\n";
+  for (const auto& c : s.checkpoints()) std::cout << CheckpointLine(c) << "\n";
+  if (!s.last_checkpoint_error().empty()) std::cout << "  last checkpoint error: " << s.last_checkpoint_error() << "\n";
   for (const auto& c : s.conditions()) {
     std::cout << "  " << absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()), absl::LocalTimeZone())
               << " " << c.type() << " " << c.reason() << ": " << c.message() << "\n";
@@ -203,10 +217,233 @@ int Watch(fulcrum::v1::JobService::Stub* stub, const std::string& id) {
   return ExitForJob(last);
 }
 
+// ---- checkpoints
+
+std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {
+  return absl::StrFormat("  checkpoint %llu: step %llu (%s), %.1f MB on %d servers, pause %.1f ms, %s",
+                         static_cast<unsigned long long>(c.cut_id()), static_cast<unsigned long long>(c.step()),
+                         c.trigger(), c.bytes() / 1e6, c.servers_size(), c.pause_seconds() * 1e3,
+                         absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.created_unix_ms()), absl::LocalTimeZone()));
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += absl::StrFormat("\\u%04x", ch);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The parameters of one cut as safetensors (https://huggingface.co/docs/safetensors):
+// a u64 header length, a JSON header naming each tensor's dtype, shape and
+// byte range, then the tensors' bytes. Dense tables are F32 tensors of
+// their shape, named as the table; a sparse table is `<table>.keys` (I64:
+// the uint64 keys' bits, ascending) and `<table>.values` (F32, keys x dim).
+// Optimizer slots are not exported.
+class SafetensorsExport {
+ public:
+  absl::Status Begin(const fulcrum::v1::ShardCutMeta& meta) {
+    for (const auto& t : meta.spec().tables()) {
+      Table& out = tables_.emplace_back();
+      out.spec = t;
+      if (t.kind() == fulcrum::v1::TableSpec::DENSE) {
+        int64_t n = 1;
+        for (int64_t d : t.shape()) n *= d;
+        out.dense.assign(static_cast<size_t>(n), 0.0f);
+        const int64_t chunk = t.chunk_elements() == 0 ? 65536 : t.chunk_elements();
+        out.chunks_seen.assign(static_cast<size_t>((n + chunk - 1) / chunk), false);
+      }
+      index_[t.name()] = tables_.size() - 1;
+    }
+    visit_.dense = [this](const std::string& table, uint32_t chunk, uint64_t, uint32_t length, uint32_t,
+                          const void* block) -> absl::Status {
+      auto it = index_.find(table);
+      if (it == index_.end() || tables_[it->second].spec.kind() != fulcrum::v1::TableSpec::DENSE) {
+        return absl::DataLossError(absl::StrCat("checkpoint has a dense record for unknown table '", table, "'"));
+      }
+      Table& t = tables_[it->second];
+      const size_t per = t.spec.chunk_elements() == 0 ? 65536 : t.spec.chunk_elements();
+      const size_t begin = size_t{chunk} * per;
+      if (chunk >= t.chunks_seen.size() || begin + length > t.dense.size()) {
+        return absl::DataLossError(absl::StrCat("checkpoint chunk ", chunk, " of table '", table, "' is out of range"));
+      }
+      std::memcpy(t.dense.data() + begin, block, size_t{length} * sizeof(float));  // weights; slots follow
+      t.chunks_seen[chunk] = true;
+      return absl::OkStatus();
+    };
+    visit_.sparse = [this](const std::string& table, uint32_t, uint32_t dim, uint32_t slots, size_t n,
+                           const uint64_t* keys, const uint32_t*, const float* rows) -> absl::Status {
+      auto it = index_.find(table);
+      if (it == index_.end() || tables_[it->second].spec.kind() != fulcrum::v1::TableSpec::SPARSE) {
+        return absl::DataLossError(absl::StrCat("checkpoint has a sparse record for unknown table '", table, "'"));
+      }
+      Table& t = tables_[it->second];
+      for (size_t i = 0; i < n; ++i) {
+        const float* row = rows + i * size_t{dim} * (1 + slots);
+        t.rows.emplace_back(keys[i], std::vector<float>(row, row + dim));
+      }
+      return absl::OkStatus();
+    };
+    return absl::OkStatus();
+  }
+
+  absl::Status Add(const fulcrum::v1::CheckpointRecord& r) {
+    uint32_t crc = 0;
+    return decoder_.Decode("", r.key(), r.value(), visit_, &crc, " of the exported checkpoint");
+  }
+
+  absl::Status Write(const std::string& path, const std::map<std::string, std::string>& metadata) {
+    struct Tensor {
+      std::string name, dtype;
+      std::vector<int64_t> shape;
+      const void* data;
+      size_t bytes;
+    };
+    std::vector<Tensor> tensors;
+    std::vector<std::vector<int64_t>> key_store;
+    std::vector<std::vector<float>> value_store;
+    key_store.reserve(tables_.size());
+    value_store.reserve(tables_.size());
+    for (Table& t : tables_) {
+      if (t.spec.kind() == fulcrum::v1::TableSpec::DENSE) {
+        for (size_t c = 0; c < t.chunks_seen.size(); ++c) {
+          if (!t.chunks_seen[c]) {
+            return absl::DataLossError(absl::StrCat("the checkpoint has no chunk ", c, " of table '", t.spec.name(), "'"));
+          }
+        }
+        tensors.push_back({t.spec.name(), "F32", {t.spec.shape().begin(), t.spec.shape().end()}, t.dense.data(),
+                           t.dense.size() * sizeof(float)});
+        continue;
+      }
+      std::sort(t.rows.begin(), t.rows.end());
+      auto& keys = key_store.emplace_back();
+      auto& values = value_store.emplace_back();
+      for (const auto& [k, row] : t.rows) {
+        keys.push_back(static_cast<int64_t>(k));
+        values.insert(values.end(), row.begin(), row.end());
+      }
+      const int64_t n = static_cast<int64_t>(keys.size());
+      tensors.push_back({t.spec.name() + ".keys", "I64", {n}, keys.data(), keys.size() * 8});
+      tensors.push_back({t.spec.name() + ".values", "F32", {n, static_cast<int64_t>(t.spec.dim())}, values.data(),
+                         values.size() * sizeof(float)});
+    }
+    std::string header = "{\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      absl::StrAppend(&header, first ? "" : ",", JsonString(k), ":", JsonString(v));
+      first = false;
+    }
+    header += "}";
+    size_t offset = 0;
+    for (const Tensor& t : tensors) {
+      absl::StrAppend(&header, ",", JsonString(t.name), ":{\"dtype\":\"", t.dtype, "\",\"shape\":[",
+                      absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + t.bytes, "]}");
+      offset += t.bytes;
+    }
+    header += "}";
+    while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+    const uint64_t n = header.size();
+    bool ok = std::fwrite(&n, 8, 1, f) == 1 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    for (const Tensor& t : tensors) ok = ok && std::fwrite(t.data, 1, t.bytes, f) == t.bytes;
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      return absl::InternalError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
+    }
+    tensors_ = tensors.size();
+    bytes_ = 8 + header.size() + offset;
+    return absl::OkStatus();
+  }
+
+  size_t tensors() const { return tensors_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Table {
+    fulcrum::v1::TableSpec spec;
+    std::vector<float> dense;
+    std::vector<bool> chunks_seen;
+    std::vector<std::pair<uint64_t, std::vector<float>>> rows;
+  };
+  std::vector<Table> tables_;
+  std::map<std::string, size_t> index_;
+  fulcrum::CheckpointVisitor visit_;
+  fulcrum::RecordDecoder decoder_;
+  size_t tensors_ = 0, bytes_ = 0;
+};
+
+int Export(const std::string& coordinator, const std::string& job, uint64_t cut, const std::string& path) {
+  // Records can outgrow the job API's message limit: a channel of its own.
+  auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator));
+  grpc::ClientContext ctx;
+  fulcrum::v1::ExportCheckpointRequest req;
+  req.set_job_id(job);
+  req.set_cut_id(cut);
+  auto reader = stub->ExportCheckpoint(&ctx, req);
+  fulcrum::v1::ExportCheckpointChunk chunk;
+  SafetensorsExport out;
+  fulcrum::v1::CheckpointInfo info;
+  bool begun = false;
+  size_t records = 0;
+  while (reader->Read(&chunk)) {
+    if (!begun) {
+      info = chunk.checkpoint();
+      if (absl::Status s = out.Begin(chunk.meta()); !s.ok()) {
+        ctx.TryCancel();
+        std::cerr << "fulcrumctl export: " << s.message() << "\n";
+        return kOther;
+      }
+      begun = true;
+    }
+    for (const auto& r : chunk.records()) {
+      if (absl::Status s = out.Add(r); !s.ok()) {
+        ctx.TryCancel();
+        std::cerr << "fulcrumctl export: " << s.message() << "\n";
+        return kOther;
+      }
+      ++records;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail(s, absl::StrCat("export ", job));
+  if (!begun) {
+    std::cerr << "fulcrumctl export: the coordinator sent no checkpoint\n";
+    return kOther;
+  }
+  absl::Status w = out.Write(path, {{"format", "pt"},
+                                    {"fulcrum_job", job},
+                                    {"fulcrum_checkpoint", absl::StrCat(info.cut_id())},
+                                    {"fulcrum_step", absl::StrCat(info.step())}});
+  if (!w.ok()) {
+    std::cerr << "fulcrumctl export: " << w.message() << "\n";
+    return kOther;
+  }
+  if (Json()) {
+    std::cout << "{\"path\":" << JsonString(path) << ",\"checkpoint\":" << ToJson(info) << ",\"tensors\":" << out.tensors()
+              << ",\"bytes\":" << out.bytes() << "}" << std::endl;
+  } else {
+    std::cout << "exported checkpoint " << info.cut_id() << " of job " << job << " (step " << info.step() << ", "
+              << records << " records) to " << path << ": " << out.tensors() << " tensors, " << out.bytes()
+              << " bytes" << std::endl;
+  }
+  return kOk;
+}
+
 int Usage() {
   std::cerr << "usage: fulcrumctl [--coordinator=host:port] [--output=text|json] COMMAND\n"
                "  submit -f SPEC [--no-wait] [--validate]\n"
-               "  list | status JOB | watch JOB | cancel JOB | cluster\n";
+               "  list | status JOB | watch JOB | cancel JOB | cluster\n"
+               "  checkpoint JOB | restore JOB [--cut=N] | export JOB [--cut=N] -o FILE.safetensors\n";
   return kUsage;
 }
 
@@ -300,6 +537,39 @@ int main(int argc, char** argv) {
     } else {
       std::cout << "job " << j.id() << " " << State(j.status().state()) << std::endl;
     }
+    return kOk;
+  }
+  if (cmd == "checkpoint" || cmd == "restore" || cmd == "export") {
+    if (job_arg().empty()) {
+      std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
+      return kUsage;
+    }
+    if (cmd == "export") {
+      if (absl::GetFlag(FLAGS_o).empty()) {
+        std::cerr << "fulcrumctl export: give the output file with -o FILE.safetensors\n";
+        return kUsage;
+      }
+      return Export(absl::GetFlag(FLAGS_coordinator), job_arg(), absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
+    }
+    if (cmd == "checkpoint") {
+      fulcrum::v1::JobRef ref;
+      ref.set_job_id(job_arg());
+      fulcrum::v1::CheckpointInfo info;
+      grpc::ClientContext ctx;  // a BSP cut waits for its step: minutes, not the unary default
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+      grpc::Status s = jobs->CheckpointJob(&ctx, ref, &info);
+      if (!s.ok()) return Fail(s, absl::StrCat("checkpoint ", job_arg()));
+      std::cout << (Json() ? ToJson(info) : absl::StrCat("job ", job_arg(), CheckpointLine(info).substr(1))) << std::endl;
+      return kOk;
+    }
+    fulcrum::v1::RestoreJobRequest req;
+    req.set_job_id(job_arg());
+    req.set_cut_id(absl::GetFlag(FLAGS_cut));
+    Job j;
+    grpc::Status s = jobs->RestoreJob(Ctx().get(), req, &j);
+    if (!s.ok()) return Fail(s, absl::StrCat("restore ", job_arg()));
+    std::cout << (Json() ? ToJson(j) : absl::StrCat("job ", j.id(), " ", State(j.status().state()), ": ", j.status().message()))
+              << std::endl;
     return kOk;
   }
   if (cmd == "cluster") {

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -45,9 +46,7 @@ class ProcessCluster {
                           "--data_dir=" + (dir_ / "coordinator").string(), absl::StrCat("--min_servers=", servers),
                           "--heartbeat_interval_ms=300", "--node_timeout_ms=2000"});
     for (int i = 0; i < servers; ++i) {
-      Start(absl::StrCat("server-", i), {Bin("server/fulcrum-server"),
-                                         absl::StrCat("--listen=127.0.0.1:", FreePort()),
-                                         "--coordinator=" + coordinator_});
+      AddServer();
     }
     for (int i = 0; i < workers; ++i) AddWorker();
     stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator_, 0));
@@ -65,6 +64,27 @@ class ProcessCluster {
       waitpid(pid, &status, 0);
     }
     fs::remove_all(dir_);
+  }
+
+  // A server with its checkpoints in <dir>/server-N.
+  void AddServer() {
+    const std::string name = absl::StrCat("server-", servers_++);
+    Start(name, {Bin("server/fulcrum-server"), absl::StrCat("--listen=127.0.0.1:", FreePort()),
+                 "--coordinator=" + coordinator_, "--data_dir=" + (dir_ / name).string()});
+  }
+
+  // kill -9 the process `name` ("coordinator", "server-1", ...); with
+  // `restart`, start it again with the same flags (port, data directory).
+  void Kill(const std::string& name, bool restart) {
+    for (auto& [n, pid] : pids_) {
+      if (n != name) continue;
+      REQUIRE(kill(pid, SIGKILL) == 0);
+      int status;
+      waitpid(pid, &status, 0);
+      if (restart) pid = Spawn(args_[name], (dir_ / "logs" / absl::StrCat(name, "-", ++restarts_, ".log")).string());
+      return;
+    }
+    FAIL("no process " << name);
   }
 
   void AddWorker() {
@@ -119,13 +139,31 @@ class ProcessCluster {
     return resp.job_id();
   }
 
+  // Asks again for up to 20 s while the coordinator is unreachable (a
+  // test may be restarting it).
   v1::Job Get(const std::string& id) {
-    grpc::ClientContext ctx;
     v1::JobRef ref;
     ref.set_job_id(id);
     v1::Job j;
-    REQUIRE(stub_->GetJob(&ctx, ref, &j).ok());
+    grpc::Status s;
+    for (int tries = 0; tries < 100; ++tries) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      s = stub_->GetJob(&ctx, ref, &j);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    INFO(s.error_message());
+    REQUIRE(s.ok());
     return j;
+  }
+
+  v1::ClusterState Cluster() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::ClusterState cs;
+    REQUIRE(cluster_->GetCluster(&ctx, v1::GetClusterRequest(), &cs).ok());
+    return cs;
   }
 
   v1::Job WaitEnd(const std::string& id, absl::Duration limit = absl::Minutes(4)) {
@@ -146,6 +184,7 @@ class ProcessCluster {
 
  private:
   void Start(const std::string& name, std::vector<std::string> args) {
+    args_[name] = args;
     pids_.emplace_back(name, Spawn(std::move(args), (dir_ / "logs" / (name + ".log")).string()));
   }
 
@@ -154,7 +193,10 @@ class ProcessCluster {
   std::string coordinator_;
   int slots_;
   int workers_ = 0;
+  int servers_ = 0;
+  int restarts_ = 0;
   int ctl_ = 0;
+  std::map<std::string, std::vector<std::string>> args_;
   std::vector<std::pair<std::string, pid_t>> pids_;
   std::unique_ptr<v1::JobService::Stub> stub_;
   std::unique_ptr<v1::ClusterService::Stub> cluster_;
@@ -280,6 +322,170 @@ TEST_CASE("fulcrumctl reports a bad spec file with every problem and exit code 2
   CHECK(out.find("num_workers: 0 must be 1 to 1024") != std::string::npos);
   CHECK(cluster.Ctl({"submit", "-f", (cluster.dir() / "missing.yaml").string()}, &out) == 2);
   CHECK(out.find("cannot open spec file") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- checkpoints and recovery
+
+// The MNIST MLP for 2 epochs (1876 steps per rank) under BSP, a checkpoint
+// every `every` steps.
+v1::JobSpec Checkpointed(uint32_t every, uint32_t keep) {
+  v1::JobSpec s = Spec("mnist-mlp.yaml");
+  s.set_epochs(2);
+  s.mutable_checkpoint()->set_every_steps(every);
+  s.mutable_checkpoint()->set_keep(keep);
+  return s;
+}
+
+// Waits until the job has committed at least `checkpoints` cuts and is
+// `fraction` done.
+v1::Job WaitFor(ProcessCluster& cluster, const std::string& id, int checkpoints, double fraction) {
+  for (int tries = 0; tries < 1200; ++tries) {
+    v1::Job j = cluster.Get(id);
+    const auto& s = j.status();
+    if (s.state() != v1::RUNNING && s.state() != v1::PENDING) FAIL("job ended early: " << s.message());
+    if (s.checkpoints_size() >= checkpoints && s.total_steps() > 0 &&
+        static_cast<double>(s.step()) >= fraction * static_cast<double>(s.total_steps())) {
+      return j;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  FAIL("job " << id << " did not get there");
+  return {};
+}
+
+std::string Conditions(const v1::Job& j) {
+  std::string out;
+  for (const auto& c : j.status().conditions()) absl::StrAppend(&out, c.type(), "/", c.reason(), ": ", c.message(), "\n");
+  return out;
+}
+
+bool HasReason(const v1::Job& j, const std::string& reason) {
+  for (const auto& c : j.status().conditions()) {
+    if (c.reason() == reason) return true;
+  }
+  return false;
+}
+
+// Runs tests/integration/safetensors_check.py on `file`.
+int CheckSafetensors(ProcessCluster& cluster, const std::string& file, const std::string& fingerprint,
+                     std::string* out) {
+  const std::string log = (cluster.dir() / "safetensors_check.out").string();
+  const pid_t pid = Spawn({"/usr/bin/python3", std::string(FULCRUM_SOURCE_DIR) + "/tests/integration/safetensors_check.py",
+                           file, "--fingerprint", fingerprint, "--min-tensors", "4"},
+                          log);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  *out = testing::ReadFile(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_CASE("a server killed with kill -9 and restarted rolls the job back to its last checkpoint and ends with the "
+          "weights of an undisturbed run whose final cut exports as safetensors",
+          "[e2e][checkpoint]") {
+  ProcessCluster cluster(2, 2, /*slots=*/1);
+  const std::string clean = cluster.Submit(Checkpointed(200, 2));
+  const v1::Job a = cluster.WaitEnd(clean);
+  Report(a);
+  INFO(Conditions(a));
+  REQUIRE(a.status().state() == v1::SUCCEEDED);
+  REQUIRE(a.status().checkpoints_size() == 2);  // keep: 2
+  CHECK(a.status().checkpoints(1).trigger() == "final");
+  CHECK(a.status().checkpoints(1).step() == a.status().total_steps());
+  CHECK(a.status().checkpoints(0).trigger() == "steps");
+  CHECK(a.status().checkpoints(0).step() % 200 == 0);
+  CHECK(a.status().checkpoints(0).positions_size() == 2);
+  WARN("checkpoint pause " << a.status().checkpoints(0).pause_seconds() * 1e3 << " ms, "
+                           << a.status().checkpoints(0).bytes() << " bytes");
+
+  // The final cut as safetensors, read back by an independent reader: its
+  // dense tensors hash to the fingerprint rank 0 reported for its weights.
+  const std::string file = (cluster.dir() / "model.safetensors").string();
+  std::string out;
+  REQUIRE(cluster.Ctl({"export", clean, "-o", file}, &out) == 0);
+  INFO(out);
+  std::string check;
+  const int rc = CheckSafetensors(cluster, file, a.status().weights_fingerprint(), &check);
+  INFO(check);
+  REQUIRE(rc == 0);
+
+  const std::string id = cluster.Submit(Checkpointed(200, 2));
+  WaitFor(cluster, id, 1, 0.4);
+  cluster.Kill("server-1", /*restart=*/true);
+  const v1::Job b = cluster.WaitEnd(id);
+  Report(b);
+  INFO(Conditions(b));
+  REQUIRE(b.status().state() == v1::SUCCEEDED);
+  CHECK(b.status().rollbacks() >= 1);
+  CHECK(HasReason(b, "CheckpointRestored"));
+  CHECK(b.status().weights_fingerprint() == a.status().weights_fingerprint());
+  CHECK(std::abs(b.status().test_accuracy() - a.status().test_accuracy()) <= 0.005);
+}
+
+TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to the previous committed one",
+          "[e2e][checkpoint]") {
+  // Each cut's records wait 1.5 s uncommitted on the servers.
+  setenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS", "1500", 1);
+  ProcessCluster cluster(2, 2, /*slots=*/1);
+  unsetenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS");
+  const std::string id = cluster.Submit(Checkpointed(300, 3));
+  const v1::Job before = WaitFor(cluster, id, 1, 0.0);
+  const uint64_t committed = before.status().checkpoints(0).cut_id();
+  const uint64_t next_step = before.status().checkpoints(0).step() + 300;
+  // The next cut is captured at its step and then sits uncommitted.
+  for (int tries = 0; tries < 600 && cluster.Get(id).status().step() < next_step + 10; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(cluster.Get(id).status().checkpoints_size() == 1);
+  cluster.Kill("server-0", /*restart=*/true);
+  const v1::Job j = cluster.WaitEnd(id);
+  Report(j);
+  INFO(Conditions(j));
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.96);
+  CHECK(Conditions(j).find(absl::StrCat("rolling back to checkpoint ", committed, " ")) != std::string::npos);
+  for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != committed + 1);  // never committed
+}
+
+TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job completes", "[e2e][checkpoint]") {
+  ProcessCluster cluster(2, 2, /*slots=*/1);
+  const std::string id = cluster.Submit(Checkpointed(300, 2));
+  WaitFor(cluster, id, 1, 0.3);
+  cluster.Kill("coordinator", /*restart=*/true);
+  const v1::Job j = cluster.WaitEnd(id);
+  Report(j);
+  INFO(Conditions(j));
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.96);
+  CHECK(j.status().checkpoints_size() == 2);
+}
+
+TEST_CASE("a cut taken on 2 servers restores onto 3: the job runs again from it to the same final weights",
+          "[e2e][checkpoint]") {
+  ProcessCluster cluster(2, 2, /*slots=*/1);
+  const std::string id = cluster.Submit(Checkpointed(400, 10));
+  const v1::Job a = cluster.WaitEnd(id);
+  Report(a);
+  REQUIRE(a.status().state() == v1::SUCCEEDED);
+  REQUIRE(a.status().checkpoints_size() >= 3);
+  const v1::CheckpointInfo& mid = a.status().checkpoints(1);
+  REQUIRE(mid.servers_size() == 2);
+
+  cluster.AddServer();
+  for (int tries = 0; tries < 200 && cluster.Cluster().shard_map().servers_size() < 3; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(cluster.Cluster().shard_map().servers_size() == 3);
+  std::string out;
+  REQUIRE(cluster.Ctl({"restore", id, absl::StrCat("--cut=", mid.cut_id())}, &out) == 0);
+  INFO(out);
+  const v1::Job b = cluster.WaitEnd(id);
+  Report(b);
+  INFO(Conditions(b));
+  REQUIRE(b.status().state() == v1::SUCCEEDED);
+  CHECK(Conditions(b).find(absl::StrCat("restored checkpoint ", mid.cut_id(), " (step ", mid.step(), ") onto 3 servers")) !=
+        std::string::npos);
+  CHECK(b.status().checkpoints().rbegin()->servers_size() == 3);
+  CHECK(b.status().weights_fingerprint() == a.status().weights_fingerprint());
 }
 
 }  // namespace

@@ -1,0 +1,58 @@
+// The records of a checkpoint cut (docs/checkpoint-format.md): parsing
+// their keys and decoding their values, checksums verified. Shared by the
+// server's store, a server restoring from its peers, and fulcrumctl export.
+#ifndef FULCRUM_COMMON_CHECKPOINT_RECORD_H_
+#define FULCRUM_COMMON_CHECKPOINT_RECORD_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace fulcrum {
+
+// zlib crc32 of `n` bytes, continuing `crc`.
+uint32_t CheckpointCrc(const void* data, size_t n, uint32_t crc = 0);
+
+struct CheckpointVisitor {
+  // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).
+  std::function<absl::Status(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
+                             uint32_t slots, const void* block)>
+      dense;
+  std::function<absl::Status(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
+                             const uint64_t* keys, const uint32_t* updates, const float* rows)>
+      sparse;
+};
+
+// A record key after the cut's prefix: dense/<table>/<chunk, 8 hex> or
+// sparse/<table>/<virtual shard, 8 hex>.
+struct RecordKey {
+  bool dense = false;
+  std::string_view table;
+  uint32_t index = 0;
+};
+// DATA_LOSS naming the key and `where` when it has another shape.
+absl::Status ParseRecordKey(std::string_view rest, RecordKey* k, std::string_view where);
+
+// Decodes one stored record (`rest`: its key after the cut's prefix),
+// verifying its checksum (returned in *crc), and hands it to the visitor.
+// DATA_LOSS, naming the record (`prefix` + `rest`) and `where` (e.g.
+// " in DIR"), when it is malformed. Reuses its buffers across records.
+class RecordDecoder {
+ public:
+  absl::Status Decode(std::string_view prefix, std::string_view rest, std::string_view value,
+                      const CheckpointVisitor& visit, uint32_t* crc, std::string_view where);
+
+ private:
+  std::vector<float> floats_;
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> updates_;
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_CHECKPOINT_RECORD_H_
