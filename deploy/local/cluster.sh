@@ -9,6 +9,14 @@
 #   cluster.sh status [--dir RUN_DIR]
 #
 # The coordinator listens on BASE (default 7070), servers on BASE+1..BASE+N.
+#
+# Every process runs under a supervisor, as Kubernetes or systemd would run
+# it: when it exits (a crash, kill -9) it is started again with the same
+# flags, after 1 s, doubling up to 30 s while it keeps failing within 60 s of
+# starting (Kubernetes' CrashLoopBackOff). A restarted server finds its
+# checkpoints in its data directory, a restarted coordinator its state, and
+# the coordinator rolls jobs back to their last checkpoint. RUN_DIR/pids
+# lists the supervisors; RUN_DIR/run/NAME.pid holds each process's current pid.
 # RUN_DIR (default /tmp/fulcrum-cluster) holds logs/, coordinator/ (its
 # RocksDB state), server-N/ (each server's checkpoints), pids and `env` (FULCRUM_COORDINATOR=...), which fulcrumctl
 # users can source. Submit jobs with:
@@ -33,18 +41,45 @@ while (($#)); do
   esac
 done
 
+# supervise NAME CMD...: runs CMD (output to logs/NAME.log), restarting it
+# whenever it exits, until the supervisor gets SIGTERM, which it passes on.
+supervise() {
+  local name=$1 child=0 stopping=0 backoff=1 started rc
+  shift
+  trap 'stopping=1; ((child > 0)) && kill -TERM "$child" 2>/dev/null' TERM INT
+  while ((!stopping)); do
+    started=$SECONDS
+    "$@" >>"$dir/logs/$name.log" 2>&1 &
+    child=$!
+    echo "$child" >"$dir/run/$name.pid"
+    rc=0
+    # wait returns early when a trapped signal arrives: wait again for the exit.
+    wait "$child" || rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done
+    ((stopping)) && break
+    if ((SECONDS - started >= 60)); then backoff=1; fi
+    echo "cluster.sh: $name (pid $child) exited with status $rc; restarting in ${backoff}s" >>"$dir/logs/$name.log"
+    echo "$(date -u +%FT%TZ) $name exited with status $rc; restarted after ${backoff}s" >>"$dir/logs/restarts.log"
+    sleep "$backoff" &
+    wait $! || true
+    backoff=$((backoff * 2 > 30 ? 30 : backoff * 2))
+  done
+}
+
 stop() {
   [[ -f "$dir/pids" ]] || { echo "cluster.sh: no cluster recorded in $dir"; return 0; }
-  # Workers first, then servers, then the coordinator.
+  # Workers first, then servers, then the coordinator; each supervisor
+  # passes SIGTERM to its process and does not restart it.
   tac "$dir/pids" | while read -r pid name; do
     if kill -0 "$pid" 2>/dev/null; then kill "$pid" 2>/dev/null || true; fi
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then
-      echo "cluster.sh: $name ($pid) ignored SIGTERM; killing it"
-      kill -9 "$pid" 2>/dev/null || true
+      child=$(cat "$dir/run/$name.pid" 2>/dev/null || true)
+      echo "cluster.sh: $name (pid ${child:-?}) ignored SIGTERM; killing it"
+      kill -9 "$pid" ${child:+"$child"} 2>/dev/null || true
     fi
   done
-  rm -f "$dir/pids"
+  rm -f "$dir/pids" "$dir"/run/*.pid
   echo "== cluster in $dir stopped"
 }
 
@@ -57,16 +92,16 @@ case "$cmd" in
       echo "cluster.sh: a cluster is already recorded in $dir; run '$0 stop --dir $dir' first" >&2
       exit 1
     fi
-    mkdir -p "$dir/logs"
+    mkdir -p "$dir/logs" "$dir/run"
     : >"$dir/pids"
     coord="127.0.0.1:$port"
-    "$bin/server/fulcrum-coordinator" --listen="$coord" --data_dir="$dir/coordinator" \
-      --min_servers="$servers" >"$dir/logs/coordinator.log" 2>&1 &
+    supervise coordinator "$bin/server/fulcrum-coordinator" --listen="$coord" --data_dir="$dir/coordinator" \
+      --min_servers="$servers" 2>>"$dir/logs/supervisors.log" &
     echo "$! coordinator" >>"$dir/pids"
     for ((i = 0; i < servers; i++)); do
       addr="127.0.0.1:$((port + 1 + i))"
-      "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" --data_dir="$dir/server-$i" \
-        >"$dir/logs/server-$i.log" 2>&1 &
+      supervise "server-$i" "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
+        --data_dir="$dir/server-$i" 2>>"$dir/logs/supervisors.log" &
       echo "$! server-$i" >>"$dir/pids"
     done
     # Workers share this host's cores with the servers: one compute thread
@@ -74,9 +109,9 @@ case "$cmd" in
     # spinning thread takes the core a server needs to answer (measured in
     # docs/benchmarks.md).
     for ((i = 0; i < workers; i++)); do
-      OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} "$bin/worker/fulcrum-worker" --coordinator="$coord" \
-        --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
-        >"$dir/logs/worker-$i.log" 2>&1 &
+      OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
+        --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
+        2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done
     echo "FULCRUM_COORDINATOR=$coord" >"$dir/env"

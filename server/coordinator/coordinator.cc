@@ -44,8 +44,15 @@ class GrpcServerControl final : public ServerControl {
  public:
   explicit GrpcServerControl(absl::Duration timeout) : timeout_(timeout) {}
 
+  void CancelAll() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* c : active_) c->TryCancel();
+  }
+
   absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     v1::SetShardMapRequest req;
     *req.mutable_map() = map;
@@ -54,6 +61,7 @@ class GrpcServerControl final : public ServerControl {
     if (s.code() == absl::StatusCode::kFailedPrecondition) {
       // Already installed (or newer): ask which one it has.
       grpc::ClientContext ctx2;
+      Track track2(this, &ctx2);
       ctx2.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
       v1::ShardMap have;
       absl::Status g = FromGrpcStatus(Stub(address)->GetShardMap(&ctx2, v1::GetShardMapRequest(), &have));
@@ -64,6 +72,7 @@ class GrpcServerControl final : public ServerControl {
 
   absl::Status DeleteJob(const std::string& address, const std::string& job_id) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     v1::DeleteJobRequest req;
     req.set_job_id(job_id);
@@ -76,6 +85,7 @@ class GrpcServerControl final : public ServerControl {
   absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& address, const std::string& job_id,
                                               uint64_t cut_id, uint64_t at_step, absl::Duration wait) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + timeout_));
     v1::CheckpointRequest req;
     req.set_job_id(job_id);
@@ -91,6 +101,7 @@ class GrpcServerControl final : public ServerControl {
                                            const std::vector<std::string>& sources,
                                            uint32_t min_incarnation) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     // A restore moves the whole cut: give it minutes, not the control timeout.
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(30)));
     v1::RestoreRequest req;
@@ -105,6 +116,7 @@ class GrpcServerControl final : public ServerControl {
 
   absl::Status DeleteCut(const std::string& address, const std::string& job_id, uint64_t cut_id) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     v1::DeleteCheckpointRequest req;
     req.set_job_id(job_id);
@@ -116,6 +128,7 @@ class GrpcServerControl final : public ServerControl {
   absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& address,
                                                          const std::string& job_id) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     v1::ListCheckpointsRequest req;
     req.set_job_id(job_id);
@@ -127,6 +140,7 @@ class GrpcServerControl final : public ServerControl {
   absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
                                                      const v1::ReadCheckpointRequest& req) override {
     grpc::ClientContext ctx;
+    Track track(this, &ctx);
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     v1::ReadCheckpointResponse resp;
     RETURN_IF_ERROR(FromGrpcStatus(ReadStub(address)->ReadCheckpoint(&ctx, req, &resp)));
@@ -134,6 +148,24 @@ class GrpcServerControl final : public ServerControl {
   }
 
  private:
+  // Registers a call so CancelAll reaches it.
+  class Track {
+   public:
+    Track(GrpcServerControl* c, grpc::ClientContext* ctx) : c_(c), ctx_(ctx) {
+      absl::MutexLock lock(&c_->mu_);
+      if (c_->cancelled_) ctx_->TryCancel();
+      c_->active_.insert(ctx_);
+    }
+    ~Track() {
+      absl::MutexLock lock(&c_->mu_);
+      c_->active_.erase(ctx_);
+    }
+
+   private:
+    GrpcServerControl* c_;
+    grpc::ClientContext* ctx_;
+  };
+
   v1::ParameterService::Stub* ReadStub(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& stub = read_stubs_[address];
@@ -154,6 +186,8 @@ class GrpcServerControl final : public ServerControl {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> read_stubs_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -205,9 +239,12 @@ void Coordinator::Spawn(std::function<void()> f) {
 }
 
 void Coordinator::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shutdown_ = true;
-  ++generation_;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    ++generation_;
+  }
+  servers_->CancelAll();
 }
 
 absl::Status Coordinator::Load() {
@@ -470,7 +507,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
         if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive) {
           // The scheduler declares it dead at its next tick, and deals with
           // the jobs that had shards on it.
-          n.last_heartbeat = absl::InfinitePast();
+          n.last_heartbeat = absl::Now() - options_.node_timeout;
           FLOG(WARNING) << "server " << id << " at " << info.address() << " re-registered: the old process is gone";
         }
       }
@@ -721,6 +758,10 @@ void Coordinator::Tick() {
     for (auto& [id, n] : nodes_) {
       if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
       n.alive = false;
+      // A dead node never comes back under its id (it registers anew), so
+      // a restarted coordinator must not know it: it would give it a grace
+      // period and then declare it dead a second time.
+      db_->Delete(rocksdb::WriteOptions(), kNodePrefix + id);
       BumpGenerationLocked();
       FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
                     << ": declared dead";

@@ -79,6 +79,9 @@ class ServerControl {
                                                                  const std::string& job_id) = 0;
   virtual absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
                                                              const v1::ReadCheckpointRequest& req) = 0;
+  // Cancels calls in flight and fails later ones (the coordinator is
+  // stopping and must not wait out a cut's step).
+  virtual void CancelAll() {}
 };
 std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
 

@@ -21,6 +21,9 @@ ABSL_FLAG(uint32_t, min_servers, 1, "jobs wait until this many parameter servers
 ABSL_FLAG(uint32_t, virtual_shards, 256, "virtual shards of the shard map (fixed for a cluster)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 1000, "how often nodes heartbeat (the long-poll length)");
 ABSL_FLAG(int32_t, node_timeout_ms, 5000, "a node silent this long is declared dead");
+ABSL_FLAG(int32_t, checkpoint_wait_s, 60, "how long a server may wait for a BSP checkpoint's step boundary");
+ABSL_FLAG(int32_t, restore_timeout_s, 300,
+          "how long a job rolling back to a checkpoint waits for the servers holding it before it fails");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum coordinator");
@@ -33,6 +36,8 @@ int main(int argc, char** argv) {
   options.virtual_shards = absl::GetFlag(FLAGS_virtual_shards);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
+  options.checkpoint_wait = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_wait_s));
+  options.restore_timeout = absl::Seconds(absl::GetFlag(FLAGS_restore_timeout_s));
   if (options.node_timeout <= options.heartbeat_interval) {
     std::cerr << "fulcrum-coordinator: --node_timeout_ms must exceed --heartbeat_interval_ms\n";
     return 2;
@@ -51,7 +56,8 @@ int main(int argc, char** argv) {
   FLOG(INFO) << "fulcrum-coordinator listening on " << (*server)->address() << "; state in " << options.data_dir
              << "; jobs wait for " << options.min_servers << " server(s); nodes heartbeat every "
              << absl::FormatDuration(options.heartbeat_interval) << ", dead after "
-             << absl::FormatDuration(options.node_timeout);
+             << absl::FormatDuration(options.node_timeout) << "; rollbacks wait "
+             << absl::FormatDuration(options.restore_timeout) << " for the servers holding a checkpoint";
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; shutting down";
   (*server)->Shutdown();
