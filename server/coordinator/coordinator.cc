@@ -280,6 +280,9 @@ absl::Status Coordinator::Load() {
         }
       }
       r.release_pending = config::JobEnded(r.job.status().state());
+      r.final_cut_pending = r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0 &&
+                            !r.ranks.empty() &&
+                            std::all_of(r.ranks.begin(), r.ranks.end(), [](const RankSlot& s) { return s.finished; });
       if (r.job.status().state() == v1::RUNNING) r.started = now;
       r.restore_since = now;
       if (r.job.status().checkpoints_size() > 0) {
@@ -432,9 +435,7 @@ void Coordinator::FinishLocked(JobRecord& r, v1::JobState state, const std::stri
   static const std::map<v1::JobState, std::string> kType = {
       {v1::SUCCEEDED, "Succeeded"}, {v1::FAILED, "Failed"}, {v1::CANCELLED, "Cancelled"}};
   SetStateLocked(r, state, kType.at(state), reason, message);
-  // A succeeded job's final weights are cut before its tables go, so they
-  // can be exported afterwards.
-  r.final_cut_pending = state == v1::SUCCEEDED;
+  r.final_cut_pending = false;
   v1::JobStatus* st = r.job.mutable_status();
   st->set_end_time_unix_ms(NowMs());
   st->set_eta_seconds(0);
@@ -658,12 +659,11 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     bool all = true;
     for (const RankSlot& s : r.ranks) all = all && s.finished;
     if (all) {
-      const v1::JobStatus& s = r.job.status();
-      FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
-                   absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", s.test_accuracy()));
-      FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << s.test_accuracy() << ", " << s.step()
-                 << " steps per rank";
-      return resp;
+      // The final weights are cut before the job counts as succeeded (and
+      // its tables go), so they can be exported as soon as it has.
+      r.final_cut_pending = true;
+      r.job.mutable_status()->set_message("all ranks finished; taking the final checkpoint");
+      kick_ = true;
     }
     BumpGenerationLocked();
     sync = true;
@@ -1034,6 +1034,15 @@ bool IsBsp(const v1::JobSpec& spec) {
 
 }  // namespace
 
+void Coordinator::SucceedLocked(JobRecord& r, const std::string& note) {
+  const v1::JobStatus& s = r.job.status();
+  const std::string accuracy = absl::StrCat(s.test_accuracy());
+  FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
+               absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", accuracy, note));
+  FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << accuracy << ", " << s.step()
+             << " steps per rank" << note;
+}
+
 bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason,
                                       const std::string& message, bool counts_as_restart) {
   v1::JobStatus* st = r.job.mutable_status();
@@ -1130,7 +1139,7 @@ void Coordinator::ScheduleCheckpointsLocked() {
       continue;
     }
     // Cuts.
-    const bool final = r.final_cut_pending && st->state() == v1::SUCCEEDED;
+    const bool final = r.final_cut_pending && st->state() == v1::RUNNING;
     if (r.cut_in_flight || !map_ready) continue;
     if (!final && (st->state() != v1::RUNNING || r.ranks.empty())) continue;
     if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) continue;
@@ -1140,12 +1149,13 @@ void Coordinator::ScheduleCheckpointsLocked() {
     uint64_t cur = 0;
     for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
     const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, spec.batch_size());
-    const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2;  // progress reports lag up to 0.5 s
+    // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
+    const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
     const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
     CutTask t;
     if (final) {
       if (st->total_steps() == 0) {
-        r.final_cut_pending = false;
+        SucceedLocked(r, "");
         continue;
       }
       t.trigger = "final";
@@ -1213,10 +1223,8 @@ void Coordinator::RunCut(CutTask t) {
       JobRecord& r = it->second;
       v1::JobStatus* st = r.job.mutable_status();
       r.cut_in_flight = false;
-      if (t.trigger == "final") r.final_cut_pending = false;
-      const bool current = t.trigger == "final"
-                               ? st->state() == v1::SUCCEEDED
-                               : st->state() == v1::RUNNING && st->restoring_cut() == 0;
+      const bool current = st->state() == v1::RUNNING && st->restoring_cut() == 0 &&
+                           (t.trigger != "final" || r.final_cut_pending);
       if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
       if (failed.ok() && (!shard_map_ || shard_map_->version() != t.map_version)) {
         failed = absl::AbortedError("the shard map changed while the cut was taken");
@@ -1264,6 +1272,15 @@ void Coordinator::RunCut(CutTask t) {
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
                    << step << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
                    << info.pause_seconds() << " s, " << absl::FormatDuration(absl::Now() - t0) << " in all)";
+      } else if (failed.code() == absl::StatusCode::kFailedPrecondition &&
+                 absl::StrContains(failed.message(), "too late")) {
+        // The step went by before a server was asked: ask again at once,
+        // further ahead (a manual request stays pending).
+        r.extra_lead = std::max<uint64_t>(16, r.extra_lead * 2);
+        to_delete.emplace_back(t.cut_id, t.servers);
+        FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " at step " << t.at_step
+                   << " came too late; asking again " << r.extra_lead << " steps further ahead";
+        t.manual_ticket = 0;
       } else {
         st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
         r.cut_backoff_until = absl::Now() + absl::Seconds(5);
@@ -1271,7 +1288,8 @@ void Coordinator::RunCut(CutTask t) {
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;
       }
-      if (t.manual_ticket > 0 || (t.trigger == "final" && r.manual_requested > r.manual_served)) {
+      const bool retry = t.manual_ticket == 0 && t.trigger == "manual";
+      if (!retry && (t.manual_ticket > 0 || (t.trigger == "final" && r.manual_requested > r.manual_served))) {
         r.manual_served = std::max(r.manual_served, std::max(t.manual_ticket, r.manual_requested));
         if (failed.ok()) {
           r.manual_result = info;
@@ -1279,10 +1297,15 @@ void Coordinator::RunCut(CutTask t) {
           r.manual_result = failed;
         }
       }
+      if (t.trigger == "final" && r.final_cut_pending && st->state() == v1::RUNNING && st->restoring_cut() == 0) {
+        SucceedLocked(r, failed.ok() ? absl::StrCat("; final checkpoint ", t.cut_id)
+                                     : absl::StrCat("; no final checkpoint (", failed.message(), ")"));
+      }
     }
   }
   DeleteCuts(t.job_id, to_delete);
   if (!failed.ok()) return;
+  if (t.trigger == "final") return;  // the job's tables are being released
   // Parts of cuts this coordinator never committed (it stopped mid-cut, or
   // a server failed one) are deleted once a later cut commits.
   for (const std::string& s : t.servers) {

@@ -142,7 +142,10 @@ class Coordinator {
     uint64_t manual_served = 0;
     absl::StatusOr<v1::CheckpointInfo> manual_result = absl::UnknownError("no checkpoint yet");
     absl::Time cut_backoff_until = absl::InfinitePast();  // after a failed cut
-    bool final_cut_pending = false;  // succeeded: a last cut before the tables go
+    // Steps added to a BSP cut's lead after its step was passed before the
+    // servers were asked (progress reports lag); doubles on each miss.
+    uint64_t extra_lead = 0;
+    bool final_cut_pending = false;  // every rank finished: a last cut, then SUCCEEDED
     bool restore_in_flight = false;
     absl::Time restore_since = absl::InfinitePast();
   };
@@ -207,6 +210,8 @@ class Coordinator {
   // Deletes cuts on servers, best effort (outside the lock).
   void DeleteCuts(const std::string& job_id, const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts);
   void Spawn(std::function<void()> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank finished (and the final cut is taken or failed).
+  void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   std::unique_ptr<ServerControl> servers_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -56,6 +57,7 @@ class InProcessCluster {
       Server s;
       ParameterServerOptions po;
       po.advertise_address = addr;
+      po.data_dir = (dir_ / absl::StrCat("server-", i)).string();
       auto ps = ParameterServer::Create(po);
       REQUIRE(ps.ok());
       s.ps = *std::move(ps);
@@ -286,6 +288,68 @@ TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   j = WatchToEnd(cluster.jobs(), id, &events);
   CHECK(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.90);
+}
+
+TEST_CASE("cuts taken every second and on demand are committed on every server, and only the last K stay on disk",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(150);
+  spec.mutable_checkpoint()->set_every_seconds(1);
+  spec.mutable_checkpoint()->set_keep(3);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  for (int tries = 0; tries < 200 && Get(cluster.jobs(), id).status().step() < 10; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::CheckpointInfo manual;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  const grpc::Status s = cluster.jobs()->CheckpointJob(&ctx, ref, &manual);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  CHECK(manual.trigger() == "manual");
+  CHECK(manual.servers_size() == 2);
+  CHECK(manual.positions_size() == 2);
+  CHECK(manual.step() > 0);
+  int events = 0;
+  const v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(j.status().message() << " " << j.status().last_checkpoint_error());
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  REQUIRE(j.status().checkpoints_size() == 3);
+  CHECK(j.status().checkpoints(2).trigger() == "final");
+  CHECK(j.status().checkpoints(1).trigger() == "seconds");
+  CHECK(j.status().next_cut_id() > 4);  // more cuts were taken than kept
+  std::set<uint64_t> kept;
+  for (const auto& c : j.status().checkpoints()) kept.insert(c.cut_id());
+  // The servers hold exactly the cuts the job lists (older ones deleted).
+  for (auto& server : cluster.servers()) {
+    std::set<uint64_t> on_disk;
+    for (int tries = 0; tries < 50; ++tries) {
+      auto cuts = server.ps->ListCuts(id);
+      REQUIRE(cuts.ok());
+      on_disk.clear();
+      for (const auto& m : *cuts) on_disk.insert(m.cut_id());
+      if (on_disk == kept) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK(on_disk == kept);
+  }
+  // A finished job cannot be checkpointed, and says which cuts it has.
+  v1::CheckpointInfo late;
+  grpc::Status again = cluster.jobs()->CheckpointJob(Ctx().get(), ref, &late);
+  CHECK(again.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(again.error_message().find("only a running job") != std::string::npos);
+  // Export and restore name the cuts a job has when asked for another.
+  v1::RestoreJobRequest bad;
+  bad.set_job_id(id);
+  bad.set_cut_id(999);
+  v1::Job unused;
+  grpc::Status missing = cluster.jobs()->RestoreJob(Ctx().get(), bad, &unused);
+  CHECK(missing.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(missing.error_message().find("its checkpoints: ") != std::string::npos);
 }
 
 }  // namespace
