@@ -248,28 +248,78 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Meta(const std::string& job_id
 }
 
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id, uint64_t cut_id,
-                                                       const Visitor& visit) const {
+                                                       const Visitor& visit, int threads) const {
   const std::string prefix = CutPrefix(job_id, cut_id);
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
 
+  // Split the key range by dense chunk: keys sort by table, then chunk, and
+  // the sparse records (after every dense one) go to the last range.
+  std::vector<std::string> bounds = {prefix};
+  if (threads > 1) {
+    std::vector<std::string> names;
+    std::map<std::string, uint64_t> chunks;
+    uint64_t total = 0;
+    for (const v1::TableSpec& t : meta.spec().tables()) {
+      if (t.kind() != v1::TableSpec::DENSE) continue;
+      uint64_t n = 1;
+      for (int64_t d : t.shape()) n *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+      const uint64_t per = t.chunk_elements() == 0 ? 65536 : t.chunk_elements();
+      chunks[t.name()] = (n + per - 1) / per;
+      total += chunks[t.name()];
+    }
+    uint64_t seen = 0;
+    int next = 1;
+    for (const auto& [name, count] : chunks) {  // name order, as the keys
+      for (uint64_t c = 0; c < count && next < threads; ++c, ++seen) {
+        if (seen == total * static_cast<uint64_t>(next) / static_cast<uint64_t>(threads)) {
+          bounds.push_back(DenseKey(prefix, name, static_cast<uint32_t>(c)));
+          ++next;
+        }
+      }
+    }
+  }
+  bounds.push_back(PrefixEnd(prefix));
+  const size_t ranges = bounds.size() - 1;
+
+  struct Range {
+    absl::Status status;
+    std::vector<uint32_t> crcs;  // the records' own checksums, in key order
+  };
+  std::vector<Range> out(ranges);
+  auto scan_range = [&](size_t r) {
+    RecordDecoder decoder;
+    // One sequential pass over big values: read ahead, and keep them out of
+    // the block cache.
+    rocksdb::ReadOptions scan;
+    scan.readahead_size = 16 << 20;
+    scan.fill_cache = false;
+    const rocksdb::Slice upper(bounds[r + 1]);
+    scan.iterate_upper_bound = &upper;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
+    for (it->Seek(bounds[r]); it->Valid(); it->Next()) {
+      const std::string_view rest = it->key().ToStringView().substr(prefix.size());
+      if (rest == "meta") continue;
+      uint32_t crc = 0;
+      out[r].status = decoder.Decode(prefix, rest, it->value().ToStringView(), visit, &crc, " in " + dir_);
+      if (!out[r].status.ok()) return;
+      out[r].crcs.push_back(crc);
+    }
+    out[r].status = FromRocks(it->status(), "reading " + prefix);
+  };
+  if (ranges == 1) {
+    scan_range(0);
+  } else {
+    std::vector<std::thread> pool;
+    for (size_t r = 0; r < ranges; ++r) pool.emplace_back(scan_range, r);
+    for (std::thread& t : pool) t.join();
+  }
   uint32_t combined = 0;
   uint64_t records = 0;
-  RecordDecoder decoder;
-  // One sequential pass over big values: read ahead, and keep them out of
-  // the block cache.
-  rocksdb::ReadOptions scan;
-  scan.readahead_size = 16 << 20;
-  scan.fill_cache = false;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const std::string_view rest = it->key().ToStringView().substr(prefix.size());
-    if (rest == "meta") continue;
-    uint32_t crc = 0;
-    RETURN_IF_ERROR(decoder.Decode(prefix, rest, it->value().ToStringView(), visit, &crc, " in " + dir_));
-    combined = Crc(&crc, sizeof(crc), combined);
-    ++records;
+  for (const Range& r : out) {
+    RETURN_IF_ERROR(r.status);
+    for (uint32_t crc : r.crcs) combined = Crc(&crc, sizeof(crc), combined);
+    records += r.crcs.size();
   }
-  RETURN_IF_ERROR(FromRocks(it->status(), "reading " + prefix));
   if (records != meta.records() || combined != meta.crc32()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", prefix, " in ", dir_, ": ", records, " records (meta says ",
                                             meta.records(), "), combined checksum ",

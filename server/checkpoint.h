@@ -52,7 +52,10 @@ class CheckpointStore {
   // Reads a committed cut, verifying every record's checksum and the meta's
   // counts and combined checksum (DATA_LOSS naming the record otherwise),
   // and hands each record to `visit`. NOT_FOUND when the cut is not committed.
-  absl::StatusOr<v1::ShardCutMeta> Read(const std::string& job_id, uint64_t cut_id, const Visitor& visit) const;
+  // With `threads` > 1 the records are read in that many key ranges at
+  // once, and `visit` must be thread-safe.
+  absl::StatusOr<v1::ShardCutMeta> Read(const std::string& job_id, uint64_t cut_id, const Visitor& visit,
+                                        int threads = 1) const;
 
   // One page of a committed cut's raw records (ReadCheckpoint), in key
   // order, each checksum verified; `keep` (when given) filters by record.

@@ -1,6 +1,8 @@
 #include "server/parameter_server.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -257,7 +259,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
   RETURN_IF_ERROR(CreateJob(cut.spec()).status());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   job->set_min_incarnation(min_incarnation);
-  uint64_t skipped = 0, restored = 0;
+  std::atomic<uint64_t> skipped{0}, restored{0};
   CheckpointStore::Visitor visit;
   visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t, uint32_t,
                     const void* block) -> absl::Status {
@@ -279,7 +281,9 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
   };
   absl::Status s;
   if (sources.empty()) {
-    s = store_->Read(job_id, cut_id, visit).status();
+    // Reading, checking and installing run in key ranges at once.
+    const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+    s = store_->Read(job_id, cut_id, visit, threads).status();
   } else {
     RecordDecoder decoder;
     const std::string prefix = CutPrefix(job_id, cut_id);
@@ -313,7 +317,8 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
   }
   FLOG(INFO) << "job '" << job_id << "': restored cut " << cut_id << " (step " << cut.step() << ") from "
              << (sources.empty() ? std::string("this server's store") : absl::StrCat(sources.size(), " source(s)"))
-             << ": " << restored << " records" << (sources.empty() ? absl::StrCat(", ", skipped, " owned by other servers now") : std::string())
+             << ": " << restored.load() << " records"
+             << (sources.empty() ? absl::StrCat(", ", skipped.load(), " owned by other servers now") : std::string())
              << (min_incarnation > 0 ? absl::StrCat("; incarnations below ", min_incarnation, " fenced off") : std::string());
   return cut;
 }

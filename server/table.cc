@@ -156,7 +156,7 @@ uint64_t DenseTable::ChunkBytes(uint32_t chunk) const {
 
 absl::Status DenseTable::EnsureChunk(uint32_t chunk) { return GetChunk(chunk).status(); }
 
-absl::StatusOr<DenseTable::Chunk*> DenseTable::GetChunk(uint32_t index) {
+absl::StatusOr<DenseTable::Chunk*> DenseTable::GetChunk(uint32_t index, bool initialize) {
   Chunk* c = chunks_[index].load(std::memory_order_acquire);
   if (c != nullptr) return c;
   absl::MutexLock lock(&create_mu_);
@@ -168,10 +168,12 @@ absl::StatusOr<DenseTable::Chunk*> DenseTable::GetChunk(uint32_t index) {
   const uint32_t n = ChunkLength(index);
   const int slots = num_slots();
   std::shared_ptr<float[]> block(new float[size_t{n} * (1 + slots)]);
-  init_.Fill(name_hash_, 0, uint64_t{index} * chunk_elements_, block.get(), n);
-  for (int s = 0; s < slots; ++s) {
-    const float v = InitialSlotValue(optimizer_, s);
-    std::fill_n(block.get() + size_t{n} * (1 + s), n, v);
+  if (initialize) {
+    init_.Fill(name_hash_, 0, uint64_t{index} * chunk_elements_, block.get(), n);
+    for (int s = 0; s < slots; ++s) {
+      const float v = InitialSlotValue(optimizer_, s);
+      std::fill_n(block.get() + size_t{n} * (1 + s), n, v);
+    }
   }
   {
     absl::MutexLock chunk_lock(&chunk->mu);
@@ -243,7 +245,7 @@ absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, const void* b
   if (index >= num_chunks_) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no chunk ", index));
   }
-  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  ASSIGN_OR_RETURN(Chunk * c, GetChunk(index, /*initialize=*/false));
   absl::MutexLock lock(&c->mu);
   std::memcpy(Writable(c, index), block, ChunkBytes(index));
   c->updates = updates;

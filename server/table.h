@@ -120,7 +120,9 @@ class DenseTable final : public Table {
   };
   DenseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init, uint64_t elements,
              uint32_t chunk_elements, MemoryQuota* quota);
-  absl::StatusOr<Chunk*> GetChunk(uint32_t chunk);
+  // Creates the chunk on first use, initialized unless `initialize` is
+  // false (a restore overwrites all of it).
+  absl::StatusOr<Chunk*> GetChunk(uint32_t chunk, bool initialize = true);
   // The chunk's block, made exclusive (copied if a snapshot shares it).
   float* Writable(Chunk* c, uint32_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu);
 
