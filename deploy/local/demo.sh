@@ -67,10 +67,12 @@ acc=$(sed -n 's/^job .* SUCCEEDED: test accuracy //p' "$dir/watch.log")
 echo
 if ((status == 0)); then
   echo "== done: job $job SUCCEEDED, final test accuracy $acc, $((end - start)) s from submit to finish"
+  # The final checkpoint, as a model file PyTorch loads.
+  "$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" export "$job" -o "$dir/model.safetensors" || status=$?
 else
   echo "== job $job did not succeed (fulcrumctl exit $status); see the logs below" >&2
 fi
 echo "   logs:    $dir/logs/ (coordinator.log, server-*.log, worker-*.log)"
-echo "   state:   $dir/coordinator/ (the coordinator's RocksDB)"
+echo "   state:   $dir/coordinator/ (the coordinator's RocksDB), $dir/server-*/checkpoints (checkpoints)"
 echo "   metrics: not served yet (Prometheus endpoints arrive with the observability work)"
 exit "$status"
