@@ -1027,6 +1027,25 @@ std::string CutIds(const v1::JobStatus& st) {
   return ids.empty() ? std::string("none") : absl::StrJoin(ids, ", ");
 }
 
+// Calls `call` for every server at once. On success *out holds the answers
+// in the servers' order; otherwise the first failure, naming its server.
+absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v1::ShardCutMeta>* out,
+                          const std::function<absl::StatusOr<v1::ShardCutMeta>(const std::string&)>& call) {
+  std::vector<absl::StatusOr<v1::ShardCutMeta>> results(servers.size(), absl::UnknownError("not asked"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
+  for (std::thread& th : threads) th.join();
+  out->clear();
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) {
+      return absl::Status(results[i].status().code(),
+                          absl::StrCat("server ", servers[i], ": ", results[i].status().message()));
+    }
+    out->push_back(*std::move(results[i]));
+  }
+  return absl::OkStatus();
+}
+
 bool IsBsp(const v1::JobSpec& spec) {
   return spec.consistency().model() == v1::ConsistencySpec::BSP ||
          spec.consistency().model() == v1::ConsistencySpec::MODEL_UNSPECIFIED;
@@ -1195,23 +1214,10 @@ void Coordinator::ScheduleCheckpointsLocked() {
 
 void Coordinator::RunCut(CutTask t) {
   const absl::Time t0 = absl::Now();
-  std::vector<absl::StatusOr<v1::ShardCutMeta>> metas(t.servers.size(), absl::UnknownError("not asked"));
-  {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < t.servers.size(); ++i) {
-      threads.emplace_back([&, i] {
-        metas[i] = servers_->Checkpoint(t.servers[i], t.job_id, t.cut_id, t.at_step, options_.checkpoint_wait);
-      });
-    }
-    for (std::thread& th : threads) th.join();
-  }
-  absl::Status failed;
-  for (size_t i = 0; i < metas.size() && failed.ok(); ++i) {
-    if (!metas[i].ok()) {
-      failed = absl::Status(metas[i].status().code(),
-                            absl::StrCat("server ", t.servers[i], ": ", metas[i].status().message()));
-    }
-  }
+  std::vector<v1::ShardCutMeta> metas;
+  absl::Status failed = OnEachServer(t.servers, &metas, [&](const std::string& server) {
+    return servers_->Checkpoint(server, t.job_id, t.cut_id, t.at_step, options_.checkpoint_wait);
+  });
   std::vector<std::pair<uint64_t, std::vector<std::string>>> to_delete;
   std::set<uint64_t> kept;
   {
@@ -1239,13 +1245,13 @@ void Coordinator::RunCut(CutTask t) {
         uint64_t step = UINT64_MAX;
         std::vector<uint64_t> clocks;
         for (const auto& m : metas) {
-          step = std::min(step, m->step());
-          info.set_bytes(info.bytes() + m->bytes());
-          info.set_pause_seconds(std::max(info.pause_seconds(), m->capture_seconds()));
-          info.set_write_seconds(std::max(info.write_seconds(), m->write_seconds()));
-          if (clocks.empty()) clocks.assign(m->rank_clock().begin(), m->rank_clock().end());
-          for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m->rank_clock_size()); ++k) {
-            clocks[k] = std::min(clocks[k], m->rank_clock(static_cast<int>(k)));
+          step = std::min(step, m.step());
+          info.set_bytes(info.bytes() + m.bytes());
+          info.set_pause_seconds(std::max(info.pause_seconds(), m.capture_seconds()));
+          info.set_write_seconds(std::max(info.write_seconds(), m.write_seconds()));
+          if (clocks.empty()) clocks.assign(m.rank_clock().begin(), m.rank_clock().end());
+          for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m.rank_clock_size()); ++k) {
+            clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
           }
         }
         info.set_step(step);
@@ -1320,23 +1326,10 @@ void Coordinator::RunCut(CutTask t) {
 void Coordinator::RunRestore(RestoreTask t) {
   const absl::Time t0 = absl::Now();
   const std::vector<std::string> sources(t.cut.servers().begin(), t.cut.servers().end());
-  std::vector<absl::StatusOr<v1::ShardCutMeta>> results(t.targets.size(), absl::UnknownError("not asked"));
-  {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < t.targets.size(); ++i) {
-      threads.emplace_back([&, i] {
-        results[i] = servers_->Restore(t.targets[i], t.job_id, t.cut.cut_id(), sources, t.min_incarnation);
-      });
-    }
-    for (std::thread& th : threads) th.join();
-  }
-  absl::Status failed;
-  for (size_t i = 0; i < results.size() && failed.ok(); ++i) {
-    if (!results[i].ok()) {
-      failed = absl::Status(results[i].status().code(),
-                            absl::StrCat("server ", t.targets[i], ": ", results[i].status().message()));
-    }
-  }
+  std::vector<v1::ShardCutMeta> results;
+  const absl::Status failed = OnEachServer(t.targets, &results, [&](const std::string& server) {
+    return servers_->Restore(server, t.job_id, t.cut.cut_id(), sources, t.min_incarnation);
+  });
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(t.job_id);
   if (it == jobs_.end()) return;
