@@ -448,15 +448,22 @@ TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to t
 
 TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job completes", "[e2e][checkpoint]") {
   ProcessCluster cluster(2, 2, /*slots=*/1);
-  const std::string id = cluster.Submit(Checkpointed(300, 2));
-  WaitFor(cluster, id, 1, 0.3);
+  const std::string id = cluster.Submit(Checkpointed(300, 3));
+  WaitFor(cluster, id, 1, 0.2);
+  // One on demand, as a user would take it.
+  std::string out;
+  REQUIRE(cluster.Ctl({"checkpoint", id}, &out) == 0);
+  INFO(out);
+  CHECK(out.find("(manual)") != std::string::npos);
   cluster.Kill("coordinator", /*restart=*/true);
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
   INFO(Conditions(j));
   REQUIRE(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.96);
-  CHECK(j.status().checkpoints_size() == 2);
+  CHECK(j.status().checkpoints_size() == 3);
+  REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
+  CHECK(out.find("(final)") != std::string::npos);
 }
 
 TEST_CASE("a cut taken on 2 servers restores onto 3: the job runs again from it to the same final weights",
