@@ -34,7 +34,56 @@ class Cursor {
 
 }  // namespace
 
-uint32_t CheckpointCrc(const void* data, size_t n, uint32_t crc) {
+namespace {
+
+struct Crc32cTable {
+  uint32_t t[256];
+  Crc32cTable() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+  }
+};
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return ~c32;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc) {
+  static const Crc32cTable table;
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  for (size_t i = 0; i < n; ++i) c = table.t[(c ^ p[i]) & 0xff] ^ (c >> 8);
+  return ~c;
+}
+
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
+#if defined(__x86_64__)
+  static const bool hw = __builtin_cpu_supports("sse4.2");
+  if (hw) return Crc32cSse42(data, n, crc);
+#endif
+  return Crc32cPortable(data, n, crc);
+}
+
+bool KnownFormat(uint32_t format) { return format <= kFormatCrc32c; }
+
+uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc) {
+  if (format == kFormatCrc32c) return Crc32c(data, n, crc);
   return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
 }
 
@@ -64,7 +113,7 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
   if (v.size() < 4) return bad("shorter than its checksum");
   uint32_t crc;
   std::memcpy(&crc, v.data() + v.size() - 4, 4);
-  if (CheckpointCrc(v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
+  if (CheckpointCrc(format_, v.data(), v.size() - 4) != crc) return bad("checksum mismatch");
   *crc_out = crc;
   Cursor c(v.data(), v.size() - 4);
   const std::string table(k.table);

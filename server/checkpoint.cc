@@ -25,7 +25,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-uint32_t Crc(const void* data, size_t n, uint32_t crc = 0) { return CheckpointCrc(data, n, crc); }
+uint32_t Crc(uint32_t format, const void* data, size_t n, uint32_t crc = 0) {
+  return CheckpointCrc(format, data, n, crc);
+}
+
+absl::Status CheckFormat(const v1::ShardCutMeta& meta, const std::string& where) {
+  if (KnownFormat(meta.format())) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("checkpoint ", where, " has format ", meta.format(),
+                                          ", which this build cannot read (newest known: ", kCurrentFormat, ")"));
+}
 
 template <typename T>
 void Append(std::string* out, const T& v) {
@@ -151,6 +159,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   v1::ShardCutMeta meta;
   *meta.mutable_spec() = spec;
   meta.set_cut_id(cut_id);
+  meta.set_format(kCurrentFormat);
   meta.set_step(state.step);
   for (uint64_t c : state.rank_clock) meta.add_rank_clock(c);
   meta.set_shard_map_version(shard_map_version);
@@ -190,9 +199,9 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
         value.append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
         rows += n;
       }
-      const uint32_t crc = Crc(value.data(), value.size());
+      const uint32_t crc = Crc(kCurrentFormat, value.data(), value.size());
       Append(&value, crc);
-      combined = Crc(&crc, sizeof(crc), combined);
+      combined = Crc(kCurrentFormat, &crc, sizeof(crc), combined);
       bytes += value.size();
       RETURN_IF_ERROR(FromRocks(writer.Put(r.key, value), "writing " + r.key));
     }
@@ -251,6 +260,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
                                                        const Visitor& visit, int threads) const {
   const std::string prefix = CutPrefix(job_id, cut_id);
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
+  RETURN_IF_ERROR(CheckFormat(meta, prefix + " in " + dir_));
 
   // Split the key range by dense chunk: keys sort by table, then chunk, and
   // the sparse records (after every dense one) go to the last range.
@@ -287,7 +297,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   };
   std::vector<Range> out(ranges);
   auto scan_range = [&](size_t r) {
-    RecordDecoder decoder;
+    RecordDecoder decoder(meta.format());
     // One sequential pass over big values: read ahead, and keep them out of
     // the block cache.
     rocksdb::ReadOptions scan;
@@ -317,7 +327,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   uint64_t records = 0;
   for (const Range& r : out) {
     RETURN_IF_ERROR(r.status);
-    for (uint32_t crc : r.crcs) combined = Crc(&crc, sizeof(crc), combined);
+    for (uint32_t crc : r.crcs) combined = Crc(meta.format(), &crc, sizeof(crc), combined);
     records += r.crcs.size();
   }
   if (records != meta.records() || combined != meta.crc32()) {
@@ -333,6 +343,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
   const std::string prefix = CutPrefix(req.job_id(), req.cut_id());
   v1::ReadCheckpointResponse resp;
   ASSIGN_OR_RETURN(*resp.mutable_meta(), Meta(req.job_id(), req.cut_id()));
+  RETURN_IF_ERROR(CheckFormat(resp.meta(), prefix + " in " + dir_));
   const size_t max_bytes = req.max_bytes() == 0 ? size_t{4} << 20 : req.max_bytes();
   rocksdb::ReadOptions scan;
   scan.readahead_size = 16 << 20;
@@ -351,7 +362,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
     if (keep && !keep(k.table, k.index, k.dense)) continue;
     const std::string_view v = it->value().ToStringView();
     uint32_t crc = 0;
-    if (v.size() < 4 || (std::memcpy(&crc, v.data() + v.size() - 4, 4), Crc(v.data(), v.size() - 4) != crc)) {
+    if (v.size() < 4 ||
+        (std::memcpy(&crc, v.data() + v.size() - 4, 4), Crc(resp.meta().format(), v.data(), v.size() - 4) != crc)) {
       return absl::DataLossError(absl::StrCat("checkpoint record ", prefix, std::string(rest), " in ", dir_, ": checksum mismatch"));
     }
     v1::CheckpointRecord* r = resp.add_records();

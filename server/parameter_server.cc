@@ -285,7 +285,11 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
     const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
     s = store_->Read(job_id, cut_id, visit, threads).status();
   } else {
-    RecordDecoder decoder;
+    if (!KnownFormat(cut.format())) {
+      return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' has format ", cut.format(),
+                                              ", which this build cannot read"));
+    }
+    RecordDecoder decoder(cut.format());
     const std::string prefix = CutPrefix(job_id, cut_id);
     for (size_t i = 0; i < sources.size() && s.ok(); ++i) {
       const std::string where = absl::StrCat(" from source ", i);

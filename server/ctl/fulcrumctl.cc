@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -250,6 +251,11 @@ std::string JsonString(const std::string& s) {
 class SafetensorsExport {
  public:
   absl::Status Begin(const fulcrum::v1::ShardCutMeta& meta) {
+    if (!fulcrum::KnownFormat(meta.format())) {
+      return absl::DataLossError(absl::StrCat("the checkpoint has format ", meta.format(),
+                                              ", which this fulcrumctl cannot read; use a newer one"));
+    }
+    decoder_.emplace(meta.format());
     for (const auto& t : meta.spec().tables()) {
       Table& out = tables_.emplace_back();
       out.spec = t;
@@ -296,7 +302,7 @@ class SafetensorsExport {
 
   absl::Status Add(const fulcrum::v1::CheckpointRecord& r) {
     uint32_t crc = 0;
-    return decoder_.Decode("", r.key(), r.value(), visit_, &crc, " of the exported checkpoint");
+    return decoder_->Decode("", r.key(), r.value(), visit_, &crc, " of the exported checkpoint");
   }
 
   absl::Status Write(const std::string& path, const std::map<std::string, std::string>& metadata) {
@@ -378,7 +384,7 @@ class SafetensorsExport {
   std::vector<Table> tables_;
   std::map<std::string, size_t> index_;
   fulcrum::CheckpointVisitor visit_;
-  fulcrum::RecordDecoder decoder_;
+  std::optional<fulcrum::RecordDecoder> decoder_;
   size_t tensors_ = 0, bytes_ = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include <rocksdb/db.h>
 
+#include "common/checkpoint_record.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/process_util.h"
@@ -205,6 +206,47 @@ TEST_CASE("an uncommitted cut is ignored and cleared, and a damaged record is re
                  "dense/w/00000001 in " + dir + "/checkpoints: checksum mismatch");
   REQUIRE(ps->GetJob("job").status().code() == absl::StatusCode::kNotFound);  // nothing half-restored
   REQUIRE_STATUS(ps->Restore("job", 9).status(), absl::StatusCode::kNotFound, "no committed cut 9");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("record checksums are CRC-32C, in hardware and portably alike, and an unknown format is refused",
+          "[checkpoint]") {
+  // The standard check value of CRC-32C.
+  REQUIRE(Crc32c("123456789", 9) == 0xE3069283u);
+  REQUIRE(Crc32cPortable("123456789", 9) == 0xE3069283u);
+  std::string data(100003, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + (i >> 7));
+  for (size_t n : {0, 1, 7, 8, 9, 1000, 100003}) {
+    INFO("length " << n);
+    REQUIRE(Crc32c(data.data(), n) == Crc32cPortable(data.data(), n));
+    // Continuing a checksum equals one pass over the whole.
+    REQUIRE(Crc32c(data.data() + n / 3, n - n / 3, Crc32c(data.data(), n / 3)) == Crc32c(data.data(), n));
+  }
+
+  const std::string dir = testing::MakeTempDir("ckpt");
+  {
+    std::shared_ptr<ParameterServer> ps = NewServer(dir);
+    LocalPsClient c(ps, "w0");
+    REQUIRE_OK(c.CreateJob(Spec("job")));
+    Step(c, "job", 0);
+    REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("job", 1, 1, absl::Seconds(5)));
+    REQUIRE(meta.format() == kFormatCrc32c);
+  }
+  {
+    // A cut from a future build: format 99.
+    rocksdb::DB* raw = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    const std::string key = CutPrefix("job", 1) + "meta";
+    std::string v;
+    REQUIRE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
+    v1::ShardCutMeta meta;
+    REQUIRE(meta.ParseFromString(v));
+    meta.set_format(99);
+    REQUIRE(db->Put(rocksdb::WriteOptions(), key, meta.SerializeAsString()).ok());
+  }
+  std::shared_ptr<ParameterServer> ps = NewServer(dir);
+  REQUIRE_STATUS(ps->Restore("job", 1).status(), absl::StatusCode::kDataLoss, "has format 99");
   std::filesystem::remove_all(dir);
 }
 

@@ -168,13 +168,29 @@ class WorkerDaemon::Runner {
     return r;
   }
 
+  // Periodic progress may be lost; a report that carries a result (an
+  // epoch's metrics, the end, a failure) is sent again while the
+  // coordinator is unreachable (restarting), for up to two minutes.
   void Report(const v1::ReportProgressRequest& r) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    v1::ReportProgressResponse resp;
-    const grpc::Status s = stub_->ReportProgress(&ctx, r, &resp);
-    if (s.ok() && resp.stop()) stop_.store(true);
-    if (!s.ok()) FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message();
+    const bool must_deliver = r.has_epoch_done() || r.finished() || !r.error().empty();
+    const absl::Time give_up = absl::Now() + (must_deliver ? absl::Minutes(2) : absl::ZeroDuration());
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::ReportProgressResponse resp;
+      const grpc::Status s = stub_->ReportProgress(&ctx, r, &resp);
+      if (s.ok()) {
+        if (resp.stop()) stop_.store(true);
+        return;
+      }
+      const bool retry = (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                         absl::Now() < give_up && !stop_.load();
+      FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message()
+                    << (retry ? "; sending it again" : "");
+      if (!retry) return;
+      absl::SleepFor(absl::Milliseconds(std::min(2000, 250 << std::min(attempt, 3))));
+    }
   }
 
   void SendProgress(const std::string& state) {
