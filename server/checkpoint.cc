@@ -170,7 +170,10 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
     const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
     rocksdb::Options sst_options;
     sst_options.compression = rocksdb::kNoCompression;
-    rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), sst_options);
+    rocksdb::EnvOptions env_options;
+    // Start the writeback as the file grows, so the final sync has little left.
+    env_options.bytes_per_sync = 8 << 20;
+    rocksdb::SstFileWriter writer(env_options, sst_options);
     RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
     std::string value;
     for (const Ref& r : refs) {
