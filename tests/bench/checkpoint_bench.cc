@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/process.h"
 #include "absl/synchronization/notification.h"
 #include "server/parameter_server.h"
 #include "worker/local_ps_client.h"
@@ -98,6 +99,9 @@ void Check(const absl::Status& s, const char* what) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As fulcrum-server does: pinned malloc thresholds, so multi-MiB buffers
+  // are reused instead of faulted in afresh (shared/ENVIRONMENT.md).
+  fulcrum::InitServingProcess();
   const double gib = absl::GetFlag(FLAGS_quick) ? 1.0 / 16 : absl::GetFlag(FLAGS_gib);
   const size_t elements = static_cast<size_t>(gib * (1ull << 30) / 4);
   const size_t bytes = elements * 4;
