@@ -1183,6 +1183,11 @@ void Coordinator::ScheduleCheckpointsLocked() {
       t.trigger = "manual";
       t.manual_ticket = r.manual_requested;
       t.at_step = cur + lead;
+    } else if (st->checkpoints_size() == 0 && !r.first_cut_failed && cur > 0) {
+      // A cut soon after training starts, whatever the policy: a server
+      // lost before the first periodic cut then costs a rollback, not the job.
+      t.trigger = "first";
+      t.at_step = cur + lead;
     } else if (policy.every_steps() > 0 && cur > 0) {
       const uint64_t n = policy.every_steps();
       const uint64_t next = (last_step / n + 1) * n;
@@ -1290,6 +1295,7 @@ void Coordinator::RunCut(CutTask t) {
       } else {
         st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
         r.cut_backoff_until = absl::Now() + absl::Seconds(5);
+        if (t.trigger == "first") r.first_cut_failed = true;
         SaveJobLocked(r, false);
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;

@@ -146,6 +146,7 @@ class Coordinator {
     // servers were asked (progress reports lag); doubles on each miss.
     uint64_t extra_lead = 0;
     bool final_cut_pending = false;  // every rank finished: a last cut, then SUCCEEDED
+    bool first_cut_failed = false;   // the early "first" cut failed: not retried
     bool restore_in_flight = false;
     absl::Time restore_since = absl::InfinitePast();
   };

@@ -430,7 +430,8 @@ TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to t
   const std::string id = cluster.Submit(Checkpointed(300, 3));
   const v1::Job before = WaitFor(cluster, id, 1, 0.0);
   const uint64_t committed = before.status().checkpoints(0).cut_id();
-  const uint64_t next_step = before.status().checkpoints(0).step() + 300;
+  // The next multiple of 300 (the first cut comes early, at no multiple).
+  const uint64_t next_step = (before.status().checkpoints(0).step() / 300 + 1) * 300;
   // The next cut is captured at its step and then sits uncommitted.
   for (int tries = 0; tries < 600 && cluster.Get(id).status().step() < next_step + 10; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
