@@ -429,14 +429,16 @@ TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to t
   unsetenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS");
   const std::string id = cluster.Submit(Checkpointed(300, 3));
   const v1::Job before = WaitFor(cluster, id, 1, 0.0);
-  const uint64_t committed = before.status().checkpoints(0).cut_id();
-  // The next multiple of 300 (the first cut comes early, at no multiple).
-  const uint64_t next_step = (before.status().checkpoints(0).step() / 300 + 1) * 300;
-  // The next cut is captured at its step and then sits uncommitted.
-  for (int tries = 0; tries < 600 && cluster.Get(id).status().step() < next_step + 10; ++tries) {
+  // A multiple of 300 at least 300 steps ahead: its cut is asked for before
+  // the workers get there, captured at it, then held uncommitted for 1.5 s.
+  const uint64_t boundary = (before.status().step() / 300 + 2) * 300;
+  for (int tries = 0; tries < 1500 && cluster.Get(id).status().step() < boundary + 10; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  REQUIRE(cluster.Get(id).status().checkpoints_size() == 1);
+  const v1::Job at_kill = cluster.Get(id);
+  REQUIRE(at_kill.status().step() >= boundary + 10);
+  const uint64_t committed = at_kill.status().checkpoints().rbegin()->cut_id();
+  REQUIRE(at_kill.status().checkpoints().rbegin()->step() < boundary);  // the boundary's cut is not committed
   cluster.Kill("server-0", /*restart=*/true);
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
