@@ -58,7 +58,8 @@ class CheckpointStore {
                                         int threads = 1) const;
 
   // One page of a committed cut's raw records (ReadCheckpoint), in key
-  // order, each checksum verified; `keep` (when given) filters by record.
+  // order, as stored (readers verify them with RecordDecoder); `keep`
+  // (when given) filters by record.
   // NOT_FOUND when the cut is not committed.
   absl::StatusOr<v1::ReadCheckpointResponse> ReadPage(
       const v1::ReadCheckpointRequest& req,

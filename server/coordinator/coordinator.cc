@@ -51,133 +51,112 @@ class GrpcServerControl final : public ServerControl {
   }
 
   absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    Call call(this, timeout_);
     v1::SetShardMapRequest req;
     *req.mutable_map() = map;
     v1::SetShardMapResponse resp;
-    absl::Status s = FromGrpcStatus(Stub(address)->SetShardMap(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(Stub(address)->SetShardMap(&call.ctx, req, &resp));
     if (s.code() == absl::StatusCode::kFailedPrecondition) {
       // Already installed (or newer): ask which one it has.
-      grpc::ClientContext ctx2;
-      Track track2(this, &ctx2);
-      ctx2.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+      Call again(this, timeout_);
       v1::ShardMap have;
-      absl::Status g = FromGrpcStatus(Stub(address)->GetShardMap(&ctx2, v1::GetShardMapRequest(), &have));
+      absl::Status g = FromGrpcStatus(Stub(address)->GetShardMap(&again.ctx, v1::GetShardMapRequest(), &have));
       if (g.ok() && have.version() == map.version()) return absl::OkStatus();
     }
     return s;
   }
 
   absl::Status DeleteJob(const std::string& address, const std::string& job_id) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    Call call(this, timeout_);
     v1::DeleteJobRequest req;
     req.set_job_id(job_id);
     v1::DeleteJobResponse resp;
-    absl::Status s = FromGrpcStatus(Stub(address)->DeleteJob(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(Stub(address)->DeleteJob(&call.ctx, req, &resp));
     if (s.code() == absl::StatusCode::kNotFound) return absl::OkStatus();
     return s;
   }
 
   absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& address, const std::string& job_id,
                                               uint64_t cut_id, uint64_t at_step, absl::Duration wait) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + timeout_));
+    Call call(this, wait + timeout_);
     v1::CheckpointRequest req;
     req.set_job_id(job_id);
     req.set_cut_id(cut_id);
     req.set_at_step(at_step);
     req.set_wait_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
     v1::ShardCutMeta meta;
-    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Checkpoint(&ctx, req, &meta)));
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Checkpoint(&call.ctx, req, &meta)));
     return meta;
   }
 
   absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& address, const std::string& job_id, uint64_t cut_id,
                                            const std::vector<std::string>& sources,
                                            uint32_t min_incarnation) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
     // A restore moves the whole cut: give it minutes, not the control timeout.
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(30)));
+    Call call(this, absl::Minutes(30));
     v1::RestoreRequest req;
     req.set_job_id(job_id);
     req.set_cut_id(cut_id);
     for (const std::string& s : sources) req.add_sources(s);
     req.set_min_incarnation(min_incarnation);
     v1::ShardCutMeta meta;
-    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Restore(&ctx, req, &meta)));
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->Restore(&call.ctx, req, &meta)));
     return meta;
   }
 
   absl::Status DeleteCut(const std::string& address, const std::string& job_id, uint64_t cut_id) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    Call call(this, timeout_);
     v1::DeleteCheckpointRequest req;
     req.set_job_id(job_id);
     req.set_cut_id(cut_id);
     v1::DeleteCheckpointResponse resp;
-    return FromGrpcStatus(Stub(address)->DeleteCheckpoint(&ctx, req, &resp));
+    return FromGrpcStatus(Stub(address)->DeleteCheckpoint(&call.ctx, req, &resp));
   }
 
   absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& address,
                                                          const std::string& job_id) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    Call call(this, timeout_);
     v1::ListCheckpointsRequest req;
     req.set_job_id(job_id);
     v1::ListCheckpointsResponse resp;
-    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->ListCheckpoints(&ctx, req, &resp)));
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address)->ListCheckpoints(&call.ctx, req, &resp)));
     return std::vector<v1::ShardCutMeta>(resp.cuts().begin(), resp.cuts().end());
   }
 
   absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
                                                      const v1::ReadCheckpointRequest& req) override {
-    grpc::ClientContext ctx;
-    Track track(this, &ctx);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    Call call(this, absl::Seconds(60));
     v1::ReadCheckpointResponse resp;
-    RETURN_IF_ERROR(FromGrpcStatus(ReadStub(address)->ReadCheckpoint(&ctx, req, &resp)));
+    RETURN_IF_ERROR(FromGrpcStatus(Stub(address, /*checkpoint_pages=*/true)->ReadCheckpoint(&call.ctx, req, &resp)));
     return resp;
   }
 
  private:
-  // Registers a call so CancelAll reaches it.
-  class Track {
-   public:
-    Track(GrpcServerControl* c, grpc::ClientContext* ctx) : c_(c), ctx_(ctx) {
-      absl::MutexLock lock(&c_->mu_);
-      if (c_->cancelled_) ctx_->TryCancel();
-      c_->active_.insert(ctx_);
+  // One call's context, with its deadline, registered so CancelAll reaches it.
+  struct Call {
+    Call(GrpcServerControl* c, absl::Duration timeout) : control(c) {
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      absl::MutexLock lock(&control->mu_);
+      if (control->cancelled_) ctx.TryCancel();
+      control->active_.insert(&ctx);
     }
-    ~Track() {
-      absl::MutexLock lock(&c_->mu_);
-      c_->active_.erase(ctx_);
+    ~Call() {
+      absl::MutexLock lock(&control->mu_);
+      control->active_.erase(&ctx);
     }
-
-   private:
-    GrpcServerControl* c_;
-    grpc::ClientContext* ctx_;
+    GrpcServerControl* const control;
+    grpc::ClientContext ctx;
   };
 
-  v1::ParameterService::Stub* ReadStub(const std::string& address) {
+  // Checkpoint pages travel on channels of their own, which accept
+  // messages up to kMaxCheckpointMessageBytes.
+  v1::ParameterService::Stub* Stub(const std::string& address, bool checkpoint_pages = false) {
     absl::MutexLock lock(&mu_);
-    auto& stub = read_stubs_[address];
-    if (stub == nullptr) stub = v1::ParameterService::NewStub(CreateCheckpointChannel(address));
-    return stub.get();
-  }
-
-  v1::ParameterService::Stub* Stub(const std::string& address) {
-    absl::MutexLock lock(&mu_);
-    auto& stub = stubs_[address];
+    auto& stub = (checkpoint_pages ? page_stubs_ : stubs_)[address];
     if (stub == nullptr) {
-      stub = v1::ParameterService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      stub = v1::ParameterService::NewStub(
+          checkpoint_pages ? CreateCheckpointChannel(address)
+                           : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     }
     return stub.get();
   }
@@ -185,7 +164,7 @@ class GrpcServerControl final : public ServerControl {
   const absl::Duration timeout_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> read_stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> page_stubs_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
 };
@@ -725,6 +704,16 @@ bool Coordinator::MapListsExactlyLocked(const std::vector<std::string>& servers)
   return have == std::set<std::string>(servers.begin(), servers.end());
 }
 
+bool Coordinator::MapInstalledLocked(const std::vector<std::string>& live) const {
+  return MapListsExactlyLocked(live) && std::all_of(live.begin(), live.end(), [&](const std::string& s)
+                                                                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                                                                    auto it = installed_.find(s);
+                                                                                    return it != installed_.end() &&
+                                                                                           it->second ==
+                                                                                               shard_map_->version();
+                                                                                  });
+}
+
 bool Coordinator::AnyRunningLocked() const {
   // A job rolling back holds no tables yet: the map may change under it.
   for (const auto& [id, r] : jobs_) {
@@ -949,11 +938,7 @@ void Coordinator::Tick() {
     }
   }
   const std::vector<std::string> live = LiveServersLocked();
-  const bool map_ready = !live.empty() && live.size() >= options_.min_servers && MapListsExactlyLocked(live) &&
-                         std::all_of(live.begin(), live.end(), [&](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                           auto it = installed_.find(s);
-                           return it != installed_.end() && it->second == shard_map_->version();
-                         });
+  const bool map_ready = !live.empty() && live.size() >= options_.min_servers && MapInstalledLocked(live);
   bool blocked = false;  // first-come first-served: a waiting job holds back later ones
   for (JobRecord* r : order) {
     if (r->job.status().state() != v1::PENDING) continue;
@@ -1103,118 +1088,150 @@ void Coordinator::ScheduleCheckpointsLocked() {
   if (!shard_map_ || shutdown_) return;
   const std::vector<std::string> live = LiveServersLocked();
   const std::set<std::string> live_set(live.begin(), live.end());
-  const bool map_ready =
-      MapListsExactlyLocked(live) && std::all_of(live.begin(), live.end(), [&](const std::string& s)
-                                                                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                                                                auto it = installed_.find(s);
-                                                                                return it != installed_.end() &&
-                                                                                       it->second ==
-                                                                                           shard_map_->version();
-                                                                              });
+  const bool map_ready = MapInstalledLocked(live);
   const absl::Time now = absl::Now();
   for (auto& [jid, r] : jobs_) {
-    v1::JobStatus* st = r.job.mutable_status();
-    // A rollback: restore once every server holding the cut is back.
-    if (st->state() == v1::RUNNING && st->restoring_cut() != 0) {
-      if (r.restore_in_flight || r.release_pending) continue;
-      const v1::CheckpointInfo* cut = FindCut(*st, st->restoring_cut());
-      if (cut == nullptr) {
-        FinishLocked(r, v1::FAILED, "CheckpointLost",
-                     absl::StrCat("checkpoint ", st->restoring_cut(), " is no longer recorded"));
-        continue;
-      }
-      std::vector<std::string> missing;
-      for (const std::string& s : cut->servers()) {
-        if (!live_set.count(s)) missing.push_back(s);
-      }
-      if (!missing.empty() || !map_ready) {
-        if (now - r.restore_since > options_.restore_timeout) {
-          FinishLocked(r, v1::FAILED, "ServerLost",
-                       absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
-                                    ", not back after ", absl::FormatDuration(options_.restore_timeout)));
-          continue;
-        }
-        const std::string why =
-            missing.empty() ? absl::StrCat("installing the shard map before restoring checkpoint ", cut->cut_id())
-                            : absl::StrCat("waiting for ", absl::StrJoin(missing, ", "),
-                                           " to come back: it holds part of checkpoint ", cut->cut_id());
-        if (st->message() != why) {
-          st->set_message(why);
-          SaveJobLocked(r, false);
-        }
-        continue;
-      }
-      RestoreTask t;
-      t.job_id = jid;
-      t.cut = *cut;
-      t.targets.assign(shard_map_->servers().begin(), shard_map_->servers().end());
-      for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
-      ++t.min_incarnation;
-      r.restore_in_flight = true;
-      FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
-                 << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto "
-                 << absl::StrJoin(t.targets, ", ");
-      Spawn([this, t = std::move(t)]() mutable { RunRestore(std::move(t)); });
-      continue;
+    if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() != 0) {
+      MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
+    } else if (map_ready && !r.cut_in_flight) {
+      MaybeStartCutLocked(jid, r, now);
     }
-    // Cuts.
-    const bool final = r.final_cut_pending && st->state() == v1::RUNNING;
-    if (r.cut_in_flight || !map_ready) continue;
-    if (!final && (st->state() != v1::RUNNING || r.ranks.empty())) continue;
-    if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) continue;
-    const v1::JobSpec& spec = r.job.spec();
-    const v1::CheckpointPolicy& policy = spec.checkpoint();
-    const bool bsp = IsBsp(spec);
-    uint64_t cur = 0;
-    for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
-    const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, spec.batch_size());
-    // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
-    const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
-    const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
-    CutTask t;
-    if (final) {
-      if (st->total_steps() == 0) {
-        SucceedLocked(r, "");
-        continue;
-      }
-      t.trigger = "final";
-      t.at_step = st->total_steps();
-    } else if (r.manual_requested > r.manual_served) {
-      t.trigger = "manual";
-      t.manual_ticket = r.manual_requested;
-      t.at_step = cur + lead;
-    } else if (st->checkpoints_size() == 0 && !r.first_cut_failed && cur > 0) {
-      // A cut soon after training starts, whatever the policy: a server
-      // lost before the first periodic cut then costs a rollback, not the job.
-      t.trigger = "first";
-      t.at_step = cur + lead;
-    } else if (policy.every_steps() > 0 && cur > 0) {
-      const uint64_t n = policy.every_steps();
-      const uint64_t next = (last_step / n + 1) * n;
-      if (cur + 2 * lead < next) continue;
-      t.trigger = "steps";
-      t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
-    } else if (policy.every_seconds() > 0 &&
-               now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {
-      t.trigger = "seconds";
-      t.at_step = cur + lead;
-    } else {
-      continue;
-    }
-    if (!bsp) t.at_step = 0;  // SSP/ASP cuts are taken when asked
-    if (bsp && t.trigger != "final" && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
-      continue;  // the final cut covers the end
-    }
-    t.job_id = jid;
-    t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
-    st->set_next_cut_id(t.cut_id + 1);
-    t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
-    t.map_version = shard_map_->version();
-    t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
-    r.cut_in_flight = true;
-    SaveJobLocked(r, true);  // a cut id is never used twice
-    Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
   }
+}
+
+void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, const std::set<std::string>& live,
+                                          bool map_ready, absl::Time now) {
+  if (r.restore_in_flight || r.release_pending) return;
+  v1::JobStatus* st = r.job.mutable_status();
+  const v1::CheckpointInfo* cut = FindCut(*st, st->restoring_cut());
+  if (cut == nullptr) {
+    FinishLocked(r, v1::FAILED, "CheckpointLost",
+                 absl::StrCat("checkpoint ", st->restoring_cut(), " is no longer recorded"));
+    return;
+  }
+  // Restore once every server holding the cut is back and the map is in place.
+  std::vector<std::string> missing;
+  for (const std::string& s : cut->servers()) {
+    if (!live.count(s)) missing.push_back(s);
+  }
+  if (!missing.empty() || !map_ready) {
+    if (now - r.restore_since > options_.restore_timeout) {
+      FinishLocked(r, v1::FAILED, "ServerLost",
+                   absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
+                                ", not back after ", absl::FormatDuration(options_.restore_timeout)));
+      return;
+    }
+    const std::string why =
+        missing.empty() ? absl::StrCat("installing the shard map before restoring checkpoint ", cut->cut_id())
+                        : absl::StrCat("waiting for ", absl::StrJoin(missing, ", "),
+                                       " to come back: it holds part of checkpoint ", cut->cut_id());
+    if (st->message() != why) {
+      st->set_message(why);
+      SaveJobLocked(r, false);
+    }
+    return;
+  }
+  RestoreTask t;
+  t.job_id = jid;
+  t.cut = *cut;
+  t.targets.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+  for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
+  ++t.min_incarnation;
+  r.restore_in_flight = true;
+  FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
+             << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto " << absl::StrJoin(t.targets, ", ");
+  Spawn([this, t = std::move(t)]() mutable { RunRestore(std::move(t)); });
+}
+
+void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl::Time now) {
+  v1::JobStatus* st = r.job.mutable_status();
+  if (st->state() != v1::RUNNING || r.ranks.empty()) return;
+  const bool final = r.final_cut_pending;
+  if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) return;
+  const v1::JobSpec& spec = r.job.spec();
+  const v1::CheckpointPolicy& policy = spec.checkpoint();
+  uint64_t cur = 0;
+  for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
+  const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, spec.batch_size());
+  // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
+  const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
+  const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
+  CutTask t;
+  if (final) {
+    if (st->total_steps() == 0) {
+      SucceedLocked(r, "");
+      return;
+    }
+    t.trigger = "final";
+    t.at_step = st->total_steps();
+  } else if (r.manual_requested > r.manual_served) {
+    t.trigger = "manual";
+    t.manual_ticket = r.manual_requested;
+    t.at_step = cur + lead;
+  } else if (st->checkpoints_size() == 0 && !r.first_cut_failed && cur > 0) {
+    // A cut soon after training starts, whatever the policy: a server lost
+    // before the first periodic cut then costs a rollback, not the job.
+    t.trigger = "first";
+    t.at_step = cur + lead;
+  } else if (policy.every_steps() > 0 && cur > 0) {
+    const uint64_t n = policy.every_steps();
+    const uint64_t next = (last_step / n + 1) * n;
+    if (cur + 2 * lead < next) return;
+    t.trigger = "steps";
+    t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
+  } else if (policy.every_seconds() > 0 &&
+             now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {
+    t.trigger = "seconds";
+    t.at_step = cur + lead;
+  } else {
+    return;
+  }
+  if (!IsBsp(spec)) {
+    t.at_step = 0;  // SSP/ASP cuts are taken when asked
+  } else if (!final && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
+    return;  // the final cut covers the end
+  }
+  t.job_id = jid;
+  t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
+  st->set_next_cut_id(t.cut_id + 1);
+  t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+  t.map_version = shard_map_->version();
+  t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+  r.cut_in_flight = true;
+  SaveJobLocked(r, true);  // a cut id is never used twice
+  Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
+}
+
+v1::CheckpointInfo Coordinator::CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) {
+  v1::CheckpointInfo info;
+  info.set_cut_id(t.cut_id);
+  info.set_trigger(t.trigger);
+  info.set_shard_map_version(t.map_version);
+  info.set_created_unix_ms(NowMs());
+  for (const std::string& s : t.servers) info.add_servers(s);
+  uint64_t step = UINT64_MAX;
+  std::vector<uint64_t> clocks;  // per rank, the lowest over the servers
+  for (const auto& m : metas) {
+    step = std::min(step, m.step());
+    info.set_bytes(info.bytes() + m.bytes());
+    info.set_pause_seconds(std::max(info.pause_seconds(), m.capture_seconds()));
+    info.set_write_seconds(std::max(info.write_seconds(), m.write_seconds()));
+    if (clocks.empty()) clocks.assign(m.rank_clock().begin(), m.rank_clock().end());
+    for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m.rank_clock_size()); ++k) {
+      clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
+    }
+  }
+  info.set_step(step);
+  for (size_t k = 0; k < clocks.size(); ++k) {
+    v1::RankPosition* p = info.add_positions();
+    p->set_rank(static_cast<uint32_t>(k));
+    p->set_step(clocks[k]);
+    if (t.steps_per_epoch > 0) {
+      p->set_epoch(static_cast<uint32_t>(clocks[k] / t.steps_per_epoch));
+      p->set_batch(clocks[k] % t.steps_per_epoch);
+    }
+  }
+  return info;
 }
 
 void Coordinator::RunCut(CutTask t) {
@@ -1241,34 +1258,10 @@ void Coordinator::RunCut(CutTask t) {
         failed = absl::AbortedError("the shard map changed while the cut was taken");
       }
       v1::CheckpointInfo info;
+      const bool too_late = failed.code() == absl::StatusCode::kFailedPrecondition &&
+                            absl::StrContains(failed.message(), "too late");
       if (failed.ok()) {
-        info.set_cut_id(t.cut_id);
-        info.set_trigger(t.trigger);
-        info.set_shard_map_version(t.map_version);
-        info.set_created_unix_ms(NowMs());
-        for (const std::string& s : t.servers) info.add_servers(s);
-        uint64_t step = UINT64_MAX;
-        std::vector<uint64_t> clocks;
-        for (const auto& m : metas) {
-          step = std::min(step, m.step());
-          info.set_bytes(info.bytes() + m.bytes());
-          info.set_pause_seconds(std::max(info.pause_seconds(), m.capture_seconds()));
-          info.set_write_seconds(std::max(info.write_seconds(), m.write_seconds()));
-          if (clocks.empty()) clocks.assign(m.rank_clock().begin(), m.rank_clock().end());
-          for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m.rank_clock_size()); ++k) {
-            clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
-          }
-        }
-        info.set_step(step);
-        for (size_t k = 0; k < clocks.size(); ++k) {
-          v1::RankPosition* p = info.add_positions();
-          p->set_rank(static_cast<uint32_t>(k));
-          p->set_step(clocks[k]);
-          if (t.steps_per_epoch > 0) {
-            p->set_epoch(static_cast<uint32_t>(clocks[k] / t.steps_per_epoch));
-            p->set_batch(clocks[k] % t.steps_per_epoch);
-          }
-        }
+        info = CommittedCut(t, metas);
         *st->add_checkpoints() = info;
         const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
         while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
@@ -1281,17 +1274,15 @@ void Coordinator::RunCut(CutTask t) {
         r.last_cut = absl::Now();
         SaveJobLocked(r, true);
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
-                   << step << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
+                   << info.step() << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
                    << info.pause_seconds() << " s, " << absl::FormatDuration(absl::Now() - t0) << " in all)";
-      } else if (failed.code() == absl::StatusCode::kFailedPrecondition &&
-                 absl::StrContains(failed.message(), "too late")) {
+      } else if (too_late) {
         // The step went by before a server was asked: ask again at once,
         // further ahead (a manual request stays pending).
         r.extra_lead = std::max<uint64_t>(16, r.extra_lead * 2);
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " at step " << t.at_step
                    << " came too late; asking again " << r.extra_lead << " steps further ahead";
-        t.manual_ticket = 0;
       } else {
         st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
         r.cut_backoff_until = absl::Now() + absl::Seconds(5);
@@ -1300,9 +1291,11 @@ void Coordinator::RunCut(CutTask t) {
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;
       }
-      const bool retry = t.manual_ticket == 0 && t.trigger == "manual";
-      if (!retry && (t.manual_ticket > 0 || (t.trigger == "final" && r.manual_requested > r.manual_served))) {
-        r.manual_served = std::max(r.manual_served, std::max(t.manual_ticket, r.manual_requested));
+      // A manual cut answers the requests made before it; the final cut
+      // answers every one still waiting.
+      const uint64_t answers = t.trigger == "final" ? r.manual_requested : t.manual_ticket;
+      if (!too_late && answers > r.manual_served) {
+        r.manual_served = answers;
         if (failed.ok()) {
           r.manual_result = info;
         } else {

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -198,10 +199,19 @@ class Coordinator {
   bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether there is a shard map and it lists exactly `servers`, in order.
   bool MapListsExactlyLocked(const std::vector<std::string>& servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ... and is installed on each of them.
+  bool MapInstalledLocked(const std::vector<std::string>& live) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Checkpoints. Starts the cuts and restores due now (on threads of their own).
   void ScheduleCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, const std::set<std::string>& live,
+                               bool map_ready, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record of a cut every server wrote: its step, each rank's position,
+  // sizes and the longest pause.
+  static v1::CheckpointInfo CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas);
   void RunCut(CutTask task);
   void RunRestore(RestoreTask task);
   // Rolls a running job back to its latest committed cut (or `cut_id`);

@@ -231,54 +231,22 @@ class PsGrpcServer::Service final : public ServiceBase {
   // thread of their own, not on gRPC's.
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
                                        v1::ShardCutMeta* resp) override {
-    auto* reactor = ctx->DefaultReactor();
     const absl::Duration wait = req->wait_timeout_ms() > 0 ? absl::Milliseconds(req->wait_timeout_ms()) : absl::Seconds(60);
-    Blocking([=, this] {
-      auto r = ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait);
-      if (r.ok()) *resp = *std::move(r);
-      reactor->Finish(ToGrpcStatus(r.status()));
-    });
-    return reactor;
+    return AnswerBlocking(ctx, resp, [=, this] { return ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait); });
   }
 
   grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx, const v1::RestoreRequest* req,
                                     v1::ShardCutMeta* resp) override {
-    auto* reactor = ctx->DefaultReactor();
-    Blocking([=, this] {
+    return AnswerBlocking(ctx, resp, [=, this] {
       std::vector<ParameterServer::CutReader> sources;
-      for (const std::string& address : req->sources()) {
-        if (ps_->IsSelf(address)) {
-          sources.push_back([this](const v1::ReadCheckpointRequest& r) { return ps_->ReadCut(r); });
-          continue;
-        }
-        std::shared_ptr<v1::ParameterService::Stub> stub =
-            v1::ParameterService::NewStub(CreateCheckpointChannel(address));
-        sources.push_back([stub, address](const v1::ReadCheckpointRequest& r)
-                              -> absl::StatusOr<v1::ReadCheckpointResponse> {
-          grpc::ClientContext ctx;
-          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-          v1::ReadCheckpointResponse page;
-          absl::Status s = FromGrpcStatus(stub->ReadCheckpoint(&ctx, r, &page));
-          if (!s.ok()) return absl::Status(s.code(), absl::StrCat(address, ": ", s.message()));
-          return page;
-        });
-      }
-      auto r = ps_->Restore(req->job_id(), req->cut_id(), sources, req->min_incarnation());
-      if (r.ok()) *resp = *std::move(r);
-      reactor->Finish(ToGrpcStatus(r.status()));
+      for (const std::string& address : req->sources()) sources.push_back(CutReaderAt(address));
+      return ps_->Restore(req->job_id(), req->cut_id(), sources, req->min_incarnation());
     });
-    return reactor;
   }
 
   grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* req,
                                            v1::ReadCheckpointResponse* resp) override {
-    auto* reactor = ctx->DefaultReactor();
-    Blocking([=, this] {
-      auto r = ps_->ReadCut(*req);
-      if (r.ok()) *resp = *std::move(r);
-      reactor->Finish(ToGrpcStatus(r.status()));
-    });
-    return reactor;
+    return AnswerBlocking(ctx, resp, [=, this] { return ps_->ReadCut(*req); });
   }
 
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
@@ -357,6 +325,36 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
  private:
+  // Answers a unary call with what `f` returns, computed on a thread of its
+  // own (see Blocking).
+  template <typename Response, typename F>
+  grpc::ServerUnaryReactor* AnswerBlocking(grpc::CallbackServerContext* ctx, Response* resp, F f) {
+    auto* reactor = ctx->DefaultReactor();
+    Blocking([reactor, resp, f = std::move(f)] {
+      absl::StatusOr<Response> r = f();
+      if (r.ok()) *resp = *std::move(r);
+      reactor->Finish(ToGrpcStatus(r.status()));
+    });
+    return reactor;
+  }
+
+  // Reads pages of a cut from the server at `address`: this one's own store,
+  // or a peer's ReadCheckpoint.
+  ParameterServer::CutReader CutReaderAt(const std::string& address) {
+    if (ps_->IsSelf(address)) {
+      return [this](const v1::ReadCheckpointRequest& r) { return ps_->ReadCut(r); };
+    }
+    std::shared_ptr<v1::ParameterService::Stub> stub = v1::ParameterService::NewStub(CreateCheckpointChannel(address));
+    return [stub, address](const v1::ReadCheckpointRequest& r) -> absl::StatusOr<v1::ReadCheckpointResponse> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::ReadCheckpointResponse page;
+      absl::Status s = FromGrpcStatus(stub->ReadCheckpoint(&ctx, r, &page));
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(address, ": ", s.message()));
+      return page;
+    };
+  }
+
   // Runs `f` on a detached thread; the destructor waits for every one.
   void Blocking(std::function<void()> f) {
     {
