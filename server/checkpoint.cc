@@ -384,4 +384,14 @@ absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id)
                    "deleting " + prefix);
 }
 
+std::vector<std::pair<std::string, uint64_t>> CheckpointStore::Properties() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const char* name : {"live-sst-files-size", "size-all-mem-tables", "estimate-num-keys",
+                           "estimate-pending-compaction-bytes", "num-running-compactions", "num-running-flushes"}) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(std::string("rocksdb.") + name, &v)) out.emplace_back(name, v);
+  }
+  return out;
+}
+
 }  // namespace fulcrum

@@ -68,6 +68,11 @@ class CheckpointStore {
   // Deletes a cut (its meta first, so a crash leaves it uncommitted).
   absl::Status Delete(const std::string& job_id, uint64_t cut_id);
 
+  // RocksDB's integer properties for metrics: (name without "rocksdb.",
+  // value) for live SST bytes, memtable bytes, estimated keys, pending
+  // compaction bytes and running compactions and flushes.
+  std::vector<std::pair<std::string, uint64_t>> Properties() const;
+
  private:
   CheckpointStore(std::string dir, rocksdb::DB* db);
   absl::Status CollectGarbage();

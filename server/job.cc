@@ -459,7 +459,11 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   if (reuse) decoded.grads.swap(scratch);
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok()) s = Prepare(decoded);
-  if (s.ok() && model_ != Model::kBsp) s = ApplyDecoded(decoded);
+  if (s.ok() && model_ != Model::kBsp) {
+    const absl::Time t0 = absl::Now();
+    s = ApplyDecoded(decoded);
+    metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
   if (reuse) decoded.grads.swap(scratch);
   if (!s.ok()) {
     dedup_.Abort(m.worker_id, m.seq);
@@ -569,6 +573,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       }
     }
     const float scale = mean_ && contributors > 0 ? 1.0f / static_cast<float>(contributors) : 1.0f;
+    const absl::Time apply_start = absl::Now();
     absl::Status s;
     for (const auto& key : dense_order) {
       std::vector<float>& g = dense[key];
@@ -583,6 +588,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data()));
     }
     result.Update(s);
+    metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
 
     mu_.Lock();
     applied_step_ = step + 1;
@@ -774,6 +780,10 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
+    if (model_ != Model::kBsp && !shut_down_) {
+      const uint64_t min = MinClockLocked();
+      metrics_.staleness.Observe(m->step > min ? static_cast<double>(m->step - min) : 0.0);
+    }
     if (shut_down_) {
       refused = shutdown_reason_;
     } else if (!ReadyLocked(m->step)) {
@@ -783,7 +793,10 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
       w.rank = m->rank;
       w.worker = m->worker_id;
       w.start = absl::Now();
-      w.resume = std::move(serve);
+      w.resume = [me, start = w.start, serve = std::move(serve)](absl::Status s) {
+        me->metrics_.pull_wait_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+        serve(std::move(s));
+      };
       std::weak_ptr<Job> weak = me;
       w.timer_id = timer_->Schedule(deadline, [weak, wid] {
         if (auto job = weak.lock()) job->Expire(wid);
@@ -791,6 +804,7 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
       return;
     }
   }
+  metrics_.pull_wait_seconds.Observe(0);
   serve(refused);  // serves when OK; otherwise reports why not
 }
 
@@ -945,6 +959,75 @@ v1::GetJobResponse Job::Stats() const {
     r.add_rank_clock(c);
   }
   return r;
+}
+
+void Job::CollectMetrics(metrics::Scrape* out) const {
+  const metrics::Labels job = {{"job", id()}};
+  const JobMetrics& m = metrics_;
+  out->Counter("fulcrum_server_requests_total", "Push and pull requests a job served", {{"job", id()}, {"op", "push"}},
+               static_cast<double>(m.push_requests.load()));
+  out->Counter("fulcrum_server_requests_total", "Push and pull requests a job served", {{"job", id()}, {"op", "pull"}},
+               static_cast<double>(m.pull_requests.load()));
+  out->Counter("fulcrum_server_payload_bytes_total", "Tensor payload bytes: gradients received, parameters sent",
+               {{"job", id()}, {"op", "push"}}, m.push_bytes.load());
+  out->Counter("fulcrum_server_payload_bytes_total", "Tensor payload bytes: gradients received, parameters sent",
+               {{"job", id()}, {"op", "pull"}}, m.pull_bytes.load());
+  out->Histogram("fulcrum_server_request_duration_seconds",
+                 "Time to handle a push or pull, from receipt to reply (pulls include the consistency wait)",
+                 {{"job", id()}, {"op", "push"}}, m.push_seconds);
+  out->Histogram("fulcrum_server_request_duration_seconds",
+                 "Time to handle a push or pull, from receipt to reply (pulls include the consistency wait)",
+                 {{"job", id()}, {"op", "pull"}}, m.pull_seconds);
+  out->Histogram("fulcrum_server_consistency_wait_seconds",
+                 "Time a pull waited for the consistency model (BSP step or SSP bound); 0 when it did not wait",
+                 job, m.pull_wait_seconds);
+  out->Histogram("fulcrum_server_optimizer_apply_seconds",
+                 "Time the optimizer took over one push (ASP/SSP) or one combined BSP step", job, m.apply_seconds);
+  if (model_ != Model::kBsp) {
+    out->Histogram("fulcrum_server_staleness_steps",
+                   "SSP/ASP: how many steps a pull's clock was ahead of the slowest worker's", job, m.staleness);
+  }
+  out->Counter("fulcrum_server_pushes_applied_total", "Pushes applied to the job's tables", job,
+               static_cast<double>(pushes_applied_.load()));
+  out->Counter("fulcrum_server_dedup_hits_total", "Retried pushes recognised by request id and not applied again",
+               job, static_cast<double>(duplicates_.load()));
+  out->Counter("fulcrum_server_nonfinite_rejected_total", "Pushes refused for a NaN or Inf gradient", job,
+               static_cast<double>(rejected_nonfinite_.load()));
+  out->Gauge("fulcrum_server_job_memory_bytes", "Memory the job's parameters and optimizer state use here", job,
+             static_cast<double>(quota_.used()));
+  out->Gauge("fulcrum_server_job_quota_bytes", "The job's memory quota on this server", job,
+             static_cast<double>(quota_.limit()));
+  for (const auto& [name, t] : tables_) {
+    double params = 0;
+    if (t->is_dense()) {
+      const auto* d = static_cast<const DenseTable*>(t.get());
+      params = std::min(static_cast<double>(d->materialized_chunks()) * d->chunk_elements(),
+                        static_cast<double>(d->num_elements()));
+    } else {
+      const auto* sp = static_cast<const SparseTable*>(t.get());
+      params = static_cast<double>(sp->num_rows()) * sp->dim();
+    }
+    out->Gauge("fulcrum_server_parameters",
+               "Parameters of a table held on this server (dense: whole chunks; sparse: rows x dim)",
+               {{"job", id()}, {"table", name}}, params);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t step = applied_step_;
+    if (model_ != Model::kBsp) step = MinClockLocked();
+    out->Gauge("fulcrum_server_job_step", "BSP: steps fully applied; SSP/ASP: the slowest worker's clock", job,
+               static_cast<double>(step));
+  }
+  if (m.checkpoint_seconds.count() > 0) {
+    out->Histogram("fulcrum_server_checkpoint_duration_seconds",
+                   "Time to capture and durably write this server's part of a checkpoint", job, m.checkpoint_seconds);
+    out->Gauge("fulcrum_server_checkpoint_bytes", "Size of the job's last checkpoint part written here", job,
+               m.last_checkpoint_bytes.load());
+    out->Gauge("fulcrum_server_checkpoint_timestamp_seconds", "When the job's last checkpoint part here was written",
+               job, m.last_checkpoint_time.load());
+    out->Gauge("fulcrum_server_checkpoint_age_seconds", "Seconds since the job's last checkpoint part here", job,
+               absl::ToDoubleSeconds(absl::Now() - absl::FromUnixSeconds(0)) - m.last_checkpoint_time.load());
+  }
 }
 
 }  // namespace fulcrum

@@ -30,6 +30,7 @@
 #include "fulcrum/v1/ps.pb.h"
 #include "common/deadline_timer.h"
 #include "server/dedup.h"
+#include "server/job_metrics.h"
 #include "server/table.h"
 
 namespace fulcrum {
@@ -82,6 +83,10 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status SetActiveWorkers(const std::vector<uint32_t>& ranks);
 
   v1::GetJobResponse Stats() const;
+  // Counters and histograms the server updates and exports.
+  JobMetrics& metrics() const { return metrics_; }
+  // Renders the job's series (label job=<id>) into a scrape.
+  void CollectMetrics(metrics::Scrape* out) const;
 
   // Captures this server's part of the job for a checkpoint. BSP: exactly
   // at the boundary before step `at_step` (steps < at_step applied, none
@@ -225,6 +230,7 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status CheckIncarnation(uint32_t incarnation, const std::string& worker, uint32_t rank,
                                 const char* what) const;
 
+  mutable JobMetrics metrics_;
   std::atomic<uint32_t> min_incarnation_{0};
   std::atomic<uint64_t> pushes_applied_{0};
   std::atomic<uint64_t> duplicates_{0};

@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "common/rpc/node_agent.h"
 #include "server/parameter_server.h"
@@ -39,6 +40,8 @@ ABSL_FLAG(std::string, advertise, "",
           "address workers reach this server at (default: --listen, with this host's name "
           "for a wildcard host)");
 ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consistency model");
+ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
+          "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(std::string, data_dir, "",
           "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints); "
           "empty: no checkpoints");
@@ -95,6 +98,14 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::cerr << "fulcrum-server: " << server.status() << "\n";
     return 1;
+  }
+  // Declared after the server so it stops first: no scrape outlives it.
+  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
+      [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); });
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "server", collector);
+  if (!metrics.ok()) {
+    std::cerr << "fulcrum-server: " << metrics.status() << "\n";
+    return 2;
   }
   if (options.data_dir.empty()) {
     FLOG(INFO) << "no --data_dir: this server takes no checkpoints";

@@ -183,6 +183,10 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, store->Write(job->spec(), state, cut_id, ref.self, ref.map->version()));
   meta.set_capture_seconds(state.pause_seconds);
   meta.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - t1));
+  JobMetrics& jm = job->metrics();
+  jm.checkpoint_seconds.Observe(meta.capture_seconds() + meta.write_seconds());
+  jm.last_checkpoint_bytes.store(static_cast<double>(meta.bytes()));
+  jm.last_checkpoint_time.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   FLOG(INFO) << "job '" << job_id << "': cut " << cut_id << " at step " << meta.step() << ", " << meta.bytes()
              << " bytes in " << meta.records() << " records; waited " << absl::ToDoubleSeconds(t1 - t0) - meta.capture_seconds()
              << " s for the step, paused training " << meta.capture_seconds() << " s, written in "
@@ -368,24 +372,54 @@ absl::Status ParameterServer::SetShardMap(const v1::ShardMap& proto) {
   return absl::OkStatus();
 }
 
+void ParameterServer::CountRejected(int op, const absl::Status& s) const {
+  const int code = static_cast<int>(s.code());
+  if (code > 0 && code < 17) rejected_[op][code].fetch_add(1, std::memory_order_relaxed);
+}
+
 absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(m.job_id));
-  ASSIGN_OR_RETURN(MapRef ref, Map());
-  return job->Push(m, *ref.map, ref.self, out);
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(m.job_id);
+  absl::StatusOr<MapRef> ref = job.ok() ? Map() : job.status();
+  absl::Status s = ref.ok() ? (*job)->Push(m, *ref->map, ref->self, out) : ref.status();
+  if (!s.ok()) {
+    CountRejected(0, s);
+    return s;
+  }
+  JobMetrics& jm = (*job)->metrics();
+  jm.push_requests.fetch_add(1, std::memory_order_relaxed);
+  size_t bytes = 0;
+  for (const DenseSliceView& d : m.dense) bytes += d.data.size();
+  for (const SparseSliceView& sp : m.sparse) bytes += sp.keys.size() + sp.values.size();
+  metrics::AtomicAdd(&jm.push_bytes, static_cast<double>(bytes));
+  jm.push_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  return s;
 }
 
 void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline,
                            PullCallback done) {
   auto job = FindJob(m->job_id);
-  if (!job.ok()) {
-    done(job.status());
-    return;
-  }
-  auto map = Map();
+  auto map = job.ok() ? Map() : job.status();
   if (!map.ok()) {
+    CountRejected(1, map.status());
     done(map.status());
     return;
   }
+  // Count and time the pull when it is answered.
+  done = [this, t0 = absl::Now(), job = *job, done = std::move(done)](absl::StatusOr<PullResult> r) {
+    if (!r.ok()) {
+      CountRejected(1, r.status());
+    } else {
+      JobMetrics& jm = job->metrics();
+      jm.pull_requests.fetch_add(1, std::memory_order_relaxed);
+      size_t bytes = 0;
+      for (const PullResult::Dense& d : r->dense) bytes += d.owner ? d.shared_size : d.data.size;
+      for (const PullResult::Sparse& sp : r->sparse) bytes += sp.values.size;
+      metrics::AtomicAdd(&jm.pull_bytes, static_cast<double>(bytes));
+      jm.pull_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    }
+    done(std::move(r));
+  };
   absl::Duration wait = options_.max_wait;
   if (m->wait_timeout_ms != 0) wait = std::min(wait, absl::Milliseconds(m->wait_timeout_ms));
   absl::Time deadline = absl::Now() + wait;
@@ -393,6 +427,52 @@ void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_
     deadline = std::min(deadline, rpc_deadline - kDeadlineMargin);
   }
   (*job)->Pull(std::move(m), map->map, map->self, deadline, std::move(done));
+}
+
+void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::shared_ptr<const ShardMap> map;
+  uint32_t self = 0;
+  bool draining = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+    map = map_;
+    self = self_;
+    draining = draining_;
+  }
+  out->Gauge("fulcrum_server_jobs", "Jobs this server holds tables of", {}, static_cast<double>(jobs.size()));
+  out->Gauge("fulcrum_server_draining", "1 while the server drains for shutdown", {}, draining ? 1 : 0);
+  if (map) {
+    out->Gauge("fulcrum_server_shard_map_version", "Version of the shard map this server serves", {},
+               static_cast<double>(map->version()));
+    double owned = 0;
+    for (uint32_t v = 0; v < map->num_virtual_shards(); ++v) owned += map->owner(v) == self ? 1 : 0;
+    out->Gauge("fulcrum_server_owned_virtual_shards", "Virtual shards this server owns under its map", {}, owned);
+  }
+  static const char* const kOps[2] = {"push", "pull"};
+  for (int op = 0; op < 2; ++op) {
+    for (int code = 1; code < 17; ++code) {
+      // Every code, zeros too (32 series): a rate is defined from the start.
+      const uint64_t n = rejected_[op][code].load(std::memory_order_relaxed);
+      std::string reason = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+      for (char& c : reason) c = c == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      out->Counter("fulcrum_server_rejected_requests_total",
+                   "Pushes and pulls refused, by the status code's name (invalid_argument, failed_precondition, ...)",
+                   {{"op", kOps[op]}, {"reason", reason}}, static_cast<double>(n));
+    }
+  }
+  for (const auto& job : jobs) job->CollectMetrics(out);
+  if (store_) {
+    for (const auto& [name, value] : store_->Properties()) {
+      std::string metric = "fulcrum_server_rocksdb_" + name;
+      for (char& c : metric) c = c == '-' ? '_' : c;
+      const bool bytes = name.find("size") != std::string::npos || name.find("bytes") != std::string::npos;
+      if (bytes && metric.find("_bytes") == std::string::npos) metric += "_bytes";
+      out->Gauge(metric, "RocksDB property rocksdb." + name + " of the checkpoint store", {},
+                 static_cast<double>(value));
+    }
+  }
 }
 
 }  // namespace fulcrum

@@ -21,6 +21,7 @@
 #include "common/deadline_timer.h"
 #include "server/checkpoint.h"
 #include "server/job.h"
+#include "common/metrics/metrics.h"
 
 namespace fulcrum {
 
@@ -105,6 +106,9 @@ class ParameterServer {
   // Jobs on this server (for the coordinator's bookkeeping and tests).
   std::vector<std::string> JobIds() const;
 
+  // Renders this server's series (docs/metrics.md) into a scrape.
+  void CollectMetrics(metrics::Scrape* out) const;
+
  private:
   explicit ParameterServer(ParameterServerOptions options);
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
@@ -117,6 +121,10 @@ class ParameterServer {
   absl::StatusOr<uint32_t> IndexIn(const ShardMap& m) const;
 
   absl::StatusOr<CheckpointStore*> Store() const;
+
+  // Requests refused, by operation (0 push, 1 pull) and status code.
+  void CountRejected(int op, const absl::Status& s) const;
+  mutable std::atomic<uint64_t> rejected_[2][17] = {};
 
   const ParameterServerOptions options_;
   std::unique_ptr<CheckpointStore> store_;

@@ -4,11 +4,18 @@
 # directory.
 #
 #   cluster.sh start [--servers N] [--workers M] [--dir RUN_DIR] [--port BASE]
-#                    [--bin BUILD_DIR] [--data DATA_DIR] [--slots S]
+#                    [--metrics-port MBASE] [--bin BUILD_DIR] [--data DATA_DIR] [--slots S]
 #   cluster.sh stop  [--dir RUN_DIR]
 #   cluster.sh status [--dir RUN_DIR]
+#   cluster.sh targets [--dir RUN_DIR]
 #
 # The coordinator listens on BASE (default 7070), servers on BASE+1..BASE+N.
+# Prometheus metrics: the coordinator on MBASE (default 9400), servers on
+# MBASE+1..MBASE+N, workers after them; --metrics-port 0 lets each process
+# take any free port. RUN_DIR/prometheus-targets.json lists every endpoint
+# (Prometheus file_sd format, with a `role` label) for
+# deploy/prometheus/prometheus-local.yml; `targets` writes it again (after
+# restarts under --metrics-port 0, whose ports change).
 #
 # Every process runs under a supervisor, as Kubernetes or systemd would run
 # it: when it exits (a crash, kill -9) it is started again with the same
@@ -26,7 +33,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 cmd=${1:-}
 shift || true
-servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 bin="$root/build" slots=1
+servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 mport=9400 bin="$root/build" slots=1
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 while (($#)); do
   case "$1" in
@@ -34,6 +41,7 @@ while (($#)); do
     --workers) workers=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
+    --metrics-port) mport=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --slots) slots=$2; shift 2 ;;
@@ -44,7 +52,7 @@ done
 # supervise NAME CMD...: runs CMD (output to logs/NAME.log), restarting it
 # whenever it exits, until the supervisor gets SIGTERM, which it passes on.
 supervise() {
-  local name=$1 child=0 stopping=0 backoff=1 started rc
+  local name=$1 child=0 stopping=0 backoff=1 restarted=0 started rc
   shift
   trap 'stopping=1; ((child > 0)) && kill -TERM "$child" 2>/dev/null' TERM INT
   while ((!stopping)); do
@@ -52,6 +60,8 @@ supervise() {
     "$@" >>"$dir/logs/$name.log" 2>&1 &
     child=$!
     echo "$child" >"$dir/run/$name.pid"
+    # A restarted process may serve metrics on a new port (--metrics-port 0).
+    if ((restarted && mport == 0)); then (sleep 2 && write_targets) & fi
     rc=0
     # wait returns early when a trapped signal arrives: wait again for the exit.
     wait "$child" || rc=$?
@@ -63,7 +73,32 @@ supervise() {
     sleep "$backoff" &
     wait $! || true
     backoff=$((backoff * 2 > 30 ? 30 : backoff * 2))
+    restarted=1
   done
+}
+
+# metrics_addr N: the metrics address of the Nth process (0 = coordinator).
+metrics_addr() { if ((mport == 0)); then echo 127.0.0.1:0; else echo "127.0.0.1:$((mport + $1))"; fi; }
+
+# Writes RUN_DIR/prometheus-targets.json from where each process said it
+# serves metrics (the last "metrics on http://..." line of its log).
+write_targets() {
+  local out="$dir/prometheus-targets.json" first=1 name addr role
+  [[ -f "$dir/pids" ]] || return 0
+  {
+    echo "["
+    while read -r _ name; do
+      addr=$(grep -o 'metrics on http://[^/]*' "$dir/logs/$name.log" 2>/dev/null | tail -n 1 | sed 's|.*http://||')
+      [[ -n "$addr" ]] || continue
+      role=${name%%-*}
+      ((first)) || echo ","
+      first=0
+      printf '  {"targets": ["%s"], "labels": {"role": "%s", "process": "%s"}}' "$addr" "$role" "$name"
+    done <"$dir/pids"
+    echo
+    echo "]"
+  } >"$out.tmp"
+  mv "$out.tmp" "$out"
 }
 
 stop() {
@@ -96,12 +131,12 @@ case "$cmd" in
     : >"$dir/pids"
     coord="127.0.0.1:$port"
     supervise coordinator "$bin/server/fulcrum-coordinator" --listen="$coord" --data_dir="$dir/coordinator" \
-      --min_servers="$servers" 2>>"$dir/logs/supervisors.log" &
+      --min_servers="$servers" --metrics_addr="$(metrics_addr 0)" 2>>"$dir/logs/supervisors.log" &
     echo "$! coordinator" >>"$dir/pids"
     for ((i = 0; i < servers; i++)); do
       addr="127.0.0.1:$((port + 1 + i))"
       supervise "server-$i" "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
-        --data_dir="$dir/server-$i" 2>>"$dir/logs/supervisors.log" &
+        --data_dir="$dir/server-$i" --metrics_addr="$(metrics_addr $((1 + i)))" 2>>"$dir/logs/supervisors.log" &
       echo "$! server-$i" >>"$dir/pids"
     done
     # Workers share this host's cores with the servers: one compute thread
@@ -111,7 +146,7 @@ case "$cmd" in
     for ((i = 0; i < workers; i++)); do
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
-        2>>"$dir/logs/supervisors.log" &
+        --metrics_addr="$(metrics_addr $((1 + servers + i)))" 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done
     echo "FULCRUM_COORDINATOR=$coord" >"$dir/env"
@@ -123,14 +158,17 @@ case "$cmd" in
       ((n >= want)) && break
       sleep 0.1
     done
+    write_targets
     echo "== cluster up in $dir: coordinator $coord, $servers server(s), $workers worker(s) ($n of $want registered)"
+    echo "   metrics: $(grep -c targets "$dir/prometheus-targets.json") endpoints in $dir/prometheus-targets.json"
     echo "   logs: $dir/logs/   stop: $0 stop --dir $dir"
     ;;
   stop) stop ;;
+  targets) write_targets; cat "$dir/prometheus-targets.json" ;;
   status)
     [[ -f "$dir/env" ]] || { echo "no cluster in $dir"; exit 1; }
     # shellcheck disable=SC1091
     source "$dir/env"
     "$bin/server/fulcrumctl" --coordinator="$FULCRUM_COORDINATOR" cluster ;;
-  *) echo "usage: $0 start|stop|status [options]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|targets [options]" >&2; exit 2 ;;
 esac

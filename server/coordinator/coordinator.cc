@@ -773,6 +773,7 @@ void Coordinator::Tick() {
           s.node_id.clear();
           v1::JobStatus* st = r.job.mutable_status();
           st->set_restarts(st->restarts() + 1);
+          ++reassignments_;
           st->mutable_workers(static_cast<int>(rank))->set_state("lost");
           const uint32_t limit = r.job.spec().run_policy().backoff_limit() == 0
                                      ? 6
@@ -1055,6 +1056,7 @@ bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::
   const uint64_t id = cut->cut_id(), step = cut->step();
   if (counts_as_restart) {
     st->set_restarts(st->restarts() + 1);
+    ++reassignments_;
     const uint32_t limit =
         r.job.spec().run_policy().backoff_limit() == 0 ? 6 : r.job.spec().run_policy().backoff_limit();
     if (st->restarts() > limit) {
@@ -1492,6 +1494,89 @@ absl::Status Coordinator::ExportCheckpoint(const std::string& job_id, uint64_t c
     }
   }
   return absl::OkStatus();
+}
+
+void Coordinator::CollectMetrics(metrics::Scrape* out) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  std::map<int, double> by_state;
+  for (int st = v1::PENDING; st <= v1::CANCELLED; ++st) by_state[st] = 0;
+  for (const auto& [id, r] : jobs_) by_state[r.job.status().state()] += 1;
+  for (const auto& [st, n] : by_state) {
+    std::string name = v1::JobState_Name(static_cast<v1::JobState>(st));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out->Gauge("fulcrum_coordinator_jobs", "Jobs in the registry, by state", {{"state", name}}, n);
+  }
+  double live[2][2] = {{0, 0}, {0, 0}};  // [role: server, worker][alive]
+  for (const auto& [id, n] : nodes_) {
+    const bool worker = n.info.role() == v1::WORKER;
+    const std::string role = worker ? "worker" : "server";
+    live[worker ? 1 : 0][n.alive ? 1 : 0] += 1;
+    if (!n.alive) continue;
+    out->Gauge("fulcrum_coordinator_node_heartbeat_age_seconds", "Seconds since a live node's last heartbeat",
+               {{"node", id}, {"role", role}}, absl::ToDoubleSeconds(now - n.last_heartbeat));
+  }
+  for (int role = 0; role < 2; ++role) {
+    for (int alive = 0; alive < 2; ++alive) {
+      out->Gauge("fulcrum_coordinator_nodes", "Registered nodes, by role and liveness",
+                 {{"role", role ? "worker" : "server"}, {"state", alive ? "live" : "dead"}}, live[role][alive]);
+    }
+  }
+  out->Counter("fulcrum_coordinator_reassignments_total",
+               "Ranks handed to another worker after one was lost (since this coordinator started)", {},
+               static_cast<double>(reassignments_));
+  if (shard_map_) {
+    out->Gauge("fulcrum_coordinator_shard_map_version", "Version of the current shard map", {},
+               static_cast<double>(shard_map_->version()));
+  }
+  for (const auto& [id, r] : jobs_) {
+    const v1::JobStatus& st = r.job.status();
+    const metrics::Labels job = {{"job", id}};
+    std::string state = v1::JobState_Name(st.state());
+    for (char& c : state) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out->Gauge("fulcrum_coordinator_job_state", "1 for the job's current state", {{"job", id}, {"state", state}}, 1);
+    out->Gauge("fulcrum_coordinator_job_epoch", "The epoch the job's slowest rank is in", job, st.epoch());
+    out->Gauge("fulcrum_coordinator_job_step", "Steps the job's slowest rank completed", job,
+               static_cast<double>(st.step()));
+    out->Gauge("fulcrum_coordinator_job_total_steps", "Steps per rank over all epochs (0 until known)", job,
+               static_cast<double>(st.total_steps()));
+    out->Gauge("fulcrum_coordinator_job_loss", "The job's latest training loss, as its workers report it", job,
+               st.loss());
+    out->Gauge("fulcrum_coordinator_job_train_accuracy", "Training accuracy over the current epoch (0-1)", job,
+               st.train_accuracy());
+    out->Gauge("fulcrum_coordinator_job_test_accuracy", "Test accuracy after the last evaluated epoch (0-1)", job,
+               st.test_accuracy());
+    out->Gauge("fulcrum_coordinator_job_samples_per_second", "The job's training throughput over all ranks", job,
+               st.samples_per_second());
+    out->Gauge("fulcrum_coordinator_job_active_workers", "Ranks with a worker running them", job,
+               st.active_workers());
+    out->Gauge("fulcrum_coordinator_job_restarts", "Worker replacements so far (counts toward backoffLimit)", job,
+               st.restarts());
+    out->Gauge("fulcrum_coordinator_job_rollbacks", "Rollbacks to a checkpoint so far", job, st.rollbacks());
+    if (st.checkpoints_size() > 0) {
+      const double created = static_cast<double>(st.checkpoints(st.checkpoints_size() - 1).created_unix_ms()) / 1e3;
+      out->Gauge("fulcrum_coordinator_job_checkpoint_timestamp_seconds", "When the job's last committed cut was taken",
+                 job, created);
+      out->Gauge("fulcrum_coordinator_job_checkpoint_age_seconds", "Seconds since the job's last committed cut", job,
+                 absl::ToDoubleSeconds(now - absl::UnixEpoch()) - created);
+    }
+    // The interval cuts are expected at: every_seconds, or every_steps at
+    // the job's pace so far; absent when neither applies yet.
+    if (st.state() == v1::RUNNING) {
+      const v1::CheckpointPolicy& p = r.job.spec().checkpoint();
+      double interval = p.every_seconds();
+      if (p.every_steps() > 0 && st.step() > 0 && r.started != absl::InfinitePast()) {
+        const double per_step = absl::ToDoubleSeconds(now - r.started) / static_cast<double>(st.step());
+        const double by_steps = per_step * p.every_steps();
+        interval = interval > 0 ? std::min(interval, by_steps) : by_steps;
+      }
+      if (interval > 0) {
+        out->Gauge("fulcrum_coordinator_job_checkpoint_interval_seconds",
+                   "How often the job's policy asks for a cut, in seconds (every_steps at the job's pace)", job,
+                   interval);
+      }
+    }
+  }
 }
 
 }  // namespace fulcrum

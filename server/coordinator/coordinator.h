@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
 
@@ -121,6 +122,9 @@ class Coordinator {
 
   // Stops the scheduler and wakes every long poll. Idempotent.
   void Shutdown();
+
+  // Renders the coordinator's series (docs/metrics.md) into a scrape.
+  void CollectMetrics(metrics::Scrape* out) const;
 
  private:
   struct RankSlot {
@@ -234,6 +238,7 @@ class Coordinator {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_node_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;  // ranks handed to another worker (this process)
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::ShardMap> shard_map_ ABSL_GUARDED_BY(mu_);

@@ -11,12 +11,15 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "address to serve the job and cluster services on");
 ABSL_FLAG(std::string, data_dir, "fulcrum-coordinator-data", "RocksDB directory for the coordinator's state");
+ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9400",
+          "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(uint32_t, min_servers, 1, "jobs wait until this many parameter servers are live");
 ABSL_FLAG(uint32_t, virtual_shards, 256, "virtual shards of the shard map (fixed for a cluster)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 1000, "how often nodes heartbeat (the long-poll length)");
@@ -52,6 +55,13 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
     return 1;
+  }
+  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
+      [c = coordinator->get()](fulcrum::metrics::Scrape* out) { c->CollectMetrics(out); });
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "coordinator", collector);
+  if (!metrics.ok()) {
+    std::cerr << "fulcrum-coordinator: " << metrics.status() << "\n";
+    return 2;
   }
   FLOG(INFO) << "fulcrum-coordinator listening on " << (*server)->address() << "; state in " << options.data_dir
              << "; jobs wait for " << options.min_servers << " server(s); nodes heartbeat every "

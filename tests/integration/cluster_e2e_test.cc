@@ -184,6 +184,7 @@ class ProcessCluster {
 
  private:
   void Start(const std::string& name, std::vector<std::string> args) {
+    args.push_back("--metrics_addr=127.0.0.1:0");  // tests run side by side
     args_[name] = args;
     pids_.emplace_back(name, Spawn(std::move(args), (dir_ / "logs" / (name + ".log")).string()));
   }

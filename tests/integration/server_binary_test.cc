@@ -34,9 +34,9 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
   const std::string map = absl::StrCat(a0, ",", a1);
   Process s0 = Spawn({binary, "--listen=" + a0, "--server_index=0", "--shard_map=" + map,
-                      "--virtual_shards=32"}, dir + "/server0.log");
+                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0"}, dir + "/server0.log");
   Process s1 = Spawn({binary, "--listen=" + a1, "--server_index=1", "--shard_map=" + map,
-                      "--virtual_shards=32"}, dir + "/server1.log");
+                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0"}, dir + "/server1.log");
 
   GrpcPsClientOptions o;
   o.bootstrap_servers = {a0};
@@ -101,7 +101,7 @@ TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut 
   const std::string dir = TempDir();
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   const std::vector<std::string> args = {binary, "--listen=" + addr, "--shard_map=" + addr, "--virtual_shards=16",
-                                         "--data_dir=" + dir + "/data"};
+                                         "--data_dir=" + dir + "/data", "--metrics_addr=127.0.0.1:0"};
   Process s = Spawn(args, dir + "/server.log");
   auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(addr, 99));
   auto call = [&](auto method, const auto& req, auto* resp) {
@@ -176,7 +176,7 @@ TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut 
 TEST_CASE("fulcrum-server refuses a bad shard map with a clear message", "[e2e]") {
   const std::string binary = FULCRUM_SERVER_BINARY;
   const std::string dir = TempDir();
-  Process p = Spawn({binary, "--listen=127.0.0.1:0", "--server_index=3", "--shard_map=127.0.0.1:1"},
+  Process p = Spawn({binary, "--listen=127.0.0.1:0", "--server_index=3", "--shard_map=127.0.0.1:1", "--metrics_addr="},
                     dir + "/bad.log");
   int status = 0;
   REQUIRE(waitpid(p.pid, &status, 0) == p.pid);

@@ -132,7 +132,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   const std::string script = std::string(FULCRUM_SOURCE_DIR) + "/deploy/local/cluster.sh";
   const std::string bin = FULCRUM_BUILD_DIR;
   REQUIRE(Run({script, "start", "--servers", "2", "--workers", "3", "--dir", (dir / "cluster").string(), "--port",
-               absl::StrCat(base), "--bin", bin, "--data", FULCRUM_TEST_DATA_DIR},
+               absl::StrCat(base), "--metrics-port", "0", "--bin", bin, "--data", FULCRUM_TEST_DATA_DIR},
               (dir / "start.log").string()) == 0);
   // Stops the cluster however the test ends.
   struct Stop {

@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "worker/daemon/worker_daemon.h"
 
@@ -18,6 +19,8 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coor
 ABSL_FLAG(std::string, device, "auto", "compute device: auto (first GPU, else CPU), cpu, cuda:N");
 ABSL_FLAG(std::string, data_dir, "", "where relative data paths of job specs resolve "
           "(default $FULCRUM_DATA_DIR, else ~/.cache/fulcrum/data)");
+ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9402",
+          "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 
@@ -38,6 +41,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   fulcrum::WorkerDaemon daemon(o);
+  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
+      [&daemon](fulcrum::metrics::Scrape* out) { daemon.CollectMetrics(out); });
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "worker", collector);
+  if (!metrics.ok()) {
+    std::cerr << "fulcrum-worker: " << metrics.status() << "\n";
+    return 2;
+  }
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; stopping";
   daemon.Stop();

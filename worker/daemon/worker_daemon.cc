@@ -255,7 +255,9 @@ class WorkerDaemon::Runner {
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
-    to.on_step = [this](uint64_t step, const models::Metrics& m) { OnStep(step, m); };
+    to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
+      OnStep(step, m, t);
+    };
     to.stop = &stop_;
     training::Trainer trainer(model.get(), client.get(), to);
     const int64_t spe = trainer.StepsPerEpoch(*train);
@@ -334,7 +336,16 @@ class WorkerDaemon::Runner {
     return absl::OkStatus();
   }
 
-  void OnStep(uint64_t step, const models::Metrics& m) {
+  void OnStep(uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
+    metrics_.data_wait.Observe(t.data_wait);
+    metrics_.pull.Observe(t.pull);
+    metrics_.compute.Observe(t.compute);
+    metrics_.push.Observe(t.push);
+    metrics_.step.Observe(t.total);
+    metrics::AtomicAdd(&metrics_.samples, static_cast<double>(m.examples));
+    metrics_.steps.fetch_add(1, std::memory_order_relaxed);
+    if (m.examples > 0) metrics_.loss.store(m.loss_sum / static_cast<double>(m.examples));
+    metrics_.epoch.store(progress_.epoch());
     epoch_examples_ += m.examples;
     epoch_loss_ += m.loss_sum;
     epoch_correct_ += m.correct;
@@ -350,6 +361,30 @@ class WorkerDaemon::Runner {
     progress_.set_samples_per_second(secs > 0 ? epoch_examples_ / secs : 0);
     SendProgress("training");
   }
+
+
+ public:
+  void CollectMetrics(metrics::Scrape* out) const {
+    const metrics::Labels l = {{"job", a_.job_id()}, {"rank", absl::StrCat(a_.rank())}};
+    auto phase = [&](const char* name, const metrics::Histogram& h) {
+      out->Histogram("fulcrum_worker_step_phase_seconds",
+                     "Where a training step's time went: data_wait, pull, compute (forward + backward), push",
+                     {{"job", a_.job_id()}, {"rank", absl::StrCat(a_.rank())}, {"phase", name}}, h);
+    };
+    phase("data_wait", metrics_.data_wait);
+    phase("pull", metrics_.pull);
+    phase("compute", metrics_.compute);
+    phase("push", metrics_.push);
+    out->Histogram("fulcrum_worker_step_duration_seconds", "Wall time of one training step", l, metrics_.step);
+    out->Counter("fulcrum_worker_samples_total", "Training examples processed", l, metrics_.samples.load());
+    out->Counter("fulcrum_worker_steps_total", "Training steps completed by this worker for the rank", l,
+                 static_cast<double>(metrics_.steps.load()));
+    out->Gauge("fulcrum_worker_loss", "Mean training loss of the rank's last step (NaN when it diverged)", l,
+               metrics_.loss.load());
+    out->Gauge("fulcrum_worker_epoch", "The epoch the rank is training", l, metrics_.epoch.load());
+  }
+
+ private:
 
   int cpu_threads() const {
     if (options_.cpu_threads > 0) return options_.cpu_threads;
@@ -370,6 +405,11 @@ class WorkerDaemon::Runner {
   int64_t epoch_examples_ = 0, epoch_correct_ = 0;
   double epoch_loss_ = 0;
   Clock::time_point epoch_start_, last_report_;
+  struct Metrics {
+    metrics::Histogram data_wait, pull, compute, push, step;
+    std::atomic<double> samples{0}, loss{0}, epoch{0};
+    std::atomic<uint64_t> steps{0};
+  } metrics_;
   std::thread thread_;
 };
 
@@ -395,6 +435,7 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(opt
   ao.coordinator = options_.coordinator;
   ao.info = info;
   ao.on_update = [this](const v1::HeartbeatResponse& r) { OnUpdate(r); };
+  nvml_ = metrics::Nvml::Load();
   agent_ = std::make_unique<NodeAgent>(std::move(ao));
 }
 
@@ -413,6 +454,30 @@ void WorkerDaemon::Stop() {
   for (auto& [k, r] : runners) r->Stop();
   runners.clear();  // joins
   retiring.clear();
+}
+
+void WorkerDaemon::CollectMetrics(metrics::Scrape* out) const {
+  absl::MutexLock lock(&mu_);
+  double running = 0;
+  for (const auto& [k, r] : runners_) {
+    if (r->finished()) continue;
+    ++running;
+    r->CollectMetrics(out);
+  }
+  out->Gauge("fulcrum_worker_assignments", "Assignments (job ranks) this worker runs now", {}, running);
+  out->Gauge("fulcrum_worker_slots", "Assignments this worker can run at once", {},
+             std::max<uint32_t>(1, options_.slots));
+  if (nvml_) {
+    for (const metrics::Nvml::Device& d : nvml_->Read()) {
+      const metrics::Labels l = {{"gpu", absl::StrCat(d.index)}, {"name", d.name}};
+      out->Gauge("fulcrum_worker_gpu_utilization_ratio",
+                 "GPU busy fraction over NVML's last sample period (from NVML; DCGM_FI_DEV_GPU_UTIL / 100)", l,
+                 d.utilization);
+      out->Gauge("fulcrum_worker_gpu_memory_used_bytes", "GPU memory in use (from NVML; DCGM_FI_DEV_FB_USED in MiB)",
+                 l, d.memory_used_bytes);
+      out->Gauge("fulcrum_worker_gpu_memory_total_bytes", "GPU memory in all (from NVML)", l, d.memory_total_bytes);
+    }
+  }
 }
 
 int WorkerDaemon::running() const {

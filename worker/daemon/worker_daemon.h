@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/node_agent.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "worker/data/dataset.h"
@@ -47,6 +48,9 @@ class WorkerDaemon {
   bool WaitRegistered(absl::Duration timeout) const { return agent_->WaitRegistered(timeout); }
   // Assignments running now.
   int running() const;
+  // Renders the worker's series (docs/metrics.md): per running assignment
+  // (job, rank) step-time phases, samples and loss; GPUs through NVML.
+  void CollectMetrics(metrics::Scrape* out) const;
   void Stop();
 
   class Runner;
@@ -57,6 +61,7 @@ class WorkerDaemon {
 
   const WorkerDaemonOptions options_;
   std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<metrics::Nvml> nvml_;  // null without an NVIDIA driver
   mutable absl::Mutex mu_;
   std::map<Key, std::unique_ptr<Runner>> runners_ ABSL_GUARDED_BY(mu_);
   std::set<Key> done_ ABSL_GUARDED_BY(mu_);  // never restarted

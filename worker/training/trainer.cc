@@ -283,8 +283,10 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   absl::Status s = [&]() -> absl::Status {
     while (result.steps < steps) {
       if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
+      const auto t_data = Clock::now();
       ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
       if (!batch) break;
+      const auto t_batch = Clock::now();
       RETURN_IF_ERROR(model_->Prepare(*batch));
       const auto a = Clock::now();
       RETURN_IF_ERROR(LoadParameters(step_, options_.prefetch_parameters && result.steps + 1 < steps));
@@ -302,7 +304,15 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       result.pull_wait_seconds += std::chrono::duration<double>(b - a).count();
       result.compute_seconds += std::chrono::duration<double>(d - c).count();
       result.push_wait_seconds += std::chrono::duration<double>((c - b) + (e - d)).count();
-      if (options_.on_step) options_.on_step(step_, m);
+      if (options_.on_step) {
+        StepTiming t;
+        t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+        t.pull = std::chrono::duration<double>(b - a).count();
+        t.compute = std::chrono::duration<double>(d - c).count();
+        t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
+        t.total = std::chrono::duration<double>(e - t_data).count();
+        options_.on_step(step_, m, t);
+      }
       ++step_;
       ++result.steps;
       result.skipped_steps += m.skipped;

@@ -35,6 +35,15 @@
 
 namespace fulcrum::training {
 
+// Where one step's wall time went, in seconds (they add up to `total`).
+struct StepTiming {
+  double data_wait = 0;  // waiting for the prefetcher's batch
+  double pull = 0;       // waiting for parameters
+  double compute = 0;    // forward + backward (gradient pushes start during it)
+  double push = 0;       // waiting for pushes to be acknowledged
+  double total = 0;
+};
+
 struct TrainerOptions {
   std::string job_id;
   int batch_size = 64;
@@ -51,8 +60,8 @@ struct TrainerOptions {
   // as they become ready (the rest when backward ends). 0: every table as
   // soon as it is ready; SIZE_MAX: all at the end.
   size_t min_push_group_bytes = 256 << 10;
-  // Called after every step with the step's metrics.
-  std::function<void(uint64_t step, const models::Metrics&)> on_step;
+  // Called after every step with the step's metrics and where its time went.
+  std::function<void(uint64_t step, const models::Metrics&, const struct StepTiming&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
   // when set, TrainEpoch returns CANCELLED.
   const std::atomic<bool>* stop = nullptr;
