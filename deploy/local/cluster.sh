@@ -15,7 +15,8 @@
 # take any free port. RUN_DIR/prometheus-targets.json lists every endpoint
 # (Prometheus file_sd format, with a `role` label) for
 # deploy/prometheus/prometheus-local.yml; `targets` writes it again (after
-# restarts under --metrics-port 0, whose ports change).
+# restarts under --metrics-port 0, whose ports change). RUN_DIR/prometheus.yml
+# is that config for this run: `prometheus --config.file=RUN_DIR/prometheus.yml`.
 #
 # Every process runs under a supervisor, as Kubernetes or systemd would run
 # it: when it exits (a crash, kill -9) it is started again with the same
@@ -159,8 +160,13 @@ case "$cmd" in
       sleep 0.1
     done
     write_targets
+    # A Prometheus config for this run: the shipped one, pointed at this
+    # run's targets file and the repository's rules.
+    sed -e "s|/tmp/fulcrum-cluster/prometheus-targets.json|$dir/prometheus-targets.json|" \
+      -e "s|  - rules/|  - $root/deploy/prometheus/rules/|" "$root/deploy/prometheus/prometheus-local.yml" >"$dir/prometheus.yml"
     echo "== cluster up in $dir: coordinator $coord, $servers server(s), $workers worker(s) ($n of $want registered)"
-    echo "   metrics: $(grep -c targets "$dir/prometheus-targets.json") endpoints in $dir/prometheus-targets.json"
+    echo "   metrics: $(grep -c targets "$dir/prometheus-targets.json") endpoints in $dir/prometheus-targets.json;" \
+      "scrape them with: prometheus --config.file=$dir/prometheus.yml"
     echo "   logs: $dir/logs/   stop: $0 stop --dir $dir"
     ;;
   stop) stop ;;

@@ -10,17 +10,21 @@
 #   5. prints the final test accuracy and where the logs are, and stops the
 #      cluster (--keep leaves it running for your own jobs).
 #
-#   deploy/local/demo.sh [--keep] [--dir RUN_DIR] [--port BASE]
+#   deploy/local/demo.sh [--keep] [--dir RUN_DIR] [--port BASE] [--metrics-port MBASE]
+#
+# Every process serves Prometheus metrics (coordinator on MBASE, default
+# 9400, then the servers and workers; 0: any free ports).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${FULCRUM_BUILD_DIR:-$root/build}
-keep=0 dir="" port=7070
+keep=0 dir="" port=7070 mport=9400
 while (($#)); do
   case "$1" in
     --keep) keep=1; shift ;;
     --dir) dir=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --metrics-port) mport=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +56,7 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-cluster start --servers 2 --workers 2 --port "$port" --bin "$build" --data "$data"
+cluster start --servers 2 --workers 2 --port "$port" --metrics-port "$mport" --bin "$build" --data "$data"
 "$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" cluster
 
 echo "== submitting $root/deploy/examples/mnist-mlp.yaml"
@@ -74,5 +78,7 @@ else
 fi
 echo "   logs:    $dir/logs/ (coordinator.log, server-*.log, worker-*.log)"
 echo "   state:   $dir/coordinator/ (the coordinator's RocksDB), $dir/server-*/checkpoints (checkpoints)"
-echo "   metrics: not served yet (Prometheus endpoints arrive with the observability work)"
+echo "   metrics: $(sed -n 's/.*"targets": \["\([^"]*\)"\].*"process": "\([^"]*\)".*/\2 http:\/\/\1\/metrics/p' "$dir/prometheus-targets.json" | paste -sd ' ')"
+echo "            (while the cluster runs, e.g. with --keep: prometheus --config.file=$dir/prometheus.yml," \
+  "and Grafana with deploy/grafana/)"
 exit "$status"

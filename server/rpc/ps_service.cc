@@ -401,6 +401,9 @@ PsGrpcServer::~PsGrpcServer() { Shutdown(); }
 void PsGrpcServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  // Health checks answer NOT_SERVING from here on, so load balancers and
+  // Kubernetes stop routing here while pulls drain.
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   ps_->Drain();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

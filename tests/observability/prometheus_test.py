@@ -3,8 +3,9 @@
 
 Starts deploy/local/cluster.sh (coordinator, 2 servers, 2 workers with 2
 slots, metrics on free ports listed in prometheus-targets.json), starts the
-Debian prometheus with deploy/prometheus/prometheus-local.yml (pointed at
-that targets file, its rules copied along), runs a BSP job with checkpoints
+Debian prometheus with the prometheus.yml cluster.sh writes for the run
+(deploy/prometheus/prometheus-local.yml pointed at that targets file and
+the repository's rules), runs a BSP job with checkpoints
 (MNIST MLP) and an SSP job (digits) at once, then asks Prometheus's HTTP API:
 
   - every target is up, and every process exports fulcrum_build_info;
@@ -124,10 +125,13 @@ def main():
         roles = sorted(t["labels"]["role"] for t in targets)
         check(roles == ["coordinator", "server", "server", "worker", "worker"], f"targets file lists every process: {roles}")
 
-        # --- Prometheus
+        # --- Prometheus, with the config cluster.sh wrote for this run
+        run_cfg = os.path.join(run_dir, "prometheus.yml")
+        r = run(["promtool", "check", "config", run_cfg])
+        check(r.returncode == 0, f"promtool check config of cluster.sh's prometheus.yml: {r.stdout.strip()[-200:]} {r.stderr.strip()[-200:]}")
         prom_port = free_ports(1)
         prom_log = open(os.path.join(work, "prometheus.log"), "w")
-        prom = subprocess.Popen(["prometheus", f"--config.file={local_cfg}",
+        prom = subprocess.Popen(["prometheus", f"--config.file={run_cfg}",
                                  f"--storage.tsdb.path={os.path.join(work, 'tsdb')}",
                                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                                 stdout=prom_log, stderr=subprocess.STDOUT)
