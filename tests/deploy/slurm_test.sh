@@ -85,17 +85,12 @@ echo "== one-node Slurm cluster on $host: node $state"
 [[ $state == idle* ]] || { keep=1; tail -20 "$work"/*.log; echo "FAIL: slurmd did not come up"; exit 1; }
 
 # The batch job, as a user would submit it.
-export FULCRUM_JOB_SPEC="$root/deploy/examples/digits-softmax.yaml" FULCRUM_BIN="$build/server" \
+export FULCRUM_JOB_SPEC="$root/deploy/examples/digits-softmax.yaml" FULCRUM_BIN="$build" \
   FULCRUM_DATA="$data" FULCRUM_RUN_DIR="$work/run" FULCRUM_SERVERS_PER_NODE=2 FULCRUM_WORKERS_PER_NODE=2 \
   FULCRUM_METRICS_PORT=0
 FULCRUM_PORT=$(free_port)
 export FULCRUM_PORT
-# The worker binary lives elsewhere in a build tree: link them together.
-mkdir -p "$work/bin"
-ln -s "$build"/server/fulcrum-coordinator "$build"/server/fulcrum-server "$build"/server/fulcrumctl \
-  "$build"/worker/fulcrum-worker "$work/bin/"
-FULCRUM_BIN="$work/bin"
-export FULCRUM_BIN OPENBLAS_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=1
 out="$work/job.out"
 rc=0
 sbatch --wait --nodes=1 --chdir="$work" --output="$out" --time=15 "$root/deploy/slurm/fulcrum.sbatch" || rc=$?
