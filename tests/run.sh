@@ -24,3 +24,6 @@ cmake --build "$build"
 echo "== test"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900
+# libFuzzer targets, a bounded time each (FULCRUM_FUZZ_SECONDS, default 30).
+cd "$root"
+tests/fuzz/run.sh "$build-fuzz"

@@ -182,6 +182,21 @@ TEST_CASE("CSV: label column, header, scale, and bad rows") {
                  "label column 5 does not exist");
 }
 
+TEST_CASE("readers refuse numbers that would overflow a class count or fp32 (found by fuzz_readers)") {
+  TempDir dir;
+  CsvOptions d;
+  // A class id of 1e50 once became an infinite class count.
+  REQUIRE_STATUS(ReadCsv(dir.Write("g.csv", "0,99999999999999999999999999999999999999999999999913\n"), d).status(),
+                 absl::StatusCode::kInvalidArgument, "is beyond the largest class id supported (1048575)");
+  REQUIRE_STATUS(ReadCsv(dir.Write("h.csv", "1e39,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "h.csv: line 1: column 1 is not a finite fp32 number");
+  d.labels = LabelKind::kValue;
+  REQUIRE_STATUS(ReadCsv(dir.Write("i.csv", "1,1e300\n"), d).status(), absl::StatusCode::kInvalidArgument,
+                 "label 1e+300 is outside the fp32 range");
+  REQUIRE_STATUS(ReadLibSvm(dir.Write("j.svm", "1 3:1e40\n")).status(), absl::StatusCode::kInvalidArgument,
+                 "feature value 1e+40 is outside the fp32 range");
+}
+
 TEST_CASE("sharding: ranks partition a seeded shuffle, equal counts, same seed same order") {
   const size_t n = 103;
   std::set<int64_t> seen;

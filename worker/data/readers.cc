@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <string_view>
 
@@ -25,8 +26,15 @@ uint32_t BigEndian32(const std::string& s, size_t at) {
 absl::Status CheckLabel(double v, LabelKind kind, int num_classes, const std::string& path, absl::string_view where,
                         float* out) {
   if (!std::isfinite(v)) return FileError(path, where, "label is not a finite number");
+  // Class ids size the model's output layer: bounded (found by fuzz_readers,
+  // a label of 1e50 overflowed the class count).
+  constexpr int kMaxClasses = 1 << 20;
   switch (kind) {
     case LabelKind::kClass:
+      if (v >= kMaxClasses && v == std::floor(v)) {
+        return FileError(path, where, absl::StrCat("label ", v, " is beyond the largest class id supported (",
+                                                   kMaxClasses - 1, ")"));
+      }
       if (v != std::floor(v) || v < 0 || (num_classes > 0 && v >= num_classes)) {
         return FileError(path, where,
                          num_classes > 0
@@ -41,6 +49,9 @@ absl::Status CheckLabel(double v, LabelKind kind, int num_classes, const std::st
       else return FileError(path, where, absl::StrCat("label ", v, " is not binary (0/1 or -1/+1)"));
       return absl::OkStatus();
     case LabelKind::kValue:
+      if (std::fabs(v) > std::numeric_limits<float>::max()) {
+        return FileError(path, where, absl::StrCat("label ", v, " is outside the fp32 range"));
+      }
       *out = static_cast<float>(v);
       return absl::OkStatus();
   }
@@ -347,6 +358,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path, con
       if (!ParseDouble(item.substr(colon + 1), &value) || !std::isfinite(value)) {
         return FileError(path, where, absl::StrCat("feature value \"", A(item.substr(colon + 1)), "\" is not a finite number"));
       }
+      if (std::fabs(value) > std::numeric_limits<float>::max()) {
+        return FileError(path, where, absl::StrCat("feature value ", value, " is outside the fp32 range"));
+      }
       if (!first && index <= previous) {
         return FileError(path, where, absl::StrCat("feature indices must increase (", index, " after ", previous, ")"));
       }
@@ -409,8 +423,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
     labels.push_back(stored);
     for (int c = 0; c < columns; ++c) {
       if (c == lc) continue;
-      if (!std::isfinite(fields[c])) {
-        return FileError(path, where, absl::StrCat("column ", c + 1, " is not finite"));
+      if (!std::isfinite(fields[c]) || std::fabs(fields[c] * options.scale) > std::numeric_limits<float>::max()) {
+        return FileError(path, where, absl::StrCat("column ", c + 1, " is not a finite fp32 number"));
       }
       features.push_back(static_cast<float>(fields[c] * options.scale));
     }
