@@ -44,7 +44,9 @@ class ProcessCluster {
     coordinator_ = absl::StrCat("127.0.0.1:", FreePort());
     Start("coordinator", {Bin("server/fulcrum-coordinator"), "--listen=" + coordinator_,
                           "--data_dir=" + (dir_ / "coordinator").string(), absl::StrCat("--min_servers=", servers),
-                          "--heartbeat_interval_ms=300", "--node_timeout_ms=2000"});
+                          // 5 s: a server starved of CPU for 2 s on a loaded 2-core CI
+                          // machine was once declared dead mid-start-up.
+                          "--heartbeat_interval_ms=300", "--node_timeout_ms=5000"});
     for (int i = 0; i < servers; ++i) {
       AddServer();
     }
