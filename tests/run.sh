@@ -4,12 +4,31 @@
 # Exits non-zero when anything fails. Called by .ci/run.
 #
 #   tests/run.sh                 build in ./build and run every test
+#   tests/run.sh --sanitize      the same with ASan + UBSan, in ./build-asan
+#                                (no CUDA, no fuzzing; benchmarks run as smoke tests)
 #   FULCRUM_BUILD_DIR=/tmp/b tests/run.sh
 #   FULCRUM_CMAKE_ARGS="-DFULCRUM_CUDA=OFF" tests/run.sh
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${FULCRUM_BUILD_DIR:-$root/build}
+sanitize=""
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize|--sanitize=address) sanitize=address ;;
+    *) echo "tests/run.sh: unknown option '$arg' (--sanitize)" >&2; exit 2 ;;
+  esac
+done
+if [[ -n "$sanitize" ]]; then
+  build=${FULCRUM_BUILD_DIR:-$root/build-asan}
+  FULCRUM_CMAKE_ARGS="${FULCRUM_CMAKE_ARGS:-} -DFULCRUM_SANITIZE=$sanitize -DFULCRUM_CUDA=OFF"
+  # Leaks are reported by LeakSanitizer at exit; gRPC's and protobuf's
+  # process-lifetime singletons are not leaks.
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+  export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+else
+  build=${FULCRUM_BUILD_DIR:-$root/build}
+fi
 
 # shellcheck source=deploy/local/packages.sh
 source "$root/deploy/local/packages.sh"
@@ -25,5 +44,7 @@ echo "== test"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900
 # libFuzzer targets, a bounded time each (FULCRUM_FUZZ_SECONDS, default 30).
-cd "$root"
-tests/fuzz/run.sh "$build-fuzz"
+if [[ -z "$sanitize" ]]; then
+  cd "$root"
+  tests/fuzz/run.sh "$build-fuzz"
+fi

@@ -91,8 +91,12 @@ void Prefetcher::Run() {
         }
       }
       if (item.ok()) {
-        std::memcpy(bt.staged.data(), bt.dense.data(), bt.dense.size() * sizeof(float));
-        std::memcpy(bt.staged.as<float>() + bt.dense.size(), bt.labels.data(), bt.labels.size() * sizeof(float));
+        // Sparse batches have no dense part: memcpy from an empty vector's
+        // null data() is undefined even for 0 bytes (UBSan).
+        if (!bt.dense.empty()) std::memcpy(bt.staged.data(), bt.dense.data(), bt.dense.size() * sizeof(float));
+        if (!bt.labels.empty()) {
+          std::memcpy(bt.staged.as<float>() + bt.dense.size(), bt.labels.data(), bt.labels.size() * sizeof(float));
+        }
       }
     }
     {
