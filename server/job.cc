@@ -1026,7 +1026,7 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
     out->Gauge("fulcrum_server_checkpoint_timestamp_seconds", "When the job's last checkpoint part here was written",
                job, m.last_checkpoint_time.load());
     out->Gauge("fulcrum_server_checkpoint_age_seconds", "Seconds since the job's last checkpoint part here", job,
-               absl::ToDoubleSeconds(absl::Now() - absl::FromUnixSeconds(0)) - m.last_checkpoint_time.load());
+               absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - m.last_checkpoint_time.load());
   }
 }
 

@@ -100,9 +100,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Declared after the server so it stops first: no scrape outlives it.
-  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
-      [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); });
-  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "server", collector);
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "server",
+                                                [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); });
   if (!metrics.ok()) {
     std::cerr << "fulcrum-server: " << metrics.status() << "\n";
     return 2;

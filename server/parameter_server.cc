@@ -455,8 +455,7 @@ void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
     for (int code = 1; code < 17; ++code) {
       // Every code, zeros too (32 series): a rate is defined from the start.
       const uint64_t n = rejected_[op][code].load(std::memory_order_relaxed);
-      std::string reason = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-      for (char& c : reason) c = c == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const std::string reason = metrics::LabelValue(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
       out->Counter("fulcrum_server_rejected_requests_total",
                    "Pushes and pulls refused, by the status code's name (invalid_argument, failed_precondition, ...)",
                    {{"op", kOps[op]}, {"reason", reason}}, static_cast<double>(n));

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -141,15 +142,19 @@ bool ReadProcStat(ProcStat* out) {
   out->cpu_seconds = (utime + stime) / ticks;
   out->virtual_bytes = vsize;
   out->resident_bytes = rss * static_cast<double>(sysconf(_SC_PAGESIZE));
-  std::ifstream st("/proc/stat");
-  std::string word;
-  double btime = 0;
-  while (st >> word) {
-    if (word == "btime") {
-      st >> btime;
-      break;
+  // The boot time never changes: read it once.
+  static const double btime = [] {
+    std::ifstream st("/proc/stat");
+    std::string word;
+    double t = 0;
+    while (st >> word) {
+      if (word == "btime") {
+        st >> t;
+        break;
+      }
     }
-  }
+    return t;
+  }();
   out->start_time_seconds = btime + start / ticks;
   return true;
 }
@@ -348,15 +353,21 @@ void MetricsServer::Add(std::weak_ptr<Collector> collector) { endpoint_->Add(std
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
                                                            const std::string& component,
-                                                           std::weak_ptr<Collector> collector) {
+                                                           std::function<void(Scrape*)> collect) {
   if (address.empty()) {
     FLOG(INFO) << "--metrics_addr is empty: no metrics endpoint";
     return std::unique_ptr<MetricsServer>();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server, MetricsServer::Start(address, component));
-  server->Add(std::move(collector));
+  server->owned_ = std::make_shared<FunctionCollector>(std::move(collect));
+  server->Add(server->owned_);
   FLOG(INFO) << "metrics on http://" << server->address() << "/metrics";
   return server;
+}
+
+std::string LabelValue(std::string name) {
+  for (char& c : name) c = c == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
 }
 
 std::string RenderText(const std::vector<const Collector*>& collectors) {

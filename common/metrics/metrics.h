@@ -114,7 +114,10 @@ class MetricsServer {
   class Endpoint;
   MetricsServer() = default;
   void Serve();
+  friend absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string&, const std::string&,
+                                                                     std::function<void(Scrape*)>);
   std::shared_ptr<Endpoint> endpoint_;
+  std::shared_ptr<Collector> owned_;  // ServeMetrics' collector
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -122,11 +125,15 @@ class MetricsServer {
   int port_ = 0;
 };
 
-// For a binary's --metrics_addr: starts the endpoint with `collector` and
-// logs where it serves; an empty address serves nothing (null, logged).
+// For a binary's --metrics_addr: starts the endpoint rendering `collect`
+// (held by the server, so it must not outlive what `collect` reads) and logs
+// where it serves; an empty address serves nothing (null, logged).
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
                                                            const std::string& component,
-                                                           std::weak_ptr<Collector> collector);
+                                                           std::function<void(Scrape*)> collect);
+
+// A label value from an enum or status-code name: "NOT FOUND" -> "not_found".
+std::string LabelValue(std::string name);
 
 // Renders collectors in the text exposition format (tests, fulcrumctl).
 std::string RenderText(const std::vector<const Collector*>& collectors);

@@ -1503,9 +1503,8 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   for (int st = v1::PENDING; st <= v1::CANCELLED; ++st) by_state[st] = 0;
   for (const auto& [id, r] : jobs_) by_state[r.job.status().state()] += 1;
   for (const auto& [st, n] : by_state) {
-    std::string name = v1::JobState_Name(static_cast<v1::JobState>(st));
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    out->Gauge("fulcrum_coordinator_jobs", "Jobs in the registry, by state", {{"state", name}}, n);
+    out->Gauge("fulcrum_coordinator_jobs", "Jobs in the registry, by state",
+               {{"state", metrics::LabelValue(v1::JobState_Name(static_cast<v1::JobState>(st)))}}, n);
   }
   double live[2][2] = {{0, 0}, {0, 0}};  // [role: server, worker][alive]
   for (const auto& [id, n] : nodes_) {
@@ -1532,9 +1531,8 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   for (const auto& [id, r] : jobs_) {
     const v1::JobStatus& st = r.job.status();
     const metrics::Labels job = {{"job", id}};
-    std::string state = v1::JobState_Name(st.state());
-    for (char& c : state) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    out->Gauge("fulcrum_coordinator_job_state", "1 for the job's current state", {{"job", id}, {"state", state}}, 1);
+    out->Gauge("fulcrum_coordinator_job_state", "1 for the job's current state",
+               {{"job", id}, {"state", metrics::LabelValue(v1::JobState_Name(st.state()))}}, 1);
     out->Gauge("fulcrum_coordinator_job_epoch", "The epoch the job's slowest rank is in", job, st.epoch());
     out->Gauge("fulcrum_coordinator_job_step", "Steps the job's slowest rank completed", job,
                static_cast<double>(st.step()));

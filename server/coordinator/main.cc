@@ -56,9 +56,8 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
     return 1;
   }
-  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
-      [c = coordinator->get()](fulcrum::metrics::Scrape* out) { c->CollectMetrics(out); });
-  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "coordinator", collector);
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "coordinator",
+                                                [c = coordinator->get()](fulcrum::metrics::Scrape* out) { c->CollectMetrics(out); });
   if (!metrics.ok()) {
     std::cerr << "fulcrum-coordinator: " << metrics.status() << "\n";
     return 2;

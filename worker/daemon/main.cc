@@ -41,9 +41,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   fulcrum::WorkerDaemon daemon(o);
-  std::shared_ptr<fulcrum::metrics::Collector> collector = std::make_shared<fulcrum::metrics::FunctionCollector>(
-      [&daemon](fulcrum::metrics::Scrape* out) { daemon.CollectMetrics(out); });
-  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "worker", collector);
+  auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "worker",
+                                                [&daemon](fulcrum::metrics::Scrape* out) { daemon.CollectMetrics(out); });
   if (!metrics.ok()) {
     std::cerr << "fulcrum-worker: " << metrics.status() << "\n";
     return 2;
