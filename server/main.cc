@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
+#include "common/rpc/security_flags.h"
 #include "common/rpc/node_agent.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
@@ -50,6 +51,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum parameter server");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer); !s.ok()) {
+    std::cerr << "fulcrum-server: " << s.message() << "\n";
+    return 2;
+  }
   fulcrum::BlockTerminationSignals();
 
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/errors.h"
+#include "common/rpc/security.h"
 
 namespace fulcrum {
 namespace {
@@ -63,14 +64,13 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
   // connection) between our parallel channels.
   args.SetInt("fulcrum.channel_index", index);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  // TLS arrives with the security issue; until then channels are plaintext.
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, security::ChannelCredentials(), args);
 }
 
 std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxCheckpointMessageBytes);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, security::ChannelCredentials(), args);
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {

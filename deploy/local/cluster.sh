@@ -5,6 +5,7 @@
 #
 #   cluster.sh start [--servers N] [--workers M] [--dir RUN_DIR] [--port BASE]
 #                    [--metrics-port MBASE] [--bin BUILD_DIR] [--data DATA_DIR] [--slots S]
+#                    [--insecure]
 #   cluster.sh stop  [--dir RUN_DIR]
 #   cluster.sh status [--dir RUN_DIR]
 #   cluster.sh targets [--dir RUN_DIR]
@@ -26,15 +27,23 @@
 # the coordinator rolls jobs back to their last checkpoint. RUN_DIR/pids
 # lists the supervisors; RUN_DIR/run/NAME.pid holds each process's current pid.
 # RUN_DIR (default /tmp/fulcrum-cluster) holds logs/, coordinator/ (its
-# RocksDB state), server-N/ (each server's checkpoints), pids and `env` (FULCRUM_COORDINATOR=...), which fulcrumctl
-# users can source. Submit jobs with:
-#   build/server/fulcrumctl --coordinator=127.0.0.1:7070 submit -f deploy/examples/mnist-mlp.yaml
+# RocksDB state), server-N/ (each server's checkpoints), pids and `env`,
+# which fulcrumctl users source.
+#
+# Secure by default: on the first start RUN_DIR/tls/ gets a cluster CA, a
+# certificate for every process and a token file (deploy/tls/gen-certs.sh);
+# every gRPC endpoint then speaks mutual TLS and the job API takes bearer
+# tokens (user "demo", and "admin" who sees every job). Later starts reuse
+# them. --insecure runs everything in plaintext without tokens. Submit jobs
+# with:
+#   set -a; source /tmp/fulcrum-cluster/env; set +a
+#   build/server/fulcrumctl submit -f deploy/examples/mnist-mlp.yaml
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 cmd=${1:-}
 shift || true
-servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 mport=9400 bin="$root/build" slots=1
+servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 mport=9400 bin="$root/build" slots=1 insecure=0
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 while (($#)); do
   case "$1" in
@@ -46,6 +55,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --slots) slots=$2; shift 2 ;;
+    --insecure) insecure=1; shift ;;
     *) echo "cluster.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -131,13 +141,28 @@ case "$cmd" in
     mkdir -p "$dir/logs" "$dir/run"
     : >"$dir/pids"
     coord="127.0.0.1:$port"
+    # tls NAME: the flags that give process NAME its certificate.
+    if ((insecure)); then
+      tls() { echo --insecure; }
+      coord_auth=()
+      ctl_env=(FULCRUM_INSECURE=1)
+    else
+      "$root/deploy/tls/gen-certs.sh" "$dir/tls" --servers "$servers" --workers "$workers" >>"$dir/logs/tls.log"
+      tls() { echo "--tls_ca_file=$dir/tls/ca.crt --tls_cert_file=$dir/tls/$1.crt --tls_key_file=$dir/tls/$1.key"; }
+      coord_auth=(--token_file="$dir/tls/tokens.csv")
+      ctl_env=(FULCRUM_TLS_CA_FILE="$dir/tls/ca.crt" FULCRUM_TOKEN_FILE="$dir/tls/token-demo")
+    fi
+    # shellcheck disable=SC2046  # tls's words are separate flags
     supervise coordinator "$bin/server/fulcrum-coordinator" --listen="$coord" --data_dir="$dir/coordinator" \
-      --min_servers="$servers" --metrics_addr="$(metrics_addr 0)" 2>>"$dir/logs/supervisors.log" &
+      --min_servers="$servers" --metrics_addr="$(metrics_addr 0)" $(tls coordinator) "${coord_auth[@]}" \
+      2>>"$dir/logs/supervisors.log" &
     echo "$! coordinator" >>"$dir/pids"
     for ((i = 0; i < servers; i++)); do
       addr="127.0.0.1:$((port + 1 + i))"
+      # shellcheck disable=SC2046
       supervise "server-$i" "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
-        --data_dir="$dir/server-$i" --metrics_addr="$(metrics_addr $((1 + i)))" 2>>"$dir/logs/supervisors.log" &
+        --data_dir="$dir/server-$i" --metrics_addr="$(metrics_addr $((1 + i)))" $(tls "server-$i") \
+        2>>"$dir/logs/supervisors.log" &
       echo "$! server-$i" >>"$dir/pids"
     done
     # Workers share this host's cores with the servers: one compute thread
@@ -145,16 +170,17 @@ case "$cmd" in
     # spinning thread takes the core a server needs to answer (measured in
     # docs/benchmarks.md).
     for ((i = 0; i < workers; i++)); do
+      # shellcheck disable=SC2046
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
-        --metrics_addr="$(metrics_addr $((1 + servers + i)))" 2>>"$dir/logs/supervisors.log" &
+        --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done
-    echo "FULCRUM_COORDINATOR=$coord" >"$dir/env"
+    printf '%s\n' "FULCRUM_COORDINATOR=$coord" "${ctl_env[@]}" >"$dir/env"
     # Wait until every node registered.
     want=$((servers + workers))
     for _ in $(seq 100); do
-      n=$("$bin/server/fulcrumctl" --coordinator="$coord" --output=json cluster 2>/dev/null |
+      n=$(env "${ctl_env[@]}" "$bin/server/fulcrumctl" --coordinator="$coord" --output=json cluster 2>/dev/null |
         grep -o '"alive":true' | wc -l || true)
       ((n >= want)) && break
       sleep 0.1
@@ -167,14 +193,21 @@ case "$cmd" in
     echo "== cluster up in $dir: coordinator $coord, $servers server(s), $workers worker(s) ($n of $want registered)"
     echo "   metrics: $(grep -c targets "$dir/prometheus-targets.json") endpoints in $dir/prometheus-targets.json;" \
       "scrape them with: prometheus --config.file=$dir/prometheus.yml"
+    if ((insecure)); then
+      echo "   WARNING: --insecure: plaintext gRPC, no client certificates, no tokens"
+    else
+      echo "   security: mutual TLS (CA $dir/tls/ca.crt); fulcrumctl as user demo: set -a; source $dir/env; set +a"
+    fi
     echo "   logs: $dir/logs/   stop: $0 stop --dir $dir"
     ;;
   stop) stop ;;
   targets) write_targets; cat "$dir/prometheus-targets.json" ;;
   status)
     [[ -f "$dir/env" ]] || { echo "no cluster in $dir"; exit 1; }
+    set -a
     # shellcheck disable=SC1091
     source "$dir/env"
-    "$bin/server/fulcrumctl" --coordinator="$FULCRUM_COORDINATOR" cluster ;;
+    set +a
+    "$bin/server/fulcrumctl" cluster ;;
   *) echo "usage: $0 start|stop|status|targets [options]" >&2; exit 2 ;;
 esac

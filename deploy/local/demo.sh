@@ -10,21 +10,26 @@
 #   5. prints the final test accuracy and where the logs are, and stops the
 #      cluster (--keep leaves it running for your own jobs).
 #
-#   deploy/local/demo.sh [--keep] [--dir RUN_DIR] [--port BASE] [--metrics-port MBASE]
+#   deploy/local/demo.sh [--keep] [--dir RUN_DIR] [--port BASE] [--metrics-port MBASE] [--insecure]
+#
+# The cluster speaks mutual TLS with certificates made on the spot
+# (RUN_DIR/tls), and fulcrumctl authenticates as user "demo" with a bearer
+# token; --insecure runs it in plaintext instead.
 #
 # Every process serves Prometheus metrics (coordinator on MBASE, default
 # 9400, then the servers and workers; 0: any free ports).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${FULCRUM_BUILD_DIR:-$root/build}
-keep=0 dir="" port=7070 mport=9400
+keep=0 dir="" port=7070 mport=9400 insecure=()
 while (($#)); do
   case "$1" in
     --keep) keep=1; shift ;;
     --dir) dir=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --metrics-port) mport=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --insecure) insecure=(--insecure); shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,31 +53,38 @@ cluster() { "$root/deploy/local/cluster.sh" "$@" --dir "$dir"; }
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   if ((keep)); then
-    echo "== cluster left running (--keep): FULCRUM_COORDINATOR=127.0.0.1:$port"
-    echo "   submit: $build/server/fulcrumctl --coordinator=127.0.0.1:$port submit -f $root/deploy/examples/mnist-softmax.yaml"
+    echo "== cluster left running (--keep); fulcrumctl's address and credentials are in $dir/env:"
+    echo "   set -a; source $dir/env; set +a"
+    echo "   submit: $build/server/fulcrumctl submit -f $root/deploy/examples/mnist-softmax.yaml"
     echo "   stop:   $root/deploy/local/cluster.sh stop --dir $dir"
   else
     cluster stop
   fi
 }
 trap cleanup EXIT
-cluster start --servers 2 --workers 2 --port "$port" --metrics-port "$mport" --bin "$build" --data "$data"
-"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" cluster
+cluster start --servers 2 --workers 2 --port "$port" --metrics-port "$mport" --bin "$build" --data "$data" \
+  "${insecure[@]}"
+# The coordinator's address, the CA and the demo user's token.
+set -a
+# shellcheck disable=SC1091
+source "$dir/env"
+set +a
+"$build/server/fulcrumctl" cluster
 
 echo "== submitting $root/deploy/examples/mnist-mlp.yaml"
 start=$(date +%s)
 status=0
-"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" submit -f "$root/deploy/examples/mnist-mlp.yaml" \
+"$build/server/fulcrumctl" submit -f "$root/deploy/examples/mnist-mlp.yaml" \
   | tee "$dir/watch.log" || status=$?
 end=$(date +%s)
 job=$(sed -n 's/^submitted job //p' "$dir/watch.log")
-"$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" status "$job" | tee "$dir/status.txt"
+"$build/server/fulcrumctl" status "$job" | tee "$dir/status.txt"
 acc=$(sed -n 's/^job .* SUCCEEDED: test accuracy //p' "$dir/watch.log")
 echo
 if ((status == 0)); then
   echo "== done: job $job SUCCEEDED, final test accuracy $acc, $((end - start)) s from submit to finish"
   # The final checkpoint, as a model file PyTorch loads.
-  "$build/server/fulcrumctl" --coordinator="127.0.0.1:$port" export "$job" -o "$dir/model.safetensors" || status=$?
+  "$build/server/fulcrumctl" export "$job" -o "$dir/model.safetensors" || status=$?
 else
   echo "== job $job did not succeed (fulcrumctl exit $status); see the logs below" >&2
 fi

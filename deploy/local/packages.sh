@@ -7,7 +7,7 @@ FULCRUM_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
-  iperf3 prometheus slurm-wlm munge clang-14 libclang-rt-14-dev
+  iperf3 prometheus slurm-wlm munge clang-14 libclang-rt-14-dev openssl libssl-dev
 )
 
 fulcrum_install_packages() {

@@ -18,6 +18,7 @@
 #include "common/config/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/security.h"
 #include "common/shard_map.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
@@ -156,7 +157,7 @@ class GrpcServerControl final : public ServerControl {
     if (stub == nullptr) {
       stub = v1::ParameterService::NewStub(
           checkpoint_pages ? CreateCheckpointChannel(address)
-                           : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+                           : grpc::CreateChannel(address, security::ChannelCredentials()));
     }
     return stub.get();
   }
@@ -318,7 +319,8 @@ void Coordinator::BumpGenerationLocked() {
 
 // ---------------------------------------------------------------- job API
 
-absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, bool validate_only) {
+absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, bool validate_only,
+                                                   const std::string& owner) {
   RETURN_IF_ERROR(config::ValidateJobSpec(spec_in));
   if (validate_only) return std::string();
   v1::JobSpec spec = spec_in;
@@ -328,10 +330,22 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
   }
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  if (!owner.empty() && options_.max_active_jobs_per_user > 0) {
+    uint32_t active = 0;
+    for (const auto& [_, other] : jobs_) {
+      active += other.job.owner() == owner && !config::JobEnded(other.job.status().state());
+    }
+    if (active >= options_.max_active_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "user '", owner, "' has ", active, " jobs pending or running; the limit is ",
+          options_.max_active_jobs_per_user, " (--max_active_jobs_per_user): cancel one or wait for one to end"));
+    }
+  }
   JobRecord r;
   const std::string id = absl::StrCat(spec.name(), "-", next_job_++);
   SaveMetaLocked();
   r.job.set_id(id);
+  r.job.set_owner(owner);
   *r.job.mutable_spec() = spec;
   r.job.mutable_status()->set_create_time_unix_ms(NowMs());
   r.ranks.resize(spec.num_workers());

@@ -57,6 +57,10 @@ struct CoordinatorOptions {
   // hold the cut to come back before it fails.
   absl::Duration restore_timeout = absl::Minutes(5);
   absl::Duration tick = absl::Milliseconds(100);
+  // Jobs a user may have pending or running at once (0: no limit). Applies
+  // to authenticated users; the anonymous user of a coordinator without
+  // tokens is not limited.
+  uint32_t max_active_jobs_per_user = 16;
 };
 
 // Talks to parameter servers on the coordinator's behalf (the gRPC one in
@@ -94,7 +98,9 @@ class Coordinator {
   ~Coordinator();
 
   // ---- job API
-  absl::StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, bool validate_only);
+  // `owner`: the submitting user (empty without tokens). A user with
+  // max_active_jobs_per_user jobs not yet ended gets RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, bool validate_only, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);

@@ -10,6 +10,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "server/coordinator/auth.h"
 #include "server/coordinator/coordinator.h"
 
 namespace fulcrum {
@@ -17,9 +18,11 @@ namespace fulcrum {
 class CoordinatorGrpcServer {
  public:
   // Serves `coordinator` (not owned) on `listen_address` ("127.0.0.1:0" for
-  // any free port).
-  static absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> Start(Coordinator* coordinator,
-                                                                      const std::string& listen_address);
+  // any free port). With `tokens` the job API needs a bearer token and users
+  // see only their own jobs; without, every caller is an anonymous admin.
+  static absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> Start(
+      Coordinator* coordinator, const std::string& listen_address,
+      std::shared_ptr<TokenAuthenticator> tokens = nullptr);
   ~CoordinatorGrpcServer();
 
   const std::string& address() const { return address_; }

@@ -1,7 +1,11 @@
 // fulcrum-coordinator: the cluster's control plane.
 //
 //   fulcrum-coordinator --listen=0.0.0.0:7070 --data_dir=/var/lib/fulcrum/coordinator
-//                       [--min_servers=2] [--node_timeout_ms=5000]
+//                       --tls_ca_file=ca.crt --tls_cert_file=coordinator.crt --tls_key_file=coordinator.key
+//                       --token_file=tokens.csv [--min_servers=2] [--node_timeout_ms=5000]
+//
+// TLS is on unless --insecure (common/rpc/security_flags.h); users of the job
+// API authenticate with bearer tokens from --token_file (server/coordinator/auth.h).
 //
 // Servers and workers start with --coordinator=host:7070; users submit jobs
 // with `fulcrumctl --coordinator=host:7070 submit -f spec.yaml`.
@@ -13,6 +17,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
+#include "common/rpc/security_flags.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 
@@ -25,6 +30,10 @@ ABSL_FLAG(uint32_t, virtual_shards, 256, "virtual shards of the shard map (fixed
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 1000, "how often nodes heartbeat (the long-poll length)");
 ABSL_FLAG(int32_t, node_timeout_ms, 5000, "a node silent this long is declared dead");
 ABSL_FLAG(int32_t, checkpoint_wait_s, 60, "how long a server may wait for a BSP checkpoint's step boundary");
+ABSL_FLAG(std::string, token_file, "",
+          "users' bearer tokens (Kubernetes static token file: token,user,uid[,\"groups\"]; group fulcrum:admins "
+          "sees every job); required unless --insecure, re-read when it changes");
+ABSL_FLAG(uint32_t, max_active_jobs_per_user, 16, "jobs a user may have pending or running at once (0: no limit)");
 ABSL_FLAG(int32_t, restore_timeout_s, 300,
           "how long a job rolling back to a checkpoint waits for the servers holding it before it fails");
 
@@ -33,7 +42,29 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   fulcrum::BlockTerminationSignals();
+  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
+      !s.ok()) {
+    std::cerr << "fulcrum-coordinator: " << s.message() << "\n";
+    return 2;
+  }
+  std::shared_ptr<fulcrum::TokenAuthenticator> tokens;
+  if (const std::string token_file = absl::GetFlag(FLAGS_token_file); !token_file.empty()) {
+    auto opened = fulcrum::TokenAuthenticator::Open(token_file);
+    if (!opened.ok()) {
+      std::cerr << "fulcrum-coordinator: " << opened.status().message() << "\n";
+      return 2;
+    }
+    tokens = *std::move(opened);
+    FLOG(INFO) << "job API: bearer tokens of " << tokens->users() << " user(s) from " << token_file;
+  } else if (fulcrum::security::InsecureFlag()) {
+    FLOG(WARNING) << "job API WITHOUT authentication (no --token_file): every caller may see and cancel every job";
+  } else {
+    std::cerr << "fulcrum-coordinator: the job API needs --token_file (users' bearer tokens; "
+                 "deploy/tls/gen-certs.sh writes one) unless --insecure\n";
+    return 2;
+  }
   fulcrum::CoordinatorOptions options;
+  options.max_active_jobs_per_user = absl::GetFlag(FLAGS_max_active_jobs_per_user);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.min_servers = absl::GetFlag(FLAGS_min_servers);
   options.virtual_shards = absl::GetFlag(FLAGS_virtual_shards);
@@ -51,7 +82,7 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-coordinator: " << coordinator.status() << "\n";
     return 2;
   }
-  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen));
+  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen), tokens);
   if (!server.ok()) {
     std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
     return 1;

@@ -1,6 +1,12 @@
 // fulcrumctl: the command-line client of the coordinator's job API.
 //
 //   fulcrumctl [--coordinator=host:port] [--output=text|json] COMMAND ...
+//
+// Credentials: TLS to the coordinator, verified against --tls_ca_file
+// ($FULCRUM_TLS_CA_FILE; the system's roots when neither is set), or
+// plaintext with --insecure ($FULCRUM_INSECURE=1). The bearer token comes
+// from --token_file, else $FULCRUM_TOKEN, else the file $FULCRUM_TOKEN_FILE.
+// deploy/local/cluster.sh writes all of these to RUN_DIR/env.
 //     submit -f SPEC.yaml [--no-wait] [--validate]   submit, then watch to the end
 //     list                                           every job, one line each
 //     status JOB                                     one job in detail
@@ -14,13 +20,15 @@
 // Exit codes (for scripts): 0 success (a watched job SUCCEEDED); 1 the job
 // FAILED or was CANCELLED; 2 bad usage or an invalid spec; 3 no such job;
 // 4 the coordinator is unreachable; 5 the request does not fit the job's
-// state (e.g. cancelling a finished job); 6 any other error.
+// state (e.g. cancelling a finished job); 6 any other error; 7 missing or
+// wrong credentials, or another user's job.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <iostream>
@@ -33,6 +41,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -41,10 +50,14 @@
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coordinator (or $FULCRUM_COORDINATOR)");
 ABSL_FLAG(std::string, output, "text", "text or json");
+ABSL_FLAG(std::string, tls_ca_file, "", "CA that the coordinator's certificate must chain to (or $FULCRUM_TLS_CA_FILE)");
+ABSL_FLAG(bool, insecure, false, "talk plaintext to a coordinator started with --insecure (or $FULCRUM_INSECURE=1)");
+ABSL_FLAG(std::string, token_file, "", "file holding the bearer token (or $FULCRUM_TOKEN, $FULCRUM_TOKEN_FILE)");
 ABSL_FLAG(std::string, f, "", "submit: the job spec file (YAML or JSON)");
 ABSL_FLAG(bool, no_wait, false, "submit: print the job id and return without watching");
 ABSL_FLAG(bool, validate, false, "submit: only validate the spec (locally and on the coordinator)");
@@ -57,7 +70,9 @@ namespace {
 using fulcrum::v1::Job;
 using fulcrum::v1::JobState;
 
-enum Exit { kOk = 0, kJobFailed = 1, kUsage = 2, kNotFound = 3, kUnavailable = 4, kPrecondition = 5, kOther = 6 };
+enum Exit {
+  kOk = 0, kJobFailed = 1, kUsage = 2, kNotFound = 3, kUnavailable = 4, kPrecondition = 5, kOther = 6, kAuth = 7
+};
 
 int ExitFor(const grpc::Status& s) {
   switch (s.error_code()) {
@@ -67,6 +82,8 @@ int ExitFor(const grpc::Status& s) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED: return kUnavailable;
     case grpc::StatusCode::FAILED_PRECONDITION: return kPrecondition;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return kAuth;
     default: return kOther;
   }
 }
@@ -75,7 +92,9 @@ int Fail(const grpc::Status& s, const std::string& what) {
   std::string hint;
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     hint = absl::StrCat(" (is fulcrum-coordinator running at ", absl::GetFlag(FLAGS_coordinator),
-                        "? set --coordinator)");
+                        "? set --coordinator; does it serve ",
+                        fulcrum::security::TlsEnabled() ? "TLS signed by the CA in --tls_ca_file" : "plaintext (--insecure)",
+                        " as this client expects?)");
   }
   std::cerr << "fulcrumctl: " << what << ": " << s.error_message() << hint << "\n";
   return ExitFor(s);
@@ -92,8 +111,51 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
+std::string& Token() {
+  static auto* token = new std::string();
+  return *token;
+}
+
+// Every call carries the bearer token.
+void Authorize(grpc::ClientContext* ctx) {
+  if (!Token().empty()) ctx->AddMetadata("authorization", "Bearer " + Token());
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// Reads the credentials the header comment describes. Empty on success, else
+// what is wrong.
+std::string SetUpCredentials() {
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (token_file.empty() && !Env("FULCRUM_TOKEN").empty()) {
+    Token() = Env("FULCRUM_TOKEN");
+  } else {
+    if (token_file.empty()) token_file = Env("FULCRUM_TOKEN_FILE");
+    if (!token_file.empty()) {
+      std::ifstream in(token_file);
+      if (!in) return absl::StrCat("cannot read the token file ", token_file);
+      std::getline(in, Token());
+      Token() = std::string(absl::StripAsciiWhitespace(Token()));
+      if (Token().empty()) return absl::StrCat("the token file ", token_file, " is empty");
+    }
+  }
+  const bool insecure = absl::GetFlag(FLAGS_insecure) || Env("FULCRUM_INSECURE") == "1";
+  if (insecure) {
+    fulcrum::security::ConfigureInsecure();
+    return "";
+  }
+  std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
+  if (ca.empty()) ca = Env("FULCRUM_TLS_CA_FILE");
+  absl::Status s = fulcrum::security::ConfigureClientTls(ca);
+  return s.ok() ? "" : std::string(s.message());
+}
+
 std::unique_ptr<grpc::ClientContext> Ctx() {
   auto ctx = std::make_unique<grpc::ClientContext>();
+  Authorize(ctx.get());
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
   return ctx;
 }
@@ -145,6 +207,7 @@ void PrintStatus(const Job& j) {
   std::cout << "job " << j.id() << "\n"
             << "  state:     " << State(s.state()) << (s.reason().empty() ? "" : " (" + s.reason() + ")") << "\n"
             << "  message:   " << s.message() << "\n"
+            << (j.owner().empty() ? "" : "  owner:     " + j.owner() + "\n")
             << "  model:     " << j.spec().model().type() << ", " << j.spec().num_workers() << " workers, batch "
             << j.spec().batch_size() << ", " << j.spec().epochs() << " epochs, "
             << fulcrum::v1::ConsistencySpec::Model_Name(j.spec().consistency().model()) << "\n"
@@ -172,6 +235,7 @@ int ExitForJob(const Job& j) {
 
 int Watch(fulcrum::v1::JobService::Stub* stub, const std::string& id) {
   grpc::ClientContext ctx;  // no deadline: runs as long as the job
+  Authorize(&ctx);
   fulcrum::v1::JobRef ref;
   ref.set_job_id(id);
   auto reader = stub->WatchJob(&ctx, ref);
@@ -392,6 +456,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
   // Records can outgrow the job API's message limit: a channel of its own.
   auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator));
   grpc::ClientContext ctx;
+  Authorize(&ctx);
   fulcrum::v1::ExportCheckpointRequest req;
   req.set_job_id(job);
   req.set_cut_id(cut);
@@ -478,6 +543,10 @@ int main(int argc, char** argv) {
     return kUsage;
   }
   if (args.size() < 2) return Usage();
+  if (std::string err = SetUpCredentials(); !err.empty()) {
+    std::cerr << "fulcrumctl: " << err << "\n";
+    return kUsage;
+  }
   const std::string cmd = args[1];
   auto channel = fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), 0);
   auto jobs = fulcrum::v1::JobService::NewStub(channel);
@@ -562,6 +631,7 @@ int main(int argc, char** argv) {
       ref.set_job_id(job_arg());
       fulcrum::v1::CheckpointInfo info;
       grpc::ClientContext ctx;  // a BSP cut waits for its step: minutes, not the unary default
+      Authorize(&ctx);
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
       grpc::Status s = jobs->CheckpointJob(&ctx, ref, &info);
       if (!s.ok()) return Fail(s, absl::StrCat("checkpoint ", job_arg()));

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/errors.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/security.h"
 #include "common/rpc/wire_codec.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
@@ -201,6 +202,12 @@ class PsGrpcServer::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
                                       v1::CreateJobResponse* resp) override {
+    // Workers create their job's tables (idempotently, with the spec the
+    // coordinator assigned them) before the first push.
+    if (auto* refused = RefuseUnless(ctx, "CreateJob", {security::Role::kCoordinator, security::Role::kServer,
+                                                        security::Role::kWorker})) {
+      return refused;
+    }
     auto* reactor = ctx->DefaultReactor();
     auto r = ps_->CreateJob(req->spec());
     if (r.ok()) *resp = *std::move(r);
@@ -211,6 +218,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
                                       const v1::DeleteJobRequest* req,
                                       v1::DeleteJobResponse* resp) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "DeleteJob")) return refused;
     auto* reactor = ctx->DefaultReactor();
     auto r = ps_->DeleteJob(req->job_id());
     if (r.ok()) resp->set_bytes_freed(*r);
@@ -231,12 +239,14 @@ class PsGrpcServer::Service final : public ServiceBase {
   // thread of their own, not on gRPC's.
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
                                        v1::ShardCutMeta* resp) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "Checkpoint")) return refused;
     const absl::Duration wait = req->wait_timeout_ms() > 0 ? absl::Milliseconds(req->wait_timeout_ms()) : absl::Seconds(60);
     return AnswerBlocking(ctx, resp, [=, this] { return ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait); });
   }
 
   grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx, const v1::RestoreRequest* req,
                                     v1::ShardCutMeta* resp) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "Restore")) return refused;
     return AnswerBlocking(ctx, resp, [=, this] {
       std::vector<ParameterServer::CutReader> sources;
       for (const std::string& address : req->sources()) sources.push_back(CutReaderAt(address));
@@ -246,11 +256,13 @@ class PsGrpcServer::Service final : public ServiceBase {
 
   grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* req,
                                            v1::ReadCheckpointResponse* resp) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "ReadCheckpoint")) return refused;
     return AnswerBlocking(ctx, resp, [=, this] { return ps_->ReadCut(*req); });
   }
 
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
                                             v1::ListCheckpointsResponse* resp) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "ListCheckpoints")) return refused;
     auto* reactor = ctx->DefaultReactor();
     auto r = ps_->ListCuts(req->job_id());
     if (r.ok()) {
@@ -262,6 +274,7 @@ class PsGrpcServer::Service final : public ServiceBase {
 
   grpc::ServerUnaryReactor* DeleteCheckpoint(grpc::CallbackServerContext* ctx, const v1::DeleteCheckpointRequest* req,
                                              v1::DeleteCheckpointResponse*) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "DeleteCheckpoint")) return refused;
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(ps_->DeleteCut(req->job_id(), req->cut_id())));
     return reactor;
@@ -286,6 +299,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* SetShardMap(grpc::CallbackServerContext* ctx,
                                         const v1::SetShardMapRequest* req,
                                         v1::SetShardMapResponse*) override {
+    if (auto* refused = RefuseUnlessControl(ctx, "SetShardMap")) return refused;
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(ps_->SetShardMap(req->map())));
     return reactor;
@@ -325,6 +339,23 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
  private:
+  // Deleting jobs, shard maps and checkpoints are the coordinator's; peer
+  // servers read checkpoints (Restore from another server's cut). Workers,
+  // whose certificates also pass the handshake, create their job's tables,
+  // push, pull and read the job and the shard map.
+  // Returns the finished reactor of a refused call, or null.
+  grpc::ServerUnaryReactor* RefuseUnlessControl(grpc::CallbackServerContext* ctx, absl::string_view what) {
+    return RefuseUnless(ctx, what, {security::Role::kCoordinator, security::Role::kServer});
+  }
+  grpc::ServerUnaryReactor* RefuseUnless(grpc::CallbackServerContext* ctx, absl::string_view what,
+                                         std::initializer_list<security::Role> roles) {
+    absl::Status s = security::RequireRole(*ctx, roles, absl::StrCat("ParameterService.", what));
+    if (s.ok()) return nullptr;
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+
   // Answers a unary call with what `f` returns, computed on a thread of its
   // own (see Blocking).
   template <typename Response, typename F>
@@ -382,7 +413,8 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  // Mutual TLS: every caller holds a certificate from the cluster's CA.
+  builder.AddListeningPort(listen_address, security::ServerCredentials(security::ClientCerts::kRequired), &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

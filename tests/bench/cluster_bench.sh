@@ -47,7 +47,10 @@ cluster_run() {  # cluster_run PORT SERVERS WORKERS SPEC -> best samples/s over 
   local port=$1 servers=$2 workers=$3 spec=$4 dir=$tmp/c$1
   "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" --dir "$dir" \
     --port "$port" --bin "$build" --data "$data" >/dev/null
-  local ctl=("$build/server/fulcrumctl" "--coordinator=127.0.0.1:$port")
+  # The address and credentials cluster.sh wrote (mutual TLS and a token).
+  local ctl=(env)
+  mapfile -t -O 1 ctl <"$dir/env"
+  ctl+=("$build/server/fulcrumctl")
   "${ctl[@]}" submit -f "$spec" >/dev/null
   local id
   id=$("${ctl[@]}" list | awk '{print $1}' | head -1)

@@ -1,7 +1,8 @@
 // Checks deploy/k8s: every document validates against its schema
 // (kubernetes-models), and the files agree with each other, with
 // deploy/prometheus/prometheus-k8s.yml and with deploy/docker/Dockerfile.
-// Usage: node k8s_manifests_test.js SOURCE_DIR
+// Usage: node k8s_manifests_test.js SOURCE_DIR SECRETS.yaml
+// (SECRETS.yaml: what deploy/k8s/gen-secrets.sh wrote for this run)
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -46,6 +47,23 @@ for (const f of files) {
     } catch (e) {
       check(false, `${f}: ${d.kind}/${d.metadata.name}: ${e.message}`);
     }
+  }
+}
+// The Secrets gen-secrets.sh makes: valid, and what the workloads mount.
+const secrets = [];
+for (const d of yaml.loadAll(fs.readFileSync(process.argv[3], 'utf8'))) {
+  if (!d) continue;
+  secrets.push(d);
+  try {
+    new (modelFor('v1', 'Secret'))(d).validate();
+    check(true, `gen-secrets.sh: Secret/${d.metadata.name} matches the schema`);
+  } catch (e) {
+    check(false, `gen-secrets.sh: Secret/${d.metadata.name}: ${e.message}`);
+  }
+  if (d.type === 'kubernetes.io/tls') {
+    const cert = Buffer.from(d.data['tls.crt'], 'base64').toString();
+    check(cert.includes('BEGIN CERTIFICATE') && d.data['ca.crt'] && d.data['tls.key'],
+          `Secret/${d.metadata.name} holds ca.crt, tls.crt and tls.key`);
   }
 }
 const kust = yaml.load(fs.readFileSync(path.join(dir, 'kustomization.yaml'), 'utf8'));
@@ -116,6 +134,23 @@ for (const w of workloads) {
     check((c.volumeMounts || []).some((m) => m.name === claim && m.mountPath === flag(args, 'data_dir')),
           `${w.metadata.name}: its persistent volume is mounted at --data_dir`);
   }
+  // Mutual TLS: the role's Secret mounted where the --tls_* flags point;
+  // the coordinator's token file from its Secret.
+  const mounted = (flagValue) => (c.volumeMounts || []).some((m) => {
+    const v = (tmpl.spec.volumes || []).find((x) => x.name === m.name);
+    if (!v || !v.secret || !flagValue || !flagValue.startsWith(m.mountPath + '/')) return false;
+    const secret = secrets.find((x) => x.metadata.name === v.secret.secretName);
+    return secret !== undefined && secret.data[flagValue.slice(m.mountPath.length + 1)] !== undefined;
+  });
+  for (const f of ['tls_ca_file', 'tls_cert_file', 'tls_key_file']) {
+    check(mounted(flag(args, f)), `${w.metadata.name}: --${f}=${flag(args, f)} is a key of a mounted gen-secrets.sh Secret`);
+  }
+  check((tmpl.spec.volumes || []).some((v) => v.secret && v.secret.secretName === `fulcrum-tls-${role}`),
+        `${w.metadata.name}: mounts its role's certificate fulcrum-tls-${role}`);
+  check(!args.includes('--insecure'), `${w.metadata.name}: not --insecure`);
+  if (role === 'coordinator') check(mounted(flag(args, 'token_file')), `${w.metadata.name}: --token_file is mounted from a Secret`);
+  check(tmpl.spec.securityContext && tmpl.spec.securityContext.fsGroup === 10001 &&
+        tmpl.spec.securityContext.runAsUser === 10001, `${w.metadata.name}: runs as the image's user, Secrets readable by fsGroup`);
   for (const v of tmpl.spec.volumes || []) {
     if (v.persistentVolumeClaim) {
       check(byKind('PersistentVolumeClaim').some((p) => p.metadata.name === v.persistentVolumeClaim.claimName),

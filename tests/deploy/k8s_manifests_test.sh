@@ -15,10 +15,13 @@ if [[ ! -f "$cache/.installed-v1" ]]; then
 fi
 # The dashboards ConfigMap must be what the generator makes of the JSON now.
 tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
+pki=$(mktemp -d)
+trap 'rm -rf "$tmp" "$pki" "$tmp.secrets.yaml"' EXIT
 "$root/deploy/k8s/gen-dashboards-configmap.sh" "$tmp"
 if ! cmp -s "$tmp" "$root/deploy/k8s/grafana-dashboards.yaml"; then
   echo "FAIL: deploy/k8s/grafana-dashboards.yaml is stale: run deploy/k8s/gen-dashboards-configmap.sh"
   exit 1
 fi
-NODE_PATH="$cache/node_modules" node "$root/tests/deploy/k8s_manifests_test.js" "$root"
+# The Secrets the manifests mount, as a user makes them.
+"$root/deploy/k8s/gen-secrets.sh" "$pki/pki" "$tmp.secrets.yaml" 2>/dev/null
+NODE_PATH="$cache/node_modules" node "$root/tests/deploy/k8s_manifests_test.js" "$root" "$tmp.secrets.yaml"

@@ -46,7 +46,10 @@ class ProcessCluster {
                           "--data_dir=" + (dir_ / "coordinator").string(), absl::StrCat("--min_servers=", servers),
                           // 5 s: a server starved of CPU for 2 s on a loaded 2-core CI
                           // machine was once declared dead mid-start-up.
-                          "--heartbeat_interval_ms=300", "--node_timeout_ms=5000"});
+                          "--heartbeat_interval_ms=300", "--node_timeout_ms=5000",
+                          // Plaintext: these tests are about training and recovery;
+                          // security_e2e_test runs a cluster with mutual TLS and tokens.
+                          "--insecure"});
     for (int i = 0; i < servers; ++i) {
       AddServer();
     }
@@ -72,7 +75,7 @@ class ProcessCluster {
   void AddServer() {
     const std::string name = absl::StrCat("server-", servers_++);
     Start(name, {Bin("server/fulcrum-server"), absl::StrCat("--listen=127.0.0.1:", FreePort()),
-                 "--coordinator=" + coordinator_, "--data_dir=" + (dir_ / name).string()});
+                 "--coordinator=" + coordinator_, "--data_dir=" + (dir_ / name).string(), "--insecure"});
   }
 
   // kill -9 the process `name` ("coordinator", "server-1", ...); with
@@ -92,7 +95,7 @@ class ProcessCluster {
   void AddWorker() {
     Start(absl::StrCat("worker-", workers_++),
           {Bin("worker/fulcrum-worker"), "--coordinator=" + coordinator_, "--device=cpu",
-           std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR, absl::StrCat("--slots=", slots_)});
+           std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR, absl::StrCat("--slots=", slots_), "--insecure"});
   }
 
   int Alive() {
@@ -121,7 +124,7 @@ class ProcessCluster {
   // Runs fulcrumctl; returns its exit code and output.
   int Ctl(const std::vector<std::string>& args, std::string* out) {
     const std::string log = (dir_ / absl::StrCat("ctl-", ctl_++, ".out")).string();
-    std::vector<std::string> argv = {Bin("server/fulcrumctl"), "--coordinator=" + coordinator_};
+    std::vector<std::string> argv = {Bin("server/fulcrumctl"), "--coordinator=" + coordinator_, "--insecure"};
     argv.insert(argv.end(), args.begin(), args.end());
     const pid_t pid = Spawn(argv, log);
     int status = 0;

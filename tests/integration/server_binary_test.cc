@@ -34,9 +34,9 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
   const std::string map = absl::StrCat(a0, ",", a1);
   Process s0 = Spawn({binary, "--listen=" + a0, "--server_index=0", "--shard_map=" + map,
-                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0"}, dir + "/server0.log");
+                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0", "--insecure"}, dir + "/server0.log");
   Process s1 = Spawn({binary, "--listen=" + a1, "--server_index=1", "--shard_map=" + map,
-                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0"}, dir + "/server1.log");
+                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0", "--insecure"}, dir + "/server1.log");
 
   GrpcPsClientOptions o;
   o.bootstrap_servers = {a0};
@@ -101,7 +101,7 @@ TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut 
   const std::string dir = TempDir();
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   const std::vector<std::string> args = {binary, "--listen=" + addr, "--shard_map=" + addr, "--virtual_shards=16",
-                                         "--data_dir=" + dir + "/data", "--metrics_addr=127.0.0.1:0"};
+                                         "--data_dir=" + dir + "/data", "--metrics_addr=127.0.0.1:0", "--insecure"};
   Process s = Spawn(args, dir + "/server.log");
   auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(addr, 99));
   auto call = [&](auto method, const auto& req, auto* resp) {
@@ -176,13 +176,51 @@ TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut 
 TEST_CASE("fulcrum-server refuses a bad shard map with a clear message", "[e2e]") {
   const std::string binary = FULCRUM_SERVER_BINARY;
   const std::string dir = TempDir();
-  Process p = Spawn({binary, "--listen=127.0.0.1:0", "--server_index=3", "--shard_map=127.0.0.1:1", "--metrics_addr="},
+  Process p = Spawn({binary, "--listen=127.0.0.1:0", "--server_index=3", "--shard_map=127.0.0.1:1", "--metrics_addr=", "--insecure"},
                     dir + "/bad.log");
   int status = 0;
   REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 2);
   REQUIRE(ReadFile(p.log).find("shard map lists 1 servers; this server has index 3") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fulcrum-server serves TLS by default: without certificate files, or with another role's, it refuses to start",
+          "[e2e][security]") {
+  const std::string binary = FULCRUM_SERVER_BINARY;
+  const std::string dir = TempDir();
+  auto run = [&](std::vector<std::string> extra, const std::string& name) {
+    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--shard_map=127.0.0.1:1", "--metrics_addr="};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Process p = Spawn(args, dir + "/" + name + ".log");
+    int status = 0;
+    REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 2);
+    return ReadFile(p.log);
+  };
+  std::string log = run({}, "plain");
+  INFO(log);
+  REQUIRE(log.find("serves TLS by default and needs --tls_ca_file, --tls_cert_file and --tls_key_file") !=
+          std::string::npos);
+  REQUIRE(log.find("pass --insecure to run in plaintext") != std::string::npos);
+
+  const std::string pki = dir + "/pki";
+  Process gen = Spawn({std::string(FULCRUM_SOURCE_DIR) + "/deploy/tls/gen-certs.sh", pki, "--servers", "1",
+                       "--workers", "1"}, dir + "/gen.log");
+  int status = 0;
+  REQUIRE(waitpid(gen.pid, &status, 0) == gen.pid);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  log = run({"--tls_ca_file=" + pki + "/ca.crt", "--tls_cert_file=" + pki + "/worker-0.crt",
+             "--tls_key_file=" + pki + "/worker-0.key"}, "worker-cert");
+  REQUIRE(log.find("names spiffe://fulcrum/worker/worker-0; fulcrum-server needs a server certificate") !=
+          std::string::npos);
+  log = run({"--tls_ca_file=" + pki + "/ca.crt", "--tls_cert_file=" + pki + "/server-0.crt",
+             "--tls_key_file=" + pki + "/worker-0.key"}, "wrong-key");
+  REQUIRE(log.find("does not belong to the certificate in " + pki + "/server-0.crt") != std::string::npos);
+  log = run({"--insecure", "--tls_ca_file=" + pki + "/ca.crt"}, "both");
+  REQUIRE(log.find("--insecure and --tls_* files contradict each other") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

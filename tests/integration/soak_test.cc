@@ -30,6 +30,7 @@
 #include "absl/strings/strip.h"
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "tests/testing/process_util.h"
@@ -71,8 +72,15 @@ int Run(const std::vector<std::string>& args, const std::string& log) {
 
 class Soak {
  public:
-  explicit Soak(const std::string& coordinator)
-      : stub_(v1::JobService::NewStub(CreateFulcrumChannel(coordinator, 0))) {}
+  // cluster.sh runs the cluster with mutual TLS and tokens: this client
+  // verifies the coordinator against the run's CA and acts as its admin.
+  Soak(const std::string& coordinator, const fs::path& tls_dir) {
+    REQUIRE(security::ConfigureClientTls((tls_dir / "ca.crt").string()).ok());
+    token_ = std::string(absl::StripAsciiWhitespace(testing::ReadFile((tls_dir / "token-admin").string())));
+    REQUIRE(token_.size() == 64);
+    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator, 0));
+  }
+  ~Soak() { security::ConfigureInsecure(); }
 
   // The job, asking again while the coordinator restarts; nullopt if it
   // stays unreachable for 30 s.
@@ -81,6 +89,7 @@ class Soak {
     ref.set_job_id(id);
     for (int tries = 0; tries < 150; ++tries) {
       grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", "Bearer " + token_);
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
       v1::Job j;
       const grpc::Status s = stub_->GetJob(&ctx, ref, &j);
@@ -95,6 +104,7 @@ class Soak {
     *req.mutable_spec() = spec;
     for (int tries = 0; tries < 150; ++tries) {
       grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", "Bearer " + token_);
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
       v1::SubmitJobResponse resp;
       if (stub_->SubmitJob(&ctx, req, &resp).ok()) return resp.job_id();
@@ -105,6 +115,7 @@ class Soak {
   }
 
  private:
+  std::string token_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
@@ -144,7 +155,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
     }
   } stop{{script, "stop", "--dir", (dir / "cluster").string()}, (dir / "stop.log").string()};
 
-  Soak soak(absl::StrCat("127.0.0.1:", base));
+  Soak soak(absl::StrCat("127.0.0.1:", base), dir / "cluster" / "tls");
   v1::JobSpec spec;
   REQUIRE(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/mnist-mlp.yaml", &spec).ok());
   spec.set_epochs(2);

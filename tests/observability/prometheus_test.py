@@ -118,6 +118,13 @@ def main():
     if rc != 0:
         print("FAIL: cluster.sh start")
         return 1
+    # fulcrumctl's address and credentials (cluster.sh runs with mutual TLS
+    # and tokens by default).
+    with open(os.path.join(run_dir, "env")) as f:
+        for line in f:
+            k, _, v = line.strip().partition("=")
+            if k:
+                os.environ[k] = v
     prom = None
     try:
         with open(os.path.join(run_dir, "prometheus-targets.json")) as f:

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
+#include "common/rpc/security_flags.h"
 #include "worker/daemon/worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coordinator");
@@ -28,6 +29,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum worker");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-worker", fulcrum::security::Role::kWorker); !s.ok()) {
+    std::cerr << "fulcrum-worker: " << s.message() << "\n";
+    return 2;
+  }
   fulcrum::BlockTerminationSignals();
   fulcrum::WorkerDaemonOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);

@@ -1,0 +1,64 @@
+#include "common/rpc/security_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+ABSL_FLAG(std::string, tls_ca_file, "", "PEM file of the cluster CA that peers' certificates must chain to");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate (chain) of this process; its SAN carries spiffe://fulcrum/<role>/<name>");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_crl_dir, "", "optional directory of hashed CRL files (openssl rehash) to enforce");
+ABSL_FLAG(int32_t, tls_refresh_s, 60, "how often the certificate, key and CA files are re-read (rotation)");
+ABSL_FLAG(bool, insecure, false, "serve and connect in plaintext, without TLS or client certificates (not for "
+                                 "shared networks: anyone who can reach a port can read and change parameters)");
+
+namespace fulcrum::security {
+
+bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
+
+absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
+  TlsFiles files{absl::GetFlag(FLAGS_tls_ca_file), absl::GetFlag(FLAGS_tls_cert_file),
+                 absl::GetFlag(FLAGS_tls_key_file), absl::GetFlag(FLAGS_tls_crl_dir)};
+  if (absl::GetFlag(FLAGS_insecure)) {
+    if (!files.ca_file.empty() || !files.cert_file.empty() || !files.key_file.empty()) {
+      return absl::InvalidArgumentError("--insecure and --tls_* files contradict each other: pass one or the other");
+    }
+    ConfigureInsecure();
+    FLOG(WARNING) << program << " runs WITHOUT TLS (--insecure): traffic is plaintext and callers are not "
+                  << "authenticated by certificate; use this only on a network you trust";
+    return absl::OkStatus();
+  }
+  if (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        program, " serves TLS by default and needs --tls_ca_file, --tls_cert_file and --tls_key_file (",
+        "deploy/tls/gen-certs.sh makes a CA and a ", RoleName(role),
+        " certificate); pass --insecure to run in plaintext instead"));
+  }
+  auto id = LoadIdentity(files);
+  if (!id.ok()) return id.status();
+  if (id->role != role) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the certificate in ", files.cert_file, " names ",
+        id->spiffe_id.empty() ? std::string("no Fulcrum SPIFFE ID") : id->spiffe_id, "; ", program,
+        " needs a ", RoleName(role), " certificate (SAN URI ", kSpiffePrefix, RoleName(role), "/<name>)"));
+  }
+  const int32_t refresh = absl::GetFlag(FLAGS_tls_refresh_s);
+  if (refresh < 1) return absl::InvalidArgumentError("--tls_refresh_s must be at least 1");
+  if (auto s = ConfigureTls(files, absl::Seconds(refresh)); !s.ok()) return s;
+  const absl::Duration left = id->not_after - absl::Now();
+  FLOG(INFO) << "TLS on: identity " << id->spiffe_id << " (" << id->subject << "), CA " << files.ca_file
+             << ", certificate valid for " << absl::FormatDuration(absl::Trunc(left, absl::Hours(1)))
+             << ", files re-read every " << refresh << "s" << (files.crl_dir.empty() ? "" : ", CRLs from ")
+             << files.crl_dir;
+  if (left < absl::Hours(24 * 7)) {
+    FLOG(WARNING) << "the certificate in " << files.cert_file << " expires in "
+                  << absl::FormatDuration(absl::Trunc(left, absl::Minutes(1))) << "; rotate it (docs/security.md)";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum::security

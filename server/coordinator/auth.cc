@@ -1,0 +1,177 @@
+#include "server/coordinator/auth.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace fulcrum {
+namespace {
+
+// Splits a CSV line into fields; a field may be double-quoted (the groups
+// list, which holds commas).
+absl::StatusOr<std::vector<std::string>> SplitCsv(absl::string_view line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"') quoted = false;
+      else fields.back() += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  if (quoted) return absl::InvalidArgumentError("unterminated quote");
+  for (auto& f : fields) f = std::string(absl::StripAsciiWhitespace(f));
+  return fields;
+}
+
+// Compares without an early exit, so the time taken does not tell how much
+// of a guessed token was right.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(const std::string& text, const std::string& path) {
+  std::vector<TokenEntry> entries;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    auto where = [&] { return absl::StrCat(path, ":", line_no, ": "); };
+    auto fields = SplitCsv(line);
+    if (!fields.ok()) return absl::InvalidArgumentError(absl::StrCat(where(), fields.status().message()));
+    if (fields->size() < 3 || fields->size() > 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), "want token,user,uid[,\"group1,group2\"], got ", fields->size(), " fields"));
+    }
+    TokenEntry e{(*fields)[0], (*fields)[1], (*fields)[2], {}};
+    if (e.token.size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), "the token of user '", e.user,
+                                                     "' is shorter than 16 characters (openssl rand -hex 32 makes one)"));
+    }
+    for (char c : e.token) {
+      if (c <= ' ' || c > '~') return absl::InvalidArgumentError(absl::StrCat(where(), "token has a non-printable character"));
+    }
+    if (e.user.empty()) return absl::InvalidArgumentError(absl::StrCat(where(), "empty user name"));
+    if (fields->size() == 4) {
+      for (absl::string_view g : absl::StrSplit((*fields)[3], ',', absl::SkipWhitespace())) {
+        e.groups.emplace_back(absl::StripAsciiWhitespace(g));
+      }
+    }
+    for (const TokenEntry& other : entries) {
+      if (other.token == e.token) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where(), "user '", e.user, "' has the same token as user '", other.user, "'"));
+      }
+    }
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(const std::string& path) {
+  std::unique_ptr<TokenAuthenticator> a(new TokenAuthenticator(path));
+  absl::MutexLock lock(&a->mu_);
+  if (auto s = a->Load(); !s.ok()) return s;
+  a->next_check_ = absl::Now() + absl::Seconds(1);
+  return a;
+}
+
+absl::Status TokenAuthenticator::Load() {
+  struct stat st{};
+  if (::stat(path_.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("cannot read the token file ", path_));
+  if ((st.st_mode & 0007) != 0) {
+    FLOG(WARNING) << "the token file " << path_ << " is readable by others (mode "
+                  << absl::StrFormat("%03o", st.st_mode & 0777) << "); chmod 600 it";
+  }
+  std::ifstream in(path_);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the token file ", path_));
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto entries = ParseTokenFile(text.str(), path_);
+  if (!entries.ok()) return entries.status();
+  entries_ = *std::move(entries);
+  mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  size_ = static_cast<uint64_t>(st.st_size);
+  return absl::OkStatus();
+}
+
+void TokenAuthenticator::MaybeReload() {
+  const absl::Time now = absl::Now();
+  if (now < next_check_) return;
+  next_check_ = now + absl::Seconds(1);
+  struct stat st{};
+  if (::stat(path_.c_str(), &st) != 0) return;  // keep the last good tokens
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (mtime == mtime_ns_ && static_cast<uint64_t>(st.st_size) == size_) return;
+  const size_t before = entries_.size();
+  if (auto s = Load(); !s.ok()) {
+    FLOG(ERROR) << "token file changed but does not parse; keeping the " << before << " tokens loaded before: " << s;
+    mtime_ns_ = mtime;  // do not log again until it changes again
+    size_ = static_cast<uint64_t>(st.st_size);
+    return;
+  }
+  FLOG(INFO) << "token file " << path_ << " reloaded: " << entries_.size() << " token(s)";
+}
+
+size_t TokenAuthenticator::users() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+absl::StatusOr<Caller> TokenAuthenticator::AuthenticateToken(absl::string_view token) {
+  absl::MutexLock lock(&mu_);
+  MaybeReload();
+  const TokenEntry* found = nullptr;
+  for (const TokenEntry& e : entries_) {
+    if (ConstantTimeEquals(e.token, token)) found = &e;
+  }
+  if (found == nullptr) return absl::UnauthenticatedError("the bearer token is not known to this coordinator");
+  Caller c{found->user, false};
+  for (const auto& g : found->groups) c.admin |= g == kAdminGroup;
+  return c;
+}
+
+absl::StatusOr<Caller> TokenAuthenticator::Authenticate(const grpc::ServerContextBase& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "no credentials: the job API needs 'authorization: Bearer <token>' (fulcrumctl: --token_file, "
+        "$FULCRUM_TOKEN or $FULCRUM_TOKEN_FILE)");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
+    return absl::UnauthenticatedError("the authorization header is not 'Bearer <token>'");
+  }
+  return AuthenticateToken(absl::StripAsciiWhitespace(value));
+}
+
+absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id, const std::string& owner) {
+  if (caller.admin || caller.user == owner) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("job '", job_id, "' belongs to ",
+                                                  owner.empty() ? std::string("no user") : "another user",
+                                                  "; user '", caller.user, "' may act only on their own jobs"));
+}
+
+}  // namespace fulcrum
