@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
   }
   // Declared after the server so it stops first: no scrape outlives it.
   auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "server",
-                                                [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); });
+                                                [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); },
+                                                fulcrum::security::MetricsSecurityFromFlags());
   if (!metrics.ok()) {
     std::cerr << "fulcrum-server: " << metrics.status() << "\n";
     return 2;

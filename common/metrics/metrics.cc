@@ -5,6 +5,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -18,6 +20,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -232,16 +236,48 @@ bool WriteAll(int fd, std::string_view data) {
   return true;
 }
 
-std::string HttpResponse(int code, const char* reason, const char* type, const std::string& body) {
-  return absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n\r\n", body);
+std::string HttpResponse(int code, const char* reason, const char* type, const std::string& body,
+                         const char* extra_headers = "") {
+  return absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\n", extra_headers, "Content-Type: ", type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
 }
 
 }  // namespace
 
+// The response to one request head.
+std::string MetricsServer::Answer(const std::string& head) {
+  const size_t eol = head.find_first_of("\r\n");
+  const std::vector<std::string> parts = absl::StrSplit(head.substr(0, eol), ' ');
+  if (parts.size() < 2 || (parts[0] != "GET" && parts[0] != "HEAD")) {
+    return HttpResponse(405, "Method Not Allowed", "text/plain", "only GET /metrics and GET /healthz\n");
+  }
+  const std::string path = parts[1].substr(0, parts[1].find('?'));
+  std::string reply;
+  if (path == "/healthz" || path == "/") {
+    reply = HttpResponse(200, "OK", "text/plain", "ok\n");
+  } else if (path != "/metrics") {
+    reply = HttpResponse(404, "Not Found", "text/plain", "not found: try /metrics\n");
+  } else {
+    std::string authorization;
+    for (absl::string_view line : absl::StrSplit(head, '\n')) {
+      const size_t colon = line.find(':');
+      if (colon == absl::string_view::npos || !absl::EqualsIgnoreCase(line.substr(0, colon), "authorization")) continue;
+      authorization = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    }
+    if (auth_ != nullptr && !auth_->Check(authorization)) {
+      reply = HttpResponse(401, "Unauthorized", "text/plain", "unauthorized: basic auth required\n",
+                           "WWW-Authenticate: Basic realm=\"fulcrum metrics\"\r\n");
+    } else {
+      reply = HttpResponse(200, "OK", "text/plain; version=0.0.4; charset=utf-8", endpoint_->Render());
+    }
+  }
+  if (parts[0] == "HEAD") reply.resize(reply.find("\r\n\r\n") + 4);
+  return reply;
+}
+
 // One request per connection (Prometheus opens a connection per scrape when
-// the server closes it): read the request head (8 KiB at most, 5 s at
-// most), answer GET /metrics and GET /healthz, close.
+// the server closes it): the TLS handshake when HTTPS, the request head (8
+// KiB at most, 5 s at most), the answer, close.
 void MetricsServer::Serve() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -259,37 +295,59 @@ void MetricsServer::Serve() {
     timeval tv{5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    SSL* ssl = nullptr;
+    if (tls_ != nullptr) {
+      SSL_CTX* ctx = tls_->Acquire();
+      ssl = SSL_new(ctx);
+      SSL_CTX_free(ctx);  // the SSL holds its own reference
+      SSL_set_fd(ssl, fd);
+      if (SSL_accept(ssl) != 1) {  // a plaintext client, a bad handshake, a timeout
+        ERR_clear_error();
+        SSL_free(ssl);
+        close(fd);
+        continue;
+      }
+    }
+    auto read = [&](char* buf, size_t n) -> ssize_t {
+      return ssl != nullptr ? SSL_read(ssl, buf, static_cast<int>(n)) : recv(fd, buf, n, 0);
+    };
     std::string head;
     char buf[2048];
     while (head.find("\r\n\r\n") == std::string::npos && head.find("\n\n") == std::string::npos &&
            head.size() < 8192) {
-      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      const ssize_t n = read(buf, sizeof(buf));
       if (n <= 0) break;
       head.append(buf, static_cast<size_t>(n));
     }
-    const size_t eol = head.find_first_of("\r\n");
-    const std::vector<std::string> parts = absl::StrSplit(head.substr(0, eol), ' ');
-    std::string reply;
-    if (parts.size() < 2 || (parts[0] != "GET" && parts[0] != "HEAD")) {
-      reply = HttpResponse(405, "Method Not Allowed", "text/plain", "only GET /metrics and GET /healthz\n");
-    } else {
-      const std::string path = parts[1].substr(0, parts[1].find('?'));
-      if (path == "/metrics") {
-        reply = HttpResponse(200, "OK", "text/plain; version=0.0.4; charset=utf-8", endpoint_->Render());
-      } else if (path == "/healthz" || path == "/") {
-        reply = HttpResponse(200, "OK", "text/plain", "ok\n");
-      } else {
-        reply = HttpResponse(404, "Not Found", "text/plain", "not found: try /metrics\n");
+    const std::string reply = Answer(head);
+    if (ssl != nullptr) {
+      size_t done = 0;
+      while (done < reply.size()) {
+        const int n = SSL_write(ssl, reply.data() + done, static_cast<int>(reply.size() - done));
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
       }
-      if (parts[0] == "HEAD") reply.resize(reply.find("\r\n\r\n") + 4);
+      SSL_shutdown(ssl);
+      ERR_clear_error();
+      SSL_free(ssl);
+    } else {
+      WriteAll(fd, reply);
     }
-    WriteAll(fd, reply);
     close(fd);
   }
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                     const std::string& component) {
+                                                                     const std::string& component,
+                                                                     const EndpointSecurity& security) {
+  std::unique_ptr<TlsContext> tls;
+  std::unique_ptr<BasicAuth> auth;
+  if (security.tls() || !security.tls_key_file.empty()) {
+    ASSIGN_OR_RETURN(tls, TlsContext::Open(security.tls_cert_file, security.tls_key_file));
+  }
+  if (!security.basic_auth_file.empty()) {
+    ASSIGN_OR_RETURN(auth, BasicAuth::Open(security.basic_auth_file));
+  }
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
@@ -334,6 +392,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   const int actual = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   std::unique_ptr<MetricsServer> s(new MetricsServer());
+  s->tls_ = std::move(tls);
+  s->auth_ = std::move(auth);
   s->endpoint_ = std::make_shared<Endpoint>(component);
   s->listen_fd_ = fd;
   s->port_ = actual;
@@ -353,15 +413,17 @@ void MetricsServer::Add(std::weak_ptr<Collector> collector) { endpoint_->Add(std
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
                                                            const std::string& component,
-                                                           std::function<void(Scrape*)> collect) {
+                                                           std::function<void(Scrape*)> collect,
+                                                           const EndpointSecurity& security) {
   if (address.empty()) {
     FLOG(INFO) << "--metrics_addr is empty: no metrics endpoint";
     return std::unique_ptr<MetricsServer>();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server, MetricsServer::Start(address, component));
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server, MetricsServer::Start(address, component, security));
   server->owned_ = std::make_shared<FunctionCollector>(std::move(collect));
   server->Add(server->owned_);
-  FLOG(INFO) << "metrics on http://" << server->address() << "/metrics";
+  FLOG(INFO) << "metrics on " << (security.tls() ? "https" : "http") << "://" << server->address() << "/metrics"
+             << (security.basic_auth_file.empty() ? "" : " (basic auth)");
   return server;
 }
 

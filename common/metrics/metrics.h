@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/endpoint_security.h"
 #include "prometheus/metric_family.h"
 
 namespace fulcrum::metrics {
@@ -100,8 +101,11 @@ class MetricsServer {
  public:
   // `address` is host:port (port 0: any free port). Fails with a message
   // naming the address when it cannot listen.
+  // With `security`: HTTPS and/or HTTP basic auth (GET /healthz stays
+  // open, for probes; it tells nothing).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              const std::string& component);
+                                                              const std::string& component,
+                                                              const EndpointSecurity& security = {});
   ~MetricsServer();
 
   // Collectors are held weakly: one destroyed drops out of later scrapes.
@@ -115,7 +119,11 @@ class MetricsServer {
   MetricsServer() = default;
   void Serve();
   friend absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string&, const std::string&,
-                                                                     std::function<void(Scrape*)>);
+                                                                     std::function<void(Scrape*)>,
+                                                                     const EndpointSecurity&);
+  std::string Answer(const std::string& head);
+  std::unique_ptr<TlsContext> tls_;
+  std::unique_ptr<BasicAuth> auth_;
   std::shared_ptr<Endpoint> endpoint_;
   std::shared_ptr<Collector> owned_;  // ServeMetrics' collector
   int listen_fd_ = -1;
@@ -130,7 +138,8 @@ class MetricsServer {
 // where it serves; an empty address serves nothing (null, logged).
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
                                                            const std::string& component,
-                                                           std::function<void(Scrape*)> collect);
+                                                           std::function<void(Scrape*)> collect,
+                                                           const EndpointSecurity& security = {});
 
 // A label value from an enum or status-code name: "NOT FOUND" -> "not_found".
 std::string LabelValue(std::string name);

@@ -16,7 +16,19 @@ ABSL_FLAG(int32_t, tls_refresh_s, 60, "how often the certificate, key and CA fil
 ABSL_FLAG(bool, insecure, false, "serve and connect in plaintext, without TLS or client certificates (not for "
                                  "shared networks: anyone who can reach a port can read and change parameters)");
 
+ABSL_FLAG(std::string, metrics_tls_cert_file, "",
+          "serve --metrics_addr over HTTPS with this PEM certificate (chain); re-read when it changes");
+ABSL_FLAG(std::string, metrics_tls_key_file, "", "the private key of --metrics_tls_cert_file");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "require HTTP basic auth on /metrics: 'user:bcrypt-hash' lines (htpasswd -nB USER); re-read when it "
+          "changes");
+
 namespace fulcrum::security {
+
+metrics::EndpointSecurity MetricsSecurityFromFlags() {
+  return {absl::GetFlag(FLAGS_metrics_tls_cert_file), absl::GetFlag(FLAGS_metrics_tls_key_file),
+          absl::GetFlag(FLAGS_metrics_basic_auth_file)};
+}
 
 bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
 

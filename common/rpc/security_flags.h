@@ -2,12 +2,15 @@
 //   --tls_ca_file, --tls_cert_file, --tls_key_file  (TLS, the default)
 //   --tls_crl_dir, --tls_refresh_s
 //   --insecure                                      (plaintext, with a warning)
+//   --metrics_tls_cert_file, --metrics_tls_key_file, --metrics_basic_auth_file
+//                                                   (the metrics endpoint)
 #ifndef FULCRUM_COMMON_RPC_SECURITY_FLAGS_H_
 #define FULCRUM_COMMON_RPC_SECURITY_FLAGS_H_
 
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "common/metrics/endpoint_security.h"
 #include "common/rpc/security.h"
 
 namespace fulcrum::security {
@@ -17,6 +20,9 @@ namespace fulcrum::security {
 // says how to get them. `role` is what this program's certificate must say
 // (its SPIFFE ID), so a worker's certificate cannot run a server.
 absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role);
+
+// --metrics_tls_cert_file, --metrics_tls_key_file, --metrics_basic_auth_file.
+metrics::EndpointSecurity MetricsSecurityFromFlags();
 
 // True when --insecure was given.
 bool InsecureFlag();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/constant_time.h"
 #include "common/logging.h"
 
 namespace fulcrum {
@@ -39,14 +40,6 @@ absl::StatusOr<std::vector<std::string>> SplitCsv(absl::string_view line) {
   return fields;
 }
 
-// Compares without an early exit, so the time taken does not tell how much
-// of a guessed token was right.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 }  // namespace
 

@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "coordinator",
-                                                [c = coordinator->get()](fulcrum::metrics::Scrape* out) { c->CollectMetrics(out); });
+                                                [c = coordinator->get()](fulcrum::metrics::Scrape* out) { c->CollectMetrics(out); },
+                                                fulcrum::security::MetricsSecurityFromFlags());
   if (!metrics.ok()) {
     std::cerr << "fulcrum-coordinator: " << metrics.status() << "\n";
     return 2;

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   }
   fulcrum::WorkerDaemon daemon(o);
   auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "worker",
-                                                [&daemon](fulcrum::metrics::Scrape* out) { daemon.CollectMetrics(out); });
+                                                [&daemon](fulcrum::metrics::Scrape* out) { daemon.CollectMetrics(out); },
+                                                fulcrum::security::MetricsSecurityFromFlags());
   if (!metrics.ok()) {
     std::cerr << "fulcrum-worker: " << metrics.status() << "\n";
     return 2;
