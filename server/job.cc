@@ -17,6 +17,15 @@ constexpr uint32_t kMaxParts = 4096;
 constexpr size_t kMaxTables = 1024;
 // BSP buffers at most this many steps ahead of the first unapplied one.
 constexpr uint64_t kMaxPendingSteps = 16;
+// Sparse keys in one push or pull: what fits kMaxPayloadBytes (4 MiB) of
+// uint64 keys, the most a client that splits requests ever sends.
+constexpr size_t kMaxKeysPerRequest = size_t{1} << 19;
+
+absl::Status CheckKeyCount(size_t keys, absl::string_view what) {
+  if (keys <= kMaxKeysPerRequest) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(what, " carries ", keys, " sparse keys; the limit is ",
+                                                   kMaxKeysPerRequest, " keys per request (split it)"));
+}
 
 std::string Who(const std::string& worker, uint32_t rank) {
   return absl::StrCat("worker '", worker, "' (rank ", rank, ")");
@@ -63,14 +72,15 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat(
         "job_id '", id, "' must be 1 to 128 characters of letters, digits, '-', '_' or '.'"));
   }
-  if (spec.num_workers() == 0 || spec.num_workers() > kMaxWorkers) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", id, "': num_workers ",
-                                                   spec.num_workers(), " must be 1 to ",
-                                                   kMaxWorkers));
+  if (spec.num_workers() == 0) return absl::InvalidArgumentError(absl::StrCat("job '", id, "': num_workers 0 must be at least 1"));
+  if (spec.num_workers() > kMaxWorkers) {
+    return absl::ResourceExhaustedError(absl::StrCat("job '", id, "': num_workers ", spec.num_workers(),
+                                                     " exceeds the limit of ", kMaxWorkers, " workers per job"));
   }
-  if (spec.tables_size() == 0 || static_cast<size_t>(spec.tables_size()) > kMaxTables) {
-    return absl::InvalidArgumentError(absl::StrCat("job '", id, "' declares ", spec.tables_size(),
-                                                   " tables; 1 to ", kMaxTables, " allowed"));
+  if (spec.tables_size() == 0) return absl::InvalidArgumentError(absl::StrCat("job '", id, "' declares no tables"));
+  if (static_cast<size_t>(spec.tables_size()) > kMaxTables) {
+    return absl::ResourceExhaustedError(absl::StrCat("job '", id, "' declares ", spec.tables_size(),
+                                                     " tables; the limit is ", kMaxTables, " tables per job"));
   }
   Model model;
   switch (spec.consistency().model()) {
@@ -207,6 +217,9 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
                                m.shard_map_version));
     if (model_ == Model::kBsp) total += t->ChunkLength(d.chunk);
   }
+  size_t push_keys = 0;
+  for (const SparseSliceView& s : m.sparse) push_keys += s.keys.size() / 8;
+  RETURN_IF_ERROR(CheckKeyCount(push_keys, "push"));
   for (const SparseSliceView& s : m.sparse) {
     ASSIGN_OR_RETURN(Table * table, FindTable(s.table, false));
     auto* t = static_cast<SparseTable*>(table);
@@ -392,10 +405,12 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
                                                    m.rank, " but job '", id(), "' has ",
                                                    num_workers_, " workers"));
   }
-  if (m.more_parts ? m.num_parts != 0 : m.num_parts > kMaxParts) {
-    return absl::InvalidArgumentError(absl::StrCat("push num_parts ", m.num_parts, " must be ",
-                                                   m.more_parts ? "0 with more_parts" : "1 to ",
-                                                   m.more_parts ? "" : absl::StrCat(kMaxParts)));
+  if (m.more_parts && m.num_parts != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("push num_parts ", m.num_parts, " must be 0 with more_parts"));
+  }
+  if (m.num_parts > kMaxParts) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("push num_parts ", m.num_parts, " exceeds the limit of ", kMaxParts, " parts per step"));
   }
   // A push that leaves num_parts out (proto3: 0) is one message.
   const uint32_t num_parts = m.more_parts ? 0 : std::max<uint32_t>(1, m.num_parts);
@@ -689,6 +704,9 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
                                absl::StrCat("table '", d.table, "' chunk ", d.chunk), map, self,
                                m.shard_map_version));
   }
+  size_t pull_keys = 0;
+  for (const SparseKeysView& s : m.sparse) pull_keys += s.keys.size() / 8;
+  RETURN_IF_ERROR(CheckKeyCount(pull_keys, "pull"));
   for (const SparseKeysView& s : m.sparse) {
     ASSIGN_OR_RETURN(Table * table, FindTable(s.table, false));
     if (s.keys.size() % 8 != 0) {

@@ -110,19 +110,22 @@ absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const v1::TableSp
   uint64_t elements = 1;
   for (int i = 0; i < spec.shape_size(); ++i) {
     const int64_t d = spec.shape(i);
-    if (d <= 0 || static_cast<uint64_t>(d) > kMaxDenseElements ||
-        elements * static_cast<uint64_t>(d) > kMaxDenseElements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dense table '", spec.name(), "': shape[", i, "] = ", d,
-          " is invalid (dimensions must be > 0 and the table at most 2^36 elements)"));
+    if (d <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dense table '", spec.name(), "': shape[", i, "] = ", d, " must be > 0"));
+    }
+    if (static_cast<uint64_t>(d) > kMaxDenseElements || elements * static_cast<uint64_t>(d) > kMaxDenseElements) {
+      return absl::ResourceExhaustedError(absl::StrCat("dense table '", spec.name(), "': shape[", i, "] = ", d,
+                                                       " takes the table past the limit of 2^36 (", kMaxDenseElements,
+                                                       ") elements per table"));
     }
     elements *= static_cast<uint64_t>(d);
   }
   const uint32_t chunk = ChunkElements(spec);
   if (chunk > kMaxChunkElements) {
-    return absl::InvalidArgumentError(absl::StrCat("dense table '", spec.name(),
-                                                   "': chunk_elements ", chunk,
-                                                   " exceeds the limit of ", kMaxChunkElements));
+    return absl::ResourceExhaustedError(absl::StrCat("dense table '", spec.name(), "': chunk_elements ", chunk,
+                                                     " exceeds the limit of ", kMaxChunkElements,
+                                                     " elements per chunk"));
   }
   return std::unique_ptr<DenseTable>(new DenseTable(spec, opt, init, elements, chunk, quota));
 }
@@ -264,10 +267,12 @@ absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const v1::Table
                                                                  MemoryQuota* quota) {
   ASSIGN_OR_RETURN(OptimizerConfig opt, OptimizerConfigFromProto(spec.optimizer(), spec.name()));
   ASSIGN_OR_RETURN(Initializer init, InitializerFromProto(spec));
-  if (spec.dim() == 0 || spec.dim() > kMaxSparseDim) {
-    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name(), "': dim ",
-                                                   spec.dim(), " is invalid (1 to ",
-                                                   kMaxSparseDim, ")"));
+  if (spec.dim() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse table '", spec.name(), "': dim 0 must be at least 1"));
+  }
+  if (spec.dim() > kMaxSparseDim) {
+    return absl::ResourceExhaustedError(absl::StrCat("sparse table '", spec.name(), "': dim ", spec.dim(),
+                                                     " exceeds the limit of ", kMaxSparseDim, " per row"));
   }
   if (spec.shape_size() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

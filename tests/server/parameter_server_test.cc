@@ -9,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
 
 #include "absl/synchronization/notification.h"
 #include "common/errors.h"
@@ -725,6 +727,55 @@ TEST_CASE("bad job specs are rejected naming the field", "[errors]") {
   REQUIRE_OK(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3)}, 1)));  // idempotent
   REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 4)}, 1)),
                  absl::StatusCode::kAlreadyExists, "different spec");
+}
+
+TEST_CASE("requests and job specs past a limit are RESOURCE_EXHAUSTED naming the limit", "[errors][limits]") {
+  auto cluster = TestCluster::Start(OneServerFourShards());
+  auto c = cluster->Client(0);
+  std::vector<v1::TableSpec> many;
+  for (int i = 0; i < 1025; ++i) many.push_back(DenseTableSpec(absl::StrCat("t", i), 2));
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", many, 1)), absl::StatusCode::kResourceExhausted,
+                 "declares 1025 tables; the limit is 1024 tables per job");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {SparseTableSpec("e", 70000)}, 1)), absl::StatusCode::kResourceExhausted,
+                 "dim 70000 exceeds the limit of 65536 per row");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", int64_t{1} << 37)}, 1)),
+                 absl::StatusCode::kResourceExhausted, "past the limit of 2^36 (68719476736) elements per table");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 3)}, 70000)), absl::StatusCode::kResourceExhausted,
+                 "num_workers 70000 exceeds the limit of 65536 workers per job");
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 1 << 22, 1.0f, v1::OptimizerSpec::SGD, 1 << 21)}, 1)),
+                 absl::StatusCode::kResourceExhausted, "chunk_elements 2097152 exceeds the limit of 1048576");
+
+  REQUIRE_OK(c->CreateJob(JobSpec("lim", {SparseTableSpec("emb", 1)}, 1, v1::ConsistencySpec::ASP)));
+  auto stub = RawStub(cluster->address(0));
+  // 600 000 keys: 4.8 MB, within the message limit but past the key limit.
+  std::vector<uint64_t> keys(600000);
+  std::iota(keys.begin(), keys.end(), 0);
+  v1::PullRequest pull;
+  pull.set_job_id("lim");
+  pull.set_worker_id("raw");
+  pull.set_shard_map_version(cluster->shard_map().version());
+  auto* sk = pull.add_sparse();
+  sk->set_table("emb");
+  sk->set_keys(std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * 8));
+  grpc::ClientContext ctx;
+  v1::PullResponse resp;
+  REQUIRE_STATUS(FromGrpcStatus(stub->Pull(&ctx, pull, &resp)), absl::StatusCode::kResourceExhausted,
+                 "pull carries 600000 sparse keys; the limit is 524288 keys per request");
+  // Past the server's message limit (from a client that sends anything):
+  // gRPC's own RESOURCE_EXHAUSTED, naming both sizes.
+  keys.resize(1200000);
+  sk->set_keys(std::string(reinterpret_cast<const char*>(keys.data()), keys.size() * 8));
+  grpc::ChannelArguments unlimited;
+  unlimited.SetMaxSendMessageSize(-1);
+  auto big_stub = v1::ParameterService::NewStub(
+      grpc::CreateCustomChannel(cluster->address(0), grpc::InsecureChannelCredentials(), unlimited));
+  grpc::ClientContext ctx2;
+  const absl::Status big = FromGrpcStatus(big_stub->Pull(&ctx2, pull, &resp));
+  REQUIRE(big.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(big.message().find("larger than max") != std::string::npos);
+  REQUIRE(big.message().find("8388608") != std::string::npos);
+  // Nothing was created, and the server still serves.
+  REQUIRE_OK(c->OpenJob("lim"));
 }
 
 TEST_CASE("garbage and hostile bytes get an error and the server keeps serving", "[errors]") {
