@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 
 namespace fulcrum::config {
@@ -32,6 +34,18 @@ void CheckSource(const v1::DataSource& s, const std::string& path, const std::st
     p->push_back(absl::StrCat(path, ".format: model '", model, "' reads dense features: use idx or csv"));
   }
   if (s.path().empty()) p->push_back(absl::StrCat(path, ".path: required (a file; relative to the worker's --data_dir)"));
+  // Workers confine data paths to their --data_roots; a ".." step or a NUL
+  // is refused here already, where the user sees it at submit.
+  for (const auto& [field, value] : {std::pair<const char*, const std::string&>{"path", s.path()},
+                                     std::pair<const char*, const std::string&>{"labels", s.labels()}}) {
+    bool dotdot = false;
+    for (absl::string_view part : absl::StrSplit(value, '/')) dotdot |= part == "..";
+    if (dotdot || value.find('\0') != std::string::npos || value.size() > 4096) {
+      p->push_back(absl::StrCat(path, ".", field, ": '", absl::CHexEscape(value.substr(0, 200)),
+                                "' must not contain '..', NUL or more than 4096 characters (paths stay inside "
+                                "the workers' data directories)"));
+    }
+  }
   if (s.format() == "idx" && s.labels().empty()) {
     p->push_back(absl::StrCat(path, ".labels: required for idx (the labels file beside the images)"));
   }

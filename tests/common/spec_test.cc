@@ -102,6 +102,29 @@ TEST_CASE("syntax errors name the file and line", "[spec]") {
   CHECK(ParseSpecFile("/nonexistent/spec.yaml", &s).code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][security]") {
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText("name: x\nmodel: {type: softmax}\n"
+                        "data: {train: {format: idx, path: ../../etc/passwd, labels: mnist/l.idx}, "
+                        "test: {format: csv, path: a/..}}\noptimizer: {kind: sgd, learning_rate: 0.1}\n"
+                        "num_workers: 1\nbatch_size: 8\nepochs: 1\n",
+                        "p.yaml", &s)
+              .ok());
+  const std::vector<std::string> p = JobSpecProblems(s);
+  auto has = [&](const std::string& needle) {
+    for (const auto& x : p) {
+      if (x.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  CHECK(has("data.train.path: '../../etc/passwd' must not contain '..'"));
+  CHECK(has("data.test.path: 'a/..' must not contain '..'"));
+  CHECK_FALSE(has("data.train.labels"));
+  s.mutable_data()->mutable_train()->set_path(std::string("mnist/a\0b", 9));
+  INFO(ValidateJobSpec(s).message());
+  CHECK(ValidateJobSpec(s).message().find("data.train.path: 'mnist/a\\x00\\x62' must not contain") != std::string::npos);
+}
+
 TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: Bad_Name\nmodel: {type: mlp}\ndata: {train: {format: parquet}}\n"

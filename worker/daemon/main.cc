@@ -6,6 +6,7 @@
 // One worker drives one device; run one per GPU on a multi-GPU host
 // (--device=cuda:0, --device=cuda:1, ...).
 #include <iostream>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,6 +21,9 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coor
 ABSL_FLAG(std::string, device, "auto", "compute device: auto (first GPU, else CPU), cpu, cuda:N");
 ABSL_FLAG(std::string, data_dir, "", "where relative data paths of job specs resolve "
           "(default $FULCRUM_DATA_DIR, else ~/.cache/fulcrum/data)");
+ABSL_FLAG(std::vector<std::string>, data_roots, {},
+          "comma-separated directories job specs' data paths must resolve into, symlinks and '..' followed "
+          "(default: --data_dir alone)");
 ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9402",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
@@ -41,6 +45,7 @@ int main(int argc, char** argv) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
+  o.data_roots = absl::GetFlag(FLAGS_data_roots);
   if (o.slots == 0) {
     std::cerr << "fulcrum-worker: --slots must be >= 1\n";
     return 2;

@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -47,14 +48,15 @@ DType DTypeOf(v1::DType d) {
 // Datasets shared by every assignment of this process, by source.
 class DataCache {
  public:
-  absl::StatusOr<std::shared_ptr<const data::Dataset>> Get(const v1::DataSource& source, const std::string& dir) {
+  absl::StatusOr<std::shared_ptr<const data::Dataset>> Get(const v1::DataSource& source, const std::string& dir,
+                                                           const std::vector<std::string>& roots) {
     const std::string key = source.SerializeAsString();
     {
       absl::MutexLock lock(&mu_);
       auto it = cache_.find(key);
       if (it != cache_.end()) return it->second;
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> d, LoadDataSource(source, dir));
+    ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> d, LoadDataSource(source, dir, &roots));
     std::shared_ptr<const data::Dataset> shared(std::move(d));
     absl::MutexLock lock(&mu_);
     cache_.emplace(key, shared);
@@ -79,12 +81,35 @@ std::string DefaultDataDir() {
   return std::string(home != nullptr ? home : ".") + "/.cache/fulcrum/data";
 }
 
-absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& s, const std::string& dir) {
-  const std::string path = Resolve(s.path(), dir);
+absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std::string& dir,
+                                             const std::vector<std::string>& roots) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(Resolve(path, dir), ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("data path '", path, "': ", ec.message()));
+  for (const std::string& root : roots) {
+    const fs::path r = fs::weakly_canonical(root, ec);
+    if (ec) continue;
+    // Inside when every component of the root starts the path.
+    if (std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end()).first == r.end()) return resolved.string();
+  }
+  return absl::PermissionDeniedError(absl::StrCat("data path '", path, "' resolves to ", resolved.string(),
+                                                  ", outside this worker's data roots (", absl::StrJoin(roots, ", "),
+                                                  "); place the data there or add a root with --data_roots"));
+}
+
+absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& s, const std::string& dir,
+                                                              const std::vector<std::string>* roots) {
+  auto resolve = [&](const std::string& p) -> absl::StatusOr<std::string> {
+    if (roots == nullptr || p.empty()) return Resolve(p, dir);
+    return ConfinedDataPath(p, dir, *roots);
+  };
+  ASSIGN_OR_RETURN(const std::string path, resolve(s.path()));
   if (s.format() == "idx") {
     data::IdxOptions o;
     if (s.scale() > 0) o.scale = s.scale();
-    return data::ReadIdx(path, Resolve(s.labels(), dir), o);
+    ASSIGN_OR_RETURN(const std::string labels, resolve(s.labels()));
+    return data::ReadIdx(path, labels, o);
   }
   if (s.format() == "libsvm") {
     data::LibSvmOptions o;
@@ -127,6 +152,7 @@ class WorkerDaemon::Runner {
  public:
   Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub)
       : a_(std::move(a)), options_(options), node_id_(std::move(node_id)), stub_(stub) {
+    data_roots_ = options_.data_roots.empty() ? std::vector<std::string>{options_.data_dir} : options_.data_roots;
     thread_ = std::thread([this] { Run(); });
   }
   ~Runner() {
@@ -205,11 +231,11 @@ class WorkerDaemon::Runner {
     const v1::JobSpec& spec = a_.spec();
     SendProgress("loading");
     reason_ = "BadData";
-    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir));
+    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir, data_roots_));
     std::shared_ptr<const data::Dataset> train = train_all, test;
     std::unique_ptr<data::Dataset> train_part, test_part;
     if (spec.data().has_test()) {
-      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir));
+      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir, data_roots_));
     } else if (spec.data().test_fraction() > 0) {
       auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
       train_part = data::Subset(train_all.get(), tr);
@@ -395,6 +421,7 @@ class WorkerDaemon::Runner {
 
   const v1::Assignment a_;
   const WorkerDaemonOptions& options_;
+  std::vector<std::string> data_roots_;  // where data paths may resolve (options_.data_roots, else data_dir)
   const std::string node_id_;
   v1::ClusterService::Stub* const stub_;
   std::atomic<bool> stop_{false};
@@ -430,7 +457,9 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(opt
     d->set_name(probe.status().ToString());
   }
   FLOG(INFO) << "fulcrum-worker: device " << d->name() << " (" << why << "); data dir "
-             << options_.data_dir << "; " << info.slots() << " slot(s); coordinator " << options_.coordinator;
+             << options_.data_dir << " (data paths confined to "
+             << (options_.data_roots.empty() ? options_.data_dir : absl::StrJoin(options_.data_roots, ", ")) << "); "
+             << info.slots() << " slot(s); coordinator " << options_.coordinator;
   NodeAgentOptions ao;
   ao.coordinator = options_.coordinator;
   ao.info = info;

@@ -33,6 +33,10 @@ namespace fulcrum {
 struct WorkerDaemonOptions {
   std::string coordinator;
   std::string data_dir;        // relative data paths resolve here
+  // Directories data paths must resolve into (symlinks and ".." followed);
+  // empty: data_dir alone. Job specs come over the network: a path outside
+  // is refused, never opened.
+  std::vector<std::string> data_roots;
   std::string device = "auto"; // auto | cpu | cuda:N
   uint32_t slots = 1;          // assignments run at once
   int cpu_threads = 0;         // CPU backend threads per assignment; 0: cores / slots
@@ -73,9 +77,18 @@ class WorkerDaemon {
 // ~/.cache/fulcrum/data (where deploy/local/fetch_data.sh puts datasets).
 std::string DefaultDataDir();
 
-// Loads one DataSource (paths relative to `data_dir`).
+// Loads one DataSource (paths relative to `data_dir`). With `roots`, every
+// path must resolve inside one of them, else PERMISSION_DENIED naming the
+// path and the roots (train_local, which reads the user's own spec, passes
+// none).
 absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& source,
-                                                              const std::string& data_dir);
+                                                              const std::string& data_dir,
+                                                              const std::vector<std::string>* roots = nullptr);
+
+// `path` (relative ones under `dir`) made canonical and checked to lie inside
+// one of `roots`.
+absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std::string& dir,
+                                             const std::vector<std::string>& roots);
 // The model a job spec asks for, completed from the training data.
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
 
