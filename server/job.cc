@@ -802,8 +802,23 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
       const uint64_t min = MinClockLocked();
       metrics_.staleness.Observe(m->step > min ? static_cast<double>(m->step - min) : 0.0);
     }
+    // A pull no worker could legitimately make waits for nothing but its
+    // deadline: refuse it, and bound how many may wait (a hostile client
+    // could otherwise park pulls until memory runs out).
+    const uint64_t reachable = model_ == Model::kBsp   ? applied_step_ + kMaxPendingSteps + 1
+                               : model_ == Model::kSsp ? MinClockLocked() + staleness_ + kMaxPendingSteps + 1
+                                                       : ~uint64_t{0};
+    const size_t max_waiters = size_t{16} * num_workers_ + 256;
     if (shut_down_) {
       refused = shutdown_reason_;
+    } else if (m->step > reachable) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "pull for step ", m->step, " by ", Who(m->worker_id, m->rank), " is beyond step ", reachable,
+          ", the furthest any worker of job '", id(), "' can be ahead"));
+    } else if (!ReadyLocked(m->step) && waiters_.size() >= max_waiters) {
+      refused = absl::ResourceExhaustedError(absl::StrCat("job '", id(), "' already has ", waiters_.size(),
+                                                          " pulls waiting; the limit is ", max_waiters,
+                                                          " (16 per worker + 256)"));
     } else if (!ReadyLocked(m->step)) {
       const uint64_t wid = next_waiter_++;
       Waiter& w = waiters_[wid];

@@ -64,15 +64,6 @@ std::string Percentiles(std::vector<double> v) {
   return absl::StrFormat("| %.2f | %.2f | %.2f | %.2f | %.2f |", at(0.5), at(0.9), at(0.99), at(0.999), v.back());
 }
 
-int64_t RssKiB(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
-  }
-  return -1;
-}
-
 int Run() {
   const int clients = absl::GetFlag(FLAGS_clients);
   const int seconds = absl::GetFlag(FLAGS_seconds);
@@ -148,7 +139,7 @@ int Run() {
     stop_servers();
     return 1;
   }
-  const int64_t rss_before[2] = {RssKiB(servers[0].pid), RssKiB(servers[1].pid)};
+  const int64_t rss_before[2] = {testing::RssKiB(servers[0].pid), testing::RssKiB(servers[1].pid)};
 
   std::vector<ClientResult> results(static_cast<size_t>(clients));
   std::atomic<bool> go{false};
@@ -198,7 +189,7 @@ int Run() {
   go.store(true);
   for (auto& t : threads) t.join();
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const int64_t rss_after[2] = {RssKiB(servers[0].pid), RssKiB(servers[1].pid)};
+  const int64_t rss_after[2] = {testing::RssKiB(servers[0].pid), testing::RssKiB(servers[1].pid)};
 
   std::vector<double> push_ms, pull_ms;
   int64_t total = 0;

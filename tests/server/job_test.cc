@@ -1,4 +1,5 @@
 // Job-level tests, without gRPC: consistency bookkeeping driven directly.
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -62,6 +63,47 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->Push(Push(2, 1, g0), *map, 0, &r), absl::StatusCode::kFailedPrecondition,
                  "is not an active worker");
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
+}
+
+TEST_CASE("pulls no worker could make are refused, and waiting pulls are bounded", "[job][limits]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4)}, 1), 4, 1 << 20, &timer));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  auto pull_at = [&](uint64_t step, std::atomic<int>* answered, absl::Status* status) {
+    auto pull = std::make_shared<PullMessage>();
+    pull->job_id = "j";
+    pull->worker_id = "w0";
+    pull->step = step;
+    job->Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [answered, status](absl::StatusOr<PullResult> res) {
+      if (status != nullptr) *status = res.status();
+      answered->fetch_add(1);
+    });
+  };
+  // BSP at step 0: a worker can be at most 16 pending steps (+1) ahead.
+  std::atomic<int> answered{0};
+  absl::Status far;
+  pull_at(1000, &answered, &far);
+  REQUIRE(answered == 1);
+  REQUIRE(far.code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(far.message().find("pull for step 1000 by") != std::string::npos);
+  REQUIRE(far.message().find("is beyond step 17") != std::string::npos);
+  // Pulls for step 1 wait (step 0 is not complete); 16 per worker + 256 may.
+  answered = 0;
+  for (int i = 0; i < 16 + 256; ++i) pull_at(1, &answered, nullptr);
+  REQUIRE(answered == 0);
+  absl::Status over;
+  std::atomic<int> one{0};
+  pull_at(1, &one, &over);
+  REQUIRE(one == 1);
+  REQUIRE(over.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(over.message().find("already has 272 pulls waiting; the limit is 272") != std::string::npos);
+  // Completing step 0 answers every waiting pull.
+  std::vector<float> g(4, 1.0f);
+  PushResult r;
+  REQUIRE_OK(job->Push(Push(0, 0, g), *map, 0, &r));
+  for (int i = 0; i < 100 && answered < 272; ++i) absl::SleepFor(absl::Milliseconds(20));
+  REQUIRE(answered == 272);
 }
 
 TEST_CASE("deleting a job fails its parked pulls", "[job]") {

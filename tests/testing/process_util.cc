@@ -56,4 +56,13 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+int64_t RssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+  }
+  return -1;
+}
+
 }  // namespace fulcrum::testing

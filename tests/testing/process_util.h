@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ Process Spawn(std::vector<std::string> args, const std::string& log);
 // A fresh directory under /tmp named after `prefix`.
 std::string MakeTempDir(const std::string& prefix);
 std::string ReadFile(const std::string& path);
+// Resident memory of process `pid` in KiB (VmRSS), or -1.
+int64_t RssKiB(pid_t pid);
 
 }  // namespace fulcrum::testing
 

@@ -1,0 +1,475 @@
+// Hostile input over the network while a job trains. A cluster.sh cluster
+// (mutual TLS, tokens) trains the digits softmax job for user demo while 8
+// threads send thousands of malformed or hostile requests:
+//   - to the parameter servers, with a worker's certificate:
+//     pushes to unknown jobs, garbage bytes as Push and Pull, NaN gradients
+//     for the training job, oversized messages, DeleteJob and SetShardMap of
+//     the training job, streams that send unknown jobs and then vanish,
+//     streams that vanish while a pull waits, plaintext connections;
+//   - to the job API: another user reading, cancelling and watching demo's
+//     job, no token, a wrong token, invalid specs.
+// Every request must get an error of its kind (never OK, never a crash);
+// the job must still succeed with its accuracy; each server's RSS may grow
+// by at most 256 MiB; both servers must still answer afterwards.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/config/spec_text.h"
+#include "common/rpc/grpc_util.h"
+#include "common/rpc/security.h"
+#include "fulcrum/v1/cluster.grpc.pb.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+#include "tests/testing/process_util.h"
+
+namespace fulcrum {
+namespace {
+
+namespace fs = std::filesystem;
+using grpc::StatusCode;
+
+int Run(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = testing::Spawn(args, log).pid;
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+pid_t PidOf(const fs::path& run_dir, const std::string& name) {
+  int pid = 0;
+  REQUIRE(absl::SimpleAtoi(absl::StripAsciiWhitespace(testing::ReadFile((run_dir / "run" / (name + ".pid")).string())),
+                           &pid));
+  return pid;
+}
+
+grpc::ByteBuffer Buffer(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A unary call of raw bytes.
+grpc::Status RawCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::ByteBuffer req = Buffer(bytes);
+  grpc::ByteBuffer resp;
+  grpc::Status st;
+  absl::Notification done;
+  stub->UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
+    st = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return st;
+}
+
+class Tally {
+ public:
+  // Records one answer; `allowed` are the codes this attack may get.
+  void Add(const std::string& attack, const grpc::Status& s, std::initializer_list<StatusCode> allowed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& row = rows_[attack];
+    ++row.count;
+    bool ok = false;
+    for (StatusCode c : allowed) ok |= s.error_code() == c;
+    if (!ok || s.error_message().empty()) {
+      ++row.bad;
+      if (bad_.size() < 20) bad_.push_back(absl::StrCat(attack, ": code ", s.error_code(), " ", s.error_message()));
+    } else {
+      row.last = absl::StrCat(s.error_code(), " ", s.error_message().substr(0, 90));
+    }
+  }
+  int total() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (auto& [_, r] : rows_) n += r.count;
+    return n;
+  }
+  std::string Report(int* bad) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    *bad = 0;
+    for (auto& [name, r] : rows_) {
+      absl::StrAppend(&out, "  ", name, ": ", r.count, " requests, ", r.bad, " wrong; e.g. ", r.last, "\n");
+      *bad += r.bad;
+    }
+    for (const auto& b : bad_) absl::StrAppend(&out, "  WRONG ", b, "\n");
+    return out;
+  }
+
+ private:
+  struct Row {
+    int count = 0, bad = 0;
+    std::string last;
+  };
+  std::mutex mu_;
+  std::map<std::string, Row> rows_;
+  std::vector<std::string> bad_;
+};
+
+TEST_CASE("hostile requests over the network while a job trains: each gets its error, the job reaches its accuracy, "
+          "server memory stays bounded",
+          "[e2e][security]") {
+  const fs::path dir = testing::MakeTempDir("fulcrum-hostile");
+  const fs::path run_dir = dir / "cluster", tls = run_dir / "tls";
+  const int port = testing::FreePort();
+  const std::string script = std::string(FULCRUM_SOURCE_DIR) + "/deploy/local/cluster.sh";
+  REQUIRE(Run({script, "start", "--servers", "2", "--workers", "2", "--dir", run_dir.string(), "--port",
+               absl::StrCat(port), "--metrics-port", "0", "--bin", FULCRUM_BUILD_DIR, "--data", FULCRUM_TEST_DATA_DIR},
+              (dir / "start.log").string()) == 0);
+  struct Stop {
+    std::vector<std::string> args;
+    std::string log;
+    ~Stop() { Run(args, log); }
+  } stop{{script, "stop", "--dir", run_dir.string()}, (dir / "stop.log").string()};
+
+  // This process holds a worker's certificate: the most a hostile cluster
+  // member could present.
+  REQUIRE(security::ConfigureTls({(tls / "ca.crt").string(), (tls / "worker-0.crt").string(),
+                                  (tls / "worker-0.key").string(), ""})
+              .ok());
+  struct Reset {
+    ~Reset() { security::ConfigureInsecure(); }
+  } reset;
+  auto token = [&](const std::string& user) {
+    return std::string(absl::StripAsciiWhitespace(testing::ReadFile((tls / ("token-" + user)).string())));
+  };
+  const std::string bob_token = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
+  std::ofstream(tls / "tokens.csv", std::ios::app) << bob_token << ",bob,bob\n";
+  const std::string coord = absl::StrCat("127.0.0.1:", port);
+  const std::string servers[2] = {absl::StrCat("127.0.0.1:", port + 1), absl::StrCat("127.0.0.1:", port + 2)};
+  auto jobs = v1::JobService::NewStub(CreateFulcrumChannel(coord, 0));
+  auto authed = [](grpc::ClientContext* ctx, const std::string& t) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!t.empty()) ctx->AddMetadata("authorization", "Bearer " + t);
+  };
+
+  v1::JobSpec spec;
+  REQUIRE(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/digits-softmax.yaml", &spec).ok());
+  int epochs = 40;  // about 30 s of training on 2 cores; FULCRUM_HOSTILE_EPOCHS for longer runs
+  if (const char* env = std::getenv("FULCRUM_HOSTILE_EPOCHS"); env != nullptr) REQUIRE(absl::SimpleAtoi(env, &epochs));
+  spec.set_epochs(static_cast<uint32_t>(epochs));
+  std::string job;
+  {
+    grpc::ClientContext ctx;
+    authed(&ctx, token("demo"));
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobResponse resp;
+    const grpc::Status s = jobs->SubmitJob(&ctx, req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    job = resp.job_id();
+  }
+  auto get_job = [&]() {
+    grpc::ClientContext ctx;
+    authed(&ctx, token("demo"));
+    v1::JobRef ref;
+    ref.set_job_id(job);
+    v1::Job j;
+    REQUIRE(jobs->GetJob(&ctx, ref, &j).ok());
+    return j;
+  };
+  // Wait until the servers hold the job's tables.
+  auto ps0 = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[0], 1));
+  v1::PsJobSpec ps_spec;
+  for (int tries = 0; tries < 300; ++tries) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::GetJobRequest req;
+    req.set_job_id(job);
+    v1::GetJobResponse resp;
+    if (ps0->GetJob(&ctx, req, &resp).ok()) {
+      ps_spec = resp.spec();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(ps_spec.tables_size() > 0);
+  const std::string table = ps_spec.tables(0).name();
+  int64_t elements = 1;
+  for (int64_t d : ps_spec.tables(0).shape()) elements *= d;
+  const size_t chunk0 = static_cast<size_t>(
+      ps_spec.tables(0).chunk_elements() > 0 ? std::min<int64_t>(elements, ps_spec.tables(0).chunk_elements()) : elements);
+  const pid_t server_pids[2] = {PidOf(run_dir, "server-0"), PidOf(run_dir, "server-1")};
+  const int64_t rss_before[2] = {testing::RssKiB(server_pids[0]), testing::RssKiB(server_pids[1])};
+
+  Tally tally;
+  std::atomic<bool> stop_attacks{false};
+  std::atomic<int> nan_rejected{0};
+  auto attacker = [&](int t) {
+    std::mt19937 rng(static_cast<uint32_t>(t));
+    const std::string& server = servers[t % 2];
+    auto ps = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 100 + t));
+    grpc::GenericStub raw(CreateFulcrumChannel(server, 200 + t));
+    grpc::ChannelArguments unlimited;
+    unlimited.SetMaxSendMessageSize(-1);
+    grpc::GenericStub raw_big(grpc::CreateCustomChannel(server, security::ChannelCredentials(), unlimited));
+    auto api = v1::JobService::NewStub(CreateFulcrumChannel(coord, 300 + t));
+    // A unary call on the parameter service with a 10 s deadline.
+    auto unary = [&ps](auto method, const auto& req, auto* resp) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      return ((*ps).*method)(&ctx, req, resp);
+    };
+    for (int round = 0; !stop_attacks.load(); ++round) {
+      switch (round % 14) {
+        case 0: {  // a push for a job that does not exist
+          v1::PushRequest p;
+          p.set_job_id(absl::StrCat("nope-", rng()));
+          p.set_worker_id("hostile");
+          auto* d = p.add_dense();
+          d->set_table(table);
+          d->set_data(std::string(64, '\x01'));
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+          v1::PushResponse r;
+          tally.Add("push to an unknown job", ps->Push(&ctx, p, &r), {StatusCode::NOT_FOUND});
+          break;
+        }
+        case 1: {  // garbage bytes as a Push
+          std::string junk(static_cast<size_t>(rng() % 4096), '\0');
+          for (char& c : junk) c = static_cast<char>(rng());
+          tally.Add("garbage Push bytes", RawCall(&raw, "/fulcrum.v1.ParameterService/Push", junk),
+                    {StatusCode::INVALID_ARGUMENT, StatusCode::NOT_FOUND});
+          break;
+        }
+        case 2: {  // garbage bytes as a Pull, then a truncated valid pull
+          v1::PullRequest p;
+          p.set_job_id(job);
+          p.add_sparse()->set_table(table);
+          const std::string whole = p.SerializeAsString();
+          tally.Add("truncated Pull bytes",
+                    RawCall(&raw, "/fulcrum.v1.ParameterService/Pull", whole.substr(0, whole.size() - 3)),
+                    {StatusCode::INVALID_ARGUMENT});
+          break;
+        }
+        case 3: {  // a stale push, then NaN gradients at the current step, for the training job
+          v1::PushRequest p;
+          p.set_job_id(job);
+          p.set_worker_id(absl::StrCat("hostile-", t));
+          p.set_rank(0);
+          p.set_seq(rng());
+          p.set_step(0);
+          auto* d = p.add_dense();
+          d->set_table(table);
+          d->set_chunk(0);
+          d->set_dtype(v1::DTYPE_FP32);
+          std::vector<float> nan(chunk0, std::nanf(""));
+          d->set_data(std::string(reinterpret_cast<const char*>(nan.data()), nan.size() * 4));
+          v1::PushResponse r;
+          {
+            // A step already applied is acknowledged as a duplicate and
+            // dropped unread (replacement workers push such steps again).
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+            const grpc::Status st = ps->Push(&ctx, p, &r);
+            if (st.ok()) {
+              tally.Add("push of a step already applied", r.duplicate() ? grpc::Status(StatusCode::ALREADY_EXISTS, "acknowledged as a duplicate, dropped") : grpc::Status::OK,
+                        {StatusCode::ALREADY_EXISTS});
+            } else {
+              // NOT_FOUND: the job ended and the servers dropped it.
+              tally.Add("push of a step already applied", st,
+                        {StatusCode::ABORTED, StatusCode::FAILED_PRECONDITION, StatusCode::NOT_FOUND});
+            }
+          }
+          p.set_seq(rng());
+          p.set_step(r.applied_step());
+          grpc::ClientContext ctx;
+          ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+          grpc::Status st = ps->Push(&ctx, p, &r);
+          // The step may have been applied meanwhile: then it is a duplicate.
+          if (st.ok() && r.duplicate()) st = grpc::Status(StatusCode::ALREADY_EXISTS, "acknowledged as a duplicate, dropped");
+          tally.Add("NaN gradient at the current step", st,
+                    {StatusCode::INVALID_ARGUMENT, StatusCode::ABORTED, StatusCode::FAILED_PRECONDITION,
+                     StatusCode::ALREADY_EXISTS, StatusCode::NOT_FOUND});
+          if (st.error_code() == StatusCode::INVALID_ARGUMENT && st.error_message().find("contains NaN or Inf") != std::string::npos) {
+            nan_rejected.fetch_add(1);
+          }
+          break;
+        }
+        case 4: {  // a message over the server's 8 MiB limit
+          if (round % 70 != 4) break;  // 9 MB each: fewer of these
+          tally.Add("9 MB message", RawCall(&raw_big, "/fulcrum.v1.ParameterService/Push", std::string(9 << 20, 'x')),
+                    {StatusCode::RESOURCE_EXHAUSTED});
+          break;
+        }
+        case 5: {  // deleting the training job with a worker's certificate
+          v1::DeleteJobRequest req;
+          req.set_job_id(job);
+          v1::DeleteJobResponse resp;
+          tally.Add("DeleteJob with a worker certificate",
+                    unary(&v1::ParameterService::Stub::DeleteJob, req, &resp), {StatusCode::PERMISSION_DENIED});
+          break;
+        }
+        case 6: {  // an empty shard map with a worker's certificate
+          v1::SetShardMapRequest req;
+          req.mutable_map()->set_version(999999);
+          v1::SetShardMapResponse resp;
+          tally.Add("SetShardMap with a worker certificate",
+                    unary(&v1::ParameterService::Stub::SetShardMap, req, &resp), {StatusCode::PERMISSION_DENIED});
+          break;
+        }
+        case 7: {  // a stream of unknown-job pushes, then the client vanishes
+          grpc::ClientContext ctx;
+          auto stream = ps->Stream(&ctx);
+          v1::StreamRequest req;
+          req.set_id(1);
+          req.mutable_push()->set_job_id("nope");
+          v1::StreamResponse resp;
+          grpc::Status st = grpc::Status::OK;
+          if (stream->Write(req) && stream->Read(&resp)) {
+            st = grpc::Status(static_cast<StatusCode>(resp.code()), resp.message());
+          } else {
+            st = grpc::Status(StatusCode::INTERNAL, "stream broke");
+          }
+          tally.Add("stream push to an unknown job, then vanish", st, {StatusCode::NOT_FOUND});
+          ctx.TryCancel();  // no WritesDone, no Finish wait beyond the cancel
+          stream->Finish();
+          break;
+        }
+        case 8: {  // a stream pull that waits far in the future, then vanish
+          grpc::ClientContext ctx;
+          auto stream = ps->Stream(&ctx);
+          v1::StreamRequest req;
+          req.set_id(2);
+          auto* pull = req.mutable_pull();
+          pull->set_job_id(job);
+          pull->set_worker_id("hostile");
+          pull->set_step(1u << 30);
+          pull->add_dense()->set_table(table);
+          stream->Write(req);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          ctx.TryCancel();
+          tally.Add("stream pull left waiting, then vanish", stream->Finish(),
+                    {StatusCode::CANCELLED, StatusCode::INVALID_ARGUMENT, StatusCode::FAILED_PRECONDITION,
+                     StatusCode::ABORTED, StatusCode::NOT_FOUND});
+          break;
+        }
+        case 9:
+        case 10: {  // another user reads, then cancels, demo's job
+          v1::JobRef ref;
+          ref.set_job_id(job);
+          v1::Job j;
+          grpc::ClientContext get_ctx, cancel_ctx;
+          authed(&get_ctx, bob_token);
+          authed(&cancel_ctx, bob_token);
+          const bool get = round % 14 == 9;
+          tally.Add(get ? "another user's GetJob" : "another user's CancelJob",
+                    get ? api->GetJob(&get_ctx, ref, &j) : api->CancelJob(&cancel_ctx, ref, &j),
+                    {StatusCode::PERMISSION_DENIED, StatusCode::UNAUTHENTICATED});
+          break;
+        }
+        case 11: {  // no token, then a wrong token
+          grpc::ClientContext a, b;
+          authed(&a, "");
+          authed(&b, absl::StrCat("guess", rng(), "0123456789abcdef"));
+          v1::ListJobsResponse resp;
+          tally.Add("ListJobs without a token", api->ListJobs(&a, v1::ListJobsRequest(), &resp),
+                    {StatusCode::UNAUTHENTICATED});
+          tally.Add("ListJobs with a wrong token", api->ListJobs(&b, v1::ListJobsRequest(), &resp),
+                    {StatusCode::UNAUTHENTICATED});
+          break;
+        }
+        case 12: {  // invalid specs
+          grpc::ClientContext ctx;
+          authed(&ctx, bob_token);
+          v1::SubmitJobRequest req;
+          *req.mutable_spec() = spec;
+          req.mutable_spec()->set_num_workers(0);
+          req.mutable_spec()->set_batch_size(static_cast<uint32_t>(rng()) | 0x80000000u);
+          req.mutable_spec()->mutable_data()->mutable_train()->set_path("../../etc/shadow");
+          v1::SubmitJobResponse resp;
+          tally.Add("SubmitJob with an invalid spec", api->SubmitJob(&ctx, req, &resp),
+                    {StatusCode::INVALID_ARGUMENT, StatusCode::UNAUTHENTICATED});
+          break;
+        }
+        case 13: {  // watching demo's job as another user
+          if (round % 28 == 13) {  // plaintext to a TLS port, now and then
+            auto plain = v1::ParameterService::NewStub(
+                grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+            v1::GetShardMapRequest req;
+            v1::ShardMap m;
+            tally.Add("plaintext call to a TLS server", plain->GetShardMap(&ctx, req, &m),
+                      {StatusCode::UNAVAILABLE});
+            break;
+          }
+          grpc::ClientContext ctx;
+          authed(&ctx, bob_token);
+          v1::JobRef ref;
+          ref.set_job_id(job);
+          auto reader = api->WatchJob(&ctx, ref);
+          v1::JobEvent e;
+          while (reader->Read(&e)) {
+          }
+          tally.Add("another user's WatchJob", reader->Finish(),
+                    {StatusCode::PERMISSION_DENIED, StatusCode::UNAUTHENTICATED});
+          break;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> attackers;
+  int threads = 8;
+  if (const char* env = std::getenv("FULCRUM_HOSTILE_THREADS"); env != nullptr) REQUIRE(absl::SimpleAtoi(env, &threads));
+  for (int t = 0; t < threads; ++t) attackers.emplace_back(attacker, t);
+
+  v1::Job final_job;
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  while (absl::Now() < deadline) {
+    final_job = get_job();
+    if (final_job.status().state() == v1::SUCCEEDED || final_job.status().state() == v1::FAILED ||
+        final_job.status().state() == v1::CANCELLED) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  stop_attacks.store(true);
+  for (auto& t : attackers) t.join();
+  const int64_t rss_after[2] = {testing::RssKiB(server_pids[0]), testing::RssKiB(server_pids[1])};
+
+  int wrong = 0;
+  const std::string report = tally.Report(&wrong);
+  WARN("hostile requests: " << tally.total() << " while the job trained\n"
+                             << report << "job " << job << " " << v1::JobState_Name(final_job.status().state())
+                             << ", test accuracy " << final_job.status().test_accuracy() << "; server RSS "
+                             << rss_before[0] << " -> " << rss_after[0] << " KiB and " << rss_before[1] << " -> "
+                             << rss_after[1] << " KiB");
+  CHECK(wrong == 0);
+  CHECK(nan_rejected.load() > 0);  // the NaN check itself was reached, not only the framing checks
+  if (threads == 8) CHECK(tally.total() >= 2000);
+  REQUIRE(final_job.status().state() == v1::SUCCEEDED);
+  CHECK(final_job.status().test_accuracy() >= 0.88);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(rss_after[i] > 0);
+    CHECK(rss_after[i] - rss_before[i] < 256 * 1024);
+    // Still serving.
+    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[i], 900 + i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ShardMap m;
+    CHECK(stub->GetShardMap(&ctx, v1::GetShardMapRequest(), &m).ok());
+    CHECK(kill(server_pids[i], 0) == 0);  // the same process: never crashed
+  }
+}
+
+}  // namespace
+}  // namespace fulcrum
