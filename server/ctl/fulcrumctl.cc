@@ -514,7 +514,10 @@ int Usage() {
   std::cerr << "usage: fulcrumctl [--coordinator=host:port] [--output=text|json] COMMAND\n"
                "  submit -f SPEC [--no-wait] [--validate]\n"
                "  list | status JOB | watch JOB | cancel JOB | cluster\n"
-               "  checkpoint JOB | restore JOB [--cut=N] | export JOB [--cut=N] -o FILE.safetensors\n";
+               "  checkpoint JOB | restore JOB [--cut=N] | export JOB [--cut=N] -o FILE.safetensors\n"
+               "credentials: --tls_ca_file (or $FULCRUM_TLS_CA_FILE) or --insecure ($FULCRUM_INSECURE=1);\n"
+               "  a bearer token from --token_file, $FULCRUM_TOKEN or $FULCRUM_TOKEN_FILE\n"
+               "  (deploy/local/cluster.sh writes them all to RUN_DIR/env)\n";
   return kUsage;
 }
 

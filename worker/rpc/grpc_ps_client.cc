@@ -307,6 +307,16 @@ class GrpcPsClient::Impl {
   }
 
   ~Impl() {
+    // Unary calls still in flight hold their ClientContext, and with it a
+    // reference to a channel: wait until each has dropped it, so the last
+    // reference goes with conns_ here, never on gRPC's callback thread
+    // (destroying a channel there destroys the completion queue that thread
+    // is serving: a double free, found by ASan in load_test).
+    {
+      absl::MutexLock lock(&calls_mu_);
+      calls_mu_.Await(absl::Condition(
+          +[](int* n) { return *n == 0; }, &calls_in_flight_));
+    }
     // Streams cancel in their destructors and wait for gRPC to let go.
     absl::MutexLock lock(&mu_);
     for (auto& [addr, conn] : conns_) {
@@ -468,14 +478,25 @@ class GrpcPsClient::Impl {
     auto call = std::make_shared<Call>();
     call->request = body.Finish();
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    {
+      absl::MutexLock lock(&calls_mu_);
+      ++calls_in_flight_;
+    }
     conn->stubs[i]->UnaryCall(&call->ctx, is_push ? kPushMethod : kPullMethod, grpc::StubOptions(),
                               &call->request, &call->response,
-                              [call, cb = std::move(cb)](grpc::Status gs) {
+                              [this, call, cb = std::move(cb)](grpc::Status gs) mutable {
                                 absl::Status s = FromGrpcStatus(gs);
                                 Payload p;
                                 std::shared_ptr<const void> keepalive;
                                 if (s.ok()) s = wire::ViewByteBuffer(call->response, &p, &keepalive);
                                 cb(s, p, keepalive);
+                                // Let go of everything while this client
+                                // (and its channels) still exists; see ~Impl.
+                                cb = nullptr;
+                                keepalive.reset();
+                                call.reset();
+                                absl::MutexLock lock(&calls_mu_);
+                                --calls_in_flight_;
                               });
   }
 
@@ -871,6 +892,8 @@ class GrpcPsClient::Impl {
   absl::Mutex refresh_mu_;
   absl::Mutex mu_;
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex calls_mu_;
+  int calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;  // unary calls not yet finished with
   absl::flat_hash_map<std::string, std::shared_ptr<ServerConn>> conns_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const JobInfo>> jobs_ ABSL_GUARDED_BY(mu_);
   // Steps pushed in groups whose last group has not gone yet: parts sent so
