@@ -815,11 +815,13 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
       refused = absl::FailedPreconditionError(absl::StrCat(
           "pull for step ", m->step, " by ", Who(m->worker_id, m->rank), " is beyond step ", reachable,
           ", the furthest any worker of job '", id(), "' can be ahead"));
-    } else if (!ReadyLocked(m->step) && waiters_.size() >= max_waiters) {
+    } else if (ReadyLocked(m->step)) {
+      // served below
+    } else if (waiters_.size() >= max_waiters) {
       refused = absl::ResourceExhaustedError(absl::StrCat("job '", id(), "' already has ", waiters_.size(),
                                                           " pulls waiting; the limit is ", max_waiters,
                                                           " (16 per worker + 256)"));
-    } else if (!ReadyLocked(m->step)) {
+    } else {
       const uint64_t wid = next_waiter_++;
       Waiter& w = waiters_[wid];
       w.step = m->step;

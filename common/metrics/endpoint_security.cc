@@ -3,11 +3,7 @@
 #include <crypt.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <sys/stat.h>
-
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -15,16 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/constant_time.h"
+#include "common/file_util.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace fulcrum::metrics {
 namespace {
-
-int64_t FileStamp(const std::string& path) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) return -1;
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec + st.st_size;
-}
 
 std::string SslError() {
   const unsigned long e = ERR_get_error();
@@ -48,7 +40,7 @@ absl::StatusOr<std::unique_ptr<TlsContext>> TlsContext::Open(const std::string& 
   if (!ctx.ok()) return ctx.status();
   absl::MutexLock lock(&t->mu_);
   t->ctx_ = *ctx;
-  t->stamp_ = t->Stamp();
+  t->version_ = t->Version();
   return t;
 }
 
@@ -57,7 +49,9 @@ TlsContext::~TlsContext() {
   SSL_CTX_free(ctx_);
 }
 
-int64_t TlsContext::Stamp() const { return FileStamp(cert_) ^ (FileStamp(key_) << 1); }
+std::pair<FileVersion, FileVersion> TlsContext::Version() const {
+  return {FileVersion::Of(cert_), FileVersion::Of(key_)};
+}
 
 absl::StatusOr<SSL_CTX*> TlsContext::Build() const {
   SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
@@ -79,9 +73,9 @@ absl::StatusOr<SSL_CTX*> TlsContext::Build() const {
 
 SSL_CTX* TlsContext::Acquire() {
   absl::MutexLock lock(&mu_);
-  const int64_t stamp = Stamp();
-  if (stamp != stamp_) {
-    stamp_ = stamp;
+  const auto version = Version();
+  if (version != version_) {
+    version_ = version;
     auto fresh = Build();
     if (fresh.ok()) {
       SSL_CTX_free(ctx_);
@@ -103,13 +97,11 @@ absl::StatusOr<std::unique_ptr<BasicAuth>> BasicAuth::Open(const std::string& pa
 }
 
 absl::Status BasicAuth::Load() {
-  std::ifstream in(path_);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the metrics basic auth file ", path_));
-  std::ostringstream text;
-  text << in.rdbuf();
+  const FileVersion version = FileVersion::Of(path_);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path_, "metrics basic auth"));
   std::vector<User> users;
   int line_no = 0;
-  for (absl::string_view line : absl::StrSplit(text.str(), '\n')) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
@@ -129,16 +121,16 @@ absl::Status BasicAuth::Load() {
   if (users.empty()) return absl::InvalidArgumentError(absl::StrCat(path_, " lists no users"));
   users_ = std::move(users);
   verified_.clear();
-  stamp_ = FileStamp(path_);
+  version_ = version;
   return absl::OkStatus();
 }
 
 bool BasicAuth::Check(absl::string_view authorization) {
   absl::MutexLock lock(&mu_);
-  if (FileStamp(path_) != stamp_) {
+  if (const FileVersion version = FileVersion::Of(path_); version != version_) {
     if (auto s = Load(); !s.ok()) {
       FLOG(ERROR) << "metrics basic auth file changed but does not parse; keeping the old users: " << s;
-      stamp_ = FileStamp(path_);
+      version_ = version;
     } else {
       FLOG(INFO) << "metrics basic auth file " << path_ << " reloaded: " << users_.size() << " user(s)";
     }

@@ -7,12 +7,14 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_util.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 
@@ -37,11 +39,11 @@ class TlsContext {
  private:
   TlsContext(std::string cert, std::string key) : cert_(std::move(cert)), key_(std::move(key)) {}
   absl::StatusOr<SSL_CTX*> Build() const;
-  int64_t Stamp() const;
+  std::pair<FileVersion, FileVersion> Version() const;  // of the certificate and the key
   const std::string cert_, key_;
   absl::Mutex mu_;
   SSL_CTX* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int64_t stamp_ ABSL_GUARDED_BY(mu_) = 0;
+  std::pair<FileVersion, FileVersion> version_ ABSL_GUARDED_BY(mu_);
 };
 
 // Users and password hashes for HTTP basic auth.
@@ -61,7 +63,7 @@ class BasicAuth {
   const std::string path_;
   absl::Mutex mu_;
   std::vector<User> users_ ABSL_GUARDED_BY(mu_);
-  int64_t stamp_ ABSL_GUARDED_BY(mu_) = 0;
+  FileVersion version_ ABSL_GUARDED_BY(mu_);  // of the file last read
   // Header values that verified, so a scrape every few seconds does not pay
   // for bcrypt each time; cleared when the file changes.
   std::vector<std::string> verified_ ABSL_GUARDED_BY(mu_);

@@ -6,8 +6,6 @@
 #include <openssl/x509v3.h>
 
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include <grpc/grpc_security_constants.h>
@@ -18,13 +16,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_util.h"
 
 namespace fulcrum::security {
 namespace {
 
+// TLS is on when either the provider (a member's certificate) or the client
+// credentials (ConfigureClientTls) are set.
 struct TransportState {
   absl::Mutex mu;
-  bool tls ABSL_GUARDED_BY(mu) = false;
   TlsFiles files ABSL_GUARDED_BY(mu);
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider ABSL_GUARDED_BY(mu);
   // Set by ConfigureClientTls: used for channels instead of the provider.
@@ -43,15 +43,6 @@ std::string OpenSslError() {
   ERR_error_string_n(e, buf, sizeof(buf));
   ERR_clear_error();
   return buf;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
-  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " file given"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " file ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 template <typename T, void (*Free)(T*)>
@@ -127,11 +118,11 @@ Role RoleOfSpiffeId(absl::string_view id, std::string* name) {
 }
 
 absl::StatusOr<Identity> LoadIdentity(const TlsFiles& files) {
-  auto ca_pem = ReadFile(files.ca_file, "CA certificate");
+  auto ca_pem = ReadFileToString(files.ca_file, "CA certificate");
   if (!ca_pem.ok()) return ca_pem.status();
-  auto cert_pem = ReadFile(files.cert_file, "certificate");
+  auto cert_pem = ReadFileToString(files.cert_file, "certificate");
   if (!cert_pem.ok()) return cert_pem.status();
-  auto key_pem = ReadFile(files.key_file, "private key");
+  auto key_pem = ReadFileToString(files.key_file, "private key");
   if (!key_pem.ok()) return key_pem.status();
 
   auto cas = ParseCerts(*ca_pem, files.ca_file, "CA certificate");
@@ -176,7 +167,7 @@ absl::StatusOr<Identity> LoadIdentity(const TlsFiles& files) {
   return id;
 }
 
-absl::Status ConfigureTls(const TlsFiles& files, absl::Duration refresh) {
+absl::StatusOr<Identity> ConfigureTls(const TlsFiles& files, absl::Duration refresh) {
   auto id = LoadIdentity(files);
   if (!id.ok()) return id.status();
   const auto seconds = static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(refresh)));
@@ -184,17 +175,15 @@ absl::Status ConfigureTls(const TlsFiles& files, absl::Duration refresh) {
       files.key_file, files.cert_file, files.ca_file, seconds);
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  s.tls = true;
   s.files = files;
   s.provider = std::move(provider);
   s.client = nullptr;
-  return absl::OkStatus();
+  return id;
 }
 
 void ConfigureInsecure() {
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  s.tls = false;
   s.provider = nullptr;
   s.client = nullptr;
 }
@@ -202,14 +191,13 @@ void ConfigureInsecure() {
 absl::Status ConfigureClientTls(const std::string& ca_file) {
   grpc::SslCredentialsOptions options;
   if (!ca_file.empty()) {
-    auto pem = ReadFile(ca_file, "CA certificate");
+    auto pem = ReadFileToString(ca_file, "CA certificate");
     if (!pem.ok()) return pem.status();
     if (auto certs = ParseCerts(*pem, ca_file, "CA certificate"); !certs.ok()) return certs.status();
     options.pem_root_certs = *std::move(pem);
   }
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  s.tls = true;
   s.provider = nullptr;
   s.client = grpc::SslCredentials(options);
   return absl::OkStatus();
@@ -218,14 +206,14 @@ absl::Status ConfigureClientTls(const std::string& ca_file) {
 bool TlsEnabled() {
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  return s.tls;
+  return s.provider != nullptr || s.client != nullptr;
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  if (!s.tls) return grpc::InsecureChannelCredentials();
   if (s.client != nullptr) return s.client;
+  if (s.provider == nullptr) return grpc::InsecureChannelCredentials();
   grpc::experimental::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(s.provider);
   options.watch_root_certs();
@@ -237,8 +225,8 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(ClientCerts client_certs) {
   auto& s = State();
   absl::MutexLock lock(&s.mu);
-  if (!s.tls) return grpc::InsecureServerCredentials();
-  if (s.provider == nullptr) return nullptr;  // client-only TLS has no identity to serve with
+  if (s.client != nullptr) return nullptr;  // client-only TLS has no identity to serve with
+  if (s.provider == nullptr) return grpc::InsecureServerCredentials();
   grpc::experimental::TlsServerCredentialsOptions options(s.provider);
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();

@@ -60,9 +60,10 @@ struct Identity {
 // to the CA and is within its validity period.
 absl::StatusOr<Identity> LoadIdentity(const TlsFiles& files);
 
-// Turns TLS on for this process. Certificates and the CA are re-read every
-// `refresh` (rotation: replace the files; see docs/security.md).
-absl::Status ConfigureTls(const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
+// Turns TLS on for this process, after checking the files as LoadIdentity
+// does; returns the identity they hold. Certificates and the CA are re-read
+// every `refresh` (rotation: replace the files; see docs/security.md).
+absl::StatusOr<Identity> ConfigureTls(const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
 // Explicit plaintext (--insecure).
 void ConfigureInsecure();
 // For clients without a certificate of their own (fulcrumctl): TLS that

@@ -50,7 +50,11 @@ absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
         "deploy/tls/gen-certs.sh makes a CA and a ", RoleName(role),
         " certificate); pass --insecure to run in plaintext instead"));
   }
-  auto id = LoadIdentity(files);
+  const int32_t refresh = absl::GetFlag(FLAGS_tls_refresh_s);
+  if (refresh < 1) return absl::InvalidArgumentError("--tls_refresh_s must be at least 1");
+  // The process exits on any error below, so configuring before the role
+  // check costs nothing.
+  auto id = ConfigureTls(files, absl::Seconds(refresh));
   if (!id.ok()) return id.status();
   if (id->role != role) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -58,9 +62,6 @@ absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
         id->spiffe_id.empty() ? std::string("no Fulcrum SPIFFE ID") : id->spiffe_id, "; ", program,
         " needs a ", RoleName(role), " certificate (SAN URI ", kSpiffePrefix, RoleName(role), "/<name>)"));
   }
-  const int32_t refresh = absl::GetFlag(FLAGS_tls_refresh_s);
-  if (refresh < 1) return absl::InvalidArgumentError("--tls_refresh_s must be at least 1");
-  if (auto s = ConfigureTls(files, absl::Seconds(refresh)); !s.ok()) return s;
   const absl::Duration left = id->not_after - absl::Now();
   FLOG(INFO) << "TLS on: identity " << id->spiffe_id << " (" << id->subject << "), CA " << files.ca_file
              << ", certificate valid for " << absl::FormatDuration(absl::Trunc(left, absl::Hours(1)))

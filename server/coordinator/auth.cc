@@ -1,10 +1,5 @@
 #include "server/coordinator/auth.h"
 
-#include <sys/stat.h>
-
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,7 +7,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/constant_time.h"
+#include "common/file_util.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace fulcrum {
 namespace {
@@ -91,21 +88,14 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(con
 }
 
 absl::Status TokenAuthenticator::Load() {
-  struct stat st{};
-  if (::stat(path_.c_str(), &st) != 0) return absl::NotFoundError(absl::StrCat("cannot read the token file ", path_));
-  if ((st.st_mode & 0007) != 0) {
+  const FileVersion version = FileVersion::Of(path_);
+  if ((version.mode & 0007) != 0) {
     FLOG(WARNING) << "the token file " << path_ << " is readable by others (mode "
-                  << absl::StrFormat("%03o", st.st_mode & 0777) << "); chmod 600 it";
+                  << absl::StrFormat("%03o", version.mode) << "); chmod 600 it";
   }
-  std::ifstream in(path_);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the token file ", path_));
-  std::ostringstream text;
-  text << in.rdbuf();
-  auto entries = ParseTokenFile(text.str(), path_);
-  if (!entries.ok()) return entries.status();
-  entries_ = *std::move(entries);
-  mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  size_ = static_cast<uint64_t>(st.st_size);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path_, "token"));
+  ASSIGN_OR_RETURN(entries_, ParseTokenFile(text, path_));
+  version_ = version;
   return absl::OkStatus();
 }
 
@@ -113,15 +103,12 @@ void TokenAuthenticator::MaybeReload() {
   const absl::Time now = absl::Now();
   if (now < next_check_) return;
   next_check_ = now + absl::Seconds(1);
-  struct stat st{};
-  if (::stat(path_.c_str(), &st) != 0) return;  // keep the last good tokens
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (mtime == mtime_ns_ && static_cast<uint64_t>(st.st_size) == size_) return;
+  const FileVersion version = FileVersion::Of(path_);
+  if (!version.exists() || version == version_) return;  // gone: keep the last good tokens
   const size_t before = entries_.size();
   if (auto s = Load(); !s.ok()) {
     FLOG(ERROR) << "token file changed but does not parse; keeping the " << before << " tokens loaded before: " << s;
-    mtime_ns_ = mtime;  // do not log again until it changes again
-    size_ = static_cast<uint64_t>(st.st_size);
+    version_ = version;  // do not log again until it changes again
     return;
   }
   FLOG(INFO) << "token file " << path_ << " reloaded: " << entries_.size() << " token(s)";

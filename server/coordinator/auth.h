@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"
 
 namespace fulcrum {
 
@@ -60,8 +61,7 @@ class TokenAuthenticator {
   const std::string path_;
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
-  int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t size_ ABSL_GUARDED_BY(mu_) = 0;
+  FileVersion version_ ABSL_GUARDED_BY(mu_);  // of the file last read
   absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/rpc/security.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
@@ -88,7 +89,7 @@ int Run() {
     }
     if (auto s = security::ConfigureTls({dir + "/pki/ca.crt", dir + "/pki/worker-0.crt", dir + "/pki/worker-0.key", ""});
         !s.ok()) {
-      std::cerr << s << "\n";
+      std::cerr << s.status() << "\n";
       return 1;
     }
   } else {
@@ -144,7 +145,7 @@ int Run() {
   std::vector<ClientResult> results(static_cast<size_t>(clients));
   // The clock starts once every client is connected (64 TLS handshakes take
   // a while under a sanitizer).
-  std::atomic<bool> go{false};
+  absl::Notification go;
   std::atomic<int> ready{0};
   std::chrono::steady_clock::time_point deadline;
   std::vector<std::thread> threads;
@@ -165,7 +166,7 @@ int Run() {
       std::vector<float> sg, rows;
       sg.resize(static_cast<size_t>(nkeys) * kDim, 1.0f);
       rows.resize(sg.size());
-      while (!go.load()) std::this_thread::yield();
+      go.WaitForNotification();
       for (uint64_t step = 0; std::chrono::steady_clock::now() < deadline; ++step) {
         PushBatch b;
         b.step = step;
@@ -193,7 +194,7 @@ int Run() {
   while (ready.load() < clients) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const auto start = std::chrono::steady_clock::now();
   deadline = start + std::chrono::seconds(seconds);
-  go.store(true);  // publishes `deadline` to the clients
+  go.Notify();  // publishes `deadline` to the clients
   for (auto& t : threads) t.join();
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t rss_after[2] = {testing::RssKiB(servers[0].pid), testing::RssKiB(servers[1].pid)};

@@ -102,6 +102,14 @@ TEST_CASE("syntax errors name the file and line", "[spec]") {
   CHECK(ParseSpecFile("/nonexistent/spec.yaml", &s).code() == absl::StatusCode::kNotFound);
 }
 
+// True when one of `problems` contains `needle`.
+bool HasProblem(const std::vector<std::string>& problems, const std::string& needle) {
+  for (const auto& x : problems) {
+    if (x.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
 TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][security]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: x\nmodel: {type: softmax}\n"
@@ -111,12 +119,7 @@ TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][secur
                         "p.yaml", &s)
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
-  auto has = [&](const std::string& needle) {
-    for (const auto& x : p) {
-      if (x.find(needle) != std::string::npos) return true;
-    }
-    return false;
-  };
+  auto has = [&](const std::string& needle) { return HasProblem(p, needle); };
   CHECK(has("data.train.path: '../../etc/passwd' must not contain '..'"));
   CHECK(has("data.test.path: 'a/..' must not contain '..'"));
   CHECK_FALSE(has("data.train.labels"));
@@ -132,12 +135,7 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
                         "v.yaml", &s)
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
-  auto has = [&](const std::string& needle) {
-    for (const auto& x : p) {
-      if (x.find(needle) != std::string::npos) return true;
-    }
-    return false;
-  };
+  auto has = [&](const std::string& needle) { return HasProblem(p, needle); };
   CHECK(has("name: 'Bad_Name' must be at most 48 lowercase letters"));
   CHECK(has("model.hidden: mlp needs at least one hidden layer"));
   CHECK(has("data.train.format: 'parquet' is not one of: idx, libsvm, csv"));

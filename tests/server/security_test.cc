@@ -183,7 +183,7 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   const std::string dir = testing::MakeTempDir("fulcrum-mtls") + "/pki";
   GenCerts(dir, {"--servers", "1", "--workers", "1"});
   ResetTransport reset;
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "server-0"), absl::Seconds(1)));
+  REQUIRE_OK(security::ConfigureTls(Files(dir, "server-0"), absl::Seconds(1)).status());
   testing::TestCluster::Options o;
   o.num_servers = 1;
   auto cluster = testing::TestCluster::Start(o);
@@ -199,14 +199,14 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   REQUIRE_OK(security::ConfigureClientTls(dir + "/ca.crt"));
   REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
           absl::StatusCode::kUnavailable);
-  REQUIRE_OK(security::ConfigureTls(Files(pki.b, "worker-0")));
+  REQUIRE_OK(security::ConfigureTls(Files(pki.b, "worker-0")).status());
   REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
           absl::StatusCode::kUnavailable);
 
   // A worker's certificate: creates its job, pushes and pulls (the real
   // client, over mutual TLS), but cannot change shard maps, delete jobs or
   // read checkpoints.
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "worker-0")));
+  REQUIRE_OK(security::ConfigureTls(Files(dir, "worker-0")).status());
   std::string first_cert;
   REQUIRE_OK(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map, &first_cert));
   REQUIRE(first_cert.find("BEGIN CERTIFICATE") != std::string::npos);
@@ -236,7 +236,7 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   REQUIRE(cluster->server(0)->GetJob("mtls").ok());  // still there
 
   // The coordinator's certificate may.
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "coordinator")));
+  REQUIRE_OK(security::ConfigureTls(Files(dir, "coordinator")).status());
   REQUIRE_OK(PsCall(addr, ++index, &v1::ParameterService::Stub::DeleteJob, del));
   REQUIRE_FALSE(cluster->server(0)->GetJob("mtls").ok());
 
@@ -329,7 +329,7 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
           "[security][grpc]") {
   const Pki& pki = Certs();
   ResetTransport reset;
-  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "coordinator")));
+  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "coordinator")).status());
   CoordinatorOptions o;
   o.data_dir = testing::MakeTempDir("fulcrum-coord-auth");
   o.max_active_jobs_per_user = 2;
@@ -384,7 +384,7 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
   s = demo.Register(v1::WORKER);
   REQUIRE(s.code() == absl::StatusCode::kUnauthenticated);
   REQUIRE(s.message().find("needs a cluster certificate (worker)") != std::string::npos);
-  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "worker-0")));
+  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "worker-0")).status());
   CoordinatorClient worker(addr, "");
   s = worker.Register(v1::SERVER);
   REQUIRE(s.code() == absl::StatusCode::kPermissionDenied);

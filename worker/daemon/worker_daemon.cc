@@ -152,7 +152,6 @@ class WorkerDaemon::Runner {
  public:
   Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub)
       : a_(std::move(a)), options_(options), node_id_(std::move(node_id)), stub_(stub) {
-    data_roots_ = options_.data_roots.empty() ? std::vector<std::string>{options_.data_dir} : options_.data_roots;
     thread_ = std::thread([this] { Run(); });
   }
   ~Runner() {
@@ -231,11 +230,11 @@ class WorkerDaemon::Runner {
     const v1::JobSpec& spec = a_.spec();
     SendProgress("loading");
     reason_ = "BadData";
-    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir, data_roots_));
+    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir, options_.data_roots));
     std::shared_ptr<const data::Dataset> train = train_all, test;
     std::unique_ptr<data::Dataset> train_part, test_part;
     if (spec.data().has_test()) {
-      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir, data_roots_));
+      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir, options_.data_roots));
     } else if (spec.data().test_fraction() > 0) {
       auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
       train_part = data::Subset(train_all.get(), tr);
@@ -421,7 +420,6 @@ class WorkerDaemon::Runner {
 
   const v1::Assignment a_;
   const WorkerDaemonOptions& options_;
-  std::vector<std::string> data_roots_;  // where data paths may resolve (options_.data_roots, else data_dir)
   const std::string node_id_;
   v1::ClusterService::Stub* const stub_;
   std::atomic<bool> stop_{false};
@@ -440,7 +438,15 @@ class WorkerDaemon::Runner {
   std::thread thread_;
 };
 
-WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(options)) {
+namespace {
+// Data paths resolve inside --data_dir alone unless roots are given.
+WorkerDaemonOptions WithDataRoots(WorkerDaemonOptions o) {
+  if (o.data_roots.empty()) o.data_roots = {o.data_dir};
+  return o;
+}
+}  // namespace
+
+WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(WithDataRoots(std::move(options))) {
   std::string why;
   v1::NodeInfo info;
   info.set_role(v1::WORKER);
@@ -458,7 +464,7 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(std::move(opt
   }
   FLOG(INFO) << "fulcrum-worker: device " << d->name() << " (" << why << "); data dir "
              << options_.data_dir << " (data paths confined to "
-             << (options_.data_roots.empty() ? options_.data_dir : absl::StrJoin(options_.data_roots, ", ")) << "); "
+             << absl::StrJoin(options_.data_roots, ", ") << "); "
              << info.slots() << " slot(s); coordinator " << options_.coordinator;
   NodeAgentOptions ao;
   ao.coordinator = options_.coordinator;
