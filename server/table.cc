@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/float_env.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 
@@ -215,6 +216,7 @@ float* DenseTable::Writable(Chunk* c, uint32_t index) {
 
 absl::Status DenseTable::Apply(uint32_t index, const float* g) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
   ApplyOptimizer(optimizer_, Writable(c, index), ChunkLength(index), g, ++c->updates);
   return absl::OkStatus();
@@ -223,6 +225,7 @@ absl::Status DenseTable::Apply(uint32_t index, const float* g) {
 absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
   const size_t n = ChunkLength(index);
+  ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
   const uint64_t step = ++c->updates;
   float* weights = Writable(c, index);
@@ -394,6 +397,7 @@ absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, cons
 absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
                                 size_t n, const float* grads) {
   Partition* p = partitions_[vshard].get();
+  ScopedFlushDenormals flush;
   absl::MutexLock lock(&p->mu);
   for (size_t i = 0; i < n; ++i) {
     uint32_t r;

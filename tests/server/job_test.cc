@@ -1,9 +1,11 @@
 // Job-level tests, without gRPC: consistency bookkeeping driven directly.
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/float_env.h"
 #include "server/job.h"
 #include "tests/testing/test_util.h"
 
@@ -157,6 +159,48 @@ TEST_CASE("a weight snapshot being served is never changed by later updates", "[
   REQUIRE_OK_AND_ASSIGN(auto now, t.Snapshot(0));
   REQUIRE(now.get() != held.get());
   for (int i = 0; i < 8; ++i) REQUIRE(now[i] == -2.0f);
+}
+
+TEST_CASE("updates flush denormal optimizer state to zero and restore the caller's float mode", "[table]") {
+  // Adam's first moment decays by 0.9 per step: after one gradient of 1 and
+  // 900 of 0 it would be 0.1 * 0.9^900 = 7e-43, a denormal that makes every
+  // later update of the element take a microcode assist (common/float_env.h).
+  MemoryQuota quota("j", 1 << 20);
+  auto table = DenseTable::Create(testing::DenseTableSpec("w", 8, 0.001f, v1::OptimizerSpec::ADAM), &quota);
+  REQUIRE_OK(table.status());
+  DenseTable& t = **table;
+  const bool caller_flushes = FlushingDenormals();
+  const std::vector<float> one(8, 1.0f), zero(8, 0.0f);
+  REQUIRE_OK(t.Apply(0, one.data()));
+  for (int i = 0; i < 900; ++i) REQUIRE_OK(t.Apply(0, zero.data()));
+  REQUIRE(FlushingDenormals() == caller_flushes);
+  REQUIRE_OK_AND_ASSIGN(auto block, t.Snapshot(0));
+  for (int i = 0; i < 8; ++i) {
+    INFO("element " << i << ": w " << block[i] << " m " << block[8 + i] << " v " << block[16 + i]);
+    REQUIRE(std::fpclassify(block[i]) == FP_NORMAL);
+    REQUIRE(block[8 + i] == 0.0f);                        // m: flushed, not denormal
+    REQUIRE(std::fpclassify(block[16 + i]) == FP_NORMAL);  // v = 1e-3 * 0.999^900: kept
+  }
+}
+
+TEST_CASE("ScopedFlushDenormals sets flush-to-zero for its scope only", "[table]") {
+#ifdef FULCRUM_HAS_MXCSR
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved & ~kFlushDenormalBits);
+  REQUIRE_FALSE(FlushingDenormals());
+  volatile float tiny = 1e-39f;  // a denormal: read as 0 under DAZ
+  {
+    ScopedFlushDenormals flush;
+    REQUIRE(FlushingDenormals());
+    REQUIRE(tiny * 1.0f == 0.0f);
+  }
+  REQUIRE_FALSE(FlushingDenormals());
+  REQUIRE(tiny * 1.0f != 0.0f);
+  _mm_setcsr(saved);
+#else
+  WARN("no MXCSR on this architecture: denormals are not flushed");
+  REQUIRE_FALSE(FlushingDenormals());
+#endif
 }
 
 }  // namespace

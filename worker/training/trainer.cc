@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/float_env.h"
 #include "common/status_macros.h"
 #include "worker/data/pipeline.h"
 
@@ -266,6 +267,10 @@ absl::StatusOr<std::string> Trainer::DenseFingerprint() {
 
 absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int epoch, int64_t start_batch) {
   const auto t0 = Clock::now();
+  // The CPU backend's kernels run on this thread (and OpenBLAS's, with one
+  // compute thread): keep denormal activations and gradients from costing
+  // a microcode assist each (common/float_env.h).
+  ScopedFlushDenormals flush;
   data::PrefetchOptions po;
   po.batch_size = options_.batch_size;
   po.depth = options_.prefetch_depth;
@@ -337,6 +342,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
+  ScopedFlushDenormals flush;
   data::PrefetchOptions po;
   po.batch_size = std::max(options_.batch_size, 256);
   po.depth = options_.prefetch_depth;
