@@ -304,7 +304,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
     // One sequential pass over big values: read ahead, and keep them out of
     // the block cache.
     rocksdb::ReadOptions scan;
-    scan.readahead_size = 16 << 20;
+    scan.readahead_size = 4 << 20;
     scan.fill_cache = false;
     const rocksdb::Slice upper(bounds[r + 1]);
     scan.iterate_upper_bound = &upper;
@@ -349,7 +349,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
   RETURN_IF_ERROR(CheckFormat(resp.meta(), prefix + " in " + dir_));
   const size_t max_bytes = req.max_bytes() == 0 ? size_t{4} << 20 : req.max_bytes();
   rocksdb::ReadOptions scan;
-  scan.readahead_size = 16 << 20;
+  scan.readahead_size = 4 << 20;
   scan.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
   size_t bytes = 0;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -145,11 +146,17 @@ int main(int argc, char** argv) {
   absl::StatusOr<fulcrum::v1::ShardCutMeta> meta;
   const auto c0 = Clock::now();
   absl::Notification captured;
-  std::thread cut([&] { meta = ps->Checkpoint("bench", 1, 3, absl::Seconds(60), [&] { captured.Notify(); }); });
+  Clock::time_point c1;  // when the cut is committed: the thread's own clock, since
+                        // the step below may end after it (then join() would be late)
+  std::thread cut([&] {
+    meta = ps->Checkpoint("bench", 1, 3, absl::Seconds(60), [&] { captured.Notify(); });
+    c1 = Clock::now();
+  });
   captured.WaitForNotification();
   const double step_during_write = step(3);
+  const auto step_end = Clock::now();
   cut.join();
-  const double cut_seconds = Seconds(c0, Clock::now());
+  const double cut_seconds = Seconds(c0, c1);
   Check(meta.status(), "checkpoint");
 
   DropCache(root / "server");
@@ -168,8 +175,10 @@ int main(int argc, char** argv) {
   std::printf("| restore (read, verify, install) | %.2f | %.2f | %.2f |\n", read_gbs, disk_read, read_gbs / disk_read);
   std::printf("pause: capture %.3f ms; one training step (push of the whole table) %.1f ms; pause/step %.4f\n",
               meta->capture_seconds() * 1e3, step_seconds * 1e3, meta->capture_seconds() / step_seconds);
-  std::printf("step while the cut is written: %.1f ms (%.2fx a normal step: updates copy the shared blocks)\n",
-              step_during_write * 1e3, step_during_write / step_seconds);
+  std::printf("step while the cut is written: %.1f ms (%.2fx a normal step: updates copy the shared blocks); "
+              "it ended %.0f ms %s the commit\n",
+              step_during_write * 1e3, step_during_write / step_seconds,
+              std::abs(Seconds(c1, step_end)) * 1e3, step_end > c1 ? "after" : "before");
   fs::remove_all(root);
   return 0;
 }
