@@ -4,13 +4,15 @@
 //   - memory bandwidth of a read-modify-write pass, the bound for Adam.
 // Servers run in this process on 127.0.0.1 ports (gRPC over real TCP).
 //
-//   fulcrum-bench            full run (about a minute on 2 cores)
+//   fulcrum-bench            full run (about 6 minutes on 2 cores)
 //   fulcrum-bench --quick    tiny sizes, for the smoke test in ctest
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -24,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/rpc/security.h"
 #include "server/optimizer.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
@@ -44,6 +47,10 @@ int g_channels = 4;
 bool g_only_dense = false;
 int g_dtype_filter = 0;  // 0: fp32 and bf16
 bool g_stream = false;
+std::string g_tls_dir;  // certificates from deploy/tls/gen-certs.sh: mutual TLS
+// Tensors pushed and pulled concurrently, one thread each; 0: 1, and 4 for
+// tensors of 1 MiB and up (a worker sends all of a model's tensors at once).
+int g_inflight = 0;
 
 // ------------------------------------------------------------------ bounds
 
@@ -175,7 +182,7 @@ struct DenseResult {
   double wire_gbps = 0;
 };
 
-DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype) {
+DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int inflight) {
   const size_t n = bytes / 4;
   auto client = Client(c, dtype);
   const std::string job = absl::StrCat("dense", g_job++);
@@ -183,28 +190,47 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype) {
   spec.set_job_id(job);
   spec.set_num_workers(1);
   spec.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
-  auto* t = spec.add_tables();
-  t->set_name("w");
-  t->set_kind(v1::TableSpec::DENSE);
-  t->add_shape(static_cast<int64_t>(n));
-  t->set_chunk_elements(static_cast<uint32_t>(g_chunk_elements));
-  t->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  t->mutable_optimizer()->set_learning_rate(0.001f);
+  // One table per tensor in flight: a model of `inflight` equal tensors.
+  for (int i = 0; i < inflight; ++i) {
+    auto* t = spec.add_tables();
+    t->set_name(absl::StrCat("w", i));
+    t->set_kind(v1::TableSpec::DENSE);
+    t->add_shape(static_cast<int64_t>(n));
+    t->set_chunk_elements(static_cast<uint32_t>(g_chunk_elements));
+    t->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+    t->mutable_optimizer()->set_learning_rate(0.001f);
+  }
   if (!client->CreateJob(spec).ok()) return {};
-  std::vector<float> g(n, 0.5f), w(n);
   // Best of three windows of about a second each (one short one with --quick).
+  // Each thread pushes its tensor and then pulls it back, as one layer of a
+  // worker does; with inflight > 1 the tensors' round trips overlap.
   const double window_s = g_quick ? 0.05 : 1.0;
   double best = 0;
+  absl::Status error;
+  std::mutex mu;
   for (int window = 0; window < (g_quick ? 1 : 3); ++window) {
-    int iters = 0;
-    auto t0 = Clock::now();
-    do {
-      absl::Status s = client->Push(job, {0, {{"w", g.data(), n}}, {}});
-      if (s.ok()) s = client->Pull(job, {0, {{"w", w.data(), n}}, {}});
-      if (!s.ok()) return {absl::StrCat("| dense | error: ", s.ToString()), 0};
-      ++iters;
-    } while (Seconds(t0, Clock::now()) < window_s);
-    best = std::max(best, iters / Seconds(t0, Clock::now()));
+    std::atomic<int> iters{0};
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < inflight; ++i) {
+      threads.emplace_back([&, i] {
+        const std::string table = absl::StrCat("w", i);
+        std::vector<float> g(n, 0.5f), w(n);
+        do {
+          absl::Status s = client->Push(job, {0, {{table, g.data(), n}}, {}});
+          if (s.ok()) s = client->Pull(job, {0, {{table, w.data(), n}}, {}});
+          if (!s.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            error = s;
+            return;
+          }
+          iters.fetch_add(1);
+        } while (Seconds(t0, Clock::now()) < window_s);
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (!error.ok()) return {absl::StrCat("| dense | error: ", error.ToString()), 0};
+    best = std::max(best, iters.load() / Seconds(t0, Clock::now()));
   }
   const double wire = 2.0 * n * DTypeSize(dtype) * best / 1e9;  // push + pull payload
   const double params = 2.0 * n * best / 1e6;
@@ -212,8 +238,8 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype) {
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
-  std::snprintf(row, sizeof(row), "| dense | %zu | %s | %s | %.0f | %.2f | %.0f |", c.ps.size(), size,
-                DTypeName(dtype), best, wire, params);
+  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.ps.size(), inflight,
+                size, DTypeName(dtype), best, wire, params);
   (void)client->DeleteJob(job);
   return {row, wire};
 }
@@ -279,20 +305,31 @@ int main(int argc, char** argv) {
     else if (a.rfind("--chunk_kib=", 0) == 0) g_chunk_elements = std::stoul(a.substr(12)) * 256;
     else if (a.rfind("--message_kib=", 0) == 0) g_message_bytes = std::stoul(a.substr(14)) << 10;
     else if (a.rfind("--channels=", 0) == 0) g_channels = std::stoi(a.substr(11));
+    else if (a.rfind("--inflight=", 0) == 0) g_inflight = std::stoi(a.substr(11));
+    else if (a.rfind("--tls_dir=", 0) == 0) g_tls_dir = a.substr(10);
     else {
       std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only] [--dtype=fp32|bf16] [--transport=unary|stream] [--chunk_kib=N] "
-                           "[--message_kib=N] [--channels=N]\n");
+                           "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR]\n");
       return 2;
     }
   }
   SetMinLogSeverity(LogSeverity::kWarning);
   InitServingProcess();
+  if (!g_tls_dir.empty()) {
+    // Servers and client share the process's transport: one server
+    // certificate, which may also delete the bench's jobs.
+    auto id = security::ConfigureTls({g_tls_dir + "/ca.crt", g_tls_dir + "/server-0.crt", g_tls_dir + "/server-0.key", ""});
+    if (!id.ok()) {
+      std::fprintf(stderr, "fulcrum-bench: --tls_dir=%s: %s\n", g_tls_dir.c_str(), id.status().ToString().c_str());
+      return 2;
+    }
+  }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   std::printf("# fulcrum-bench%s on %u cores: chunks of %zu KiB, messages of at most %zu KiB, "
-              "%d %s connections per server\n\n",
+              "%d %s connections per server%s\n\n",
               g_quick ? " --quick" : "", std::thread::hardware_concurrency(),
               (g_chunk_elements ? g_chunk_elements : 65536) / 256, g_message_bytes >> 10, g_channels,
-              g_stream ? "streaming" : "unary");
+              g_stream ? "streaming" : "unary", g_tls_dir.empty() ? "" : ", mutual TLS");
 
   // Loopback throughput swings between time windows (shared/ENVIRONMENT.md):
   // measure it before and after the dense runs and divide by the larger.
@@ -317,10 +354,13 @@ int main(int argc, char** argv) {
   std::vector<DenseResult> rows;
   for (int servers : {1, 2}) {
     auto cluster = StartCluster(servers);
-    for (size_t bytes : sizes) {
-      for (DType dt : {DType::kFp32, DType::kBf16}) {
-        if (g_dtype_filter == 0 || g_dtype_filter == static_cast<int>(dt)) {
-          rows.push_back(DensePushPull(*cluster, bytes, dt));
+    for (int inflight : g_inflight > 0 ? std::vector<int>{g_inflight} : std::vector<int>{1, 4}) {
+      for (size_t bytes : sizes) {
+        if (g_inflight == 0 && inflight > 1 && bytes < (1 << 20)) continue;
+        for (DType dt : {DType::kFp32, DType::kBf16}) {
+          if (g_dtype_filter == 0 || g_dtype_filter == static_cast<int>(dt)) {
+            rows.push_back(DensePushPull(*cluster, bytes, dt, inflight));
+          }
         }
       }
     }
@@ -329,8 +369,8 @@ int main(int argc, char** argv) {
   const double iperf = std::max(iperf_before, iperf_after);
   std::printf("loopback bound after the dense runs: %.2f GB/s; ratios below use %.2f GB/s\n",
               iperf_after, iperf);
-  std::printf("\n| kind | servers | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| kind | servers | in flight | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const DenseResult& r : rows) {
     std::printf("%s %.2f |\n", r.row.c_str(), iperf > 0 ? r.wire_gbps / iperf : 0.0);
   }
