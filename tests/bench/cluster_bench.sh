@@ -6,7 +6,9 @@
 #   1x1        coordinator + 1 server + 1 worker processes over 127.0.0.1
 #   2x2        2 servers + 2 workers (both workers on this host's cores)
 # each under BSP (the example's model) and under SSP with bound 1, where the
-# worker prefetches the next step's parameters and pushes in the background.
+# worker prefetches the next step's parameters and pushes in the background;
+# clusters run with plaintext gRPC (--insecure) and with mutual TLS (the
+# local cluster's default), and SSP once more with bf16 on the wire.
 # Every trainer uses the same compute settings: one compute thread (the
 # local cluster's default, deploy/local/cluster.sh). Each figure is the best
 # of EPOCHS epochs (default 3) of one run, as this machine's speed swings by
@@ -26,16 +28,19 @@ cleanup() {
 trap cleanup EXIT
 "$root/deploy/local/fetch_data.sh" "$data" mnist >/dev/null
 spec=$root/deploy/examples/mnist-mlp.yaml
-make_spec() {  # make_spec NAME WORKERS MODEL [STALENESS]
+make_spec() {  # make_spec NAME WORKERS MODEL [STALENESS [WIRE_DTYPE]]
   local extra=""
   [[ -n "${4:-}" ]] && extra="\\n  staleness: $4"
   sed "s/^epochs: .*/epochs: $epochs/; s/^num_workers: .*/num_workers: $2/; s/^name: .*/name: $1/; s/^  model: bsp\$/  model: $3$extra/" \
     "$spec" >"$tmp/$1.yaml"
   grep -q "^  model: $3\$" "$tmp/$1.yaml" || { echo "cluster_bench: no '  model: bsp' line in $spec" >&2; exit 1; }
+  [[ -n "${5:-}" ]] && echo "wire_dtype: $5" >>"$tmp/$1.yaml"
+  return 0
 }
 make_spec bsp1 1 bsp
 make_spec bsp2 2 bsp
 make_spec ssp1 1 ssp 1
+make_spec ssp1bf 1 ssp 1 bf16
 
 export OPENBLAS_NUM_THREADS=1
 local_run() {  # local_run SPEC -> best samples/s over the epochs
@@ -43,11 +48,15 @@ local_run() {  # local_run SPEC -> best samples/s over the epochs
     sed -n 's/^epoch [0-9]*: \([0-9]*\) samples.*/\1/p' | sort -n | tail -1
 }
 
-cluster_run() {  # cluster_run PORT SERVERS WORKERS SPEC -> best samples/s over the epochs, all workers together
-  local port=$1 servers=$2 workers=$3 spec=$4 dir=$tmp/c$1
+# cluster_run PORT SERVERS WORKERS SPEC tls|plain -> best samples/s over the
+# epochs, all workers together. tls is the local cluster's default (mutual
+# TLS and a token); plain starts it with --insecure.
+cluster_run() {
+  local port=$1 servers=$2 workers=$3 spec=$4 dir=$tmp/c$1 security=()
+  [[ "$5" == plain ]] && security=(--insecure)
   "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" --dir "$dir" \
-    --port "$port" --bin "$build" --data "$data" >/dev/null
-  # The address and credentials cluster.sh wrote (mutual TLS and a token).
+    --port "$port" --bin "$build" --data "$data" "${security[@]}" >/dev/null
+  # The address and credentials cluster.sh wrote.
   local ctl=(env)
   mapfile -t -O 1 ctl <"$dir/env"
   ctl+=("$build/server/fulcrumctl")
@@ -60,15 +69,25 @@ cluster_run() {  # cluster_run PORT SERVERS WORKERS SPEC -> best samples/s over 
   "$root/deploy/local/cluster.sh" stop --dir "$dir" >/dev/null
 }
 base=$(local_run "$tmp/bsp1.yaml")
-one=$(cluster_run 7170 1 1 "$tmp/bsp1.yaml")
-two=$(cluster_run 7180 2 2 "$tmp/bsp2.yaml")
+one=$(cluster_run 7170 1 1 "$tmp/bsp1.yaml" plain)
+one_tls=$(cluster_run 7180 1 1 "$tmp/bsp1.yaml" tls)
+two=$(cluster_run 7190 2 2 "$tmp/bsp2.yaml" plain)
+two_tls=$(cluster_run 7200 2 2 "$tmp/bsp2.yaml" tls)
 sbase=$(local_run "$tmp/ssp1.yaml")
-sone=$(cluster_run 7190 1 1 "$tmp/ssp1.yaml")
+sone=$(cluster_run 7210 1 1 "$tmp/ssp1.yaml" plain)
+sone_tls=$(cluster_run 7220 1 1 "$tmp/ssp1.yaml" tls)
+sone_bf=$(cluster_run 7230 1 1 "$tmp/ssp1bf.yaml" plain)
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 echo "MNIST MLP 784-256-10, batch 32 per worker, best of $epochs epochs, $(nproc) cores"
-printf '%-52s %10s %8s\n' "setup" "samples/s" "ratio"
-printf '%-52s %10s %8s\n' "BSP: one process, no PS network (baseline)" "$base" "1.00"
-printf '%-52s %10s %8s\n' "BSP: cluster, 1 server + 1 worker" "$one" "$(ratio "$one" "$base")"
-printf '%-52s %10s %8s\n' "BSP: cluster, 2 servers + 2 workers" "$two" "$(ratio "$two" "$base")"
-printf '%-52s %10s %8s\n' "SSP(1): one process, no PS network" "$sbase" "$(ratio "$sbase" "$base")"
-printf '%-52s %10s %8s\n' "SSP(1): cluster, 1 server + 1 worker, prefetching" "$sone" "$(ratio "$sone" "$base")"
+row() { printf '| %s | %s | %s |\n' "$1" "$2" "$(ratio "$2" "$base")"; }
+echo "| setup | samples/s | vs. BSP baseline |"
+echo "| --- | ---: | ---: |"
+row "BSP: one process, no parameter-server network" "$base"
+row "BSP: cluster, 1 server + 1 worker, plaintext" "$one"
+row "BSP: cluster, 1 server + 1 worker, mutual TLS" "$one_tls"
+row "BSP: cluster, 2 servers + 2 workers, plaintext" "$two"
+row "BSP: cluster, 2 servers + 2 workers, mutual TLS" "$two_tls"
+row "SSP(1): one process" "$sbase"
+row "SSP(1): cluster, 1 server + 1 worker, prefetching, plaintext" "$sone"
+row "SSP(1): cluster, 1 server + 1 worker, prefetching, mutual TLS" "$sone_tls"
+row "SSP(1): cluster, 1 server + 1 worker, prefetching, plaintext, bf16 on the wire" "$sone_bf"
