@@ -5,8 +5,10 @@
 #   baseline   one process, LocalPsClient
 #   1x1        coordinator + 1 server + 1 worker processes over 127.0.0.1
 #   2x2        2 servers + 2 workers (both workers on this host's cores)
-# each under BSP (the example's model) and under SSP with bound 1, where the
-# worker prefetches the next step's parameters and pushes in the background;
+# each under BSP (the example's model) and under SSP with bound 1 (the worker
+# sends the next step's pull when a step starts: under SSP(1) the server
+# answers it at once and the push completes in the background, under BSP the
+# server holds it until the step is applied);
 # clusters run with plaintext gRPC (--insecure) and with mutual TLS (the
 # local cluster's default), and SSP once more with bf16 on the wire.
 # Every trainer uses the same compute settings: one compute thread (the
@@ -88,6 +90,6 @@ row "BSP: cluster, 1 server + 1 worker, mutual TLS" "$one_tls"
 row "BSP: cluster, 2 servers + 2 workers, plaintext" "$two"
 row "BSP: cluster, 2 servers + 2 workers, mutual TLS" "$two_tls"
 row "SSP(1): one process" "$sbase"
-row "SSP(1): cluster, 1 server + 1 worker, prefetching, plaintext" "$sone"
-row "SSP(1): cluster, 1 server + 1 worker, prefetching, mutual TLS" "$sone_tls"
-row "SSP(1): cluster, 1 server + 1 worker, prefetching, plaintext, bf16 on the wire" "$sone_bf"
+row "SSP(1): cluster, 1 server + 1 worker, plaintext" "$sone"
+row "SSP(1): cluster, 1 server + 1 worker, mutual TLS" "$sone_tls"
+row "SSP(1): cluster, 1 server + 1 worker, plaintext, bf16 on the wire" "$sone_bf"

@@ -38,7 +38,9 @@ struct Setup {
   FakePsClient client;
   std::unique_ptr<Trainer> trainer;
 
-  Setup(TrainerOptions o, v1::ConsistencySpec::Model cm = v1::ConsistencySpec::BSP) {
+  // prefetch: TrainerOptions::prefetch_parameters, by default what the
+  // model answers at once (AllowsPrefetch).
+  Setup(TrainerOptions o, v1::ConsistencySpec::Model cm = v1::ConsistencySpec::BSP, int prefetch = -1) {
     models::ModelConfig c;
     c.type = "mlp";
     c.num_features = 20;
@@ -54,14 +56,14 @@ struct Setup {
     cs.set_model(cm);
     cs.set_staleness(cm == v1::ConsistencySpec::SSP ? 1 : 0);
     o.job_id = "j";
-    o.prefetch_parameters = AllowsPrefetch(cs);
+    o.prefetch_parameters = prefetch < 0 ? AllowsPrefetch(cs) : prefetch == 1;
     REQUIRE_OK(client.CreateJob(JobSpecFor(*model, "j", sgd, cs, 1)));
     client.set_auto_complete(true);
     trainer = std::make_unique<Trainer>(model.get(), &client, std::move(o));
   }
 };
 
-TEST_CASE("only SSP with a bound >= 1 and ASP allow prefetching parameters") {
+TEST_CASE("only SSP with a bound >= 1 and ASP answer a prefetched pull at once") {
   v1::ConsistencySpec c;
   c.set_model(v1::ConsistencySpec::BSP);
   REQUIRE_FALSE(AllowsPrefetch(c));
@@ -175,6 +177,18 @@ TEST_CASE("under BSP a step's pull waits for the previous step's push") {
   auto data = Synthetic();
   REQUIRE_OK(s.trainer->TrainEpoch(*data, 0).status());
   REQUIRE(Order(s.client) == std::vector<std::string>{"pull 0", "push 0", "pull 1", "push 1", "pull 2", "push 2"});
+}
+
+TEST_CASE("under BSP with prefetching the next step's pull goes out before this step's push") {
+  // The servers hold it until the step is applied (training_test checks the
+  // weights are those of pulling after each push).
+  TrainerOptions o;
+  o.batch_size = 64;
+  o.max_steps_per_epoch = 3;
+  Setup s(o, v1::ConsistencySpec::BSP, /*prefetch=*/1);
+  auto data = Synthetic();
+  REQUIRE_OK(s.trainer->TrainEpoch(*data, 0).status());
+  REQUIRE(Order(s.client) == std::vector<std::string>{"pull 0", "pull 1", "push 0", "pull 2", "push 1", "push 2"});
 }
 
 TEST_CASE("under SSP(1) and ASP the next step's parameters are pulled before this step's push") {

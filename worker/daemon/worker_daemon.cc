@@ -275,7 +275,9 @@ class WorkerDaemon::Runner {
     to.job_id = a_.job_id();
     to.batch_size = static_cast<int>(spec.batch_size());
     to.seed = spec.seed();
-    to.prefetch_parameters = training::AllowsPrefetch(spec.consistency());
+    // Every consistency model: under BSP the servers hold the early pull
+    // until the step is applied (TrainerOptions::prefetch_parameters).
+    to.prefetch_parameters = true;
     to.rank = static_cast<int>(a_.rank());
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   to.job_id = "local";
   to.batch_size = static_cast<int>(spec.batch_size());
   to.seed = spec.seed();
-  to.prefetch_parameters = fulcrum::training::AllowsPrefetch(spec.consistency());
+  to.prefetch_parameters = true;  // as fulcrum-worker does
   fulcrum::training::Trainer trainer(model->get(), &client, to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
   double examples = 0, seconds = 0, accuracy = 0;

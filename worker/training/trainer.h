@@ -16,8 +16,12 @@
 //     worker's own previous step, a staleness of 1 the bound already allows.
 //     Sparse rows are pulled with their batch (its keys are known only
 //     then).
-//   - Under BSP a step's parameters need every worker's previous step, so
-//     the pull waits for the push; only the per-layer push overlaps.
+//   - Under BSP (and SSP(0)) a step's parameters need every worker's
+//     previous step. With prefetch_parameters the pull for step s+1 still
+//     goes out when step s starts, and the servers hold it until step s is
+//     applied: the parameters are exactly those of a pull sent after the
+//     push, but the request is already waiting when the step is applied,
+//     which saves a round trip per step.
 #ifndef FULCRUM_WORKER_TRAINING_TRAINER_H_
 #define FULCRUM_WORKER_TRAINING_TRAINER_H_
 
@@ -53,8 +57,10 @@ struct TrainerOptions {
   int prefetch_depth = 4;
   bool shuffle = true;
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
-  // Pull step s+1's dense parameters during step s, and let pushes complete
-  // in the background: only for SSP with a bound >= 1, or ASP.
+  // Pull step s+1's dense parameters when step s starts, and let pushes
+  // complete in the background. Under SSP (bound >= 1) and ASP the servers
+  // answer at once (AllowsPrefetch); under BSP they hold the pull until
+  // step s is applied. Needs a PsClient whose PullAsync does not block.
   bool prefetch_parameters = false;
   // Backward's gradients are pushed in groups of at least this many bytes
   // as they become ready (the rest when backward ends). 0: every table as
@@ -87,8 +93,10 @@ struct EpochResult {
   double samples_per_second = 0;
 };
 
-// Whether a consistency model lets a worker pull step s+1's parameters
-// before its step s push is applied: SSP with a bound >= 1, and ASP.
+// Whether a consistency model lets the servers answer a worker's pull of
+// step s+1's parameters before its step s push is applied (the parameters
+// may then lack that step): SSP with a bound >= 1, and ASP. Under BSP and
+// SSP(0) such a pull waits at the servers instead.
 bool AllowsPrefetch(const v1::ConsistencySpec& c);
 
 // The PsJobSpec for a model's tables with one optimizer for all of them.
