@@ -52,14 +52,6 @@ class ScopedFlushDenormals {
 #endif
 };
 
-// Sets both modes for the rest of the calling thread's life; threads it
-// starts afterwards inherit them.
-inline void FlushDenormalsOnThisThread() {
-#ifdef FULCRUM_HAS_MXCSR
-  _mm_setcsr(_mm_getcsr() | kFlushDenormalBits);
-#endif
-}
-
 // True when the calling thread flushes denormals (always false without MXCSR).
 inline bool FlushingDenormals() {
 #ifdef FULCRUM_HAS_MXCSR
