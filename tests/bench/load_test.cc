@@ -95,7 +95,8 @@ int Run() {
   } else {
     for (auto& t : tls_server) t = {"--insecure"};
   }
-  const std::string a0 = absl::StrCat("127.0.0.1:", testing::FreePort()), a1 = absl::StrCat("127.0.0.1:", testing::FreePort());
+  const int ports[2] = {testing::FreePort(), testing::FreePort()};
+  const std::string a0 = absl::StrCat("127.0.0.1:", ports[0]), a1 = absl::StrCat("127.0.0.1:", ports[1]);
   std::vector<testing::Process> servers;
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> args = {absl::GetFlag(FLAGS_server_binary), "--listen=" + (i == 0 ? a0 : a1),
@@ -119,7 +120,16 @@ int Run() {
     o.worker_id = absl::StrCat("load-", rank);
     return GrpcPsClient::Create(o);
   };
-  // The servers may take a moment to listen.
+  // The servers may take a moment to listen (seconds under ASan): CreateJob
+  // below goes to both, so wait for both.
+  for (int i = 0; i < 2; ++i) {
+    if (!testing::WaitForListening(ports[i], 60000)) {
+      std::cerr << "server " << i << " does not listen on port " << ports[i] << " after 60 s:\n"
+                << testing::ReadFile(servers[i].log);
+      stop_servers();
+      return 1;
+    }
+  }
   absl::StatusOr<std::unique_ptr<GrpcPsClient>> admin;
   for (int tries = 0; tries < 100; ++tries) {
     admin = make_client(0);

@@ -27,6 +27,21 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
+bool WaitForListening(int port, int timeout_ms) {
+  for (int waited = 0;; waited += 50) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (up) return true;
+    if (waited >= timeout_ms) return false;
+    usleep(50 * 1000);
+  }
+}
+
 Process Spawn(std::vector<std::string> args, const std::string& log) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);

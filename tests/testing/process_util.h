@@ -12,6 +12,10 @@ namespace fulcrum::testing {
 
 // A 127.0.0.1 port free at the time of the call.
 int FreePort();
+// Whether something accepts TCP connections on 127.0.0.1:`port` within
+// `timeout_ms` (a process just spawned may take seconds to listen,
+// longer under sanitizers).
+bool WaitForListening(int port, int timeout_ms);
 
 struct Process {
   pid_t pid = -1;
