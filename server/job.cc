@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/errors.h"
-#include "common/float_env.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -337,7 +336,6 @@ absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* gra
 }
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
-  ScopedFlushDenormals flush;  // common/float_env.h: denormal moments cost 40x
   for (const DenseItem& item : d.dense) {
     RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype)
                                         : item.table->Apply(item.chunk, item.g));
@@ -531,7 +529,6 @@ absl::Status Job::Resume(bool drain, std::vector<std::function<void(absl::Status
 }
 
 absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready) {
-  ScopedFlushDenormals flush;  // the rank-order sums and the updates below
   absl::Status result;
   mu_.Lock();
   if (applying_) {

@@ -208,6 +208,10 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
   double best = 0;
   absl::Status error;
   std::mutex mu;
+  // Each thread's gradient and weights, allocated (and faulted in) once,
+  // outside the timed windows.
+  std::vector<std::vector<float>> grads(inflight, std::vector<float>(n, 0.5f));
+  std::vector<std::vector<float>> weights(inflight, std::vector<float>(n));
   for (int window = 0; window < (g_quick ? 1 : 3); ++window) {
     std::atomic<int> iters{0};
     const auto t0 = Clock::now();
@@ -215,7 +219,8 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
     for (int i = 0; i < inflight; ++i) {
       threads.emplace_back([&, i] {
         const std::string table = absl::StrCat("w", i);
-        std::vector<float> g(n, 0.5f), w(n);
+        std::vector<float>& g = grads[i];
+        std::vector<float>& w = weights[i];
         do {
           absl::Status s = client->Push(job, {0, {{table, g.data(), n}}, {}});
           if (s.ok()) s = client->Pull(job, {0, {{table, w.data(), n}}, {}});

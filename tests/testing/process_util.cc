@@ -15,11 +15,17 @@ extern char** environ;
 
 namespace fulcrum::testing {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+sockaddr_in LoopbackAddress(int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = LoopbackAddress(0);
   REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
   socklen_t len = sizeof(a);
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -30,10 +36,7 @@ int FreePort() {
 bool WaitForListening(int port, int timeout_ms) {
   for (int waited = 0;; waited += 50) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
+    sockaddr_in a = LoopbackAddress(port);
     const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
     close(fd);
     if (up) return true;

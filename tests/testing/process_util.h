@@ -2,6 +2,7 @@
 #ifndef FULCRUM_TESTS_TESTING_PROCESS_UTIL_H_
 #define FULCRUM_TESTS_TESTING_PROCESS_UTIL_H_
 
+#include <netinet/in.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 
 namespace fulcrum::testing {
 
+// 127.0.0.1:`port` as a socket address.
+sockaddr_in LoopbackAddress(int port);
 // A 127.0.0.1 port free at the time of the call.
 int FreePort();
 // Whether something accepts TCP connections on 127.0.0.1:`port` within
