@@ -14,14 +14,18 @@
 # Every trainer uses the same compute settings: one compute thread (the
 # local cluster's default, deploy/local/cluster.sh). Each figure is the best
 # of EPOCHS epochs (default 3) of one run, as this machine's speed swings by
-# +-20% from one minute to the next.
+# +-20% from one minute to the next. BATCH (default 32, the example's) sets
+# the batch size per worker for every row, baseline included: the bytes on
+# the wire per step stay the same while the compute per step grows with it.
 #
-#   tests/bench/cluster_bench.sh [BUILD_DIR]
+#   [BATCH=128] [EPOCHS=3] tests/bench/cluster_bench.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build}
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 epochs=${EPOCHS:-3}
+batch=${BATCH:-32}
+[[ "$batch" =~ ^[1-9][0-9]*$ ]] || { echo "cluster_bench: BATCH must be a positive integer, got '$batch'" >&2; exit 2; }
 tmp=$(mktemp -d)
 cleanup() {
   for c in "$tmp"/c*; do [[ -d "$c" ]] && "$root/deploy/local/cluster.sh" stop --dir "$c" >/dev/null; done
@@ -33,9 +37,10 @@ spec=$root/deploy/examples/mnist-mlp.yaml
 make_spec() {  # make_spec NAME WORKERS MODEL [STALENESS [WIRE_DTYPE]]
   local extra=""
   [[ -n "${4:-}" ]] && extra="\\n  staleness: $4"
-  sed "s/^epochs: .*/epochs: $epochs/; s/^num_workers: .*/num_workers: $2/; s/^name: .*/name: $1/; s/^  model: bsp\$/  model: $3$extra/" \
+  sed "s/^epochs: .*/epochs: $epochs/; s/^batch_size: .*/batch_size: $batch/; s/^num_workers: .*/num_workers: $2/; s/^name: .*/name: $1/; s/^  model: bsp\$/  model: $3$extra/" \
     "$spec" >"$tmp/$1.yaml"
   grep -q "^  model: $3\$" "$tmp/$1.yaml" || { echo "cluster_bench: no '  model: bsp' line in $spec" >&2; exit 1; }
+  grep -q "^batch_size: $batch\$" "$tmp/$1.yaml" || { echo "cluster_bench: no 'batch_size:' line in $spec" >&2; exit 1; }
   [[ -n "${5:-}" ]] && echo "wire_dtype: $5" >>"$tmp/$1.yaml"
   return 0
 }
@@ -80,7 +85,7 @@ sone=$(cluster_run 7210 1 1 "$tmp/ssp1.yaml" plain)
 sone_tls=$(cluster_run 7220 1 1 "$tmp/ssp1.yaml" tls)
 sone_bf=$(cluster_run 7230 1 1 "$tmp/ssp1bf.yaml" plain)
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-echo "MNIST MLP 784-256-10, batch 32 per worker, best of $epochs epochs, $(nproc) cores"
+echo "MNIST MLP 784-256-10, batch $batch per worker, best of $epochs epochs, $(nproc) cores"
 row() { printf '| %s | %s | %s |\n' "$1" "$2" "$(ratio "$2" "$base")"; }
 echo "| setup | samples/s | vs. BSP baseline |"
 echo "| --- | ---: | ---: |"
