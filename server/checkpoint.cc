@@ -238,11 +238,22 @@ absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::s
   std::vector<v1::ShardCutMeta> out;
   const std::string prefix = absl::StrCat("cut/", job_id, "/");
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    std::string_view cut, rest;
-    if (!SplitCutKey(it->key().ToStringView(), &cut, &rest) || rest != "meta") continue;
-    ASSIGN_OR_RETURN(v1::ShardCutMeta meta, ParseMeta(it->key().ToString(), it->value().ToStringView()));
-    out.push_back(std::move(meta));
+  // Hop from cut to cut: seek each cut's meta record, then past the cut, so
+  // listing never reads the (megabytes of) tensor records in between.
+  it->Seek(prefix);
+  while (it->Valid() && it->key().starts_with(prefix)) {
+    std::string_view cut_view, rest;
+    if (!SplitCutKey(it->key().ToStringView(), &cut_view, &rest)) {
+      it->Next();
+      continue;
+    }
+    const std::string cut(cut_view);
+    if (rest != "meta") it->Seek(cut + "meta");
+    if (it->Valid() && it->key().ToStringView() == cut + "meta") {
+      ASSIGN_OR_RETURN(v1::ShardCutMeta meta, ParseMeta(it->key().ToString(), it->value().ToStringView()));
+      out.push_back(std::move(meta));
+    }
+    it->Seek(PrefixEnd(cut));
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing checkpoints of job " + job_id));
   return out;
