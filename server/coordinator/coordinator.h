@@ -158,6 +158,10 @@ class Coordinator {
     uint64_t extra_lead = 0;
     bool final_cut_pending = false;  // every rank finished: a last cut, then SUCCEEDED
     bool first_cut_failed = false;   // the early "first" cut failed: not retried
+    // SSP/ASP: the highest every_steps boundary a cut was asked for. Their
+    // cuts record the slowest rank's clock, which can stay below the
+    // boundary the fastest rank crossed.
+    uint64_t steps_boundary_asked = 0;
     bool restore_in_flight = false;
     absl::Time restore_since = absl::InfinitePast();
   };

@@ -352,5 +352,54 @@ TEST_CASE("cuts taken every second and on demand are committed on every server, 
   CHECK(missing.error_message().find("its checkpoints: ") != std::string::npos);
 }
 
+// SSP and ASP cuts are taken when asked, at whatever step the ranks are
+// on: the coordinator must still ask once per every_steps boundary, not at
+// every tick once the next boundary is near (which took a cut every 0.1 s).
+TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][checkpoint]") {
+  InProcessCluster cluster(1, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(400);  // 45 steps each
+  spec.mutable_consistency()->set_model(v1::ConsistencySpec::SSP);
+  spec.mutable_consistency()->set_staleness(2);
+  // Several seconds of steps apart: the coordinator's ticks (heartbeats and
+  // progress reports, every 0.1-0.2 s) come often enough to overshoot.
+  constexpr uint32_t kEvery = 4000;
+  spec.mutable_checkpoint()->set_every_steps(kEvery);
+  spec.mutable_checkpoint()->set_keep(10);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  // Its epochs (45 steps) are far shorter than the workers' progress
+  // interval: the live status still carries a rate and a loss (which the
+  // coordinator also uses to aim cuts).
+  v1::Job live;
+  for (int tries = 0; tries < 400; ++tries) {
+    live = Get(cluster.jobs(), id);
+    if (live.status().step() > 1000 || live.status().state() == v1::SUCCEEDED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(live.status().state() == v1::RUNNING);
+  CHECK(live.status().samples_per_second() > 0);
+  CHECK(live.status().loss() > 0);
+  int events = 0;
+  const v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(j.status().message() << " " << j.status().last_checkpoint_error());
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  const uint64_t total = j.status().total_steps();
+  const uint64_t taken = j.status().next_cut_id() - 1;
+  INFO("total steps " << total << ", cuts taken " << taken);
+  REQUIRE(total >= 3 * kEvery);
+  // The first cut, one per boundary crossed, the final one.
+  CHECK(taken <= total / kEvery + 2);
+  int steps_cuts = 0;
+  uint64_t last = 0;
+  for (const auto& c : j.status().checkpoints()) {
+    CHECK(c.step() >= last);
+    last = c.step();
+    if (c.trigger() == "steps") ++steps_cuts;
+  }
+  CHECK(steps_cuts >= 1);
+  CHECK(j.status().checkpoints().rbegin()->trigger() == "final");
+}
+
 }  // namespace
 }  // namespace fulcrum

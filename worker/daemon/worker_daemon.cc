@@ -318,8 +318,12 @@ class WorkerDaemon::Runner {
       epoch_loss_ = 0;
       epoch_correct_ = 0;
       epoch_start_ = Clock::now();
-      last_report_ = Clock::now();
-      SendProgress("training");
+      // Epochs shorter than the progress interval report at their end (with
+      // the epoch's loss and rate) rather than at every start as well.
+      if (epoch == start / spe || epoch_start_ - last_report_ >= absl::ToChronoNanoseconds(options_.progress_interval)) {
+        last_report_ = epoch_start_;
+        SendProgress("training");
+      }
       ASSIGN_OR_RETURN(training::EpochResult e, trainer.TrainEpoch(*train, static_cast<int>(epoch), first));
       if (stop_.load()) return absl::CancelledError("assignment withdrawn");
       v1::EpochSummary sum;
@@ -329,6 +333,10 @@ class WorkerDaemon::Runner {
       sum.set_seconds(e.seconds);
       sum.set_samples_per_second(e.samples_per_second);
       progress_.set_data_wait_seconds(e.data_wait_seconds);
+      // Until the next in-epoch report, the live figures are this epoch's.
+      progress_.set_loss(e.train.loss);
+      progress_.set_train_accuracy(e.train.accuracy);
+      progress_.set_samples_per_second(e.samples_per_second);
       if (a_.rank() == 0 && test) {
         SendProgress("evaluating");
         ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(*test));
