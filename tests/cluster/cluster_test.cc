@@ -294,7 +294,9 @@ TEST_CASE("cuts taken every second and on demand are committed on every server, 
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
   v1::JobSpec spec = DigitsSpec();
-  spec.set_epochs(150);
+  // Several seconds of steps: BSP cuts are aimed about a second of steps
+  // ahead, and none is taken within a second of the end (the final one is).
+  spec.set_epochs(400);
   spec.mutable_checkpoint()->set_every_seconds(1);
   spec.mutable_checkpoint()->set_keep(3);
   std::string id;
