@@ -40,14 +40,15 @@ void DeadlineTimer::Loop() {
     }
     const absl::Time next = queue_.begin()->first.first;
     if (absl::Now() < next) {
-      // Wakes early when an earlier deadline is scheduled or on stop.
-      const size_t size = queue_.size();
-      struct Args { DeadlineTimer* t; absl::Time next; size_t size; } args{this, next, size};
+      // Wakes early only on stop or when an earlier deadline is scheduled:
+      // not on every Schedule and Cancel (callers schedule and cancel one
+      // per request, thousands a second). A cancelled front entry just
+      // costs one wake-up at its old deadline.
+      struct Args { DeadlineTimer* t; absl::Time next; } args{this, next};
       mu_.AwaitWithDeadline(
           absl::Condition(
               +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                return a->t->stop_ || a->t->queue_.size() != a->size ||
-                       a->t->queue_.begin()->first.first != a->next;
+                return a->t->stop_ || (!a->t->queue_.empty() && a->t->queue_.begin()->first.first < a->next);
               },
               &args),
           next);
