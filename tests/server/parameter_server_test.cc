@@ -9,6 +9,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
@@ -194,6 +199,114 @@ TEST_CASE("BSP over the bidirectional stream gives the same weights as unary cal
   REQUIRE(s.dense == u.dense);
   REQUIRE(s.sparse == u.sparse);
   REQUIRE(s.dense == ExpectedDense(2, 3, s.dense.size()));
+}
+
+// A TCP proxy on 127.0.0.1 in front of one server that can freeze: it
+// keeps the connections open but stops passing bytes either way, as a hung
+// server (SIGSTOP, a wedged host) would.
+class FreezingProxy {
+ public:
+  explicit FreezingProxy(const std::string& upstream) {
+    upstream_port_ = std::stoi(upstream.substr(upstream.rfind(':') + 1));
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listen_fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) == 0);
+    REQUIRE(::listen(listen_fd_, 8) == 0);
+    REQUIRE(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    address_ = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
+    threads_.emplace_back([this] { Accept(); });
+  }
+  ~FreezingProxy() {
+    stop_ = true;
+    frozen_ = false;
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    {
+      absl::MutexLock lock(&mu_);
+      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& t : threads_) t.join();
+    ::close(listen_fd_);
+    for (int fd : fds_) ::close(fd);
+  }
+  const std::string& address() const { return address_; }
+  void Freeze() { frozen_ = true; }
+
+ private:
+  void Accept() {
+    for (;;) {
+      const int in = ::accept(listen_fd_, nullptr, nullptr);
+      if (in < 0 || stop_) return;
+      const int out = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(upstream_port_));
+      if (::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(in);
+        ::close(out);
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      fds_.push_back(in);
+      fds_.push_back(out);
+      threads_.emplace_back([this, in, out] { Pump(in, out); });
+      threads_.emplace_back([this, in, out] { Pump(out, in); });
+    }
+  }
+  void Pump(int from, int to) {
+    std::vector<char> buf(1 << 16);
+    for (;;) {
+      const ssize_t n = ::read(from, buf.data(), buf.size());
+      if (n <= 0) break;
+      while (frozen_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (stop_ || ::write(to, buf.data(), static_cast<size_t>(n)) != n) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  int listen_fd_ = -1;
+  int upstream_port_ = 0;
+  std::string address_;
+  std::atomic<bool> frozen_{false}, stop_{false};
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;  // Accept adds to it: joined after it ends
+};
+
+TEST_CASE("a stream request to a server that hangs fails DEADLINE_EXCEEDED by its deadline", "[stream][errors]") {
+  testing::TestCluster::Options one;
+  one.num_servers = 1;
+  auto cluster = TestCluster::Start(one);
+  FreezingProxy proxy(cluster->address(0));
+  GrpcPsClientOptions opts;
+  opts.transport = GrpcPsClientOptions::Transport::kStream;
+  opts.rpc_timeout = absl::Seconds(1);
+  opts.pull_wait_timeout = absl::Milliseconds(500);
+  v1::ShardMap via_proxy = cluster->shard_map();
+  via_proxy.set_servers(0, proxy.address());
+  opts.shard_map = via_proxy;
+  opts.worker_id = "worker-0";
+  auto client = GrpcPsClient::Create(opts);
+  REQUIRE_OK(client.status());
+  GrpcPsClient& c = **client;
+  REQUIRE_OK(c.CreateJob(JobSpec("hang", {DenseTableSpec("w", 8)}, 1, v1::ConsistencySpec::ASP)));
+  std::vector<float> g(8, 1.0f), w(8);
+  REQUIRE_OK(c.Push("hang", {0, {{"w", g.data(), 8}}, {}}));
+  REQUIRE_OK(c.Pull("hang", {1, {{"w", w.data(), 8}}, {}}));
+  proxy.Freeze();
+  const absl::Time t0 = absl::Now();
+  REQUIRE_STATUS(c.Pull("hang", {1, {{"w", w.data(), 8}}, {}}), absl::StatusCode::kDeadlineExceeded,
+                 "no response on the stream");
+  REQUIRE_STATUS(c.Push("hang", {1, {{"w", g.data(), 8}}, {}}), absl::StatusCode::kDeadlineExceeded,
+                 "no response on the stream");
+  const absl::Duration took = absl::Now() - t0;
+  INFO("took " << absl::FormatDuration(took));
+  CHECK(took >= absl::Milliseconds(2500));  // the pull's 1.5 s and the push's 1 s
+  CHECK(took < absl::Seconds(10));
 }
 
 TEST_CASE("a BSP pull waiting past its deadline names the missing workers", "[bsp][errors]") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <memory>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -31,10 +32,13 @@ using ResponseCallback =
 
 // One bidirectional stream to a server. Requests carry ids; responses may
 // come in any order. Dies (and fails its pending requests UNAVAILABLE) when
-// the stream breaks; the owner then opens a new one.
-class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// the stream breaks; the owner then opens a new one. Each request has a
+// deadline, as a unary call has: one without a response by then fails
+// DEADLINE_EXCEEDED (a server that hangs without closing the connection).
+class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                         public std::enable_shared_from_this<StreamConn> {
  public:
-  explicit StreamConn(grpc::GenericStub* stub) {
+  StreamConn(grpc::GenericStub* stub, DeadlineTimer* timer) : timer_(timer) {
     stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
     StartRead(&in_);
     StartCall();
@@ -50,12 +54,16 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     return dead_;
   }
 
-  void Send(bool is_push, wire::Writer body, ResponseCallback cb) {
+  void Send(bool is_push, wire::Writer body, absl::Time deadline, ResponseCallback cb) {
     {
       absl::MutexLock lock(&mu_);
       if (!dead_) {
         const uint64_t id = next_id_++;
-        pending_.emplace(id, std::move(cb));
+        Pending& p = pending_[id];
+        p.cb = std::move(cb);
+        p.timer = timer_->Schedule(deadline, [weak = weak_from_this(), id, deadline] {
+          if (auto self = weak.lock()) self->Expire(id, deadline);
+        });
         out_.push_back(wire::EncodeStreamRequest(id, is_push, std::move(body)).Finish());
         if (!writing_) {
           writing_ = true;
@@ -88,14 +96,16 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     absl::Status s = wire::ViewByteBuffer(buf, &p, &keepalive);
     if (s.ok()) s = wire::DecodeStreamResponse(p, &resp);
     if (!s.ok()) return;  // a response we cannot read; its request times out with the stream
-    ResponseCallback cb;
+    Pending done;
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(resp.id);
-      if (it == pending_.end()) return;
-      cb = std::move(it->second);
+      if (it == pending_.end()) return;  // expired
+      done = std::move(it->second);
       pending_.erase(it);
     }
+    timer_->Cancel(done.timer);
+    ResponseCallback& cb = done.cb;
     absl::Status status;
     if (resp.code != 0) {
       status = absl::Status(static_cast<absl::StatusCode>(resp.code), resp.message);
@@ -105,20 +115,41 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnDone(const grpc::Status& s) override {
-    absl::flat_hash_map<uint64_t, ResponseCallback> pending;
+    absl::flat_hash_map<uint64_t, Pending> pending;
     {
       absl::MutexLock lock(&mu_);
       dead_ = true;
       pending.swap(pending_);
     }
-    for (auto& [id, cb] : pending) {
-      cb(absl::UnavailableError(absl::StrCat("stream closed: ", s.error_message())), Payload(),
-         nullptr);
+    for (auto& [id, p] : pending) {
+      timer_->Cancel(p.timer);
+      p.cb(absl::UnavailableError(absl::StrCat("stream closed: ", s.error_message())), Payload(),
+           nullptr);
     }
     done_.Notify();
   }
 
  private:
+  struct Pending {
+    ResponseCallback cb;
+    uint64_t timer = 0;
+  };
+
+  void Expire(uint64_t id, absl::Time deadline) {
+    ResponseCallback cb;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      cb = std::move(it->second.cb);
+      pending_.erase(it);
+    }
+    cb(absl::DeadlineExceededError(absl::StrCat("no response on the stream to the server by its deadline (",
+                                                absl::FormatTime(deadline), ")")),
+       Payload(), nullptr);
+  }
+
+  DeadlineTimer* const timer_;
   grpc::ClientContext ctx_;
   grpc::ByteBuffer in_;
   absl::Mutex mu_;
@@ -126,7 +157,7 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, ResponseCallback> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::Notification done_;
 };
 
@@ -459,7 +490,7 @@ class GrpcPsClient::Impl {
         absl::MutexLock lock(&conn->mu);
         if (conn->streams.empty()) conn->streams.resize(conn->stubs.size());
         if (conn->streams[i] == nullptr || conn->streams[i]->dead()) {
-          conn->streams[i] = std::make_shared<StreamConn>(conn->stubs[i].get());
+          conn->streams[i] = std::make_shared<StreamConn>(conn->stubs[i].get(), &timer_);
         }
         stream = conn->streams[i];
       }
@@ -467,7 +498,7 @@ class GrpcPsClient::Impl {
       // OnDone, which fails whatever is still pending, so no callback needs
       // to hold the stream (holding it could drop the last reference inside
       // the stream's own reaction).
-      stream->Send(is_push, std::move(body), std::move(cb));
+      stream->Send(is_push, std::move(body), absl::Now() + timeout, std::move(cb));
       return;
     }
     struct Call {
