@@ -218,16 +218,15 @@ class FreezingProxy {
     REQUIRE(::listen(listen_fd_, 8) == 0);
     REQUIRE(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
     address_ = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
-    threads_.emplace_back([this] { Accept(); });
+    accept_ = std::thread([this] { Accept(); });
   }
   ~FreezingProxy() {
     stop_ = true;
     frozen_ = false;
     ::shutdown(listen_fd_, SHUT_RDWR);
-    {
-      absl::MutexLock lock(&mu_);
-      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
-    }
+    accept_.join();  // no connection is added after this
+    absl::MutexLock lock(&mu_);  // pumps never take it
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
     for (auto& t : threads_) t.join();
     ::close(listen_fd_);
     for (int fd : fds_) ::close(fd);
@@ -274,7 +273,8 @@ class FreezingProxy {
   std::atomic<bool> frozen_{false}, stop_{false};
   absl::Mutex mu_;
   std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;  // Accept adds to it: joined after it ends
+  std::thread accept_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);  // pumps
 };
 
 TEST_CASE("a stream request to a server that hangs fails DEADLINE_EXCEEDED by its deadline", "[stream][errors]") {
