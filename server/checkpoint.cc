@@ -248,9 +248,10 @@ absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::s
       continue;
     }
     const std::string cut(cut_view);
-    if (rest != "meta") it->Seek(cut + "meta");
-    if (it->Valid() && it->key().ToStringView() == cut + "meta") {
-      ASSIGN_OR_RETURN(v1::ShardCutMeta meta, ParseMeta(it->key().ToString(), it->value().ToStringView()));
+    const std::string meta_key = cut + "meta";
+    if (rest != "meta") it->Seek(meta_key);
+    if (it->Valid() && it->key().ToStringView() == meta_key) {
+      ASSIGN_OR_RETURN(v1::ShardCutMeta meta, ParseMeta(meta_key, it->value().ToStringView()));
       out.push_back(std::move(meta));
     }
     it->Seek(PrefixEnd(cut));

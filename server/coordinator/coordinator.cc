@@ -1189,20 +1189,20 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
     // before the first periodic cut then costs a rollback, not the job.
     t.trigger = "first";
     t.at_step = cur + lead;
-  } else if (policy.every_steps() > 0 && cur > 0 && IsBsp(spec)) {
-    // BSP cuts name a step ahead, which the servers wait for.
-    const uint64_t n = policy.every_steps();
-    const uint64_t next = (last_step / n + 1) * n;
-    if (cur + 2 * lead < next) return;
-    t.trigger = "steps";
-    t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
   } else if (policy.every_steps() > 0 && cur > 0) {
-    // SSP/ASP cuts are taken when asked: ask once the fastest rank has
-    // crossed the next boundary, once per boundary.
     const uint64_t n = policy.every_steps();
-    const uint64_t next = (std::max(last_step, r.steps_boundary_asked) / n + 1) * n;
-    if (cur < next) return;
-    r.steps_boundary_asked = cur / n * n;
+    if (IsBsp(spec)) {
+      // BSP cuts name a step ahead, which the servers wait for.
+      const uint64_t next = (last_step / n + 1) * n;
+      if (cur + 2 * lead < next) return;
+      t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
+    } else {
+      // SSP/ASP cuts are taken when asked: ask once the fastest rank has
+      // crossed the next boundary, once per boundary.
+      const uint64_t next = (std::max(last_step, r.steps_boundary_asked) / n + 1) * n;
+      if (cur < next) return;
+      r.steps_boundary_asked = cur / n * n;
+    }
     t.trigger = "steps";
   } else if (policy.every_seconds() > 0 &&
              now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "common/errors.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
+#include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 
 namespace fulcrum {
@@ -210,9 +210,7 @@ class FreezingProxy {
     upstream_port_ = std::stoi(upstream.substr(upstream.rfind(':') + 1));
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(listen_fd_ >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_in a = testing::LoopbackAddress(0);
     socklen_t len = sizeof(a);
     REQUIRE(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) == 0);
     REQUIRE(::listen(listen_fd_, 8) == 0);
@@ -240,10 +238,7 @@ class FreezingProxy {
       const int in = ::accept(listen_fd_, nullptr, nullptr);
       if (in < 0 || stop_) return;
       const int out = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<uint16_t>(upstream_port_));
+      sockaddr_in a = testing::LoopbackAddress(upstream_port_);
       if (::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
         ::close(in);
         ::close(out);

@@ -218,6 +218,14 @@ class WorkerDaemon::Runner {
     }
   }
 
+  // Whether a throttled progress report may go at `now` (always when
+  // `force`); if so, it counts as sent.
+  bool ReportDue(Clock::time_point now, bool force = false) {
+    if (!force && now - last_report_ < absl::ToChronoNanoseconds(options_.progress_interval)) return false;
+    last_report_ = now;
+    return true;
+  }
+
   void SendProgress(const std::string& state) {
     progress_.set_state(state);
     v1::ReportProgressRequest r = Base();
@@ -324,10 +332,7 @@ class WorkerDaemon::Runner {
       epoch_start_ = Clock::now();
       // Epochs shorter than the progress interval report at their end (with
       // the epoch's loss and rate) rather than at every start as well.
-      if (epoch == start / spe || epoch_start_ - last_report_ >= absl::ToChronoNanoseconds(options_.progress_interval)) {
-        last_report_ = epoch_start_;
-        SendProgress("training");
-      }
+      if (ReportDue(epoch_start_, /*force=*/epoch == start / spe)) SendProgress("training");
       ASSIGN_OR_RETURN(training::EpochResult e, trainer.TrainEpoch(*train, static_cast<int>(epoch), first));
       if (stop_.load()) return absl::CancelledError("assignment withdrawn");
       v1::EpochSummary sum;
@@ -390,8 +395,7 @@ class WorkerDaemon::Runner {
     epoch_correct_ += m.correct;
     progress_.set_step(step + 1);
     const auto now = Clock::now();
-    if (now - last_report_ < absl::ToChronoNanoseconds(options_.progress_interval)) return;
-    last_report_ = now;
+    if (!ReportDue(now)) return;
     const double secs = std::chrono::duration<double>(now - epoch_start_).count();
     if (epoch_examples_ > 0) {
       progress_.set_loss(epoch_loss_ / epoch_examples_);
