@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/errors.h"
+#include "common/parallel.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -17,6 +18,9 @@ constexpr uint32_t kMaxParts = 4096;
 constexpr size_t kMaxTables = 1024;
 // BSP buffers at most this many steps ahead of the first unapplied one.
 constexpr uint64_t kMaxPendingSteps = 16;
+// A BSP step's dense update is shared among cores from this many elements
+// (512 KiB of fp32): below it, waking a helper costs about what it saves.
+constexpr size_t kParallelApplyElements = size_t{1} << 17;
 // Sparse keys in one push or pull: what fits kMaxPayloadBytes (4 MiB) of
 // uint64 keys, the most a client that splits requests ever sends.
 constexpr size_t kMaxKeysPerRequest = size_t{1} << 19;
@@ -469,7 +473,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   decoded.seq = m.seq;
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
-  thread_local std::vector<float> scratch;
+  thread_local GradBuffer scratch;
   const bool reuse = model_ != Model::kBsp;
   if (reuse) decoded.grads.swap(scratch);
   absl::Status s = Decode(m, map, self, &decoded);
@@ -546,9 +550,12 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     // Combine in rank order, and within a rank in sequence order, so the sum
     // (and so the run) is bit-for-bit reproducible.
     uint32_t contributors = 0;
-    absl::flat_hash_map<std::pair<DenseTable*, uint32_t>, std::vector<float>> dense;
+    // A dense chunk's first contribution is its accumulator: the later ones
+    // are added into that rank's decoded buffer, which this loop owns.
+    absl::flat_hash_map<std::pair<DenseTable*, uint32_t>, float*> dense;
     absl::flat_hash_map<SparseTable*, std::pair<absl::flat_hash_map<uint64_t, size_t>, std::vector<float>>> sparse;
     std::vector<std::pair<DenseTable*, uint32_t>> dense_order;
+    size_t dense_elements = 0;
     std::vector<SparseTable*> sparse_order;
     for (uint32_t r = 0; r < ranks.size(); ++r) {
       if (!active[r]) continue;
@@ -560,12 +567,12 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
         for (const DenseItem& d : part.dense) {
           const size_t n = d.table->ChunkLength(d.chunk);
           const float* g = d.g;
-          auto [it, inserted] = dense.try_emplace({d.table, d.chunk});
+          auto [it, inserted] = dense.try_emplace({d.table, d.chunk}, d.g);
           if (inserted) {
-            it->second.assign(g, g + n);
             dense_order.push_back({d.table, d.chunk});
+            dense_elements += n;
           } else {
-            float* acc = it->second.data();
+            float* acc = it->second;
             for (size_t i = 0; i < n; ++i) acc[i] += g[i];
           }
         }
@@ -590,11 +597,23 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     const float scale = mean_ && contributors > 0 ? 1.0f / static_cast<float>(contributors) : 1.0f;
     const absl::Time apply_start = absl::Now();
     absl::Status s;
-    for (const auto& key : dense_order) {
-      std::vector<float>& g = dense[key];
-      if (scale != 1.0f) for (float& x : g) x *= scale;
-      s.Update(key.first->Apply(key.second, g.data()));
+    // The workers wait for this step: apply its chunks on every core.
+    std::vector<absl::Status> applied(dense_order.size());
+    auto apply_chunk = [&](size_t k) {
+      const auto& [table, chunk] = dense_order[k];
+      float* g = dense.find(dense_order[k])->second;
+      if (scale != 1.0f) {
+        const size_t n = table->ChunkLength(chunk);
+        for (size_t i = 0; i < n; ++i) g[i] *= scale;
+      }
+      applied[k] = table->Apply(chunk, g);
+    };
+    if (dense_elements >= kParallelApplyElements) {
+      ParallelRunner::Shared().ForEach(dense_order.size(), apply_chunk);
+    } else {
+      for (size_t k = 0; k < dense_order.size(); ++k) apply_chunk(k);
     }
+    for (const absl::Status& a : applied) s.Update(a);
     for (SparseTable* t : sparse_order) {
       auto& [index, values] = sparse[t];
       if (scale != 1.0f) for (float& x : values) x *= scale;

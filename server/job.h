@@ -19,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -115,7 +116,7 @@ class Job : public std::enable_shared_from_this<Job> {
   struct DenseItem {
     DenseTable* table;
     uint32_t chunk;
-    const float* g = nullptr;        // BSP
+    float* g = nullptr;              // BSP: in `grads`, summed into in place
     const Payload* src = nullptr;    // ASP/SSP: the message's bytes
     DType dtype = DType::kFp32;
   };
@@ -132,8 +133,27 @@ class Job : public std::enable_shared_from_this<Job> {
     KeyGroups groups;
     float* g;  // always in `grads`: duplicate keys are summed in place
   };
+  // Decoding writes every element of a gradient buffer, so growing one need
+  // not zero it first (under BSP each push allocates its own; the zeroing
+  // was a memset of the whole model per step).
+  template <typename T>
+  struct UninitAllocator : std::allocator<T> {
+    template <typename U>
+    struct rebind {
+      using other = UninitAllocator<U>;
+    };
+    template <typename U, typename... Args>
+    void construct(U* p, Args&&... args) {
+      if constexpr (sizeof...(Args) == 0) {
+        ::new (static_cast<void*>(p)) U;
+      } else {
+        ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+      }
+    }
+  };
+  using GradBuffer = std::vector<float, UninitAllocator<float>>;
   struct Decoded {
-    std::vector<float> grads;
+    GradBuffer grads;
     std::vector<DenseItem> dense;
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;

@@ -1,4 +1,5 @@
 // Job-level tests, without gRPC: consistency bookkeeping driven directly.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -15,13 +16,19 @@ namespace {
 using testing::DenseTableSpec;
 using testing::JobSpec;
 
-PushMessage Push(uint32_t rank, uint64_t step, const std::vector<float>& g) {
+// Rank `rank`'s push for `step` of job "j", without gradients.
+PushMessage Header(uint32_t rank, uint64_t step) {
   PushMessage m;
   m.job_id = "j";
   m.worker_id = "w" + std::to_string(rank);
   m.seq = step + 1;
   m.rank = rank;
   m.step = step;
+  return m;
+}
+
+PushMessage Push(uint32_t rank, uint64_t step, const std::vector<float>& g) {
+  PushMessage m = Header(rank, step);
   m.dense.push_back({"w", 0, DType::kFp32, Payload(g.data(), g.size() * 4)});
   return m;
 }
@@ -65,6 +72,68 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->Push(Push(2, 1, g0), *map, 0, &r), absl::StatusCode::kFailedPrecondition,
                  "is not an active worker");
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
+}
+
+TEST_CASE("BSP sums a many-chunk step in rank order and applies its chunks in parallel", "[bsp][job]") {
+  // 200,000 elements in 13 chunks: above the size from which a step's
+  // chunks are applied on several threads. The first rank's buffer is the
+  // accumulator, so a second step must not see the first step's sums.
+  constexpr uint32_t kElements = 200000, kChunk = 16384, kRanks = 3;
+  constexpr uint32_t kChunks = (kElements + kChunk - 1) / kChunk;
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  REQUIRE_OK_AND_ASSIGN(
+      auto job, Job::Create(JobSpec("j", {DenseTableSpec("big", kElements, 1.0f, v1::OptimizerSpec::SGD, kChunk)},
+                                    kRanks),
+                            4, 64 << 20, &timer));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  auto grad = [](uint32_t rank, uint64_t step, uint32_t i) {
+    return static_cast<float>((i * 7 + rank * 13 + step * 5) % 101) * 0.37f - 11.0f;
+  };
+  std::vector<float> expect(kElements, 0.0f);
+  for (uint64_t step = 0; step < 2; ++step) {
+    std::vector<std::vector<float>> g(kRanks, std::vector<float>(kElements));
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      for (uint32_t i = 0; i < kElements; ++i) g[r][i] = grad(r, step, i);
+    }
+    for (uint32_t i = 0; i < kElements; ++i) {
+      float sum = g[0][i];
+      for (uint32_t r = 1; r < kRanks; ++r) sum += g[r][i];
+      expect[i] -= sum * (1.0f / kRanks);
+    }
+    PushResult res;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      PushMessage m = Header(r, step);
+      for (uint32_t c = 0; c < kChunks; ++c) {
+        const uint32_t n = std::min(kChunk, kElements - c * kChunk);
+        m.dense.push_back({"big", c, DType::kFp32, Payload(g[r].data() + size_t{c} * kChunk, n * 4)});
+      }
+      REQUIRE_OK(job->Push(m, *map, 0, &res));
+    }
+    REQUIRE(res.applied_step == step + 1);
+  }
+  auto pull = std::make_shared<PullMessage>();
+  pull->job_id = "j";
+  pull->worker_id = "w0";
+  pull->step = 2;
+  for (uint32_t c = 0; c < kChunks; ++c) pull->dense.push_back({"big", c});
+  absl::Notification done;
+  absl::StatusOr<PullResult> result;
+  job->Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+    result = std::move(res);
+    done.Notify();
+  });
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE_OK(result.status());
+  REQUIRE(result->dense.size() == kChunks);
+  std::vector<float> w(kElements);
+  for (const PullResult::Dense& d : result->dense) {
+    const size_t n = std::min(kChunk, kElements - d.chunk * kChunk);
+    std::memcpy(w.data() + size_t{d.chunk} * kChunk, d.owner ? d.shared : d.data.data.get(), n * 4);
+  }
+  size_t mismatches = 0;
+  for (uint32_t i = 0; i < kElements; ++i) mismatches += w[i] != expect[i];
+  REQUIRE(mismatches == 0);
 }
 
 TEST_CASE("pulls no worker could make are refused, and waiting pulls are bounded", "[job][limits]") {
