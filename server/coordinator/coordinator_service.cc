@@ -204,7 +204,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
 CoordinatorGrpcServer::~CoordinatorGrpcServer() { Shutdown(); }
 
 void CoordinatorGrpcServer::Shutdown() {
-  if (shut_down_) return;
+  // A server that never started (its address was taken) has nothing to stop.
+  if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   coordinator_->Shutdown();

@@ -431,7 +431,8 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
 PsGrpcServer::~PsGrpcServer() { Shutdown(); }
 
 void PsGrpcServer::Shutdown() {
-  if (shut_down_) return;
+  // A server that never started (its address was taken) has nothing to stop.
+  if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   // Health checks answer NOT_SERVING from here on, so load balancers and
   // Kubernetes stop routing here while pulls drain.

@@ -3,7 +3,10 @@
 // then stopped with SIGTERM. Checks the startup log names the address and
 // virtual shards, BSP training steps work across processes, and shutdown is
 // clean.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -183,6 +186,39 @@ TEST_CASE("fulcrum-server refuses a bad shard map with a clear message", "[e2e]"
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 2);
   REQUIRE(ReadFile(p.log).find("shard map lists 1 servers; this server has index 3") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fulcrum-server and fulcrum-coordinator on a taken address exit 1 naming it", "[e2e]") {
+  // The address is held by a plain listening socket, as by a process left
+  // over from an earlier run. Both used to die of SIGSEGV here, tearing
+  // down the gRPC server that never started.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string taken = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  const std::string dir = TempDir();
+  const std::vector<std::vector<std::string>> commands = {
+      {FULCRUM_SERVER_BINARY, "--listen=" + taken, "--shard_map=" + taken, "--metrics_addr=", "--insecure"},
+      {FULCRUM_COORDINATOR_BINARY, "--listen=" + taken, "--data_dir=" + dir + "/coordinator", "--metrics_addr=",
+       "--insecure"}};
+  for (size_t i = 0; i < commands.size(); ++i) {
+    Process p = Spawn(commands[i], absl::StrCat(dir, "/taken-", i, ".log"));
+    int status = 0;
+    REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
+    const std::string log = ReadFile(p.log);
+    INFO(log);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 1);
+    REQUIRE(log.find("cannot listen on " + taken) != std::string::npos);
+  }
+  close(fd);
   std::filesystem::remove_all(dir);
 }
 
