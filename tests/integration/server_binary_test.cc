@@ -222,6 +222,19 @@ TEST_CASE("fulcrum-server and fulcrum-coordinator on a taken address exit 1 nami
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("fulcrum-worker with an empty --coordinator exits 2 naming the flag", "[e2e]") {
+  const std::string dir = TempDir();
+  Process p = Spawn({FULCRUM_WORKER_BINARY, "--coordinator=", "--metrics_addr=", "--insecure"}, dir + "/worker.log");
+  int status = 0;
+  REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
+  const std::string log = ReadFile(p.log);
+  INFO(log);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 2);
+  REQUIRE(log.find("--coordinator is empty") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("fulcrum-server serves TLS by default: without certificate files, or with another role's, it refuses to start",
           "[e2e][security]") {
   const std::string binary = FULCRUM_SERVER_BINARY;

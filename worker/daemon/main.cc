@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
   o.data_roots = absl::GetFlag(FLAGS_data_roots);
+  if (o.coordinator.empty()) {
+    // Otherwise it would wait for a coordinator at "" forever.
+    std::cerr << "fulcrum-worker: --coordinator is empty; give the coordinator's host:port\n";
+    return 2;
+  }
   if (o.slots == 0) {
     std::cerr << "fulcrum-worker: --slots must be >= 1\n";
     return 2;
