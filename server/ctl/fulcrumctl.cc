@@ -541,6 +541,10 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) explicit_flag |= std::string(argv[i]).rfind("--coordinator", 0) == 0;
     if (!explicit_flag) absl::SetFlag(&FLAGS_coordinator, env);
   }
+  if (absl::GetFlag(FLAGS_coordinator).empty()) {
+    std::cerr << "fulcrumctl: --coordinator is empty; give the coordinator's host:port (or set $FULCRUM_COORDINATOR)\n";
+    return kUsage;
+  }
   if (absl::GetFlag(FLAGS_output) != "text" && absl::GetFlag(FLAGS_output) != "json") {
     std::cerr << "fulcrumctl: --output must be text or json\n";
     return kUsage;

@@ -317,7 +317,7 @@ TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "
   CHECK(j.status().test_accuracy() >= 0.97);
 }
 
-TEST_CASE("fulcrumctl reports a bad spec file with every problem and exit code 2", "[e2e]") {
+TEST_CASE("fulcrumctl reports a bad spec file with every problem and a bad flag with exit code 2", "[e2e]") {
   ProcessCluster cluster(1, 1, 1);
   const fs::path bad = cluster.dir() / "bad.yaml";
   std::ofstream(bad) << "name: Bad\nmodel: {type: cnn}\nnum_workers: 0\n";
@@ -328,6 +328,8 @@ TEST_CASE("fulcrumctl reports a bad spec file with every problem and exit code 2
   CHECK(out.find("num_workers: 0 must be 1 to 1024") != std::string::npos);
   CHECK(cluster.Ctl({"submit", "-f", (cluster.dir() / "missing.yaml").string()}, &out) == 2);
   CHECK(out.find("cannot open spec file") != std::string::npos);
+  CHECK(cluster.Ctl({"--coordinator=", "list"}, &out) == 2);
+  CHECK(out.find("--coordinator is empty") != std::string::npos);
 }
 
 // ---------------------------------------------------------------- checkpoints and recovery
