@@ -24,10 +24,10 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
   if (proto.num_virtual_shards() == 0) {
     return absl::InvalidArgumentError("shard map has num_virtual_shards = 0");
   }
-  if (proto.num_virtual_shards() > (1u << 20)) {
+  if (proto.num_virtual_shards() > kMaxVirtualShards) {
     return absl::InvalidArgumentError(absl::StrCat("shard map num_virtual_shards ",
                                                    proto.num_virtual_shards(),
-                                                   " exceeds the limit of 1048576"));
+                                                   " exceeds the limit of ", kMaxVirtualShards));
   }
   if (static_cast<uint32_t>(proto.owner_size()) != proto.num_virtual_shards()) {
     return absl::InvalidArgumentError(absl::StrCat("shard map has ", proto.owner_size(),
@@ -52,6 +52,12 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
 
 absl::StatusOr<ShardMap> ShardMap::RoundRobin(uint64_t version, uint32_t num_virtual_shards,
                                               std::vector<std::string> servers) {
+  // FromProto checks the bound too, but only after the owners are listed:
+  // 4 billion of them would be 16 GB.
+  if (num_virtual_shards > kMaxVirtualShards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map num_virtual_shards ", num_virtual_shards,
+                                                   " exceeds the limit of ", kMaxVirtualShards));
+  }
   v1::ShardMap proto;
   proto.set_version(version);
   proto.set_num_virtual_shards(num_virtual_shards);

@@ -18,6 +18,7 @@ namespace fulcrum {
 
 class ShardMap {
  public:
+  static constexpr uint32_t kMaxVirtualShards = 1u << 20;
   // Validates a map received from the network or configuration.
   static absl::StatusOr<ShardMap> FromProto(const v1::ShardMap& proto);
   // Round-robin assignment of `num_virtual_shards` over `servers`.

@@ -12,6 +12,8 @@
 
 #include <filesystem>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/errors.h"
@@ -222,16 +224,33 @@ TEST_CASE("fulcrum-server and fulcrum-coordinator on a taken address exit 1 nami
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("fulcrum-worker with an empty --coordinator exits 2 naming the flag", "[e2e]") {
+TEST_CASE("fulcrum-worker and fulcrum-server refuse flag values that cannot work with exit 2 naming them", "[e2e]") {
+  // Each used to start and wait (for a coordinator at "", or on a device
+  // or thread count that fails only when a job arrives), or to build a
+  // 16 GB shard map.
   const std::string dir = TempDir();
-  Process p = Spawn({FULCRUM_WORKER_BINARY, "--coordinator=", "--metrics_addr=", "--insecure"}, dir + "/worker.log");
-  int status = 0;
-  REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
-  const std::string log = ReadFile(p.log);
-  INFO(log);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 2);
-  REQUIRE(log.find("--coordinator is empty") != std::string::npos);
+  const std::string w = FULCRUM_WORKER_BINARY;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{w, "--coordinator="}, "--coordinator is empty"},
+      {{w, "--device=tpu:0"}, "--device=tpu:0: allowed values are auto, cpu, cuda:N"},
+      {{w, "--device=cuda:-1"}, "expected cuda:N with N a GPU index"},
+      {{w, "--cpu_threads=-3"}, "--cpu_threads must be >= 0"},
+      {{w, "--slots=100000"}, "--slots must be 1 to 1024, got 100000"},
+      {{FULCRUM_SERVER_BINARY, "--listen=127.0.0.1:0", "--shard_map=127.0.0.1:1", "--virtual_shards=4000000000"},
+       "num_virtual_shards 4000000000 exceeds the limit of 1048576"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::vector<std::string> args = cases[i].first;
+    args.insert(args.end(), {"--metrics_addr=", "--insecure"});
+    Process p = Spawn(args, absl::StrCat(dir, "/flags-", i, ".log"));
+    int status = 0;
+    REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
+    const std::string log = ReadFile(p.log);
+    INFO(args[1] << ": " << log);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 2);
+    REQUIRE(log.find(cases[i].second) != std::string::npos);
+  }
   std::filesystem::remove_all(dir);
 }
 

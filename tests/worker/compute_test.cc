@@ -223,6 +223,11 @@ TEST_CASE("backend selection by name") {
   REQUIRE(!why.empty());
   REQUIRE_STATUS(CreateBackend("tpu:0", &why).status(), absl::StatusCode::kInvalidArgument, "allowed values are auto, cpu, cuda:N");
   REQUIRE_STATUS(CreateBackend("cuda:x", &why).status(), absl::StatusCode::kInvalidArgument, "cuda:N");
+  // The worker checks its --device flag with this before touching a device.
+  for (const char* ok : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"}) REQUIRE_OK(CheckDeviceName(ok));
+  REQUIRE_STATUS(CheckDeviceName("cuda:-1"), absl::StatusCode::kInvalidArgument, "cuda:N");
+  REQUIRE_STATUS(CheckDeviceName("gpu"), absl::StatusCode::kInvalidArgument, "allowed values are auto, cpu, cuda:N");
+  REQUIRE_STATUS(CheckDeviceName(""), absl::StatusCode::kInvalidArgument, "allowed values");
   if (!any->is_gpu()) {
     // No GPU here: asking for one says why instead of crashing.
     auto gpu = CreateBackend("cuda:0", &why);

@@ -2,9 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
+#include "common/status_macros.h"
 
 #ifdef FULCRUM_HAVE_CUDA
 #include "worker/compute/cuda_backend.h"
@@ -69,8 +70,19 @@ bool CudaBackendBuilt() {
 #endif
 }
 
+absl::Status CheckDeviceName(absl::string_view device) {
+  if (device == "auto" || device == "cpu" || device == "cuda") return absl::OkStatus();
+  int ordinal = 0;
+  if (absl::StartsWith(device, "cuda:")) {
+    if (absl::SimpleAtoi(device.substr(5), &ordinal) && ordinal >= 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": expected cuda:N with N a GPU index"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": allowed values are auto, cpu, cuda:N"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device, std::string* why,
                                                        int cpu_threads) {
+  RETURN_IF_ERROR(CheckDeviceName(device));
   std::string ignored;
   if (why == nullptr) why = &ignored;
   if (device == "cpu") {
@@ -92,9 +104,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
   }
   if (absl::StartsWith(device, "cuda:") || device == "cuda") {
     int ordinal = 0;
-    if (device != "cuda" && !absl::SimpleAtoi(device.substr(5), &ordinal)) {
-      return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": expected cuda:N with N a GPU index"));
-    }
+    if (device != "cuda") (void)absl::SimpleAtoi(device.substr(5), &ordinal);  // checked above
 #ifdef FULCRUM_HAVE_CUDA
     auto gpu = NewCudaBackend(ordinal);
     if (!gpu.ok()) return gpu.status();
@@ -105,8 +115,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device,
         absl::StrCat("--device=", device, ": this build has no CUDA backend (configure with nvcc present)"));
 #endif
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device=", device, ": allowed values are auto, cpu, cuda:N"));
+  return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": unhandled"));  // CheckDeviceName
 }
 
 }  // namespace fulcrum::compute

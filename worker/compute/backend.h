@@ -169,6 +169,11 @@ class Backend {
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view device, std::string* why,
                                                        int cpu_threads = 0);
 
+// OK when `device` is a value CreateBackend understands (auto, cpu, cuda,
+// cuda:N), whether or not that device is present; INVALID_ARGUMENT naming
+// the allowed values otherwise. Cheap: touches no device.
+absl::Status CheckDeviceName(absl::string_view device);
+
 std::unique_ptr<Backend> NewCpuBackend(int threads);
 // True when this build has the CUDA backend (built with nvcc).
 bool CudaBackendBuilt();

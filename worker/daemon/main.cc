@@ -15,6 +15,7 @@
 #include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "common/rpc/security_flags.h"
+#include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coordinator");
@@ -51,8 +52,17 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-worker: --coordinator is empty; give the coordinator's host:port\n";
     return 2;
   }
-  if (o.slots == 0) {
-    std::cerr << "fulcrum-worker: --slots must be >= 1\n";
+  if (o.slots == 0 || o.slots > 1024) {
+    std::cerr << "fulcrum-worker: --slots must be 1 to 1024, got " << o.slots << "\n";
+    return 2;
+  }
+  if (o.cpu_threads < 0) {
+    std::cerr << "fulcrum-worker: --cpu_threads must be >= 0 (0: the host's cores / slots), got " << o.cpu_threads
+              << "\n";
+    return 2;
+  }
+  if (absl::Status s = fulcrum::compute::CheckDeviceName(o.device); !s.ok()) {
+    std::cerr << "fulcrum-worker: " << s.message() << "\n";
     return 2;
   }
   fulcrum::WorkerDaemon daemon(o);
