@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   fulcrum::ParameterServerOptions options;
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
+  if (options.max_wait <= absl::ZeroDuration()) {
+    std::cerr << "fulcrum-server: --max_wait_seconds must be > 0, got " << absl::GetFlag(FLAGS_max_wait_seconds)
+              << "\n";
+    return 2;
+  }
   std::optional<fulcrum::ShardMap> map;
   if (coordinator.empty()) {
     std::string servers = absl::GetFlag(FLAGS_shard_map);

@@ -10,6 +10,7 @@
 // Servers and workers start with --coordinator=host:7070; users submit jobs
 // with `fulcrumctl --coordinator=host:7070 submit -f spec.yaml`.
 #include <iostream>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -18,6 +19,7 @@
 #include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "common/rpc/security_flags.h"
+#include "common/shard_map.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 
@@ -72,6 +74,19 @@ int main(int argc, char** argv) {
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   options.checkpoint_wait = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_wait_s));
   options.restore_timeout = absl::Seconds(absl::GetFlag(FLAGS_restore_timeout_s));
+  if (options.virtual_shards == 0 || options.virtual_shards > fulcrum::ShardMap::kMaxVirtualShards) {
+    std::cerr << "fulcrum-coordinator: --virtual_shards must be 1 to " << fulcrum::ShardMap::kMaxVirtualShards
+              << ", got " << options.virtual_shards << "\n";
+    return 2;
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, int32_t>{"--heartbeat_interval_ms", absl::GetFlag(FLAGS_heartbeat_interval_ms)},
+                                    {"--checkpoint_wait_s", absl::GetFlag(FLAGS_checkpoint_wait_s)},
+                                    {"--restore_timeout_s", absl::GetFlag(FLAGS_restore_timeout_s)}}) {
+    if (value <= 0) {
+      std::cerr << "fulcrum-coordinator: " << flag << " must be > 0, got " << value << "\n";
+      return 2;
+    }
+  }
   if (options.node_timeout <= options.heartbeat_interval) {
     std::cerr << "fulcrum-coordinator: --node_timeout_ms must exceed --heartbeat_interval_ms\n";
     return 2;

@@ -224,10 +224,10 @@ TEST_CASE("fulcrum-server and fulcrum-coordinator on a taken address exit 1 nami
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("fulcrum-worker and fulcrum-server refuse flag values that cannot work with exit 2 naming them", "[e2e]") {
+TEST_CASE("the daemons refuse flag values that cannot work with exit 2 naming them", "[e2e]") {
   // Each used to start and wait (for a coordinator at "", or on a device
-  // or thread count that fails only when a job arrives), or to build a
-  // 16 GB shard map.
+  // or thread count that fails only when a job arrives), to build a 16 GB
+  // shard map, or to run with a zero shard count or interval.
   const std::string dir = TempDir();
   const std::string w = FULCRUM_WORKER_BINARY;
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -238,6 +238,14 @@ TEST_CASE("fulcrum-worker and fulcrum-server refuse flag values that cannot work
       {{w, "--slots=100000"}, "--slots must be 1 to 1024, got 100000"},
       {{FULCRUM_SERVER_BINARY, "--listen=127.0.0.1:0", "--shard_map=127.0.0.1:1", "--virtual_shards=4000000000"},
        "num_virtual_shards 4000000000 exceeds the limit of 1048576"},
+      {{FULCRUM_SERVER_BINARY, "--listen=127.0.0.1:0", "--shard_map=127.0.0.1:1", "--max_wait_seconds=-1"},
+       "--max_wait_seconds must be > 0, got -1"},
+      {{FULCRUM_COORDINATOR_BINARY, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/c", "--virtual_shards=0"},
+       "--virtual_shards must be 1 to 1048576, got 0"},
+      {{FULCRUM_COORDINATOR_BINARY, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/c", "--heartbeat_interval_ms=0"},
+       "--heartbeat_interval_ms must be > 0, got 0"},
+      {{FULCRUM_COORDINATOR_BINARY, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/c", "--checkpoint_wait_s=-1"},
+       "--checkpoint_wait_s must be > 0, got -1"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     std::vector<std::string> args = cases[i].first;
