@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace fulcrum {
 
@@ -19,16 +20,22 @@ uint64_t HashTableName(std::string_view name) {
   return Mix64(h);
 }
 
+namespace {
+
+absl::Status CheckBound(uint32_t num_virtual_shards) {
+  if (num_virtual_shards <= ShardMap::kMaxVirtualShards) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("shard map num_virtual_shards ", num_virtual_shards,
+                                                 " exceeds the limit of ", ShardMap::kMaxVirtualShards));
+}
+
+}  // namespace
+
 absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
   if (proto.servers_size() == 0) return absl::InvalidArgumentError("shard map lists no servers");
   if (proto.num_virtual_shards() == 0) {
     return absl::InvalidArgumentError("shard map has num_virtual_shards = 0");
   }
-  if (proto.num_virtual_shards() > kMaxVirtualShards) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map num_virtual_shards ",
-                                                   proto.num_virtual_shards(),
-                                                   " exceeds the limit of ", kMaxVirtualShards));
-  }
+  RETURN_IF_ERROR(CheckBound(proto.num_virtual_shards()));
   if (static_cast<uint32_t>(proto.owner_size()) != proto.num_virtual_shards()) {
     return absl::InvalidArgumentError(absl::StrCat("shard map has ", proto.owner_size(),
                                                    " owners for ", proto.num_virtual_shards(),
@@ -52,12 +59,9 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
 
 absl::StatusOr<ShardMap> ShardMap::RoundRobin(uint64_t version, uint32_t num_virtual_shards,
                                               std::vector<std::string> servers) {
-  // FromProto checks the bound too, but only after the owners are listed:
-  // 4 billion of them would be 16 GB.
-  if (num_virtual_shards > kMaxVirtualShards) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map num_virtual_shards ", num_virtual_shards,
-                                                   " exceeds the limit of ", kMaxVirtualShards));
-  }
+  // Before the owners are listed (FromProto checks again): 4 billion of
+  // them would be 16 GB.
+  RETURN_IF_ERROR(CheckBound(num_virtual_shards));
   v1::ShardMap proto;
   proto.set_version(version);
   proto.set_num_virtual_shards(num_virtual_shards);

@@ -552,9 +552,14 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     uint32_t contributors = 0;
     // A dense chunk's first contribution is its accumulator: the later ones
     // are added into that rank's decoded buffer, which this loop owns.
-    absl::flat_hash_map<std::pair<DenseTable*, uint32_t>, float*> dense;
+    struct Chunk {
+      DenseTable* table;
+      uint32_t chunk;
+      float* acc;
+    };
+    std::vector<Chunk> dense_order;  // first-seen order
+    absl::flat_hash_map<std::pair<DenseTable*, uint32_t>, size_t> dense;  // -> index in dense_order
     absl::flat_hash_map<SparseTable*, std::pair<absl::flat_hash_map<uint64_t, size_t>, std::vector<float>>> sparse;
-    std::vector<std::pair<DenseTable*, uint32_t>> dense_order;
     size_t dense_elements = 0;
     std::vector<SparseTable*> sparse_order;
     for (uint32_t r = 0; r < ranks.size(); ++r) {
@@ -567,12 +572,12 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
         for (const DenseItem& d : part.dense) {
           const size_t n = d.table->ChunkLength(d.chunk);
           const float* g = d.g;
-          auto [it, inserted] = dense.try_emplace({d.table, d.chunk}, d.g);
+          auto [it, inserted] = dense.try_emplace({d.table, d.chunk}, dense_order.size());
           if (inserted) {
-            dense_order.push_back({d.table, d.chunk});
+            dense_order.push_back({d.table, d.chunk, d.g});
             dense_elements += n;
           } else {
-            float* acc = it->second;
+            float* acc = dense_order[it->second].acc;
             for (size_t i = 0; i < n; ++i) acc[i] += g[i];
           }
         }
@@ -600,8 +605,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     // The workers wait for this step: apply its chunks on every core.
     std::vector<absl::Status> applied(dense_order.size());
     auto apply_chunk = [&](size_t k) {
-      const auto& [table, chunk] = dense_order[k];
-      float* g = dense.find(dense_order[k])->second;
+      const auto& [table, chunk, g] = dense_order[k];
       if (scale != 1.0f) {
         const size_t n = table->ChunkLength(chunk);
         for (size_t i = 0; i < n; ++i) g[i] *= scale;

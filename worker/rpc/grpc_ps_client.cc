@@ -97,13 +97,7 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     if (s.ok()) s = wire::DecodeStreamResponse(p, &resp);
     if (!s.ok()) return;  // a response we cannot read; its request times out with the stream
     Pending done;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(resp.id);
-      if (it == pending_.end()) return;  // expired
-      done = std::move(it->second);
-      pending_.erase(it);
-    }
+    if (!Take(resp.id, &done)) return;  // expired
     timer_->Cancel(done.timer);
     ResponseCallback& cb = done.cb;
     absl::Status status;
@@ -135,18 +129,23 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     uint64_t timer = 0;
   };
 
+  // Removes request `id` from the pending ones into *out; false when its
+  // response or its deadline came first.
+  bool Take(uint64_t id, Pending* out) {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return false;
+    *out = std::move(it->second);
+    pending_.erase(it);
+    return true;
+  }
+
   void Expire(uint64_t id, absl::Time deadline) {
-    ResponseCallback cb;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(id);
-      if (it == pending_.end()) return;
-      cb = std::move(it->second.cb);
-      pending_.erase(it);
-    }
-    cb(absl::DeadlineExceededError(absl::StrCat("no response on the stream to the server by its deadline (",
-                                                absl::FormatTime(deadline), ")")),
-       Payload(), nullptr);
+    Pending p;
+    if (!Take(id, &p)) return;
+    p.cb(absl::DeadlineExceededError(absl::StrCat("no response on the stream to the server by its deadline (",
+                                                  absl::FormatTime(deadline), ")")),
+         Payload(), nullptr);
   }
 
   DeadlineTimer* const timer_;
