@@ -67,7 +67,8 @@ std::vector<uint64_t> DecodeKeys(const Payload& p) {
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                  uint32_t num_virtual_shards,
                                                  uint64_t default_quota_bytes,
-                                                 DeadlineTimer* timer) {
+                                                 DeadlineTimer* timer,
+                                                 std::shared_ptr<MemoryQuota> memory_pool) {
   const std::string& id = spec.job_id();
   if (id.empty() || id.size() > 128 ||
       !std::all_of(id.begin(), id.end(), [](char c) {
@@ -107,8 +108,9 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                    " is not MEAN or SUM"));
   }
   const uint64_t quota = spec.quota_bytes() != 0 ? spec.quota_bytes() : default_quota_bytes;
-  std::shared_ptr<Job> job(new Job(spec, model, quota, timer));
+  std::shared_ptr<Job> job(new Job(spec, model, quota, timer, std::move(memory_pool)));
   job->num_virtual_shards_ = num_virtual_shards;
+  uint64_t chunks = 0;
   for (const v1::TableSpec& t : spec.tables()) {
     if (job->tables_.contains(t.name())) {
       return absl::InvalidArgumentError(
@@ -116,19 +118,26 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
     }
     auto table = CreateTable(t, num_virtual_shards, &job->quota_);
     if (!table.ok()) return Annotate(table.status(), absl::StrCat("job '", id, "'"));
+    if ((*table)->is_dense()) chunks += static_cast<DenseTable*>(table->get())->num_chunks();
+    if (chunks > kMaxDenseChunks) {
+      return absl::ResourceExhaustedError(absl::StrCat("job '", id, "': its dense tables up to '", t.name(), "' make ",
+                                                       chunks, " chunks, past the limit of ", kMaxDenseChunks,
+                                                       " chunks per job; raise chunk_elements"));
+    }
     job->tables_.emplace(t.name(), std::move(table).value());
   }
   return job;
 }
 
-Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer)
+Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer,
+         std::shared_ptr<MemoryQuota> memory_pool)
     : spec_(spec),
       model_(model),
       num_workers_(spec.num_workers()),
       staleness_(spec.consistency().staleness()),
       mean_(spec.aggregation() != v1::SUM),
       timer_(timer),
-      quota_(spec.job_id(), quota) {
+      quota_(spec.job_id(), quota, std::move(memory_pool)) {
   absl::MutexLock lock(&mu_);
   active_.assign(num_workers_, true);
   clock_.assign(num_workers_, 0);

@@ -63,7 +63,8 @@ class Job : public std::enable_shared_from_this<Job> {
   static absl::StatusOr<std::shared_ptr<Job>> Create(const v1::PsJobSpec& spec,
                                                      uint32_t num_virtual_shards,
                                                      uint64_t default_quota_bytes,
-                                                     DeadlineTimer* timer);
+                                                     DeadlineTimer* timer,
+                                                     std::shared_ptr<MemoryQuota> memory_pool = nullptr);
   ~Job();
 
   const v1::PsJobSpec& spec() const { return spec_; }
@@ -177,7 +178,8 @@ class Job : public std::enable_shared_from_this<Job> {
     std::function<void(absl::Status)> resume;
   };
 
-  Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer);
+  Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer,
+      std::shared_ptr<MemoryQuota> memory_pool);
 
   // The table `name`, which the request uses as dense (or sparse);
   // INVALID_ARGUMENT naming the table otherwise.

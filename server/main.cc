@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, shard_map, "",
 ABSL_FLAG(uint32_t, virtual_shards, 256, "number of virtual shards (fixed for a cluster)");
 ABSL_FLAG(uint64_t, default_quota_bytes, uint64_t{8} << 30,
           "per-job parameter memory quota on this server when a job names none");
+ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
+          "parameter memory all jobs together may hold on this server, whatever their quotas "
+          "(0: 80% of physical memory, or of the cgroup's memory limit when lower)");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of fulcrum-coordinator; the shard map then comes from it");
 ABSL_FLAG(std::string, advertise, "",
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   fulcrum::ParameterServerOptions options;
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
+  options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
   if (options.max_wait <= absl::ZeroDuration()) {
     std::cerr << "fulcrum-server: --max_wait_seconds must be > 0, got " << absl::GetFlag(FLAGS_max_wait_seconds)
@@ -128,11 +132,13 @@ int main(int argc, char** argv) {
                << options.server_index << " of " << map->num_servers() << " (static shard map version "
                << map->version() << ", " << map->num_virtual_shards()
                << " virtual shards, owns " << map->DescribeOwned(options.server_index)
-               << "); default job quota " << options.default_quota_bytes << " bytes";
+               << "); default job quota " << options.default_quota_bytes << " bytes, memory limit "
+               << (*ps)->memory_limit_bytes() << " bytes for all jobs";
   } else {
     FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << ", advertised as " << advertise
                << "; coordinator " << coordinator << " assigns the shard map; default job quota "
-               << options.default_quota_bytes << " bytes";
+               << options.default_quota_bytes << " bytes, memory limit " << (*ps)->memory_limit_bytes()
+               << " bytes for all jobs";
     agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   }
   const int sig = fulcrum::WaitForTerminationSignal();

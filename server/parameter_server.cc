@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -36,7 +40,38 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   return ps;
 }
 
-ParameterServer::ParameterServer(ParameterServerOptions options) : options_(std::move(options)) {}
+namespace {
+// A cgroup's memory limit in bytes (v2, then v1), or 0 when there is none:
+// in a container the machine's memory is not what the process may use.
+uint64_t CgroupMemoryLimit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string v;
+    if (!(in >> v) || v == "max") continue;
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+    if (end != v.c_str() && *end == '\0' && n > 0) return n;
+  }
+  return 0;
+}
+
+// 80% of what this process may use: the machine's memory, or its cgroup's
+// limit when lower. The rest is for gRPC buffers, BSP gradient buffers and
+// copy-on-write copies, which quotas do not count.
+uint64_t DefaultMemoryLimit() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  uint64_t total = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : uint64_t{10} << 30;
+  const uint64_t cgroup = CgroupMemoryLimit();
+  if (cgroup != 0 && cgroup < total) total = cgroup;
+  return total / 5 * 4;
+}
+}  // namespace
+
+ParameterServer::ParameterServer(ParameterServerOptions options)
+    : options_(std::move(options)),
+      memory_(std::make_shared<MemoryQuota>(
+          "", options_.memory_limit_bytes != 0 ? options_.memory_limit_bytes : DefaultMemoryLimit())) {}
 
 ParameterServer::~ParameterServer() {
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs;
@@ -121,7 +156,7 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJob
     }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, map->num_virtual_shards(),
-                                                         options_.default_quota_bytes, &timer_));
+                                                         options_.default_quota_bytes, &timer_, memory_));
   RETURN_IF_ERROR(job->MaterializeOwned(*map, ref.self));
   v1::CreateJobResponse r;
   r.set_bytes_used(job->bytes_used());
@@ -446,6 +481,11 @@ void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
   }
   out->Gauge("fulcrum_server_jobs", "Jobs this server holds tables of", {}, static_cast<double>(jobs.size()));
   out->Gauge("fulcrum_server_draining", "1 while the server drains for shutdown", {}, draining ? 1 : 0);
+  out->Gauge("fulcrum_server_memory_limit_bytes",
+             "Parameter memory all jobs together may hold on this server (--memory_limit_bytes)", {},
+             static_cast<double>(memory_->limit()));
+  out->Gauge("fulcrum_server_memory_used_bytes", "Parameter memory all jobs hold on this server now", {},
+             static_cast<double>(memory_->used()));
   if (map) {
     out->Gauge("fulcrum_server_shard_map_version", "Version of the shard map this server serves", {},
                static_cast<double>(map->version()));

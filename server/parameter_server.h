@@ -36,6 +36,11 @@ struct ParameterServerOptions {
   std::optional<v1::ShardMap> shard_map;
   // Quota per job on this server when the job spec names none.
   uint64_t default_quota_bytes = uint64_t{8} << 30;
+  // Bytes of weights and optimizer state all jobs together may hold on
+  // this server, whatever their quotas; 0: 80% of the machine's physical
+  // memory, or of its cgroup's memory limit when that is lower
+  // (memory_limit_bytes() says what was chosen).
+  uint64_t memory_limit_bytes = 0;
   // Longest a pull may wait for the consistency model.
   absl::Duration max_wait = absl::Minutes(10);
   // Checkpoints live in <data_dir>/checkpoints (a RocksDB database); empty:
@@ -109,6 +114,11 @@ class ParameterServer {
   // Renders this server's series (docs/metrics.md) into a scrape.
   void CollectMetrics(metrics::Scrape* out) const;
 
+  // The limit on all jobs' parameter memory (options or the default) and
+  // what the jobs hold now.
+  uint64_t memory_limit_bytes() const { return memory_->limit(); }
+  uint64_t memory_used_bytes() const { return memory_->used(); }
+
  private:
   explicit ParameterServer(ParameterServerOptions options);
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
@@ -127,6 +137,7 @@ class ParameterServer {
   mutable std::atomic<uint64_t> rejected_[2][17] = {};
 
   const ParameterServerOptions options_;
+  const std::shared_ptr<MemoryQuota> memory_;  // every job's quota draws from it
   std::unique_ptr<CheckpointStore> store_;
   DeadlineTimer timer_;
   mutable absl::Mutex mu_;

@@ -55,12 +55,24 @@ absl::StatusOr<Initializer> InitializerFromProto(const v1::TableSpec& spec) {
 absl::Status MemoryQuota::Reserve(uint64_t bytes, absl::string_view what) {
   uint64_t cur = used_.load(std::memory_order_relaxed);
   do {
-    if (cur + bytes > limit_) {
+    if (bytes > limit_ || cur > limit_ - bytes) {
+      if (job_id_.empty()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this server's parameter memory limit of ", limit_, " bytes (--memory_limit_bytes) is reached: ", what,
+            " needs ", bytes, " bytes, ", cur, " already in use by all jobs"));
+      }
       return absl::ResourceExhaustedError(absl::StrCat(
           "job '", job_id_, "' would exceed its parameter memory quota of ", limit_,
           " bytes on this server: ", what, " needs ", bytes, " bytes, ", cur, " already in use"));
     }
   } while (!used_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  if (pool_ != nullptr) {
+    absl::Status s = pool_->Reserve(bytes, absl::StrCat("job '", job_id_, "': ", what));
+    if (!s.ok()) {
+      used_.fetch_sub(bytes, std::memory_order_relaxed);
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -127,6 +139,14 @@ absl::StatusOr<std::unique_ptr<DenseTable>> DenseTable::Create(const v1::TableSp
     return absl::ResourceExhaustedError(absl::StrCat("dense table '", spec.name(), "': chunk_elements ", chunk,
                                                      " exceeds the limit of ", kMaxChunkElements,
                                                      " elements per chunk"));
+  }
+  // The chunk index (a pointer per chunk) is allocated with the table:
+  // bound it before it is, whatever the quota.
+  const uint64_t chunks = (elements + chunk - 1) / chunk;
+  if (chunks > kMaxDenseChunks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "dense table '", spec.name(), "': ", elements, " elements in chunks of ", chunk, " make ", chunks,
+        " chunks, past the limit of ", kMaxDenseChunks, " chunks per job; raise chunk_elements"));
   }
   return std::unique_ptr<DenseTable>(new DenseTable(spec, opt, init, elements, chunk, quota));
 }

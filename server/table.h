@@ -25,18 +25,30 @@
 namespace fulcrum {
 
 // Accounts bytes of weights and optimizer state against a job's quota.
+// Bytes of weights and optimizer state a job may hold on this server. A
+// job's quota also draws from `pool`, the server's memory limit shared by
+// all its jobs (ParameterServerOptions::memory_limit_bytes), so jobs whose
+// quotas add up to more than the machine has fail RESOURCE_EXHAUSTED
+// instead of getting the server OOM-killed. A quota with an empty job id is
+// such a pool.
 class MemoryQuota {
  public:
-  MemoryQuota(std::string job_id, uint64_t limit) : job_id_(std::move(job_id)), limit_(limit) {}
-  // RESOURCE_EXHAUSTED naming the quota when `bytes` do not fit.
+  MemoryQuota(std::string job_id, uint64_t limit, std::shared_ptr<MemoryQuota> pool = nullptr)
+      : job_id_(std::move(job_id)), limit_(limit), pool_(std::move(pool)) {}
+  // RESOURCE_EXHAUSTED naming the quota (or the server's limit) when
+  // `bytes` do not fit; nothing is reserved then.
   absl::Status Reserve(uint64_t bytes, absl::string_view what);
-  void Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  void Release(uint64_t bytes) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    if (pool_ != nullptr) pool_->Release(bytes);
+  }
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
 
  private:
   const std::string job_id_;
   const uint64_t limit_;
+  const std::shared_ptr<MemoryQuota> pool_;
   std::atomic<uint64_t> used_{0};
 };
 
@@ -65,6 +77,10 @@ class Table {
   const OptimizerConfig optimizer_;
   const Initializer init_;
 };
+
+// Chunks of all dense tables of a job together (each costs an index entry
+// when the table is created, before any quota is charged).
+inline constexpr uint64_t kMaxDenseChunks = uint64_t{1} << 22;
 
 class DenseTable final : public Table {
  public:

@@ -38,8 +38,9 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   const int p0 = FreePort(), p1 = FreePort();
   const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
   const std::string map = absl::StrCat(a0, ",", a1);
-  Process s0 = Spawn({binary, "--listen=" + a0, "--server_index=0", "--shard_map=" + map,
-                      "--virtual_shards=32", "--metrics_addr=127.0.0.1:0", "--insecure"}, dir + "/server0.log");
+  Process s0 = Spawn({binary, "--listen=" + a0, "--server_index=0", "--shard_map=" + map, "--virtual_shards=32",
+                      "--metrics_addr=127.0.0.1:0", "--insecure", "--memory_limit_bytes=10000000"},
+                     dir + "/server0.log");
   Process s1 = Spawn({binary, "--listen=" + a1, "--server_index=1", "--shard_map=" + map,
                       "--virtual_shards=32", "--metrics_addr=127.0.0.1:0", "--insecure"}, dir + "/server1.log");
 
@@ -72,6 +73,12 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
     REQUIRE_OK(clients[0]->Pull("e2e", {step + 1, {{"w", w.data(), w.size()}}, {}}));
     for (float x : w) REQUIRE(x == -0.5f * static_cast<float>(step + 1));
   }
+  // 40 MB of parameters, about half of them on server 0, past its limit
+  // whatever the job's own quota.
+  auto huge = testing::JobSpec("huge", {testing::DenseTableSpec("w", 10'000'000, 0.5f)}, 1);
+  huge.set_quota_bytes(uint64_t{1} << 40);
+  REQUIRE_STATUS(clients[0]->CreateJob(huge), absl::StatusCode::kResourceExhausted,
+                 "this server's parameter memory limit of 10000000 bytes (--memory_limit_bytes) is reached: job 'huge'");
   clients.clear();
 
   for (Process* p : {&s0, &s1}) {
@@ -85,6 +92,7 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   INFO(log0);
   REQUIRE(log0.find("fulcrum-server listening on " + a0 + " as server 0 of 2") != std::string::npos);
   REQUIRE(log0.find("32 virtual shards, owns 0,2,4") != std::string::npos);
+  REQUIRE(log0.find("memory limit 10000000 bytes for all jobs") != std::string::npos);
   REQUIRE(log0.find("created job 'e2e'") != std::string::npos);
   REQUIRE(log0.find("draining and shutting down") != std::string::npos);
   std::filesystem::remove_all(dir);

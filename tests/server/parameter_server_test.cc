@@ -2,6 +2,7 @@
 // in-process servers per test, driven by the real GrpcPsClient and, for
 // hostile input, by the protoc-generated stub.
 #include <atomic>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -801,6 +802,53 @@ TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash",
   for (size_t i = 0; i < 10 * 8; ++i) REQUIRE(rows[i] == 0.0f);
 }
 
+TEST_CASE("jobs whose quotas add up to more than the server's memory limit are RESOURCE_EXHAUSTED", "[errors][quota]") {
+  // Each job's own quota (8 GiB by default, or whatever its spec names) is
+  // a cap; the server's limit is what all jobs share.
+  testing::TestCluster::Options o = OneServerFourShards();
+  o.memory_limit_bytes = 3 << 20;
+  auto cluster = TestCluster::Start(o);
+  ParameterServer* ps = cluster->server(0);
+  REQUIRE(ps->memory_limit_bytes() == 3u << 20);
+  auto c = cluster->Client(0);
+  // 1.92 MB of weights and Adam state fit; a second such job does not.
+  constexpr uint64_t kJobBytes = 160000 * 3 * 4;
+  auto Spec = [](const std::string& id) {
+    auto s = JobSpec(id, {DenseTableSpec("w", 160000, 0.1f, v1::OptimizerSpec::ADAM)}, 1);
+    s.set_quota_bytes(uint64_t{1} << 40);  // asks for far more than the server has
+    return s;
+  };
+  REQUIRE_OK(c->CreateJob(Spec("a")));
+  REQUIRE(ps->memory_used_bytes() == kJobBytes);
+  REQUIRE_STATUS(c->CreateJob(Spec("b")), absl::StatusCode::kResourceExhausted,
+                 "this server's parameter memory limit of 3145728 bytes (--memory_limit_bytes) is reached: "
+                 "job 'b': ");
+  REQUIRE(ps->GetJob("b").status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(ps->memory_used_bytes() == kJobBytes);  // the failed job gave back what it took
+  // Sparse rows draw from the same limit: 400 rows of 4 KiB do not fit in
+  // the 1.2 MB left.
+  REQUIRE_OK(c->CreateJob(JobSpec("rows", {SparseTableSpec("emb", 1024)}, 1, v1::ConsistencySpec::ASP)));
+  std::vector<uint64_t> keys(400);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::vector<float> out(keys.size() * 1024);
+  REQUIRE_STATUS(c->Pull("rows", {0, {}, {{"emb", keys.data(), keys.size(), out.data()}}}),
+                 absl::StatusCode::kResourceExhausted, "job 'rows': a new row of table 'emb'");
+  // Deleting jobs gives their memory back to every other job.
+  REQUIRE_OK(c->DeleteJob("rows"));
+  REQUIRE_OK(c->DeleteJob("a"));
+  REQUIRE(ps->memory_used_bytes() == 0);
+  REQUIRE_OK(c->CreateJob(Spec("b")));
+  // The server reports both figures to Prometheus.
+  metrics::Scrape scrape;
+  ps->CollectMetrics(&scrape);
+  std::map<std::string, double> gauges;
+  for (const prometheus::MetricFamily& f : scrape.Take()) {
+    if (f.metric.size() == 1) gauges[f.name] = f.metric[0].gauge.value;
+  }
+  CHECK(gauges["fulcrum_server_memory_limit_bytes"] == 3145728.0);
+  CHECK(gauges["fulcrum_server_memory_used_bytes"] == static_cast<double>(kJobBytes));
+}
+
 TEST_CASE("deleting a job frees its tables", "[errors][quota]") {
   auto cluster = TestCluster::Start();
   auto c = cluster->Client(0);
@@ -852,6 +900,16 @@ TEST_CASE("requests and job specs past a limit are RESOURCE_EXHAUSTED naming the
                  "num_workers 70000 exceeds the limit of 65536 workers per job");
   REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", 1 << 22, 1.0f, v1::OptimizerSpec::SGD, 1 << 21)}, 1)),
                  absl::StatusCode::kResourceExhausted, "chunk_elements 2097152 exceeds the limit of 1048576");
+  // Tiny chunks of a big table: the chunk index is bounded before it is
+  // allocated, per table and over the job's tables.
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", {DenseTableSpec("w", int64_t{1} << 34, 1.0f, v1::OptimizerSpec::SGD, 16)}, 1)),
+                 absl::StatusCode::kResourceExhausted,
+                 "17179869184 elements in chunks of 16 make 1073741824 chunks, past the limit of 4194304 chunks per "
+                 "job; raise chunk_elements");
+  std::vector<v1::TableSpec> chunky;
+  for (int i = 0; i < 3; ++i) chunky.push_back(DenseTableSpec(absl::StrCat("t", i), 1 << 21, 1.0f, v1::OptimizerSpec::SGD, 1));
+  REQUIRE_STATUS(c->CreateJob(JobSpec("x", chunky, 1)), absl::StatusCode::kResourceExhausted,
+                 "its dense tables up to 't2' make 6291456 chunks, past the limit of 4194304");
 
   REQUIRE_OK(c->CreateJob(JobSpec("lim", {SparseTableSpec("emb", 1)}, 1, v1::ConsistencySpec::ASP)));
   auto stub = RawStub(cluster->address(0));

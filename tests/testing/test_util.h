@@ -54,6 +54,7 @@ class TestCluster {
     int num_servers = 2;
     uint32_t num_virtual_shards = 16;
     uint64_t default_quota_bytes = uint64_t{1} << 30;
+    uint64_t memory_limit_bytes = 0;  // per server; 0: the server's default
     absl::Duration max_wait = absl::Seconds(30);
     // When set, server i keeps checkpoints in <data_dir>/server-i.
     std::string data_dir;
