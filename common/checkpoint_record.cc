@@ -121,7 +121,8 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
     uint64_t upd;
     uint32_t length, slots;
     if (!c.Read(&upd) || !c.Read(&length) || !c.Read(&slots)) return bad("truncated header");
-    const size_t n = size_t{length} * (1 + slots);
+    if (slots > kMaxRecordSlots) return bad(absl::StrCat("its header names ", slots, " optimizer slots"));
+    const uint64_t n = uint64_t{length} * (1 + uint64_t{slots});  // < 2^36: no overflow
     if (c.left() != n * sizeof(float)) return bad("size does not match its header");
     // The block goes straight from the stored buffer to its chunk (the
     // visitor copies it; no alignment is assumed).
@@ -131,8 +132,11 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
   }
   uint32_t n, dim, slots, pad;
   if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
-  const size_t row_floats = size_t{dim} * (1 + slots);
-  if (c.left() != size_t{n} * (8 + 4 + row_floats * sizeof(float))) return bad("size does not match its header");
+  if (slots > kMaxRecordSlots) return bad(absl::StrCat("its header names ", slots, " optimizer slots"));
+  const uint64_t row_floats = uint64_t{dim} * (1 + uint64_t{slots});  // < 2^36
+  const uint64_t row_bytes = 8 + 4 + row_floats * sizeof(float);       // < 2^39, never 0
+  // n rows of row_bytes each, without computing a product that could wrap.
+  if (c.left() % row_bytes != 0 || c.left() / row_bytes != n) return bad("size does not match its header");
   keys_.resize(n);
   updates_.resize(n);
   floats_.resize(size_t{n} * row_floats);

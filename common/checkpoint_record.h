@@ -21,6 +21,9 @@ namespace fulcrum {
 inline constexpr uint32_t kFormatZlibCrc32 = 1;
 inline constexpr uint32_t kFormatCrc32c = 2;
 inline constexpr uint32_t kCurrentFormat = kFormatCrc32c;
+// More optimizer slots than any optimizer keeps (Adam and FTRL: 2) marks a
+// record as malformed before any size is computed from them.
+inline constexpr uint32_t kMaxRecordSlots = 8;
 
 // CRC-32C of `n` bytes continuing `crc` (0 to start), in hardware where the
 // CPU has SSE4.2; the portable table version gives the same values.

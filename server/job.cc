@@ -972,15 +972,18 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   return state;
 }
 
-absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, const void* block) {
-  ASSIGN_OR_RETURN(Table * t, FindTable(table, /*dense=*/true));
-  return static_cast<DenseTable*>(t)->Restore(chunk, updates, block);
+absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
+                               uint32_t slots, const void* block) {
+  absl::StatusOr<Table*> t = FindTable(table, /*dense=*/true);
+  if (!t.ok()) return absl::DataLossError(absl::StrCat("checkpoint record for job '", id(), "': ", t.status().message()));
+  return static_cast<DenseTable*>(*t)->Restore(chunk, updates, length, slots, block);
 }
 
-absl::Status Job::RestoreSparse(const std::string& table, uint32_t vshard, size_t n, const uint64_t* keys,
-                                const uint32_t* updates, const float* rows) {
-  ASSIGN_OR_RETURN(Table * t, FindTable(table, /*dense=*/false));
-  return static_cast<SparseTable*>(t)->Restore(vshard, n, keys, updates, rows);
+absl::Status Job::RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
+                                const uint64_t* keys, const uint32_t* updates, const float* rows) {
+  absl::StatusOr<Table*> t = FindTable(table, /*dense=*/false);
+  if (!t.ok()) return absl::DataLossError(absl::StrCat("checkpoint record for job '", id(), "': ", t.status().message()));
+  return static_cast<SparseTable*>(*t)->Restore(vshard, dim, slots, n, keys, updates, rows);
 }
 
 absl::Status Job::RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock) {

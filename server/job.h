@@ -99,9 +99,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // so the pause lasts as long as copying the sparse rows.
   absl::StatusOr<JobState> Capture(uint64_t at_step, absl::Time deadline);
   // Restoring a checkpoint into a fresh job: tables, then the clocks.
-  absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, const void* block);
-  absl::Status RestoreSparse(const std::string& table, uint32_t vshard, size_t n, const uint64_t* keys,
-                             const uint32_t* updates, const float* rows);
+  absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots,
+                            const void* block);
+  absl::Status RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
+                             const uint64_t* keys, const uint32_t* updates, const float* rows);
   absl::Status RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock);
   uint64_t bytes_used() const { return quota_.used(); }
   // Refuses pushes and pulls of incarnations below `n` from now on (a job

@@ -294,29 +294,34 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
       first_pages.push_back(*std::move(page));
     }
   }
+  if (cut.spec().job_id() != job_id) {
+    // A peer's (or a damaged store's) meta must not create another job.
+    return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' holds the spec of job '",
+                                            cut.spec().job_id(), "'"));
+  }
   if (FindJob(job_id).ok()) RETURN_IF_ERROR(DeleteJob(job_id).status());
   RETURN_IF_ERROR(CreateJob(cut.spec()).status());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   job->set_min_incarnation(min_incarnation);
   std::atomic<uint64_t> skipped{0}, restored{0};
   CheckpointStore::Visitor visit;
-  visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t, uint32_t,
+  visit.dense = [&](const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots,
                     const void* block) -> absl::Status {
     if (map.ServerOfChunk(table, chunk) != ref.self) {
       ++skipped;  // owned elsewhere under the current map
       return absl::OkStatus();
     }
     ++restored;
-    return job->RestoreDense(table, chunk, updates, block);
+    return job->RestoreDense(table, chunk, updates, length, slots, block);
   };
-  visit.sparse = [&](const std::string& table, uint32_t vshard, uint32_t, uint32_t, size_t n, const uint64_t* keys,
-                     const uint32_t* updates, const float* rows) -> absl::Status {
+  visit.sparse = [&](const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
+                     const uint64_t* keys, const uint32_t* updates, const float* rows) -> absl::Status {
     if (vshard >= map.num_virtual_shards() || map.owner(vshard) != ref.self) {
       ++skipped;
       return absl::OkStatus();
     }
     ++restored;
-    return job->RestoreSparse(table, vshard, n, keys, updates, rows);
+    return job->RestoreSparse(table, vshard, dim, slots, n, keys, updates, rows);
   };
   absl::Status s;
   if (sources.empty()) {

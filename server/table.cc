@@ -267,9 +267,16 @@ std::vector<DenseTable::ChunkState> DenseTable::Capture() const {
   return out;
 }
 
-absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, const void* block) {
+absl::Status DenseTable::Restore(uint32_t index, uint64_t updates, uint32_t length, uint32_t slots,
+                                 const void* block) {
   if (index >= num_chunks_) {
-    return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no chunk ", index));
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' names chunk ", index,
+                                            "; the table has ", num_chunks_, " chunks"));
+  }
+  if (length != ChunkLength(index) || slots != static_cast<uint32_t>(num_slots())) {
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' chunk ", index, " holds ",
+                                            length, " elements with ", slots, " optimizer slots; the table's chunk has ",
+                                            ChunkLength(index), " elements with ", num_slots()));
   }
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index, /*initialize=*/false));
   absl::MutexLock lock(&c->mu);
@@ -350,10 +357,25 @@ std::vector<SparseTable::ShardState> SparseTable::Capture() const {
   return out;
 }
 
-absl::Status SparseTable::Restore(uint32_t vshard, size_t n, const uint64_t* keys, const uint32_t* updates,
-                                  const float* rows) {
+absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
+                                  const uint32_t* updates, const float* rows) {
   if (vshard >= partitions_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("table '", name_, "' has no virtual shard ", vshard));
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' names virtual shard ", vshard,
+                                            "; the job has ", partitions_.size()));
+  }
+  if (dim != dim_ || slots != static_cast<uint32_t>(num_slots())) {
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard,
+                                            " holds rows of dim ", dim, " with ", slots,
+                                            " optimizer slots; the table's rows have dim ", dim_, " with ",
+                                            num_slots()));
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (VShardOfKey(name_hash(), keys[k], static_cast<uint32_t>(partitions_.size())) != vshard) {
+      return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard,
+                                              " holds key ", keys[k], ", which belongs to virtual shard ",
+                                              VShardOfKey(name_hash(), keys[k],
+                                                          static_cast<uint32_t>(partitions_.size()))));
+    }
   }
   const size_t row_floats = size_t{dim_} * (1 + num_slots());
   Partition* p = partitions_[vshard].get();

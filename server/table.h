@@ -123,8 +123,10 @@ class DenseTable final : public Table {
   };
   std::vector<ChunkState> Capture() const;
   // Installs a chunk's block (ChunkLength * (1 + slots) floats, any
-  // alignment) and update count, materializing it (RESOURCE_EXHAUSTED over quota).
-  absl::Status Restore(uint32_t chunk, uint64_t updates, const void* block);
+  // alignment) and update count, materializing it (RESOURCE_EXHAUSTED over
+  // quota). `length` and `slots` are what the record says it holds: DATA_LOSS
+  // unless they are this chunk's, so a record never reads past its block.
+  absl::Status Restore(uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots, const void* block);
 
  private:
   struct Chunk {
@@ -183,9 +185,11 @@ class SparseTable final : public Table {
   };
   // Every non-empty virtual shard's rows.
   std::vector<ShardState> Capture() const;
-  // Installs rows (creating or overwriting them) into `vshard`.
-  absl::Status Restore(uint32_t vshard, size_t n, const uint64_t* keys, const uint32_t* updates,
-                       const float* rows);
+  // Installs rows (creating or overwriting them) into `vshard`: n rows of
+  // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
+  // table's and every key hashes to `vshard`.
+  absl::Status Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
+                       const uint32_t* updates, const float* rows);
 
  private:
   static constexpr uint32_t kRowsPerBlock = 1024;

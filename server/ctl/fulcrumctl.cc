@@ -355,8 +355,12 @@ class SafetensorsExport {
         return absl::DataLossError(absl::StrCat("checkpoint has a sparse record for unknown table '", table, "'"));
       }
       Table& t = tables_[it->second];
+      if (dim != t.spec.dim()) {
+        return absl::DataLossError(absl::StrCat("checkpoint has rows of dim ", dim, " for table '", table,
+                                                "', whose dim is ", t.spec.dim()));
+      }
       for (size_t i = 0; i < n; ++i) {
-        const float* row = rows + i * size_t{dim} * (1 + slots);
+        const float* row = rows + i * size_t{dim} * (size_t{1} + slots);
         t.rows.emplace_back(keys[i], std::vector<float>(row, row + dim));
       }
       return absl::OkStatus();

@@ -12,7 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build-fuzz}
 seconds=${FULCRUM_FUZZ_SECONDS:-30}
-targets=(job_spec readers ps_request)
+targets=(job_spec readers ps_request checkpoint)
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 echo "== fuzz: configure and build ($build, clang-14, ASan + UBSan + libFuzzer)"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -3,6 +3,8 @@
 // together, so training resumed from it continues bit for bit; a server
 // reopened on the same directory finds it; an uncommitted cut is ignored;
 // damaged records are reported, never loaded.
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -58,6 +60,21 @@ struct Weights {
   std::vector<float> dense, rows;
   bool operator==(const Weights& o) const { return dense == o.dense && rows == o.rows; }
 };
+
+// The server's checkpoint store, opened directly to damage it.
+std::unique_ptr<rocksdb::DB> OpenStore(const std::string& dir) {
+  rocksdb::DB* raw = nullptr;
+  REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
+  return std::unique_ptr<rocksdb::DB>(raw);
+}
+
+// Creates "job" on `ps`, trains step 0 and writes cut 1 at step 1.
+void CutAfterOneStep(const std::shared_ptr<ParameterServer>& ps) {
+  LocalPsClient c(ps, "w0");
+  REQUIRE_OK(c.CreateJob(Spec("job")));
+  Step(c, "job", 0);
+  REQUIRE_OK(ps->Checkpoint("job", 1, 1, absl::Seconds(5)).status());
+}
 
 Weights Read(PsClient& c, const std::string& job, uint64_t step) {
   Weights out{std::vector<float>(kDense), std::vector<float>(kKeys.size() * kDim)};
@@ -174,9 +191,7 @@ TEST_CASE("an uncommitted cut is ignored and cleared, and a damaged record is re
   }
   // As if the server died writing cut 2: its records, no meta.
   {
-    rocksdb::DB* raw = nullptr;
-    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
     REQUIRE(db->Delete(rocksdb::WriteOptions(), CutPrefix("job", 2) + "meta").ok());
     // And damage one record of cut 1: a flipped byte in a dense chunk.
     const std::string key = CutPrefix("job", 1) + "dense/w/00000001";
@@ -193,9 +208,7 @@ TEST_CASE("an uncommitted cut is ignored and cleared, and a damaged record is re
   {
     // Its records are gone, not just hidden: nothing under its prefix.
     ps.reset();
-    rocksdb::DB* raw = nullptr;
-    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
     const std::string prefix = CutPrefix("job", 2);
     it->Seek(prefix);
@@ -234,9 +247,7 @@ TEST_CASE("record checksums are CRC-32C, in hardware and portably alike, and an 
   }
   {
     // A cut from a future build: format 99.
-    rocksdb::DB* raw = nullptr;
-    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir + "/checkpoints", &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
     const std::string key = CutPrefix("job", 1) + "meta";
     std::string v;
     REQUIRE(db->Get(rocksdb::ReadOptions(), key, &v).ok());
@@ -247,6 +258,117 @@ TEST_CASE("record checksums are CRC-32C, in hardware and portably alike, and an 
   }
   std::shared_ptr<ParameterServer> ps = NewServer(dir);
   REQUIRE_STATUS(ps->Restore("job", 1).status(), absl::StatusCode::kDataLoss, "has format 99");
+  std::filesystem::remove_all(dir);
+}
+
+// A record with a valid checksum whose header disagrees with its table (a
+// peer of another build, a bug in a writer): the restore must refuse it
+// before copying the table's size from a shorter block.
+std::string Record(const std::string& header, size_t floats) {
+  std::string v = header;
+  for (size_t i = 0; i < floats; ++i) {
+    const float f = 0.5f;
+    v.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  const uint32_t crc = Crc32c(v.data(), v.size());
+  v.append(reinterpret_cast<const char*>(&crc), 4);
+  return v;
+}
+
+template <typename... T>
+std::string Header(T... fields) {
+  std::string h;
+  ((h.append(reinterpret_cast<const char*>(&fields), sizeof(fields))), ...);
+  return h;
+}
+
+TEST_CASE("a checksummed record whose header disagrees with its table is refused and never read past its end",
+          "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  CutAfterOneStep(NewServer(dir));
+  const std::string prefix = CutPrefix("job", 1);
+  // One sparse record of "emb" (Adagrad: 1 slot) and its virtual shard.
+  std::string sparse_key, sparse_value;
+  {
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    it->Seek(prefix + "sparse/emb/");
+    REQUIRE(it->Valid());
+    REQUIRE(it->key().starts_with(prefix + "sparse/emb/"));
+    sparse_key = it->key().ToString();
+    sparse_value = it->value().ToString();
+  }
+  const uint32_t vshard = static_cast<uint32_t>(std::stoul(sparse_key.substr(sparse_key.size() - 8), nullptr, 16));
+  uint64_t key0;
+  std::memcpy(&key0, sparse_value.data() + 16, 8);  // after n, dim, slots, pad
+  char other[9];
+  std::snprintf(other, sizeof(other), "%08x", (vshard + 1) % 64);
+
+  struct Case {
+    const char* what;
+    std::string key, value, error;
+  };
+  const uint64_t upd = 1;
+  const std::vector<Case> cases = {
+      {"a dense chunk shorter than the table's", prefix + "dense/w/00000001",
+       Record(Header(upd, uint32_t{10}, uint32_t{2}), 30),
+       "chunk 1 holds 10 elements with 2 optimizer slots; the table's chunk has 256 elements with 2"},
+      {"a dense chunk without the optimizer's slots", prefix + "dense/w/00000000",
+       Record(Header(upd, uint32_t{256}, uint32_t{0}), 256), "holds 256 elements with 0 optimizer slots"},
+      {"a chunk the table does not have", prefix + "dense/w/00000009",
+       Record(Header(upd, uint32_t{256}, uint32_t{2}), 768), "names chunk 9; the table has 4 chunks"},
+      {"a record of a table the job does not declare", prefix + "dense/nope/00000000",
+       Record(Header(upd, uint32_t{4}, uint32_t{2}), 12), "has no table 'nope'"},
+      {"so many slots that sizes would wrap", prefix + "dense/w/00000000",
+       Record(Header(upd, uint32_t{256}, uint32_t{0xFFFFFFFFu}), 0), "names 4294967295 optimizer slots"},
+      {"sparse rows of another dim", sparse_key,
+       Record(Header(uint32_t{1}, uint32_t{2}, uint32_t{1}, uint32_t{0}) + std::string(12, '\0'), 4),
+       "holds rows of dim 2 with 1 optimizer slots; the table's rows have dim 3 with 1"},
+      {"a key filed under another virtual shard", prefix + "sparse/emb/" + other,
+       Record(Header(uint32_t{1}, uint32_t{3}, uint32_t{1}, uint32_t{0}, key0, uint32_t{1}), 6),
+       absl::StrCat("holds key ", key0, ", which belongs to virtual shard ", vshard)},
+  };
+  for (const Case& k : cases) {
+    INFO(k.what);
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
+    std::string before;
+    const bool existed = db->Get(rocksdb::ReadOptions(), k.key, &before).ok();
+    REQUIRE(db->Put(rocksdb::WriteOptions(), k.key, k.value).ok());
+    db.reset();
+    {
+      std::shared_ptr<ParameterServer> ps = NewServer(dir);
+      REQUIRE_STATUS(ps->Restore("job", 1).status(), absl::StatusCode::kDataLoss, k.error);
+      REQUIRE(ps->GetJob("job").status().code() == absl::StatusCode::kNotFound);  // nothing half-restored
+    }
+    db = OpenStore(dir);
+    REQUIRE((existed ? db->Put(rocksdb::WriteOptions(), k.key, before) : db->Delete(rocksdb::WriteOptions(), k.key)).ok());
+  }
+  // Put back as it was, the cut restores.
+  {
+    std::shared_ptr<ParameterServer> ps = NewServer(dir);
+    REQUIRE_OK(ps->Restore("job", 1).status());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a peer's cut that names another job creates nothing", "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  std::shared_ptr<ParameterServer> source = NewServer(dir);
+  CutAfterOneStep(source);
+  std::shared_ptr<ParameterServer> ps = NewServer("");
+  ParameterServer::CutReader peer = [&](const v1::ReadCheckpointRequest& req) -> absl::StatusOr<v1::ReadCheckpointResponse> {
+    absl::StatusOr<v1::ReadCheckpointResponse> page = source->ReadCut(req);
+    if (page.ok()) page->mutable_meta()->mutable_spec()->set_job_id("other");
+    return page;
+  };
+  REQUIRE_STATUS(ps->Restore("job", 1, {peer}).status(), absl::StatusCode::kDataLoss,
+                 "cut 1 of job 'job' holds the spec of job 'other'");
+  REQUIRE(ps->GetJob("other").status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(ps->GetJob("job").status().code() == absl::StatusCode::kNotFound);
+  // The same peer, unaltered, restores.
+  ParameterServer::CutReader honest = [&](const v1::ReadCheckpointRequest& req) { return source->ReadCut(req); };
+  REQUIRE_OK(ps->Restore("job", 1, {honest}).status());
+  source.reset();
   std::filesystem::remove_all(dir);
 }
 
