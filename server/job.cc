@@ -487,6 +487,27 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   if (reuse) decoded.grads.swap(scratch);
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok()) s = Prepare(decoded);
+  if (s.ok() && model_ == Model::kBsp && quota_.pool() != nullptr) {
+    // Buffered until every worker's part of the step arrives: count it
+    // against the server's memory limit, so workers running ahead (up to
+    // kMaxPendingSteps, in up to kMaxParts parts) cannot exhaust memory.
+    // The step being collected is counted but never refused, so it can
+    // always complete and free what waits behind it.
+    const uint64_t bytes = decoded.grads.capacity() * sizeof(float);
+    uint64_t collecting;
+    {
+      absl::MutexLock lock(&mu_);
+      collecting = applied_step_;
+    }
+    if (m.step <= collecting) {
+      quota_.pool()->Charge(bytes);
+    } else {
+      s = quota_.pool()->Reserve(bytes, absl::StrCat("job '", id(), "': step ", m.step, "'s gradients from ",
+                                                     Who(m.worker_id, m.rank), ", buffered while step ", collecting,
+                                                     " is collected,"));
+    }
+    if (s.ok()) decoded.hold = PoolHold(quota_.pool(), bytes);
+  }
   if (s.ok() && model_ != Model::kBsp) {
     const absl::Time t0 = absl::Now();
     s = ApplyDecoded(decoded);

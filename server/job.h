@@ -159,6 +159,8 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<DenseItem> dense;
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;
+    // BSP: grads' bytes, held in the server's memory pool while buffered.
+    PoolHold hold;
   };
   // A rank's parts of one step. A worker pushing layer by layer sends parts
   // with num_parts 0 ("more follow") and announces the total in its last

@@ -56,8 +56,8 @@ uint64_t CgroupMemoryLimit() {
 }
 
 // 80% of what this process may use: the machine's memory, or its cgroup's
-// limit when lower. The rest is for gRPC buffers, BSP gradient buffers and
-// copy-on-write copies, which quotas do not count.
+// limit when lower. The rest is for gRPC buffers and copy-on-write copies,
+// which nothing counts.
 uint64_t DefaultMemoryLimit() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -38,18 +39,51 @@ class MemoryQuota {
   // RESOURCE_EXHAUSTED naming the quota (or the server's limit) when
   // `bytes` do not fit; nothing is reserved then.
   absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // Counts `bytes` even past the limit (what must not be refused, such as
+  // the gradients that complete the step every worker waits for).
+  void Charge(uint64_t bytes) {
+    used_.fetch_add(bytes, std::memory_order_relaxed);
+    if (pool_ != nullptr) pool_->Charge(bytes);
+  }
   void Release(uint64_t bytes) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     if (pool_ != nullptr) pool_->Release(bytes);
   }
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t limit() const { return limit_; }
+  const std::shared_ptr<MemoryQuota>& pool() const { return pool_; }
 
  private:
   const std::string job_id_;
   const uint64_t limit_;
   const std::shared_ptr<MemoryQuota> pool_;
   std::atomic<uint64_t> used_{0};
+};
+
+// Bytes held in a pool for as long as this lives (movable, not copyable).
+class PoolHold {
+ public:
+  PoolHold() = default;
+  PoolHold(std::shared_ptr<MemoryQuota> pool, uint64_t bytes) : pool_(std::move(pool)), bytes_(bytes) {}
+  PoolHold(PoolHold&& o) noexcept : pool_(std::move(o.pool_)), bytes_(std::exchange(o.bytes_, 0)) {}
+  PoolHold& operator=(PoolHold&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      pool_ = std::move(o.pool_);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  ~PoolHold() { Reset(); }
+  void Reset() {
+    if (pool_ != nullptr && bytes_ != 0) pool_->Release(bytes_);
+    pool_.reset();
+    bytes_ = 0;
+  }
+
+ private:
+  std::shared_ptr<MemoryQuota> pool_;
+  uint64_t bytes_ = 0;
 };
 
 struct Initializer {

@@ -74,6 +74,39 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
 }
 
+TEST_CASE("BSP gradients buffered ahead count against the server's memory limit and the collected step always fits",
+          "[bsp][job][quota]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  // 1024 weights under SGD (4 KiB), and room for three 4 KiB gradients.
+  constexpr uint64_t kWeights = 4096;
+  auto pool = std::make_shared<MemoryQuota>("", kWeights + 3 * 4096);
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 1024)}, 2), 4, 1 << 20, &timer, pool));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  REQUIRE(pool->used() == kWeights);
+  std::vector<float> g(1024, 1.0f);
+  PushResult r;
+  // Rank 0 runs three steps ahead of rank 1; the fourth does not fit.
+  for (uint64_t step = 0; step < 3; ++step) REQUIRE_OK(job->Push(Push(0, step, g), *map, 0, &r));
+  REQUIRE(pool->used() == kWeights + 3 * 4096);
+  REQUIRE_STATUS(job->Push(Push(0, 3, g), *map, 0, &r), absl::StatusCode::kResourceExhausted,
+                 "limit of 16384 bytes (--memory_limit_bytes) is reached: job 'j': step 3's gradients from worker 'w0' "
+                 "(rank 0), buffered while step 0 is collected, needs 4096 bytes, 16384 already in use");
+  // Rank 1's part of step 0 is counted past the limit rather than refused:
+  // it completes the step, which frees both parts.
+  REQUIRE_OK(job->Push(Push(1, 0, g), *map, 0, &r));
+  REQUIRE(r.applied_step == 1);
+  REQUIRE(pool->used() == kWeights + 2 * 4096);
+  // The refused push, retried, now fits; rank 1 catches up and every
+  // buffer is given back.
+  REQUIRE_OK(job->Push(Push(0, 3, g), *map, 0, &r));
+  for (uint64_t step = 1; step < 4; ++step) REQUIRE_OK(job->Push(Push(1, step, g), *map, 0, &r));
+  REQUIRE(r.applied_step == 4);
+  REQUIRE(pool->used() == kWeights);
+  job.reset();
+  REQUIRE(pool->used() == 0);
+}
+
 TEST_CASE("BSP sums a many-chunk step in rank order and applies its chunks in parallel", "[bsp][job]") {
   // 200,000 elements in 13 chunks: above the size from which a step's
   // chunks are applied on several threads. The first rank's buffer is the
