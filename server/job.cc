@@ -499,12 +499,14 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
       absl::MutexLock lock(&mu_);
       collecting = applied_step_;
     }
+    MemoryQuota& pool = *quota_.pool();
+    uint64_t in_use;
     if (m.step <= collecting) {
-      quota_.pool()->Charge(bytes);
-    } else {
-      s = quota_.pool()->Reserve(bytes, absl::StrCat("job '", id(), "': step ", m.step, "'s gradients from ",
-                                                     Who(m.worker_id, m.rank), ", buffered while step ", collecting,
-                                                     " is collected,"));
+      pool.Charge(bytes);
+    } else if (!pool.TryAdd(bytes, &in_use)) {
+      s = pool.Exhausted(absl::StrCat("job '", id(), "': step ", m.step, "'s gradients from ", Who(m.worker_id, m.rank),
+                                      ", buffered while step ", collecting, " is collected,"),
+                         bytes, in_use);
     }
     if (s.ok()) decoded.hold = PoolHold(quota_.pool(), bytes);
   }

@@ -52,26 +52,34 @@ absl::StatusOr<Initializer> InitializerFromProto(const v1::TableSpec& spec) {
 
 }  // namespace
 
-absl::Status MemoryQuota::Reserve(uint64_t bytes, absl::string_view what) {
+bool MemoryQuota::TryAdd(uint64_t bytes, uint64_t* in_use) {
   uint64_t cur = used_.load(std::memory_order_relaxed);
   do {
     if (bytes > limit_ || cur > limit_ - bytes) {
-      if (job_id_.empty()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "this server's parameter memory limit of ", limit_, " bytes (--memory_limit_bytes) is reached: ", what,
-            " needs ", bytes, " bytes, ", cur, " already in use by all jobs"));
-      }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "job '", job_id_, "' would exceed its parameter memory quota of ", limit_,
-          " bytes on this server: ", what, " needs ", bytes, " bytes, ", cur, " already in use"));
+      *in_use = cur;
+      return false;
     }
   } while (!used_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
-  if (pool_ != nullptr) {
-    absl::Status s = pool_->Reserve(bytes, absl::StrCat("job '", job_id_, "': ", what));
-    if (!s.ok()) {
-      used_.fetch_sub(bytes, std::memory_order_relaxed);
-      return s;
-    }
+  return true;
+}
+
+absl::Status MemoryQuota::Exhausted(absl::string_view what, uint64_t bytes, uint64_t in_use) const {
+  if (job_id_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("this server's parameter memory limit of ", limit_,
+                                                     " bytes (--memory_limit_bytes) is reached: ", what, " needs ",
+                                                     bytes, " bytes, ", in_use, " already in use by all jobs"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("job '", job_id_, "' would exceed its parameter memory quota of ",
+                                                   limit_, " bytes on this server: ", what, " needs ", bytes,
+                                                   " bytes, ", in_use, " already in use"));
+}
+
+absl::Status MemoryQuota::Reserve(uint64_t bytes, absl::string_view what) {
+  uint64_t in_use;
+  if (!TryAdd(bytes, &in_use)) return Exhausted(what, bytes, in_use);
+  if (pool_ != nullptr && !pool_->TryAdd(bytes, &in_use)) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    return pool_->Exhausted(absl::StrCat("job '", job_id_, "': ", what), bytes, in_use);
   }
   return absl::OkStatus();
 }

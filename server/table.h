@@ -25,7 +25,6 @@
 
 namespace fulcrum {
 
-// Accounts bytes of weights and optimizer state against a job's quota.
 // Bytes of weights and optimizer state a job may hold on this server. A
 // job's quota also draws from `pool`, the server's memory limit shared by
 // all its jobs (ParameterServerOptions::memory_limit_bytes), so jobs whose
@@ -39,6 +38,11 @@ class MemoryQuota {
   // RESOURCE_EXHAUSTED naming the quota (or the server's limit) when
   // `bytes` do not fit; nothing is reserved then.
   absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // Reserve's two halves, for callers that build `what` only on failure:
+  // adds `bytes` if they fit (this quota only, not its pool), else returns
+  // false with the bytes in use; and the error naming this quota.
+  bool TryAdd(uint64_t bytes, uint64_t* in_use);
+  absl::Status Exhausted(absl::string_view what, uint64_t bytes, uint64_t in_use) const;
   // Counts `bytes` even past the limit (what must not be refused, such as
   // the gradients that complete the step every worker waits for).
   void Charge(uint64_t bytes) {
