@@ -623,6 +623,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
       sum->set_test_loss(e.test_loss());
       sum->set_test_accuracy(e.test_accuracy());
       sum->set_test_rmse(e.test_rmse());
+      sum->set_tested(e.tested());
       st->set_test_loss(e.test_loss());
       st->set_test_accuracy(e.test_accuracy());
       st->set_test_rmse(e.test_rmse());

@@ -170,6 +170,20 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
 }
 
+// " test_acc X" (or " test_rmse X" for regression) of the last epoch whose
+// test set was evaluated; empty before rank 0 evaluated one. The other ranks
+// report an epoch before rank 0 has finished evaluating it, so an epoch that
+// exists is not yet an epoch with test figures.
+std::string TestFigure(const fulcrum::v1::JobStatus& s) {
+  for (int i = s.epochs_size() - 1; i >= 0; --i) {
+    const auto& e = s.epochs(i);
+    if (!e.tested()) continue;
+    if (e.test_rmse() != 0 && e.test_accuracy() == 0) return absl::StrFormat(" test_rmse %.4f", e.test_rmse());
+    return absl::StrFormat(" test_acc %.4f", e.test_accuracy());
+  }
+  return "";
+}
+
 std::string JobLine(const Job& j) {
   const auto& s = j.status();
   std::string line = absl::StrFormat("%-20s %-9s", j.id(), State(s.state()));
@@ -179,7 +193,7 @@ std::string JobLine(const Job& j) {
                           j.spec().epochs(), static_cast<unsigned long long>(s.step()),
                           static_cast<unsigned long long>(s.total_steps()), pct);
     if (s.loss() > 0) absl::StrAppendFormat(&line, " loss %.4f acc %.4f", s.loss(), s.train_accuracy());
-    if (s.epochs_size() > 0) absl::StrAppendFormat(&line, " test_acc %.4f", s.test_accuracy());
+    absl::StrAppend(&line, TestFigure(s));
     if (s.samples_per_second() > 0 && s.state() == fulcrum::v1::RUNNING) {
       absl::StrAppendFormat(&line, " %.0f samples/s ETA %s", s.samples_per_second(), Duration(s.eta_seconds()));
     }
@@ -214,9 +228,11 @@ void PrintStatus(const Job& j) {
             << "  progress:  " << JobLine(j) << "\n";
   for (const auto& l : WorkerLines(j)) std::cout << l << "\n";
   for (const auto& e : s.epochs()) {
-    std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f, test loss %.4f acc %.4f, %.1fs\n",
-                                 e.epoch() + 1, e.train_loss(), e.train_accuracy(), e.test_loss(),
-                                 e.test_accuracy(), e.seconds());
+    std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f, %s, %.1fs\n", e.epoch() + 1, e.train_loss(),
+                                 e.train_accuracy(),
+                                 e.tested() ? absl::StrFormat("test loss %.4f acc %.4f", e.test_loss(), e.test_accuracy())
+                                            : std::string("not tested"),
+                                 e.seconds());
   }
   if (!s.weights_fingerprint().empty()) std::cout << "  weights:   fingerprint " << s.weights_fingerprint() << "\n";
   std::cout << "  restarts:  " << s.restarts() << (s.rollbacks() > 0 ? absl::StrCat(", rollbacks: ", s.rollbacks()) : "")

@@ -235,6 +235,15 @@ TEST_CASE("fulcrumctl submit trains the MNIST MLP to >= 0.97 under BSP, twice at
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("SUCCEEDED: test accuracy 0.9") != std::string::npos);
+  // The live lines show the test accuracy only once rank 0 has evaluated an
+  // epoch: rank 1 reports each epoch first, and its report carries no test
+  // figures (a "test_acc 0.0000" line in the middle of training).
+  int test_figures = 0;
+  for (size_t at = out.find(" test_acc "); at != std::string::npos; at = out.find(" test_acc ", at + 1)) {
+    ++test_figures;
+    CHECK(std::stod(out.substr(at + 10, 6)) >= 0.5);
+  }
+  CHECK(test_figures > 0);
   const v1::Job b = cluster.WaitEnd(second);
   std::string json;
   REQUIRE(cluster.Ctl({"--output=json", "list"}, &json) == 0);

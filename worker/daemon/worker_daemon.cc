@@ -352,6 +352,7 @@ class WorkerDaemon::Runner {
         sum.set_test_loss(t.loss);
         sum.set_test_accuracy(t.accuracy);
         sum.set_test_rmse(t.rmse);
+        sum.set_tested(true);
         FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
                    << t.accuracy << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
       }
