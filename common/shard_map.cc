@@ -110,15 +110,26 @@ uint32_t ShardMap::VShardOfChunk(std::string_view table, uint32_t chunk) const {
 }
 
 std::string ShardMap::DescribeOwned(uint32_t server) const {
+  std::vector<uint32_t> owned;
+  for (uint32_t v = 0; v < num_virtual_shards(); ++v) {
+    if (owner_[v] == server) owned.push_back(v);
+  }
+  // Runs of a constant stride: "4-9" (stride 1, two or more), "0-254 step 2"
+  // (a round-robin map's share; three or more), else single shards.
   std::string out;
-  uint32_t v = 0;
-  const uint32_t n = num_virtual_shards();
-  while (v < n) {
-    if (owner_[v] != server) { ++v; continue; }
-    uint32_t end = v;
-    while (end + 1 < n && owner_[end + 1] == server) ++end;
-    absl::StrAppend(&out, out.empty() ? "" : ",", v, end == v ? "" : absl::StrCat("-", end));
-    v = end + 1;
+  for (size_t i = 0; i < owned.size();) {
+    size_t j = i;
+    if (i + 1 < owned.size()) {
+      const uint32_t stride = owned[i + 1] - owned[i];
+      while (j + 1 < owned.size() && owned[j + 1] - owned[j] == stride) ++j;
+      if (stride > 1 && j - i < 2) j = i;  // two shards apart: list them
+    }
+    absl::StrAppend(&out, out.empty() ? "" : ",", owned[i]);
+    if (j > i) {
+      const uint32_t stride = owned[i + 1] - owned[i];
+      absl::StrAppend(&out, "-", owned[j], stride > 1 ? absl::StrCat(" step ", stride) : "");
+    }
+    i = j + 1;
   }
   return out.empty() ? "none" : out;
 }

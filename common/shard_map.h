@@ -45,7 +45,8 @@ class ShardMap {
   uint32_t ServerOfChunk(std::string_view table, uint32_t chunk) const {
     return owner_[VShardOfChunk(table, chunk)];
   }
-  // Virtual shards owned by `server`, as "0-3,8-11" for startup logs.
+  // Virtual shards owned by `server` for logs, as runs: "0-3,8-11", or
+  // "1-255 step 2" for the odd shards of a two-server round-robin map.
   std::string DescribeOwned(uint32_t server) const;
 
  private:

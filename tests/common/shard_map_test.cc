@@ -14,9 +14,22 @@ TEST_CASE("round-robin map spreads virtual shards and describes ranges", "[shard
   REQUIRE(m->num_servers() == 2);
   REQUIRE(m->owner(0) == 0);
   REQUIRE(m->owner(1) == 1);
-  REQUIRE(m->DescribeOwned(0) == "0,2,4,6");
+  REQUIRE(m->DescribeOwned(0) == "0-6 step 2");
+  REQUIRE(m->DescribeOwned(1) == "1-7 step 2");
+  REQUIRE(m->DescribeOwned(2) == "none");
   auto one = ShardMap::FromServerList("a:1", 4);
   REQUIRE(one->DescribeOwned(0) == "0-3");
+  // After servers left: contiguous runs, strided runs and lone shards.
+  v1::ShardMap p;
+  p.set_version(2);
+  p.set_num_virtual_shards(16);
+  p.add_servers("a:1");
+  p.add_servers("b:1");
+  for (uint32_t owner : {0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0, 1}) p.add_owner(owner);
+  auto mixed = ShardMap::FromProto(p);
+  REQUIRE(mixed.ok());
+  REQUIRE(mixed->DescribeOwned(0) == "0-2,4-8 step 2,11,14");
+  REQUIRE(mixed->DescribeOwned(1) == "3-9 step 2,10,12-13,15");
 }
 
 TEST_CASE("shard map validation names what is wrong", "[shard_map]") {
