@@ -2,10 +2,12 @@
 // machine, printed next to bounds measured in the same run:
 //   - loopback TCP (iperf3 -c 127.0.0.1), the bound for push+pull;
 //   - memory bandwidth of a read-modify-write pass, the bound for Adam.
-// Servers run in this process on 127.0.0.1 ports (gRPC over real TCP).
+// Servers run in this process on 127.0.0.1 ports (gRPC over real TCP), or
+// as fulcrum-server processes with --server_binary.
 //
 //   fulcrum-bench            full run (about 6 minutes on 2 cores)
 //   fulcrum-bench --quick    tiny sizes, for the smoke test in ctest
+//   fulcrum-bench --server_binary=build/server/fulcrum-server   servers in their own processes
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,8 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +57,10 @@ std::string g_tls_dir;  // certificates from deploy/tls/gen-certs.sh: mutual TLS
 // Tensors pushed and pulled concurrently, one thread each; 0: 1, and 4 for
 // tensors of 1 MiB and up (a worker sends all of a model's tensors at once).
 int g_inflight = 0;
+// When set, the servers are processes of this fulcrum-server binary (their
+// own address space, allocator and gRPC threads, as in a deployment) rather
+// than objects in the bench's process.
+std::string g_server_binary;
 
 // ------------------------------------------------------------------ bounds
 
@@ -141,13 +151,104 @@ double AdamGBps(size_t n, int threads, int reps) {
 // ------------------------------------------------------------------ cluster
 
 struct Cluster {
+  size_t size = 0;
   std::vector<std::unique_ptr<ParameterServer>> ps;
   std::vector<std::unique_ptr<PsGrpcServer>> grpc;
+  std::vector<pid_t> processes;  // with --server_binary
+  std::string dir;               // their data directories and logs
   v1::ShardMap map;
+  ~Cluster() {
+    for (pid_t p : processes) kill(p, SIGTERM);
+    for (pid_t p : processes) waitpid(p, nullptr, 0);
+    if (!dir.empty()) std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
+  }
 };
 
-std::unique_ptr<Cluster> StartCluster(int n) {
+extern "C" char** environ;
+
+// Whether 127.0.0.1:`port` accepts a connection within `seconds` (false at
+// once when process `pid` exits; it is then reaped).
+bool Listening(int port, pid_t pid, double seconds) {
+  for (const auto t0 = Clock::now(); Seconds(t0, Clock::now()) < seconds;) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (up) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// `n` fulcrum-server processes with a static shard map; exits on failure.
+std::unique_ptr<Cluster> StartProcesses(int n) {
   auto c = std::make_unique<Cluster>();
+  c->size = n;
+  char tmpl[] = "/tmp/fulcrum-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("fulcrum-bench: mkdtemp");
+    std::exit(1);
+  }
+  c->dir = tmpl;
+  std::vector<int> ports;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    ports.push_back(FreePort());
+    addresses.push_back(absl::StrCat("127.0.0.1:", ports.back()));
+  }
+  std::string map;
+  for (const auto& a : addresses) absl::StrAppend(&map, map.empty() ? "" : ",", a);
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> args = {g_server_binary, "--listen=" + addresses[i], absl::StrCat("--server_index=", i),
+                                     "--shard_map=" + map, "--metrics_addr=",
+                                     absl::StrCat("--data_dir=", c->dir, "/server-", i)};
+    if (g_tls_dir.empty()) {
+      args.push_back("--insecure");
+    } else {
+      args.push_back("--tls_ca_file=" + g_tls_dir + "/ca.crt");
+      args.push_back(absl::StrCat("--tls_cert_file=", g_tls_dir, "/server-", i, ".crt"));
+      args.push_back(absl::StrCat("--tls_key_file=", g_tls_dir, "/server-", i, ".key"));
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = absl::StrCat(c->dir, "/server-", i, ".log");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      std::fprintf(stderr, "fulcrum-bench: cannot start %s: %s\n", argv[0], std::strerror(rc));
+      c.reset();  // stops the servers already started
+      std::exit(1);
+    }
+    c->processes.push_back(pid);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!Listening(ports[i], c->processes[i], 30)) {
+      std::fprintf(stderr,
+                   "fulcrum-bench: server %d exited or does not listen on %s after 30 s (log: %s/server-%d.log)\n", i,
+                   addresses[i].c_str(), c->dir.c_str(), i);
+      c->dir.clear();  // keep the logs
+      c.reset();       // stops the servers
+      std::exit(1);
+    }
+  }
+  c->map = ShardMap::RoundRobin(1, 256, addresses)->ToProto();
+  return c;
+}
+
+std::unique_ptr<Cluster> StartCluster(int n) {
+  if (!g_server_binary.empty()) return StartProcesses(n);
+  auto c = std::make_unique<Cluster>();
+  c->size = n;
   std::vector<std::string> addresses;
   for (int i = 0; i < n; ++i) {
     ParameterServerOptions o;
@@ -243,7 +344,7 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
-  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.ps.size(), inflight,
+  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.size, inflight,
                 size, DTypeName(dtype), best, wire, params);
   (void)client->DeleteJob(job);
   return {row, wire};
@@ -290,7 +391,7 @@ void SparseRate(const Cluster& c, size_t keys, uint32_t dim) {
     push_s += Seconds(t1, t2);
   }
   std::printf("| sparse | %zu | %zu keys | dim %u | %.2f M rows/s pull | %.2f M rows/s push |\n",
-              c.ps.size(), keys, dim, keys * iters / pull_s / 1e6, keys * iters / push_s / 1e6);
+              c.size, keys, dim, keys * iters / pull_s / 1e6, keys * iters / push_s / 1e6);
   (void)client->DeleteJob(job);
 }
 
@@ -312,9 +413,10 @@ int main(int argc, char** argv) {
     else if (a.rfind("--channels=", 0) == 0) g_channels = std::stoi(a.substr(11));
     else if (a.rfind("--inflight=", 0) == 0) g_inflight = std::stoi(a.substr(11));
     else if (a.rfind("--tls_dir=", 0) == 0) g_tls_dir = a.substr(10);
+    else if (a.rfind("--server_binary=", 0) == 0) g_server_binary = a.substr(16);
     else {
       std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only] [--dtype=fp32|bf16] [--transport=unary|stream] [--chunk_kib=N] "
-                           "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR]\n");
+                           "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR] [--server_binary=PATH]\n");
       return 2;
     }
   }
@@ -331,10 +433,11 @@ int main(int argc, char** argv) {
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   std::printf("# fulcrum-bench%s on %u cores: chunks of %zu KiB, messages of at most %zu KiB, "
-              "%d %s connections per server%s\n\n",
+              "%d %s connections per server%s%s\n\n",
               g_quick ? " --quick" : "", std::thread::hardware_concurrency(),
               (g_chunk_elements ? g_chunk_elements : 65536) / 256, g_message_bytes >> 10, g_channels,
-              g_stream ? "streaming" : "unary", g_tls_dir.empty() ? "" : ", mutual TLS");
+              g_stream ? "streaming" : "unary", g_tls_dir.empty() ? "" : ", mutual TLS",
+              g_server_binary.empty() ? ", servers in this process" : ", servers as fulcrum-server processes");
 
   // Loopback throughput swings between time windows (shared/ENVIRONMENT.md):
   // measure it before and after the dense runs and divide by the larger.
