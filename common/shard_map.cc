@@ -119,16 +119,11 @@ std::string ShardMap::DescribeOwned(uint32_t server) const {
   std::string out;
   for (size_t i = 0; i < owned.size();) {
     size_t j = i;
-    if (i + 1 < owned.size()) {
-      const uint32_t stride = owned[i + 1] - owned[i];
-      while (j + 1 < owned.size() && owned[j + 1] - owned[j] == stride) ++j;
-      if (stride > 1 && j - i < 2) j = i;  // two shards apart: list them
-    }
+    const uint32_t stride = i + 1 < owned.size() ? owned[i + 1] - owned[i] : 1;
+    while (j + 1 < owned.size() && owned[j + 1] - owned[j] == stride) ++j;
+    if (stride > 1 && j - i < 2) j = i;  // two shards apart: list them
     absl::StrAppend(&out, out.empty() ? "" : ",", owned[i]);
-    if (j > i) {
-      const uint32_t stride = owned[i + 1] - owned[i];
-      absl::StrAppend(&out, "-", owned[j], stride > 1 ? absl::StrCat(" step ", stride) : "");
-    }
+    if (j > i) absl::StrAppend(&out, "-", owned[j], stride > 1 ? absl::StrCat(" step ", stride) : "");
     i = j + 1;
   }
   return out.empty() ? "none" : out;

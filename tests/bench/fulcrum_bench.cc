@@ -10,6 +10,7 @@
 //   fulcrum-bench --server_binary=build/server/fulcrum-server   servers in their own processes
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -21,21 +22,21 @@
 #include <thread>
 #include <vector>
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/rpc/security.h"
 #include "server/optimizer.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
+#include "tests/testing/subprocess.h"
 #include "worker/rpc/grpc_ps_client.h"
 
 namespace fulcrum {
@@ -164,26 +165,6 @@ struct Cluster {
   }
 };
 
-extern "C" char** environ;
-
-// Whether 127.0.0.1:`port` accepts a connection within `seconds` (false at
-// once when process `pid` exits; it is then reaped).
-bool Listening(int port, pid_t pid, double seconds) {
-  for (const auto t0 = Clock::now(); Seconds(t0, Clock::now()) < seconds;) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (up) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
 // `n` fulcrum-server processes with a static shard map; exits on failure.
 std::unique_ptr<Cluster> StartProcesses(int n) {
   auto c = std::make_unique<Cluster>();
@@ -200,11 +181,9 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
     ports.push_back(FreePort());
     addresses.push_back(absl::StrCat("127.0.0.1:", ports.back()));
   }
-  std::string map;
-  for (const auto& a : addresses) absl::StrAppend(&map, map.empty() ? "" : ",", a);
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> args = {g_server_binary, "--listen=" + addresses[i], absl::StrCat("--server_index=", i),
-                                     "--shard_map=" + map, "--metrics_addr=",
+                                     "--shard_map=" + absl::StrJoin(addresses, ","), "--metrics_addr=",
                                      absl::StrCat("--data_dir=", c->dir, "/server-", i)};
     if (g_tls_dir.empty()) {
       args.push_back("--insecure");
@@ -213,26 +192,16 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
       args.push_back(absl::StrCat("--tls_cert_file=", g_tls_dir, "/server-", i, ".crt"));
       args.push_back(absl::StrCat("--tls_key_file=", g_tls_dir, "/server-", i, ".key"));
     }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = absl::StrCat(c->dir, "/server-", i, ".log");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      std::fprintf(stderr, "fulcrum-bench: cannot start %s: %s\n", argv[0], std::strerror(rc));
+    const pid_t pid = testing::StartProcess(args, absl::StrCat(c->dir, "/server-", i, ".log"));
+    if (pid < 0) {
+      std::fprintf(stderr, "fulcrum-bench: cannot start %s: %s\n", g_server_binary.c_str(), std::strerror(errno));
       c.reset();  // stops the servers already started
       std::exit(1);
     }
     c->processes.push_back(pid);
   }
   for (int i = 0; i < n; ++i) {
-    if (!Listening(ports[i], c->processes[i], 30)) {
+    if (!testing::WaitForListening(ports[i], 30000, c->processes[i])) {
       std::fprintf(stderr,
                    "fulcrum-bench: server %d exited or does not listen on %s after 30 s (log: %s/server-%d.log)\n", i,
                    addresses[i].c_str(), c->dir.c_str(), i);

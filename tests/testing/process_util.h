@@ -2,23 +2,18 @@
 #ifndef FULCRUM_TESTS_TESTING_PROCESS_UTIL_H_
 #define FULCRUM_TESTS_TESTING_PROCESS_UTIL_H_
 
-#include <netinet/in.h>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "tests/testing/subprocess.h"
+
 namespace fulcrum::testing {
 
-// 127.0.0.1:`port` as a socket address.
-sockaddr_in LoopbackAddress(int port);
 // A 127.0.0.1 port free at the time of the call.
 int FreePort();
-// Whether something accepts TCP connections on 127.0.0.1:`port` within
-// `timeout_ms` (a process just spawned may take seconds to listen,
-// longer under sanitizers).
-bool WaitForListening(int port, int timeout_ms);
 
 struct Process {
   pid_t pid = -1;
