@@ -207,6 +207,12 @@ std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c);
 std::vector<std::string> WorkerLines(const Job& j) {
   std::vector<std::string> out;
   for (const auto& w : j.status().workers()) {
+    if (w.worker_id().empty() && w.step() == 0 && w.epoch() == 0) {
+      // Nothing to report until a worker takes the rank; zeros would read as
+      // a worker that trains and learns nothing.
+      out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s waiting for a worker", w.rank(), "-", w.state()));
+      continue;
+    }
     out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s epoch %u step %llu loss %.4f acc %.4f %.0f samples/s%s",
                                   w.rank(), w.worker_id().empty() ? "-" : w.worker_id(), w.state(), w.epoch() + 1,
                                   static_cast<unsigned long long>(w.step()), w.loss(), w.train_accuracy(),
@@ -300,10 +306,18 @@ int Watch(fulcrum::v1::JobService::Stub* stub, const std::string& id) {
 
 // ---- checkpoints
 
+// "812 B", "94.2 kB", "2.4 MB", "1.3 GB" (SI units, as Prometheus and du -h --si).
+std::string Bytes(uint64_t n) {
+  if (n < 1000) return absl::StrCat(n, " B");
+  if (n < 1000 * 1000) return absl::StrFormat("%.1f kB", n / 1e3);
+  if (n < 1000 * 1000 * 1000) return absl::StrFormat("%.1f MB", n / 1e6);
+  return absl::StrFormat("%.1f GB", n / 1e9);
+}
+
 std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {
-  return absl::StrFormat("  checkpoint %llu: step %llu (%s), %.1f MB on %d servers, pause %.1f ms, %s",
+  return absl::StrFormat("  checkpoint %llu: step %llu (%s), %s on %d servers, pause %.1f ms, %s",
                          static_cast<unsigned long long>(c.cut_id()), static_cast<unsigned long long>(c.step()),
-                         c.trigger(), c.bytes() / 1e6, c.servers_size(), c.pause_seconds() * 1e3,
+                         c.trigger(), Bytes(c.bytes()), c.servers_size(), c.pause_seconds() * 1e3,
                          absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.created_unix_ms()), absl::LocalTimeZone()));
 }
 
@@ -530,21 +544,25 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
   return kOk;
 }
 
+constexpr char kUsageText[] =
+    "submit, watch and manage Fulcrum jobs\n"
+    "usage: fulcrumctl [--coordinator=host:port] [--output=text|json] COMMAND\n"
+    "  submit -f SPEC [--no-wait] [--validate]\n"
+    "  list | status JOB | watch JOB | cancel JOB | cluster\n"
+    "  checkpoint JOB | restore JOB [--cut=N] | export JOB [--cut=N] -o FILE.safetensors\n"
+    "credentials: --tls_ca_file (or $FULCRUM_TLS_CA_FILE) or --insecure ($FULCRUM_INSECURE=1);\n"
+    "  a bearer token from --token_file, $FULCRUM_TOKEN or $FULCRUM_TOKEN_FILE\n"
+    "  (deploy/local/cluster.sh writes them all to RUN_DIR/env)\n";
+
 int Usage() {
-  std::cerr << "usage: fulcrumctl [--coordinator=host:port] [--output=text|json] COMMAND\n"
-               "  submit -f SPEC [--no-wait] [--validate]\n"
-               "  list | status JOB | watch JOB | cancel JOB | cluster\n"
-               "  checkpoint JOB | restore JOB [--cut=N] | export JOB [--cut=N] -o FILE.safetensors\n"
-               "credentials: --tls_ca_file (or $FULCRUM_TLS_CA_FILE) or --insecure ($FULCRUM_INSECURE=1);\n"
-               "  a bearer token from --token_file, $FULCRUM_TOKEN or $FULCRUM_TOKEN_FILE\n"
-               "  (deploy/local/cluster.sh writes them all to RUN_DIR/env)\n";
+  std::cerr << kUsageText;
   return kUsage;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fulcrumctl: submit, watch and manage Fulcrum jobs");
+  absl::SetProgramUsageMessage(kUsageText);
   // Accept --no-wait as well as --no_wait (flags are spelled with '_').
   std::vector<std::string> storage(argv, argv + argc);
   std::vector<char*> argv2;

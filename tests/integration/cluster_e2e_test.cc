@@ -326,7 +326,9 @@ TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "
   CHECK(j.status().test_accuracy() >= 0.97);
 }
 
-TEST_CASE("fulcrumctl reports a bad spec file with every problem and a bad flag with exit code 2", "[e2e]") {
+TEST_CASE(
+    "fulcrumctl reports a bad spec file with every problem and a bad flag with exit code 2 and says why a job waits",
+    "[e2e]") {
   ProcessCluster cluster(1, 1, 1);
   const fs::path bad = cluster.dir() / "bad.yaml";
   std::ofstream(bad) << "name: Bad\nmodel: {type: cnn}\nnum_workers: 0\n";
@@ -339,6 +341,22 @@ TEST_CASE("fulcrumctl reports a bad spec file with every problem and a bad flag 
   CHECK(out.find("cannot open spec file") != std::string::npos);
   CHECK(cluster.Ctl({"--coordinator=", "list"}, &out) == 2);
   CHECK(out.find("--coordinator is empty") != std::string::npos);
+
+  // A valid job that needs more workers than the cluster has waits, and says
+  // for what, rank by rank; it can be cancelled while it waits.
+  REQUIRE(cluster.Ctl({"submit", "--no-wait", "-f", Example("mnist-softmax.yaml")}, &out) == 0);
+  const size_t at = out.find("submitted job ");
+  REQUIRE(at != std::string::npos);
+  const std::string id = out.substr(at + 14, out.find('\n', at) - at - 14);
+  CHECK(id == "mnist-softmax-1");
+  REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
+  CHECK(out.find("PENDING") != std::string::npos);
+  CHECK(out.find("needs 2 workers with a free slot; 1 free of 1 live") != std::string::npos);
+  CHECK(out.find("rank 1   -          pending    waiting for a worker") != std::string::npos);
+  CHECK(out.find("loss 0.0000") == std::string::npos);
+  CHECK(cluster.Ctl({"cancel", id}, &out) == 0);
+  REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
+  CHECK(out.find("CANCELLED") != std::string::npos);
 }
 
 // ---------------------------------------------------------------- checkpoints and recovery
