@@ -8,6 +8,8 @@
 //   fulcrum-bench            full run (about 6 minutes on 2 cores)
 //   fulcrum-bench --quick    tiny sizes, for the smoke test in ctest
 //   fulcrum-bench --server_binary=build/server/fulcrum-server   servers in their own processes
+//   tests/bench/shaped_link.sh --rate 1gbit   servers across a rate-limited link (runs this with
+//                                             --netns, --server_host)
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -62,6 +64,12 @@ int g_inflight = 0;
 // own address space, allocator and gRPC threads, as in a deployment) rather
 // than objects in the bench's process.
 std::string g_server_binary;
+// With --netns: the servers (and iperf3's server) run in this network
+// namespace and listen on g_server_host, reached over whatever link joins
+// the namespaces (tests/bench/shaped_link.sh: a veth pair with a rate limit).
+std::string g_netns;
+std::string g_server_host = "127.0.0.1";
+size_t g_max_bytes = size_t{64} << 20;  // largest dense tensor
 
 // ------------------------------------------------------------------ bounds
 
@@ -92,10 +100,12 @@ std::string Run(const std::string& cmd) {
 double IperfGBps(int seconds) {
   if (Run("command -v iperf3").empty()) return 0;
   const int port = FreePort();
-  const std::string server = absl::StrCat("iperf3 -s -1 -p ", port, " >/dev/null 2>&1 &");
+  const std::string server = absl::StrCat(g_netns.empty() ? "" : "ip netns exec " + g_netns + " ", "iperf3 -s -1 -p ",
+                                          port, " >/dev/null 2>&1 &");
   std::system(server.c_str());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the server listen
-  const std::string json = Run(absl::StrCat("iperf3 -c 127.0.0.1 -p ", port, " -t ", seconds, " -J"));
+  const std::string json =
+      Run(absl::StrCat("iperf3 -c ", g_server_host, " -p ", port, " -t ", seconds, " -J"));
   const size_t at = json.find("\"sum_received\"");
   if (at == std::string::npos) return 0;
   const size_t bps = json.find("\"bits_per_second\"", at);
@@ -179,7 +189,7 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
   std::vector<std::string> addresses;
   for (int i = 0; i < n; ++i) {
     ports.push_back(FreePort());
-    addresses.push_back(absl::StrCat("127.0.0.1:", ports.back()));
+    addresses.push_back(absl::StrCat(g_server_host, ":", ports.back()));
   }
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> args = {g_server_binary, "--listen=" + addresses[i], absl::StrCat("--server_index=", i),
@@ -192,6 +202,7 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
       args.push_back(absl::StrCat("--tls_cert_file=", g_tls_dir, "/server-", i, ".crt"));
       args.push_back(absl::StrCat("--tls_key_file=", g_tls_dir, "/server-", i, ".key"));
     }
+    if (!g_netns.empty()) args.insert(args.begin(), {"/usr/sbin/ip", "netns", "exec", g_netns});  // execs in place
     const pid_t pid = testing::StartProcess(args, absl::StrCat(c->dir, "/server-", i, ".log"));
     if (pid < 0) {
       std::fprintf(stderr, "fulcrum-bench: cannot start %s: %s\n", g_server_binary.c_str(), std::strerror(errno));
@@ -201,7 +212,7 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
     c->processes.push_back(pid);
   }
   for (int i = 0; i < n; ++i) {
-    if (!testing::WaitForListening(ports[i], 30000, c->processes[i])) {
+    if (!testing::WaitForListeningOn(g_server_host, ports[i], 30000, c->processes[i])) {
       std::fprintf(stderr,
                    "fulcrum-bench: server %d exited or does not listen on %s after 30 s (log: %s/server-%d.log)\n", i,
                    addresses[i].c_str(), c->dir.c_str(), i);
@@ -383,11 +394,20 @@ int main(int argc, char** argv) {
     else if (a.rfind("--inflight=", 0) == 0) g_inflight = std::stoi(a.substr(11));
     else if (a.rfind("--tls_dir=", 0) == 0) g_tls_dir = a.substr(10);
     else if (a.rfind("--server_binary=", 0) == 0) g_server_binary = a.substr(16);
+    else if (a.rfind("--netns=", 0) == 0) g_netns = a.substr(8);
+    else if (a.rfind("--server_host=", 0) == 0) g_server_host = a.substr(14);
+    else if (a.rfind("--max_mib=", 0) == 0) g_max_bytes = std::stoul(a.substr(10)) << 20;
     else {
       std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only] [--dtype=fp32|bf16] [--transport=unary|stream] [--chunk_kib=N] "
-                           "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR] [--server_binary=PATH]\n");
+                           "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR] [--server_binary=PATH] "
+                           "[--netns=NAME --server_host=IP] [--max_mib=N]\n");
       return 2;
     }
+  }
+  if (!g_netns.empty() && (g_server_binary.empty() || g_server_host == "127.0.0.1")) {
+    std::fprintf(stderr, "fulcrum-bench: --netns=%s needs --server_binary (servers run in the namespace) and "
+                         "--server_host (their address there)\n", g_netns.c_str());
+    return 2;
   }
   SetMinLogSeverity(LogSeverity::kWarning);
   InitServingProcess();
@@ -412,7 +432,8 @@ int main(int argc, char** argv) {
   // measure it before and after the dense runs and divide by the larger.
   const int iperf_s = g_quick ? 1 : 3;
   const double iperf_before = IperfGBps(iperf_s);
-  std::printf("loopback bound: iperf3 -c 127.0.0.1 = %.2f GB/s%s\n", iperf_before,
+  std::printf("%s bound: iperf3 -c %s = %.2f GB/s%s\n", g_netns.empty() ? "loopback" : "link",
+              g_server_host.c_str(), iperf_before,
               iperf_before > 0 ? "" : " (iperf3 not installed: ratios omitted)");
 
   const size_t mem_n = g_quick ? (1 << 20) : (64 << 20);  // 256 MiB per array: out of cache
@@ -428,6 +449,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes = g_quick ? std::vector<size_t>{4 << 10, 1 << 20}
                                       : std::vector<size_t>{4 << 10, 64 << 10, 1 << 20, 4 << 20,
                                                             16 << 20, 64 << 20};
+  std::erase_if(sizes, [](size_t b) { return b > g_max_bytes; });
   std::vector<DenseResult> rows;
   for (int servers : {1, 2}) {
     auto cluster = StartCluster(servers);
@@ -444,8 +466,8 @@ int main(int argc, char** argv) {
   }
   const double iperf_after = IperfGBps(iperf_s);
   const double iperf = std::max(iperf_before, iperf_after);
-  std::printf("loopback bound after the dense runs: %.2f GB/s; ratios below use %.2f GB/s\n",
-              iperf_after, iperf);
+  std::printf("%s bound after the dense runs: %.2f GB/s; ratios below use %.2f GB/s\n",
+              g_netns.empty() ? "loopback" : "link", iperf_after, iperf);
   std::printf("\n| kind | servers | in flight | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const DenseResult& r : rows) {

@@ -1,5 +1,6 @@
 #include "tests/testing/subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <spawn.h>
@@ -22,9 +23,14 @@ sockaddr_in LoopbackAddress(int port) {
 }
 
 bool WaitForListening(int port, int timeout_ms, pid_t pid) {
+  return WaitForListeningOn("127.0.0.1", port, timeout_ms, pid);
+}
+
+bool WaitForListeningOn(const std::string& ip, int port, int timeout_ms, pid_t pid) {
+  sockaddr_in a = LoopbackAddress(port);
+  if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return false;
   for (int waited = 0;; waited += 50) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a = LoopbackAddress(port);
     const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
     close(fd);
     if (up) return true;

@@ -19,6 +19,8 @@ sockaddr_in LoopbackAddress(int port);
 // longer under sanitizers). With `pid`, false as soon as that child exits
 // (it is reaped then).
 bool WaitForListening(int port, int timeout_ms, pid_t pid = -1);
+// The same for `ip`:`port`, an IPv4 address in dotted form.
+bool WaitForListeningOn(const std::string& ip, int port, int timeout_ms, pid_t pid = -1);
 // Starts args[0] (a path) with args, stdout and stderr going to `log`.
 // Returns its pid, or -1 with errno set.
 pid_t StartProcess(std::vector<std::string> args, const std::string& log);

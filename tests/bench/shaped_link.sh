@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Runs fulcrum-bench's dense push+pull across a rate-limited link instead of
+# loopback: the servers run as fulcrum-server processes in their own network
+# namespace, joined to this one by a veth pair whose two ends are each shaped
+# to RATE (tc tbf), so each direction gets RATE as on a full-duplex NIC.
+# iperf3 across the same link is the bound, measured in the same run.
+#
+# On loopback the "network" is a memory copy on the same cores as everything
+# else; across a link slower than those copies, the wire is the limit, as
+# between real hosts. That is where the wire dtype matters
+# (docs/benchmarks.md, "Across a rate-limited link").
+#
+#   tests/bench/shaped_link.sh [--rate 1gbit|none] [--bin BUILD_DIR] [-- FULCRUM_BENCH_ARGS...]
+#
+# Needs root (or CAP_NET_ADMIN) and the veth and tbf kernel modules; exits
+# 77 with a message where they are not available. The namespace and the
+# link are removed on exit.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+rate=1gbit bin="$root/build"
+while (($#)); do
+  case "$1" in
+    --rate) rate=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "shaped_link.sh: unknown option '$1' (bench flags go after --)" >&2; exit 2 ;;
+  esac
+done
+
+ns=fulcrum-link-$$
+host_if=flh$$ ns_if=fln$$
+# A /30 out of 10.231.0.0/16 per run, so concurrent runs do not collide.
+octet=$(($$ % 250 + 1))
+host_ip=10.231.$octet.1 ns_ip=10.231.$octet.2
+
+skip() {
+  echo "SKIP: shaped_link.sh: $1" >&2
+  exit 77
+}
+cleanup() {
+  ip link del "$host_if" 2>/dev/null || true  # removes its peer too
+  ip netns del "$ns" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  skip "needs ip and tc (Debian package iproute2)"
+fi
+ip netns add "$ns" 2>/dev/null || skip "cannot create a network namespace (needs root or CAP_NET_ADMIN)"
+ip link add "$host_if" type veth peer name "$ns_if" 2>/dev/null || skip "cannot create a veth pair"
+ip link set "$ns_if" netns "$ns"
+ip addr add "$host_ip/30" dev "$host_if"
+ip link set "$host_if" up
+ip netns exec "$ns" ip addr add "$ns_ip/30" dev "$ns_if"
+ip netns exec "$ns" ip link set "$ns_if" up
+ip netns exec "$ns" ip link set lo up
+if [[ $rate != none ]]; then
+  # The bucket holds 2 ms of traffic (at least one 64 KiB GSO segment): a
+  # larger one lets short runs through above the rate.
+  [[ $rate =~ ^([0-9]+)(kbit|mbit|gbit)$ ]] || { echo "shaped_link.sh: --rate '$rate': want e.g. 500mbit, 1gbit or none" >&2; exit 2; }
+  case ${BASH_REMATCH[2]} in kbit) scale=1000 ;; mbit) scale=1000000 ;; gbit) scale=1000000000 ;; esac
+  burst=$((BASH_REMATCH[1] * scale / 8 / 500))
+  ((burst >= 65536)) || burst=65536
+  tbf=(root tbf rate "$rate" burst "$burst" latency 20ms)
+  tc qdisc add dev "$host_if" "${tbf[@]}" || skip "tc cannot shape the link to '$rate' (the tbf qdisc)"
+  ip netns exec "$ns" tc qdisc add dev "$ns_if" "${tbf[@]}"
+fi
+echo "# link: veth $host_ip <-> $ns_ip (namespace $ns), each direction shaped to $rate${burst:+, bucket $burst bytes}"
+"$bin/tests/bench/fulcrum-bench" --dense_only --server_binary="$bin/server/fulcrum-server" \
+  --netns="$ns" --server_host="$ns_ip" "$@"
