@@ -188,10 +188,11 @@ std::string JobLine(const Job& j) {
   const auto& s = j.status();
   std::string line = absl::StrFormat("%-20s %-9s", j.id(), State(s.state()));
   if (s.state() == fulcrum::v1::RUNNING || fulcrum::config::JobEnded(s.state())) {
-    const double pct = s.total_steps() > 0 ? 100.0 * s.step() / s.total_steps() : 0;
-    absl::StrAppendFormat(&line, " epoch %u/%u step %llu/%llu (%.0f%%)", std::min(s.epoch() + 1, j.spec().epochs()),
-                          j.spec().epochs(), static_cast<unsigned long long>(s.step()),
-                          static_cast<unsigned long long>(s.total_steps()), pct);
+    absl::StrAppendFormat(&line, " epoch %u/%u", std::min(s.epoch() + 1, j.spec().epochs()), j.spec().epochs());
+    if (s.total_steps() > 0) {  // 0 until a worker has read its data shard
+      absl::StrAppendFormat(&line, " step %llu/%llu (%.0f%%)", static_cast<unsigned long long>(s.step()),
+                            static_cast<unsigned long long>(s.total_steps()), 100.0 * s.step() / s.total_steps());
+    }
     if (s.loss() > 0) absl::StrAppendFormat(&line, " loss %.4f acc %.4f", s.loss(), s.train_accuracy());
     absl::StrAppend(&line, TestFigure(s));
     if (s.samples_per_second() > 0 && s.state() == fulcrum::v1::RUNNING) {
@@ -211,6 +212,11 @@ std::vector<std::string> WorkerLines(const Job& j) {
       // Nothing to report until a worker takes the rank; zeros would read as
       // a worker that trains and learns nothing.
       out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s waiting for a worker", w.rank(), "-", w.state()));
+      continue;
+    }
+    if (w.step() == 0 && w.epoch() == 0 && w.samples_per_second() == 0) {  // taken, no step reported yet
+      out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s no step yet%s", w.rank(), w.worker_id(), w.state(),
+                                    w.incarnation() > 0 ? absl::StrCat(" (replacement ", w.incarnation(), ")") : ""));
       continue;
     }
     out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s epoch %u step %llu loss %.4f acc %.4f %.0f samples/s%s",

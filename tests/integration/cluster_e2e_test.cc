@@ -326,9 +326,7 @@ TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "
   CHECK(j.status().test_accuracy() >= 0.97);
 }
 
-TEST_CASE(
-    "fulcrumctl reports a bad spec file with every problem and a bad flag with exit code 2 and says why a job waits",
-    "[e2e]") {
+TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why a job waits or fails", "[e2e]") {
   ProcessCluster cluster(1, 1, 1);
   const fs::path bad = cluster.dir() / "bad.yaml";
   std::ofstream(bad) << "name: Bad\nmodel: {type: cnn}\nnum_workers: 0\n";
@@ -357,6 +355,26 @@ TEST_CASE(
   CHECK(cluster.Ctl({"cancel", id}, &out) == 0);
   REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
   CHECK(out.find("CANCELLED") != std::string::npos);
+
+  // A job whose quota cannot hold one chunk fails, and says so, with the
+  // numbers; its rank never reported a step, and the status says that
+  // rather than printing zeros.
+  const fs::path small = cluster.dir() / "small-quota.yaml";
+  {
+    std::ifstream in(Example("mnist-softmax.yaml"));
+    std::ofstream o(small);
+    for (std::string line; std::getline(in, line);) {
+      o << (line.rfind("num_workers:", 0) == 0 ? "num_workers: 1" : line) << "\n";
+    }
+    o << "quota_bytes: 1000\n";
+  }
+  CHECK(cluster.Ctl({"submit", "-f", small.string()}, &out) == 1);
+  CHECK(out.find("FAILED") != std::string::npos);
+  CHECK(out.find("would exceed its parameter memory quota of 1000 bytes") != std::string::npos);
+  REQUIRE(cluster.Ctl({"status", "mnist-softmax-2"}, &out) == 0);
+  CHECK(out.find("rank 0   worker-") != std::string::npos);
+  CHECK(out.find("no step yet") != std::string::npos);
+  CHECK(out.find("step 0/0") == std::string::npos);
 }
 
 // ---------------------------------------------------------------- checkpoints and recovery
