@@ -511,7 +511,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
       info = chunk.checkpoint();
       if (absl::Status s = out.Begin(chunk.meta()); !s.ok()) {
         ctx.TryCancel();
-        std::cerr << "fulcrumctl export: " << s.message() << "\n";
+        std::cerr << "fulcrumctl: export " << job << ": " << s.message() << "\n";
         return kOther;
       }
       begun = true;
@@ -519,7 +519,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
     for (const auto& r : chunk.records()) {
       if (absl::Status s = out.Add(r); !s.ok()) {
         ctx.TryCancel();
-        std::cerr << "fulcrumctl export: " << s.message() << "\n";
+        std::cerr << "fulcrumctl: export " << job << ": " << s.message() << "\n";
         return kOther;
       }
       ++records;
@@ -528,7 +528,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
   grpc::Status s = reader->Finish();
   if (!s.ok()) return Fail(s, absl::StrCat("export ", job));
   if (!begun) {
-    std::cerr << "fulcrumctl export: the coordinator sent no checkpoint\n";
+    std::cerr << "fulcrumctl: export " << job << ": the coordinator sent no checkpoint\n";
     return kOther;
   }
   absl::Status w = out.Write(path, {{"format", "pt"},
@@ -536,7 +536,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
                                     {"fulcrum_checkpoint", absl::StrCat(info.cut_id())},
                                     {"fulcrum_step", absl::StrCat(info.step())}});
   if (!w.ok()) {
-    std::cerr << "fulcrumctl export: " << w.message() << "\n";
+    std::cerr << "fulcrumctl: export " << job << ": " << w.message() << "\n";
     return kOther;
   }
   if (Json()) {
@@ -708,8 +708,10 @@ int main(int argc, char** argv) {
       return kOk;
     }
     const int64_t now = absl::ToUnixMillis(absl::Now());
-    std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-14s %s\n", "NODE", "ROLE", "HEALTH", "ADDRESS/HOST",
-                                 "LAST BEAT", "DEVICES / ASSIGNMENTS");
+    // PID tells apart the processes of one host (several workers, or a
+    // node id that does not match the name of its log file).
+    std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8s %-14s %s\n", "NODE", "ROLE", "HEALTH", "ADDRESS/HOST",
+                                 "PID", "LAST BEAT", "DEVICES / ASSIGNMENTS");
     for (const auto& n : c.nodes()) {
       std::vector<std::string> devices;
       for (const auto& d : n.info().devices()) devices.push_back(d.name());
@@ -717,11 +719,11 @@ int main(int argc, char** argv) {
                              ? ""
                              : absl::StrCat(absl::StrJoin(devices, "; "), " [", n.info().slots(), " slot(s)]");
       if (n.assignments_size() > 0) absl::StrAppend(&what, " running ", absl::StrJoin(n.assignments(), ", "));
-      std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-14s %s\n", n.info().node_id(),
+      std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8d %-14s %s\n", n.info().node_id(),
                                    n.info().role() == fulcrum::v1::SERVER ? "server" : "worker",
                                    n.alive() ? "alive" : "dead",
                                    n.info().role() == fulcrum::v1::SERVER ? n.info().address() : n.info().hostname(),
-                                   absl::StrCat(absl::StrFormat("%.1f", (now - n.last_heartbeat_unix_ms()) / 1000.0), "s ago"),
+                                   n.info().pid(), absl::StrCat(absl::StrFormat("%.1f", (now - n.last_heartbeat_unix_ms()) / 1000.0), "s ago"),
                                    what);
     }
     if (c.has_shard_map() && c.shard_map().servers_size() > 0) {

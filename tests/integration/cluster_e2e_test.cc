@@ -121,6 +121,14 @@ class ProcessCluster {
     return -1;
   }
 
+  // The pid of the process started as `name` ("server-0", "worker-1", ...).
+  pid_t Pid(const std::string& name) const {
+    for (const auto& [n, pid] : pids_) {
+      if (n == name) return pid;
+    }
+    return -1;
+  }
+
   // Runs fulcrumctl; returns its exit code and output.
   int Ctl(const std::vector<std::string>& args, std::string* out) {
     const std::string log = (dir_ / absl::StrCat("ctl-", ctl_++, ".out")).string();
@@ -375,6 +383,19 @@ TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why 
   CHECK(out.find("rank 0   worker-") != std::string::npos);
   CHECK(out.find("no step yet") != std::string::npos);
   CHECK(out.find("step 0/0") == std::string::npos);
+
+  // `cluster` lists each node with its pid, so an operator can tell which
+  // process (and log) is which node.
+  REQUIRE(cluster.Ctl({"cluster"}, &out) == 0);
+  INFO(out);
+  CHECK(out.find("PID") != std::string::npos);
+  for (const char* name : {"server-0", "worker-0"}) {
+    const size_t at = out.find(absl::StrCat(" ", cluster.Pid(name), " "));
+    REQUIRE(at != std::string::npos);
+    const size_t line = out.rfind('\n', at) + 1;
+    CHECK(out.substr(line, out.find('\n', at) - line).find(" alive ") != std::string::npos);
+  }
+  CHECK(out.find("shard map version 1: 256 virtual shards over 127.0.0.1:") != std::string::npos);
 }
 
 // ---------------------------------------------------------------- checkpoints and recovery
