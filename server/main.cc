@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
@@ -49,6 +50,16 @@ ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
 ABSL_FLAG(std::string, data_dir, "",
           "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints); "
           "empty: no checkpoints");
+
+namespace {
+
+// "8589934592 bytes (8.0 GiB)": exact for scripts and flags, readable for people.
+std::string Bytes(uint64_t n) {
+  if (n >= (uint64_t{1} << 30)) return absl::StrFormat("%u bytes (%.1f GiB)", n, n / 1073741824.0);
+  return absl::StrFormat("%u bytes (%.1f MiB)", n, n / 1048576.0);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Fulcrum parameter server");
@@ -132,13 +143,13 @@ int main(int argc, char** argv) {
                << options.server_index << " of " << map->num_servers() << " (static shard map version "
                << map->version() << ", " << map->num_virtual_shards()
                << " virtual shards, owns " << map->DescribeOwned(options.server_index)
-               << "); default job quota " << options.default_quota_bytes << " bytes, memory limit "
-               << (*ps)->memory_limit_bytes() << " bytes for all jobs";
+               << "); default job quota " << Bytes(options.default_quota_bytes) << ", memory limit "
+               << Bytes((*ps)->memory_limit_bytes()) << " for all jobs";
   } else {
     FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << ", advertised as " << advertise
                << "; coordinator " << coordinator << " assigns the shard map; default job quota "
-               << options.default_quota_bytes << " bytes, memory limit " << (*ps)->memory_limit_bytes()
-               << " bytes for all jobs";
+               << Bytes(options.default_quota_bytes) << ", memory limit " << Bytes((*ps)->memory_limit_bytes())
+               << " for all jobs";
     agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   }
   const int sig = fulcrum::WaitForTerminationSignal();

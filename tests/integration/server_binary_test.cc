@@ -92,7 +92,7 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
   INFO(log0);
   REQUIRE(log0.find("fulcrum-server listening on " + a0 + " as server 0 of 2") != std::string::npos);
   REQUIRE(log0.find("32 virtual shards, owns 0-30 step 2") != std::string::npos);
-  REQUIRE(log0.find("memory limit 10000000 bytes for all jobs") != std::string::npos);
+  REQUIRE(log0.find("memory limit 10000000 bytes (9.5 MiB) for all jobs") != std::string::npos);
   REQUIRE(log0.find("created job 'e2e'") != std::string::npos);
   REQUIRE(log0.find("draining and shutting down") != std::string::npos);
   std::filesystem::remove_all(dir);
