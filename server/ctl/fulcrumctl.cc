@@ -88,12 +88,23 @@ int ExitFor(const grpc::Status& s) {
   }
 }
 
+// The CA the coordinator's certificate is checked against ("": the
+// system's roots), for the hint of a failed connection.
+std::string& CaFile() {
+  static std::string* ca = new std::string;
+  return *ca;
+}
+
 int Fail(const grpc::Status& s, const std::string& what) {
   std::string hint;
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     hint = absl::StrCat(" (is fulcrum-coordinator running at ", absl::GetFlag(FLAGS_coordinator),
                         "? set --coordinator; does it serve ",
-                        fulcrum::security::TlsEnabled() ? "TLS signed by the CA in --tls_ca_file" : "plaintext (--insecure)",
+                        !fulcrum::security::TlsEnabled() ? std::string("plaintext (--insecure)")
+                        : CaFile().empty()
+                            ? std::string("TLS signed by a CA of this system's trust store (no --tls_ca_file or "
+                                          "$FULCRUM_TLS_CA_FILE given; a local cluster's CA is RUN_DIR/tls/ca.crt)")
+                            : absl::StrCat("TLS signed by the CA in ", CaFile()),
                         " as this client expects?)");
   }
   std::cerr << "fulcrumctl: " << what << ": " << s.error_message() << hint << "\n";
@@ -149,6 +160,7 @@ std::string SetUpCredentials() {
   }
   std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
   if (ca.empty()) ca = Env("FULCRUM_TLS_CA_FILE");
+  CaFile() = ca;
   absl::Status s = fulcrum::security::ConfigureClientTls(ca);
   return s.ok() ? "" : std::string(s.message());
 }
@@ -569,6 +581,10 @@ int Usage() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsageText);
+  // Every failed call is reported once, as a line naming the command and a
+  // hint; gRPC's own log lines (a TLS handshake failure) would repeat it in
+  // its internal terms. GRPC_VERBOSITY=ERROR in the environment brings them back.
+  setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
   // Accept --no-wait as well as --no_wait (flags are spelled with '_').
   std::vector<std::string> storage(argv, argv + argc);
   std::vector<char*> argv2;

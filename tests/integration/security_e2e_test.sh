@@ -47,8 +47,15 @@ expect 7 "no credentials" env FULCRUM_TLS_CA_FILE="$tls/ca.crt" "${ctl[@]}" list
 expect 7 "not known to this coordinator" env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN=0000000000000000000000 \
   "${ctl[@]}" list
 expect 4 "plaintext (--insecure)" env FULCRUM_TOKEN_FILE="$tls/token-demo" "${ctl[@]}" --insecure list
-expect 4 "certificate verify failed" env FULCRUM_TOKEN_FILE="$tls/token-demo" \
+expect 4 "signed by the CA in /etc/ssl/certs/ca-certificates.crt" env FULCRUM_TOKEN_FILE="$tls/token-demo" \
   FULCRUM_TLS_CA_FILE=/etc/ssl/certs/ca-certificates.crt "${ctl[@]}" list
+grep -qF "certificate verify failed" "$work/out" || fail "the error does not give the TLS failure"
+# No CA given: the hint says the system's trust store was used and where a
+# local cluster keeps its CA; the failure is reported once, not also in
+# gRPC's own log format.
+expect 4 "no --tls_ca_file or \$FULCRUM_TLS_CA_FILE given" env FULCRUM_TOKEN_FILE="$tls/token-demo" "${ctl[@]}" list
+if grep -q "ssl_transport_security" "$work/out"; then fail "gRPC's log line leaks into fulcrumctl's output"; fi
+[[ $(wc -l <"$work/out") == 1 ]] || fail "wanted one line of error, got $(wc -l <"$work/out")"
 
 demo=(env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN_FILE="$tls/token-demo")
 sed -e 's/^epochs: .*/epochs: 3/' "$root/deploy/examples/digits-softmax.yaml" >"$work/digits.yaml"
