@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
@@ -62,7 +63,7 @@ std::string Bytes(uint64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Fulcrum parameter server");
+  fulcrum::SetUsage("Fulcrum parameter server");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer); !s.ok()) {

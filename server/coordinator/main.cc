@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
@@ -40,7 +41,7 @@ ABSL_FLAG(int32_t, restore_timeout_s, 300,
           "how long a job rolling back to a checkpoint waits for the servers holding it before it fails");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Fulcrum coordinator");
+  fulcrum::SetUsage("Fulcrum coordinator");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   fulcrum::BlockTerminationSignals();

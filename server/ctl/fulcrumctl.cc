@@ -49,6 +49,7 @@
 #include "common/checkpoint_record.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
+#include "common/flags_usage.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
@@ -580,7 +581,7 @@ int Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsageText);
+  fulcrum::SetUsage(kUsageText);
   // Every failed call is reported once, as a line naming the command and a
   // hint; gRPC's own log lines (a TLS handshake failure) would repeat it in
   // its internal terms. GRPC_VERBOSITY=ERROR in the environment brings them back.

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process.h"
@@ -31,7 +32,7 @@ ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Fulcrum worker");
+  fulcrum::SetUsage("Fulcrum worker");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-worker", fulcrum::security::Role::kWorker); !s.ok()) {

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "common/flags_usage.h"
 #include "worker/data/text_hashing.h"
 
 ABSL_FLAG(std::string, input, "", "directory of documents (recursed)");
@@ -18,6 +19,7 @@ ABSL_FLAG(std::string, extension, "", "only files whose names end so");
 ABSL_FLAG(std::string, positive, "", "comma-separated folder-name substrings that mean label 1");
 
 int main(int argc, char** argv) {
+  fulcrum::SetUsage("hash a directory of text documents (label from the sub-directory) into LibSVM train/test files");
   absl::ParseCommandLine(argc, argv);
   fulcrum::data::TextToLibSvmOptions o;
   o.input_dir = absl::GetFlag(FLAGS_input);

@@ -15,6 +15,7 @@
 #include "absl/flags/usage.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
+#include "common/flags_usage.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/local_ps_client.h"
@@ -27,7 +28,7 @@ ABSL_FLAG(int32_t, epochs, 0, "override the spec's epochs (0: the spec's)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0: all cores)");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Train a Fulcrum job spec in one process");
+  fulcrum::SetUsage("Train a Fulcrum job spec in one process");
   absl::ParseCommandLine(argc, argv);
   fulcrum::v1::JobSpec spec;
   absl::Status s = fulcrum::config::ParseSpecFile(absl::GetFlag(FLAGS_spec), &spec);
