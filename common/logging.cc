@@ -6,6 +6,9 @@
 #include <cstring>
 #include <ctime>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace fulcrum {
 namespace {
 std::atomic<int> g_min_severity{0};
@@ -35,6 +38,13 @@ LogMessage::~LogMessage() {
   stream_ << '\n';
   const std::string s = stream_.str();
   std::fwrite(s.data(), 1, s.size(), stderr);
+}
+
+std::string HumanBytes(uint64_t n) {
+  if (n < 1024) return absl::StrCat(n, " B");
+  if (n < (uint64_t{1} << 20)) return absl::StrFormat("%.1f KiB", n / 1024.0);
+  if (n < (uint64_t{1} << 30)) return absl::StrFormat("%.1f MiB", n / 1048576.0);
+  return absl::StrFormat("%.1f GiB", n / 1073741824.0);
 }
 
 }  // namespace fulcrum

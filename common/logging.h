@@ -3,7 +3,9 @@
 #ifndef FULCRUM_COMMON_LOGGING_H_
 #define FULCRUM_COMMON_LOGGING_H_
 
+#include <cstdint>
 #include <sstream>
+#include <string>
 
 namespace fulcrum {
 
@@ -22,6 +24,9 @@ class LogMessage {
 
 // Messages below this severity are dropped (tests raise it to kWarning).
 void SetMinLogSeverity(LogSeverity severity);
+
+// A size for people, in binary units: "812 B", "30.7 KiB", "9.5 MiB", "8.0 GiB".
+std::string HumanBytes(uint64_t n);
 
 }  // namespace fulcrum
 

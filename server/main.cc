@@ -17,8 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -55,10 +54,7 @@ ABSL_FLAG(std::string, data_dir, "",
 namespace {
 
 // "8589934592 bytes (8.0 GiB)": exact for scripts and flags, readable for people.
-std::string Bytes(uint64_t n) {
-  if (n >= (uint64_t{1} << 30)) return absl::StrFormat("%u bytes (%.1f GiB)", n, n / 1073741824.0);
-  return absl::StrFormat("%u bytes (%.1f MiB)", n, n / 1048576.0);
-}
+std::string Bytes(uint64_t n) { return absl::StrCat(n, " bytes (", fulcrum::HumanBytes(n), ")"); }
 
 }  // namespace
 

@@ -40,7 +40,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,6 +49,7 @@
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
+#include "common/logging.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
@@ -89,11 +89,16 @@ int ExitFor(const grpc::Status& s) {
   }
 }
 
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
 // The CA the coordinator's certificate is checked against ("": the
-// system's roots), for the hint of a failed connection.
-std::string& CaFile() {
-  static std::string* ca = new std::string;
-  return *ca;
+// system's roots).
+std::string CaFile() {
+  const std::string flag = absl::GetFlag(FLAGS_tls_ca_file);
+  return flag.empty() ? Env("FULCRUM_TLS_CA_FILE") : flag;
 }
 
 int Fail(const grpc::Status& s, const std::string& what) {
@@ -133,11 +138,6 @@ void Authorize(grpc::ClientContext* ctx) {
   if (!Token().empty()) ctx->AddMetadata("authorization", "Bearer " + Token());
 }
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
 // Reads the credentials the header comment describes. Empty on success, else
 // what is wrong.
 std::string SetUpCredentials() {
@@ -159,10 +159,7 @@ std::string SetUpCredentials() {
     fulcrum::security::ConfigureInsecure();
     return "";
   }
-  std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
-  if (ca.empty()) ca = Env("FULCRUM_TLS_CA_FILE");
-  CaFile() = ca;
-  absl::Status s = fulcrum::security::ConfigureClientTls(ca);
+  absl::Status s = fulcrum::security::ConfigureClientTls(CaFile());
   return s.ok() ? "" : std::string(s.message());
 }
 
@@ -325,18 +322,10 @@ int Watch(fulcrum::v1::JobService::Stub* stub, const std::string& id) {
 
 // ---- checkpoints
 
-// "812 B", "94.2 kB", "2.4 MB", "1.3 GB" (SI units, as Prometheus and du -h --si).
-std::string Bytes(uint64_t n) {
-  if (n < 1000) return absl::StrCat(n, " B");
-  if (n < 1000 * 1000) return absl::StrFormat("%.1f kB", n / 1e3);
-  if (n < 1000 * 1000 * 1000) return absl::StrFormat("%.1f MB", n / 1e6);
-  return absl::StrFormat("%.1f GB", n / 1e9);
-}
-
 std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {
   return absl::StrFormat("  checkpoint %llu: step %llu (%s), %s on %d servers, pause %.1f ms, %s",
                          static_cast<unsigned long long>(c.cut_id()), static_cast<unsigned long long>(c.step()),
-                         c.trigger(), Bytes(c.bytes()), c.servers_size(), c.pause_seconds() * 1e3,
+                         c.trigger(), fulcrum::HumanBytes(c.bytes()), c.servers_size(), c.pause_seconds() * 1e3,
                          absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.created_unix_ms()), absl::LocalTimeZone()));
 }
 

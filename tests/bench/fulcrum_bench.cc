@@ -24,9 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,18 +71,6 @@ size_t g_max_bytes = size_t{64} << 20;  // largest dense tensor
 
 // ------------------------------------------------------------------ bounds
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 std::string Run(const std::string& cmd) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
@@ -99,7 +85,7 @@ std::string Run(const std::string& cmd) {
 // iperf3's received throughput on loopback in GB/s (0 when unavailable).
 double IperfGBps(int seconds) {
   if (Run("command -v iperf3").empty()) return 0;
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   const std::string server = absl::StrCat(g_netns.empty() ? "" : "ip netns exec " + g_netns + " ", "iperf3 -s -1 -p ",
                                           port, " >/dev/null 2>&1 &");
   std::system(server.c_str());
@@ -162,12 +148,12 @@ double AdamGBps(size_t n, int threads, int reps) {
 // ------------------------------------------------------------------ cluster
 
 struct Cluster {
-  size_t size = 0;
   std::vector<std::unique_ptr<ParameterServer>> ps;
   std::vector<std::unique_ptr<PsGrpcServer>> grpc;
   std::vector<pid_t> processes;  // with --server_binary
   std::string dir;               // their data directories and logs
   v1::ShardMap map;
+  size_t size() const { return processes.empty() ? ps.size() : processes.size(); }
   ~Cluster() {
     for (pid_t p : processes) kill(p, SIGTERM);
     for (pid_t p : processes) waitpid(p, nullptr, 0);
@@ -178,7 +164,6 @@ struct Cluster {
 // `n` fulcrum-server processes with a static shard map; exits on failure.
 std::unique_ptr<Cluster> StartProcesses(int n) {
   auto c = std::make_unique<Cluster>();
-  c->size = n;
   char tmpl[] = "/tmp/fulcrum-bench-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("fulcrum-bench: mkdtemp");
@@ -188,7 +173,7 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
   std::vector<int> ports;
   std::vector<std::string> addresses;
   for (int i = 0; i < n; ++i) {
-    ports.push_back(FreePort());
+    ports.push_back(testing::FreeLoopbackPort());
     addresses.push_back(absl::StrCat(g_server_host, ":", ports.back()));
   }
   for (int i = 0; i < n; ++i) {
@@ -212,7 +197,7 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
     c->processes.push_back(pid);
   }
   for (int i = 0; i < n; ++i) {
-    if (!testing::WaitForListeningOn(g_server_host, ports[i], 30000, c->processes[i])) {
+    if (!testing::WaitForListening(ports[i], 30000, c->processes[i], g_server_host)) {
       std::fprintf(stderr,
                    "fulcrum-bench: server %d exited or does not listen on %s after 30 s (log: %s/server-%d.log)\n", i,
                    addresses[i].c_str(), c->dir.c_str(), i);
@@ -228,7 +213,6 @@ std::unique_ptr<Cluster> StartProcesses(int n) {
 std::unique_ptr<Cluster> StartCluster(int n) {
   if (!g_server_binary.empty()) return StartProcesses(n);
   auto c = std::make_unique<Cluster>();
-  c->size = n;
   std::vector<std::string> addresses;
   for (int i = 0; i < n; ++i) {
     ParameterServerOptions o;
@@ -324,7 +308,7 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
-  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.size, inflight,
+  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.size(), inflight,
                 size, DTypeName(dtype), best, wire, params);
   (void)client->DeleteJob(job);
   return {row, wire};
@@ -371,7 +355,7 @@ void SparseRate(const Cluster& c, size_t keys, uint32_t dim) {
     push_s += Seconds(t1, t2);
   }
   std::printf("| sparse | %zu | %zu keys | dim %u | %.2f M rows/s pull | %.2f M rows/s push |\n",
-              c.size, keys, dim, keys * iters / pull_s / 1e6, keys * iters / push_s / 1e6);
+              c.size(), keys, dim, keys * iters / pull_s / 1e6, keys * iters / push_s / 1e6);
   (void)client->DeleteJob(job);
 }
 

@@ -1,9 +1,5 @@
 #include "tests/testing/process_util.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -13,13 +9,9 @@
 namespace fulcrum::testing {
 
 int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = LoopbackAddress(0);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  const int port = FreeLoopbackPort();
+  REQUIRE(port > 0);
+  return port;
 }
 
 Process Spawn(std::vector<std::string> args, const std::string& log) {

@@ -12,7 +12,7 @@
 
 namespace fulcrum::testing {
 
-// A 127.0.0.1 port free at the time of the call.
+// FreeLoopbackPort, failing the test when no port could be bound.
 int FreePort();
 
 struct Process {

@@ -22,11 +22,17 @@ sockaddr_in LoopbackAddress(int port) {
   return a;
 }
 
-bool WaitForListening(int port, int timeout_ms, pid_t pid) {
-  return WaitForListeningOn("127.0.0.1", port, timeout_ms, pid);
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = LoopbackAddress(0);
+  socklen_t len = sizeof(a);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  return bound ? ntohs(a.sin_port) : 0;
 }
 
-bool WaitForListeningOn(const std::string& ip, int port, int timeout_ms, pid_t pid) {
+bool WaitForListening(int port, int timeout_ms, pid_t pid, const std::string& ip) {
   sockaddr_in a = LoopbackAddress(port);
   if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return false;
   for (int waited = 0;; waited += 50) {

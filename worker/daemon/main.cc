@@ -10,7 +10,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"

@@ -12,7 +12,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
