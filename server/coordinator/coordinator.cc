@@ -570,7 +570,11 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   if (it == nodes_.end() || !it->second.alive) {
     return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   }
-  it->second.last_heartbeat = absl::Now();
+  // last_heartbeat is not touched again here: the caller may have died
+  // during the wait, and a server restarted at its address wakes this call
+  // (RegisterNode bumps the generation) just after marking the old entry
+  // overdue. Refreshing it then kept a kill -9'd server "alive" for another
+  // node_timeout, and its jobs rolled back twice.
   v1::HeartbeatResponse r;
   r.set_generation(generation_);
   if (shard_map_) *r.mutable_shard_map() = *shard_map_;

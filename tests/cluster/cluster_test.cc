@@ -4,6 +4,7 @@
 // fulcrumctl does.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -256,6 +257,62 @@ TEST_CASE("a job whose data is missing fails with the reason and the file", "[cl
   CHECK(j.status().state() == v1::FAILED);
   CHECK(j.status().reason() == "BadData");
   CHECK(j.status().message().find("digits/nope.csv") != std::string::npos);
+}
+
+TEST_CASE("a server restarted at its address retires the old entry at once even while its heartbeat is parked",
+          "[cluster]") {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-reregister-", getpid());
+  fs::remove_all(dir);
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  o.heartbeat_interval = absl::Seconds(5);  // the long poll stays parked for up to this
+  o.node_timeout = absl::Seconds(20);
+  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(c.ok());
+  Coordinator& coordinator = **c;
+  v1::NodeInfo info;
+  info.set_role(v1::SERVER);
+  info.set_address("127.0.0.1:1");  // nothing listens: map installs fail and are retried
+  auto old_node = coordinator.RegisterNode(info);
+  REQUIRE(old_node.ok());
+  // The old process heartbeats as node agents do: each call waits for a
+  // change, and the next starts as soon as one returns. When it dies, its
+  // last call is still waiting.
+  std::atomic<bool> killed{false};
+  std::thread agent([&] {
+    v1::HeartbeatRequest hb;
+    hb.set_node_id(old_node->node_id());
+    hb.set_wait_ms(5000);
+    while (!killed.load()) {
+      auto r = coordinator.Heartbeat(hb);
+      if (!r.ok()) return;
+      hb.set_generation(r->generation());
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the shard map is made; the agent waits
+  killed = true;
+  const absl::Time restarted = absl::Now();
+  auto new_node = coordinator.RegisterNode(info);  // same address, no node id: a new process
+  REQUIRE(new_node.ok());
+  CHECK(new_node->node_id() != old_node->node_id());
+  auto alive = [&](const std::string& id) {
+    const v1::ClusterState cs = coordinator.GetCluster();
+    for (const auto& n : cs.nodes()) {
+      if (n.info().node_id() == id) return n.alive();
+    }
+    return false;
+  };
+  while (alive(old_node->node_id()) && absl::Now() - restarted < absl::Seconds(15)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Declared dead by the next scheduler tick (100 ms), not a node_timeout
+  // (20 s) after the parked heartbeat woke.
+  CHECK_FALSE(alive(old_node->node_id()));
+  CHECK(absl::Now() - restarted < absl::Seconds(5));
+  CHECK(alive(new_node->node_id()));
+  agent.join();
+  c->reset();
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
