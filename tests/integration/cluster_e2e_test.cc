@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <exception>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <thread>
 
@@ -16,10 +18,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "tests/testing/process_util.h"
+#include "tests/testing/subprocess.h"
 
 namespace fulcrum {
 namespace {
@@ -68,7 +73,11 @@ class ProcessCluster {
       int status;
       waitpid(pid, &status, 0);
     }
-    fs::remove_all(dir_);
+    // A failed REQUIRE or FAIL unwinds through here: the end of every
+    // process's log goes to stderr, since the directory is then removed
+    // (FULCRUM_TEST_KEEP_DIR=1 keeps it).
+    if (std::uncaught_exceptions() > 0) DumpLogs();
+    if (getenv("FULCRUM_TEST_KEEP_DIR") == nullptr) fs::remove_all(dir_);
   }
 
   // A server with its checkpoints in <dir>/server-N.
@@ -86,7 +95,19 @@ class ProcessCluster {
       REQUIRE(kill(pid, SIGKILL) == 0);
       int status;
       waitpid(pid, &status, 0);
-      if (restart) pid = Spawn(args_[name], (dir_ / "logs" / absl::StrCat(name, "-", ++restarts_, ".log")).string());
+      if (!restart) return;
+      const std::string log = (dir_ / "logs" / absl::StrCat(name, "-", ++restarts_, ".log")).string();
+      pid = Spawn(args_[name], log);
+      // Back at the same port, or the test says why (another process may
+      // have taken the port meanwhile) instead of waiting for it.
+      int port = 0;
+      for (const std::string& a : args_[name]) {
+        if (a.rfind("--listen=", 0) == 0) port = std::stoi(a.substr(a.rfind(':') + 1));
+      }
+      if (port != 0 && !testing::WaitForListening(port, 30000, pid)) {
+        FAIL(name << " restarted as pid " << pid << " is not listening on port " << port << " after 30 s: "
+                  << testing::ReadFile(log));
+      }
       return;
     }
     FAIL("no process " << name);
@@ -179,7 +200,10 @@ class ProcessCluster {
     return cs;
   }
 
+  // Fails with the logs before ctest's 300 s per-case timeout would kill
+  // the test silently.
   v1::Job WaitEnd(const std::string& id, absl::Duration limit = absl::Minutes(4)) {
+    limit = std::min(limit, budget_end_ - absl::Now());
     const absl::Time end = absl::Now() + limit;
     for (;;) {
       v1::Job j = Get(id);
@@ -196,6 +220,17 @@ class ProcessCluster {
   const fs::path& dir() const { return dir_; }
 
  private:
+  void DumpLogs() const {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir_ / "logs", ec)) {
+      const std::string text = testing::ReadFile(entry.path().string());
+      const size_t from = text.size() > 6000 ? text.size() - 6000 : 0;
+      std::cerr << "---- last " << text.size() - from << " bytes of " << entry.path().string() << "\n"
+                << text.substr(from) << "\n";
+    }
+    std::cerr << "---- " << dir_.string() << (getenv("FULCRUM_TEST_KEEP_DIR") ? " kept" : " removed") << std::endl;
+  }
+
   void Start(const std::string& name, std::vector<std::string> args) {
     args.push_back("--metrics_addr=127.0.0.1:0");  // tests run side by side
     args_[name] = args;
@@ -203,6 +238,7 @@ class ProcessCluster {
   }
 
   static inline int counter_ = 0;
+  const absl::Time budget_end_ = absl::Now() + absl::Seconds(280);
   fs::path dir_;
   std::string coordinator_;
   int slots_;
