@@ -1384,6 +1384,14 @@ void Coordinator::RunRestore(RestoreTask t) {
         return;
       }
       st->set_restoring_cut(cps->rbegin()->cut_id());
+    } else if (absl::Now() - r.restore_since > options_.restore_timeout) {
+      // Retried at every tick until then; a failure that persists (a server
+      // that cannot hold the job, a source that never answers) must end the
+      // job with its cause, not leave it restoring for ever.
+      FinishLocked(r, v1::FAILED, "RestoreFailed",
+                   absl::StrCat("restoring checkpoint ", t.cut.cut_id(), " still failed after ",
+                                absl::FormatDuration(options_.restore_timeout), ": ", failed.message()));
+      return;
     }
     SaveJobLocked(r, true);
     return;

@@ -35,6 +35,43 @@ std::string Example(const std::string& name) {
   return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name;
 }
 
+// Set by a test to make every restore fail on the coordinator's side of
+// the call, as a server that cannot take the job back would.
+std::atomic<bool> g_fail_restores{false};
+
+// The coordinator's real gRPC control of the servers, with that fault.
+class FaultyControl : public ServerControl {
+ public:
+  FaultyControl() : real_(NewGrpcServerControl(absl::Seconds(5))) {}
+  absl::Status InstallShardMap(const std::string& a, const v1::ShardMap& m) override {
+    return real_->InstallShardMap(a, m);
+  }
+  absl::Status DeleteJob(const std::string& a, const std::string& j) override { return real_->DeleteJob(a, j); }
+  absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& a, const std::string& j, uint64_t cut,
+                                              uint64_t at_step, absl::Duration wait) override {
+    return real_->Checkpoint(a, j, cut, at_step, wait);
+  }
+  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& a, const std::string& j, uint64_t cut,
+                                           const std::vector<std::string>& sources, uint32_t inc) override {
+    if (g_fail_restores.load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
+    return real_->Restore(a, j, cut, sources, inc);
+  }
+  absl::Status DeleteCut(const std::string& a, const std::string& j, uint64_t cut) override {
+    return real_->DeleteCut(a, j, cut);
+  }
+  absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& a, const std::string& j) override {
+    return real_->ListCuts(a, j);
+  }
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& a,
+                                                     const v1::ReadCheckpointRequest& r) override {
+    return real_->ReadCut(a, r);
+  }
+  void CancelAll() override { real_->CancelAll(); }
+
+ private:
+  std::unique_ptr<ServerControl> real_;
+};
+
 struct Server {
   std::unique_ptr<ParameterServer> ps;
   std::unique_ptr<PsGrpcServer> grpc;
@@ -43,7 +80,8 @@ struct Server {
 
 class InProcessCluster {
  public:
-  InProcessCluster(int servers, int workers, uint32_t slots = 1) {
+  InProcessCluster(int servers, int workers, uint32_t slots = 1,
+                   absl::Duration restore_timeout = absl::Minutes(5)) {
     dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-cluster-", getpid(), "-", counter_++);
     fs::remove_all(dir_);
     CoordinatorOptions o;
@@ -51,6 +89,7 @@ class InProcessCluster {
     o.heartbeat_interval = absl::Milliseconds(200);
     o.node_timeout = absl::Seconds(2);
     o.min_servers = static_cast<uint32_t>(servers);
+    o.restore_timeout = restore_timeout;
     options_ = o;
     StartCoordinator();
     for (int i = 0; i < servers; ++i) {
@@ -106,7 +145,7 @@ class InProcessCluster {
 
  private:
   void StartCoordinator() {
-    auto c = Coordinator::Open(options_, NewGrpcServerControl(absl::Seconds(5)));
+    auto c = Coordinator::Open(options_, std::make_unique<FaultyControl>());
     INFO(c.status().ToString());
     REQUIRE(c.ok());
     coordinator_ = *std::move(c);
@@ -414,6 +453,37 @@ TEST_CASE("cuts taken every second and on demand are committed on every server, 
 // SSP and ASP cuts are taken when asked, at whatever step the ranks are
 // on: the coordinator must still ask once per every_steps boundary, not at
 // every tick once the next boundary is near (which took a cut every 0.1 s).
+TEST_CASE("a restore that keeps failing fails the job after restore_timeout with the servers' error",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 1, 1, /*restore_timeout=*/absl::Seconds(2));
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.mutable_checkpoint()->set_every_steps(50);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  int events = 0;
+  v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  REQUIRE(j.status().checkpoints_size() > 0);
+
+  g_fail_restores = true;
+  v1::RestoreJobRequest req;
+  req.set_job_id(id);
+  v1::Job accepted;
+  grpc::Status s = cluster.jobs()->RestoreJob(Ctx().get(), req, &accepted);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  const absl::Time asked = absl::Now();
+  j = WatchToEnd(cluster.jobs(), id, &events);
+  g_fail_restores = false;
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::FAILED);
+  CHECK(j.status().reason() == "RestoreFailed");
+  CHECK(j.status().message().find("still failed after 2s") != std::string::npos);
+  CHECK(j.status().message().find("no room (injected)") != std::string::npos);
+  CHECK(absl::Now() - asked >= absl::Seconds(2));
+}
+
 TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][checkpoint]") {
   InProcessCluster cluster(1, 2);
   v1::JobSpec spec = DigitsSpec();
