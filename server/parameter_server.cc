@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -134,7 +135,7 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string&
   if (draining_) return absl::UnavailableError("server is shutting down");
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not on this server"));
+    return JobNotOnServerError(job_id);
   }
   return it->second;
 }
@@ -187,7 +188,7 @@ absl::StatusOr<uint64_t> ParameterServer::DeleteJob(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not on this server"));
+      return JobNotOnServerError(job_id);
     }
     job = std::move(it->second);
     jobs_.erase(it);

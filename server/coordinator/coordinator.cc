@@ -644,7 +644,10 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", req.error());
     // Bad data and bad specs fail the same way every time; anything else
     // (a server that lost its state, a crash) rolls back to the last cut.
-    if (reason != "BadData" && reason != "BadSpec" && BeginRollbackLocked(r, 0, reason, message, true)) {
+    // A server that lost the job (ServerLost) does not count against the
+    // backoff limit, as when the scheduler finds a server dead.
+    if (reason != "BadData" && reason != "BadSpec" &&
+        BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
       resp.set_stop(true);
       return resp;
     }

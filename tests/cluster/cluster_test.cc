@@ -484,6 +484,58 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   CHECK(absl::Now() - asked >= absl::Seconds(2));
 }
 
+TEST_CASE("a rank's ServerLost rolls the job back without counting against its backoff limit and other errors count",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(400);
+  spec.mutable_checkpoint()->set_every_steps(50);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  // Reports rank 0's failure as its worker would, once the rank is training
+  // (again) after a committed cut; returns the job after the rollback.
+  auto fail_rank0 = [&](const std::string& reason, uint32_t rollbacks_before) {
+    v1::Job j;
+    for (int tries = 0; tries < 600; ++tries) {
+      j = Get(cluster.jobs(), id);
+      const auto& w = j.status().workers(0);
+      if (j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && !w.worker_id().empty() &&
+          w.state() == "training") {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    REQUIRE(j.status().state() == v1::RUNNING);
+    REQUIRE(j.status().rollbacks() == rollbacks_before);
+    v1::ReportProgressRequest req;
+    req.set_node_id(j.status().workers(0).worker_id());
+    req.set_job_id(id);
+    req.set_rank(0);
+    req.set_incarnation(j.status().workers(0).incarnation());
+    req.set_error(absl::StrCat("pull from a server: job '", id, "' is not on this server"));
+    req.set_error_reason(reason);
+    v1::ReportProgressResponse resp;
+    grpc::Status s = cluster_stub->ReportProgress(Ctx().get(), req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    CHECK(resp.stop());
+    return Get(cluster.jobs(), id);
+  };
+  v1::Job j = fail_rank0("ServerLost", 0);
+  INFO(j.status().message());
+  CHECK(j.status().rollbacks() == 1);
+  CHECK(j.status().restarts() == 0);
+  CHECK(j.status().reason() == "ServerLost");
+  j = fail_rank0("WorkerError", 1);
+  CHECK(j.status().rollbacks() == 2);
+  CHECK(j.status().restarts() == 1);
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::Job cancelled;
+  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+}
+
 TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][checkpoint]") {
   InProcessCluster cluster(1, 2);
   v1::JobSpec spec = DigitsSpec();

@@ -697,10 +697,17 @@ TEST_CASE("dense initial values do not depend on placement", "[dense]") {
 TEST_CASE("an unknown job is NOT_FOUND", "[errors]") {
   auto cluster = TestCluster::Start();
   auto c = cluster->Client(0);
-  REQUIRE_STATUS(c->OpenJob("nope"), absl::StatusCode::kNotFound, "job 'nope'");
+  const absl::Status open = c->OpenJob("nope");
+  REQUIRE_STATUS(open, absl::StatusCode::kNotFound, "job 'nope'");
   auto stub = RawStub(cluster->address(0));
-  REQUIRE_STATUS(RawPush(stub.get(), DensePush("nope", "w", 0, {1.0f}, 1)),
-                 absl::StatusCode::kNotFound, "job 'nope' is not on this server");
+  const absl::Status push = RawPush(stub.get(), DensePush("nope", "w", 0, {1.0f}, 1));
+  REQUIRE_STATUS(push, absl::StatusCode::kNotFound, "job 'nope' is not on this server");
+  // Workers tell this answer apart (a restarted server: "ServerLost"),
+  // also with the client's context in front, from any other NOT_FOUND.
+  CHECK(IsJobNotOnServer(push));
+  CHECK(IsJobNotOnServer(Annotate(push, "pull from 127.0.0.1:1")));
+  CHECK_FALSE(IsJobNotOnServer(absl::NotFoundError("no table 'w' in job 'nope'")));
+  CHECK_FALSE(IsJobNotOnServer(absl::AbortedError("job 'nope' is not on this server")));
 }
 
 TEST_CASE("wrong dtype, shape, dim and key count are INVALID_ARGUMENT naming the table", "[errors]") {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/errors.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/rpc/grpc_util.h"
@@ -176,7 +177,9 @@ class WorkerDaemon::Runner {
       FLOG(WARNING) << tag << ": failed: " << s;
       v1::ReportProgressRequest r = Base();
       r.set_error(std::string(s.message()));
-      r.set_error_reason(reason_.empty() ? "WorkerError" : reason_);
+      // A server that no longer holds the running job was restarted: the
+      // coordinator rolls back as for any server it declares lost.
+      r.set_error_reason(IsJobNotOnServer(s) ? "ServerLost" : reason_.empty() ? "WorkerError" : reason_);
       progress_.set_state("failed");
       *r.mutable_progress() = progress_;
       Report(r);
