@@ -1,8 +1,8 @@
 #include "common/errors.h"
 
 #include "absl/strings/cord.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace fulcrum {

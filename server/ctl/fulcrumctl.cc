@@ -101,17 +101,23 @@ std::string CaFile() {
   return flag.empty() ? Env("FULCRUM_TLS_CA_FILE") : flag;
 }
 
+// What this client expects the coordinator to serve, for the hint of an
+// unreachable coordinator.
+std::string ExpectedTransport() {
+  if (!fulcrum::security::TlsEnabled()) return "plaintext (--insecure)";
+  const std::string ca = CaFile();
+  if (ca.empty()) {
+    return "TLS signed by a CA of this system's trust store (no --tls_ca_file or $FULCRUM_TLS_CA_FILE given; a "
+           "local cluster's CA is RUN_DIR/tls/ca.crt)";
+  }
+  return absl::StrCat("TLS signed by the CA in ", ca);
+}
+
 int Fail(const grpc::Status& s, const std::string& what) {
   std::string hint;
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
     hint = absl::StrCat(" (is fulcrum-coordinator running at ", absl::GetFlag(FLAGS_coordinator),
-                        "? set --coordinator; does it serve ",
-                        !fulcrum::security::TlsEnabled() ? std::string("plaintext (--insecure)")
-                        : CaFile().empty()
-                            ? std::string("TLS signed by a CA of this system's trust store (no --tls_ca_file or "
-                                          "$FULCRUM_TLS_CA_FILE given; a local cluster's CA is RUN_DIR/tls/ca.crt)")
-                            : absl::StrCat("TLS signed by the CA in ", CaFile()),
-                        " as this client expects?)");
+                        "? set --coordinator; does it serve ", ExpectedTransport(), " as this client expects?)");
   }
   std::cerr << "fulcrumctl: " << what << ": " << s.error_message() << hint << "\n";
   return ExitFor(s);

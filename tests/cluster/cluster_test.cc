@@ -35,14 +35,12 @@ std::string Example(const std::string& name) {
   return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name;
 }
 
-// Set by a test to make every restore fail on the coordinator's side of
-// the call, as a server that cannot take the job back would.
-std::atomic<bool> g_fail_restores{false};
-
-// The coordinator's real gRPC control of the servers, with that fault.
+// The coordinator's real gRPC control of the servers, where a test can make
+// every restore fail, as a server that cannot take the job back would.
 class FaultyControl : public ServerControl {
  public:
-  FaultyControl() : real_(NewGrpcServerControl(absl::Seconds(5))) {}
+  explicit FaultyControl(const std::atomic<bool>* fail_restores)
+      : fail_restores_(fail_restores), real_(NewGrpcServerControl(absl::Seconds(5))) {}
   absl::Status InstallShardMap(const std::string& a, const v1::ShardMap& m) override {
     return real_->InstallShardMap(a, m);
   }
@@ -53,7 +51,7 @@ class FaultyControl : public ServerControl {
   }
   absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& a, const std::string& j, uint64_t cut,
                                            const std::vector<std::string>& sources, uint32_t inc) override {
-    if (g_fail_restores.load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
+    if (fail_restores_->load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
     return real_->Restore(a, j, cut, sources, inc);
   }
   absl::Status DeleteCut(const std::string& a, const std::string& j, uint64_t cut) override {
@@ -69,6 +67,7 @@ class FaultyControl : public ServerControl {
   void CancelAll() override { real_->CancelAll(); }
 
  private:
+  const std::atomic<bool>* fail_restores_;
   std::unique_ptr<ServerControl> real_;
 };
 
@@ -140,12 +139,13 @@ class InProcessCluster {
   }
 
   v1::JobService::Stub* jobs() { return jobs_.get(); }
+  void FailRestores(bool on) { fail_restores_ = on; }
   std::vector<Server>& servers() { return servers_; }
   const std::string& address() const { return address_; }
 
  private:
   void StartCoordinator() {
-    auto c = Coordinator::Open(options_, std::make_unique<FaultyControl>());
+    auto c = Coordinator::Open(options_, std::make_unique<FaultyControl>(&fail_restores_));
     INFO(c.status().ToString());
     REQUIRE(c.ok());
     coordinator_ = *std::move(c);
@@ -159,6 +159,7 @@ class InProcessCluster {
   static inline int counter_ = 0;
   fs::path dir_;
   CoordinatorOptions options_;
+  std::atomic<bool> fail_restores_{false};  // read by the coordinator's FaultyControl
   std::string address_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorGrpcServer> grpc_;
@@ -466,7 +467,7 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   REQUIRE(j.status().state() == v1::SUCCEEDED);
   REQUIRE(j.status().checkpoints_size() > 0);
 
-  g_fail_restores = true;
+  cluster.FailRestores(true);
   v1::RestoreJobRequest req;
   req.set_job_id(id);
   v1::Job accepted;
@@ -475,7 +476,6 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   REQUIRE(s.ok());
   const absl::Time asked = absl::Now();
   j = WatchToEnd(cluster.jobs(), id, &events);
-  g_fail_restores = false;
   INFO(j.status().message());
   CHECK(j.status().state() == v1::FAILED);
   CHECK(j.status().reason() == "RestoreFailed");

@@ -7,8 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -76,8 +76,9 @@ class ProcessCluster {
     // A failed REQUIRE or FAIL unwinds through here: the end of every
     // process's log goes to stderr, since the directory is then removed
     // (FULCRUM_TEST_KEEP_DIR=1 keeps it).
-    if (std::uncaught_exceptions() > 0) DumpLogs();
-    if (getenv("FULCRUM_TEST_KEEP_DIR") == nullptr) fs::remove_all(dir_);
+    const bool keep = getenv("FULCRUM_TEST_KEEP_DIR") != nullptr;
+    if (std::uncaught_exceptions() > 0) DumpLogs(keep);
+    if (!keep) fs::remove_all(dir_);
   }
 
   // A server with its checkpoints in <dir>/server-N.
@@ -220,7 +221,7 @@ class ProcessCluster {
   const fs::path& dir() const { return dir_; }
 
  private:
-  void DumpLogs() const {
+  void DumpLogs(bool kept) const {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir_ / "logs", ec)) {
       const std::string text = testing::ReadFile(entry.path().string());
@@ -228,7 +229,7 @@ class ProcessCluster {
       std::cerr << "---- last " << text.size() - from << " bytes of " << entry.path().string() << "\n"
                 << text.substr(from) << "\n";
     }
-    std::cerr << "---- " << dir_.string() << (getenv("FULCRUM_TEST_KEEP_DIR") ? " kept" : " removed") << std::endl;
+    std::cerr << "---- " << dir_.string() << (kept ? " kept" : " removed") << std::endl;
   }
 
   void Start(const std::string& name, std::vector<std::string> args) {
