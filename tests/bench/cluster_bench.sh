@@ -90,6 +90,10 @@ sone_tls=$(cluster_run 7220 1 1 "$tmp/ssp1.yaml" tls)
 sone_bf=$(cluster_run 7230 1 1 "$tmp/ssp1bf.yaml" plain)
 base3=$(local_run "$tmp/bsp1.yaml")
 base=$(printf '%s\n' "$base1" "$base2" "$base3" | sort -n | sed -n 2p)
+# This machine's loopback throughput and the cost of one gRPC round trip,
+# measured now: with them, the most a 1 server + 1 worker BSP cluster can
+# reach (below the table).
+bounds=$("$build/tests/bench/fulcrum-bench" --bounds_only)
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 echo "MNIST MLP 784-256-10, batch $batch per worker, best of $epochs epochs, $(nproc) cores"
 row() { printf '| %s | %s | %s |\n' "$1" "$2" "$(ratio "$2" "$base")"; }
@@ -104,3 +108,28 @@ row "SSP(1): one process" "$sbase"
 row "SSP(1): cluster, 1 server + 1 worker, plaintext" "$sone"
 row "SSP(1): cluster, 1 server + 1 worker, mutual TLS" "$sone_tls"
 row "SSP(1): cluster, 1 server + 1 worker, plaintext, bf16 on the wire" "$sone_bf"
+# The BSP ceiling, estimated from its parts. A 1 server + 1 worker step
+# takes the baseline's step (the same compute and the same Adam), plus one
+# round trip (step s+1's pull is sent with step s's push and answered once
+# step s is applied: fulcrum-bench's "worker" pattern), plus the model's fp32
+# bytes crossing once each way at iperf3's rate, one after the other. The
+# parts are measured minutes apart on a machine whose speed swings by 20-40%,
+# so this is an estimate, not a hard bound.
+gbps=$(sed -n 's/^loopback bound: iperf3 -c [^ ]* = \([0-9.]*\) GB\/s.*/\1/p' <<<"$bounds")
+rtt_us=$(sed -n 's/^round trip: empty unary gRPC call .* = \([0-9]*\) us.*/\1/p' <<<"$bounds")
+if [[ -n "$gbps" && -n "$rtt_us" && "$gbps" != "0.00" ]]; then
+  python3 - "$base" "$batch" "$gbps" "$rtt_us" "$one" <<'PY'
+import sys
+base, batch, gbps, rtt_us, one = (float(a) for a in sys.argv[1:])
+params = (784 * 256 + 256) + (256 * 10 + 10)   # the 784-256-10 MLP's weights and biases
+step = batch / base
+wire = 2 * params * 4 / (gbps * 1e9)
+floor = step + rtt_us * 1e-6 + wire
+print(f"\nBSP 1 server + 1 worker, estimated ceiling on this machine: {step * 1e3:.2f} ms baseline step "
+      f"+ {rtt_us / 1e3:.2f} ms gRPC round trip + {wire * 1e3:.2f} ms for {2 * params * 4 / 1e6:.2f} MB at "
+      f"{gbps:.2f} GB/s = {floor * 1e3:.2f} ms a step, {step / floor:.2f} of the baseline; "
+      f"measured {one / base:.2f} (plaintext), {one / base / (step / floor):.2f} of the estimate")
+PY
+else
+  echo "BSP ceiling: not estimated (fulcrum-bench --bounds_only printed no loopback bound or round trip)"
+fi

@@ -1,7 +1,12 @@
 // fulcrum-bench: throughput of the parameter-server data path on this
 // machine, printed next to bounds measured in the same run:
 //   - loopback TCP (iperf3 -c 127.0.0.1), the bound for push+pull;
-//   - memory bandwidth of a read-modify-write pass, the bound for Adam.
+//   - memory bandwidth of a read-modify-write pass, the bound for Adam;
+//   - round-trip latency: a 1-byte TCP ping-pong on 127.0.0.1 and an empty
+//     unary gRPC call (GetShardMap) to the first server, which with
+//     iperf3's throughput gives a floor for one tensor at a time: a push
+//     and a pull are two calls, so no transport can beat
+//     2 x (empty call) + (bytes on the wire) / (iperf3 throughput).
 // Servers run in this process on 127.0.0.1 ports (gRPC over real TCP), or
 // as fulcrum-server processes with --server_binary.
 //
@@ -24,7 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,10 +41,12 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
 #include "server/optimizer.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/subprocess.h"
 #include "worker/rpc/grpc_ps_client.h"
 
@@ -53,6 +64,8 @@ size_t g_message_bytes = 1 << 20;  // client max_payload_bytes
 int g_channels = 4;
 bool g_only_dense = false;
 int g_dtype_filter = 0;  // 0: fp32 and bf16
+int g_pattern_filter = 0;  // 0: both; 1: serial; 2: worker (see Pattern)
+bool g_bounds_only = false;  // loopback throughput and round trips only (tests/bench/cluster_bench.sh)
 bool g_stream = false;
 std::string g_tls_dir;  // certificates from deploy/tls/gen-certs.sh: mutual TLS
 // Tensors pushed and pulled concurrently, one thread each; 0: 1, and 4 for
@@ -125,6 +138,68 @@ double RmwGBps(size_t n, int threads, int reps) {
   });
   if (acc[n / 2] == 0) std::printf("?");  // keep the loop observable
   return gbps;
+}
+
+// Median microseconds of a 1-byte TCP round trip between two threads over
+// 127.0.0.1 (TCP_NODELAY): what the kernel and the scheduler cost per
+// request and response before any RPC layer. 0 when sockets fail.
+double TcpRoundTripUs(int rounds) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, 1) != 0) {
+    if (listener >= 0) close(listener);
+    return 0;
+  }
+  const int one = 1;
+  std::thread echo([&] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char b;
+    while (read(c, &b, 1) == 1 && write(c, &b, 1) == 1) {
+    }
+    close(c);
+  });
+  const int c = socket(AF_INET, SOCK_STREAM, 0);
+  std::vector<double> us;
+  if (c >= 0 && connect(c, reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char b = 'x';
+    for (int i = 0; i < rounds; ++i) {
+      const auto t0 = Clock::now();
+      if (write(c, &b, 1) != 1 || read(c, &b, 1) != 1) break;
+      us.push_back(Seconds(t0, Clock::now()) * 1e6);
+    }
+  }
+  if (c >= 0) close(c);  // ends the echo thread's read
+  echo.join();
+  close(listener);
+  if (us.empty()) return 0;
+  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+  return us[us.size() / 2];
+}
+
+// Median microseconds of an empty unary call (GetShardMap, a few bytes each
+// way) to `address` over a channel made as the client library makes its
+// own: gRPC's per-call cost on this machine, the latency part of the floor.
+double GrpcRoundTripUs(const std::string& address, int calls) {
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, 0));
+  std::vector<double> us;
+  for (int i = 0; i < calls + 20; ++i) {  // the first calls connect and warm up
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetShardMapRequest request;
+    v1::ShardMap response;
+    const auto t0 = Clock::now();
+    if (!stub->GetShardMap(&ctx, request, &response).ok()) return 0;
+    if (i >= 20) us.push_back(Seconds(t0, Clock::now()) * 1e6);
+  }
+  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+  return us[us.size() / 2];
 }
 
 // GB/s of the server's Adam apply (w, m, v read and written, g read: 28 bytes/element).
@@ -245,38 +320,61 @@ int g_job = 0;
 struct DenseResult {
   std::string row;
   double wire_gbps = 0;
+  int inflight = 0;
+  double per_second = 0;   // push+pull pairs per second, all threads
+  double wire_bytes = 0;   // payload bytes of one push plus one pull
+  int calls = 2;           // round trips one push+pull waits for
 };
 
-DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int inflight) {
+// How a tensor's push and pull follow each other.
+enum class Pattern {
+  // ASP: push, wait for its answer, pull, wait: two calls one after the other.
+  kSerial,
+  // As fulcrum-worker does under BSP: a one-worker BSP job whose step s+1
+  // pull goes out together with step s's push; the server answers it from
+  // the thread that applied step s, so a push+pull costs one round trip.
+  kWorker,
+};
+
+DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int inflight, Pattern pattern) {
   const size_t n = bytes / 4;
   auto client = Client(c, dtype);
-  const std::string job = absl::StrCat("dense", g_job++);
-  v1::PsJobSpec spec;
-  spec.set_job_id(job);
-  spec.set_num_workers(1);
-  spec.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
-  // One table per tensor in flight: a model of `inflight` equal tensors.
-  for (int i = 0; i < inflight; ++i) {
-    auto* t = spec.add_tables();
-    t->set_name(absl::StrCat("w", i));
-    t->set_kind(v1::TableSpec::DENSE);
-    t->add_shape(static_cast<int64_t>(n));
-    t->set_chunk_elements(static_cast<uint32_t>(g_chunk_elements));
-    t->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-    t->mutable_optimizer()->set_learning_rate(0.001f);
+  // kSerial: one ASP job with one table per tensor in flight (a model of
+  // `inflight` equal tensors). kWorker: one BSP job per tensor, as a BSP
+  // step is one push per worker.
+  const bool worker = pattern == Pattern::kWorker;
+  std::vector<std::string> jobs;
+  for (int j = 0; j < (worker ? inflight : 1); ++j) {
+    jobs.push_back(absl::StrCat("dense", g_job++));
+    v1::PsJobSpec spec;
+    spec.set_job_id(jobs.back());
+    spec.set_num_workers(1);
+    spec.mutable_consistency()->set_model(worker ? v1::ConsistencySpec::BSP : v1::ConsistencySpec::ASP);
+    for (int i = 0; i < (worker ? 1 : inflight); ++i) {
+      auto* t = spec.add_tables();
+      t->set_name(absl::StrCat("w", worker ? j : i));
+      t->set_kind(v1::TableSpec::DENSE);
+      t->add_shape(static_cast<int64_t>(n));
+      t->set_chunk_elements(static_cast<uint32_t>(g_chunk_elements));
+      t->mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
+      t->mutable_optimizer()->set_learning_rate(0.001f);
+    }
+    if (absl::Status s = client->CreateJob(spec); !s.ok()) {
+      return {absl::StrCat("| dense | error: ", s.ToString()), 0};
+    }
   }
-  if (!client->CreateJob(spec).ok()) return {};
   // Best of three windows of about a second each (one short one with --quick).
-  // Each thread pushes its tensor and then pulls it back, as one layer of a
-  // worker does; with inflight > 1 the tensors' round trips overlap.
+  // Each thread pushes its tensor and pulls it back, as one layer of a worker
+  // does; with inflight > 1 the tensors' round trips overlap.
   const double window_s = g_quick ? 0.05 : 1.0;
   double best = 0;
   absl::Status error;
   std::mutex mu;
   // Each thread's gradient and weights, allocated (and faulted in) once,
-  // outside the timed windows.
+  // outside the timed windows; and its BSP clock, which runs on across them.
   std::vector<std::vector<float>> grads(inflight, std::vector<float>(n, 0.5f));
   std::vector<std::vector<float>> weights(inflight, std::vector<float>(n));
+  std::vector<uint64_t> steps(inflight, 0);
   for (int window = 0; window < (g_quick ? 1 : 3); ++window) {
     std::atomic<int> iters{0};
     const auto t0 = Clock::now();
@@ -284,11 +382,20 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
     for (int i = 0; i < inflight; ++i) {
       threads.emplace_back([&, i] {
         const std::string table = absl::StrCat("w", i);
+        const std::string& job = jobs[worker ? i : 0];
         std::vector<float>& g = grads[i];
         std::vector<float>& w = weights[i];
         do {
-          absl::Status s = client->Push(job, {0, {{table, g.data(), n}}, {}});
-          if (s.ok()) s = client->Pull(job, {0, {{table, w.data(), n}}, {}});
+          absl::Status s;
+          if (worker) {
+            const uint64_t step = steps[i]++;
+            Future<absl::Status> pulled = client->PullAsync(job, {step + 1, {{table, w.data(), n}}, {}});
+            s = client->Push(job, {step, {{table, g.data(), n}}, {}});
+            s.Update(pulled.Wait());
+          } else {
+            s = client->Push(job, {0, {{table, g.data(), n}}, {}});
+            if (s.ok()) s = client->Pull(job, {0, {{table, w.data(), n}}, {}});
+          }
           if (!s.ok()) {
             std::lock_guard<std::mutex> l(mu);
             error = s;
@@ -308,10 +415,10 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
-  std::snprintf(row, sizeof(row), "| dense | %zu | %d | %s | %s | %.0f | %.2f | %.0f |", c.size(), inflight,
-                size, DTypeName(dtype), best, wire, params);
-  (void)client->DeleteJob(job);
-  return {row, wire};
+  std::snprintf(row, sizeof(row), "| %s | %zu | %d | %s | %s | %.0f | %.2f | %.0f |",
+                worker ? "dense, worker" : "dense", c.size(), inflight, size, DTypeName(dtype), best, wire, params);
+  for (const std::string& job : jobs) (void)client->DeleteJob(job);
+  return {row, wire, inflight, best, 2.0 * n * DTypeSize(dtype), worker ? 1 : 2};
 }
 
 void SparseRate(const Cluster& c, size_t keys, uint32_t dim) {
@@ -368,10 +475,13 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") g_quick = true;
     else if (a == "--dense_only") g_only_dense = true;
+    else if (a == "--bounds_only") g_bounds_only = true;
     else if (a == "--dtype=fp32") g_dtype_filter = 1;
     else if (a == "--transport=stream") g_stream = true;
     else if (a == "--transport=unary") g_stream = false;
     else if (a == "--dtype=bf16") g_dtype_filter = 3;
+    else if (a == "--pattern=serial") g_pattern_filter = 1;
+    else if (a == "--pattern=worker") g_pattern_filter = 2;
     else if (a.rfind("--chunk_kib=", 0) == 0) g_chunk_elements = std::stoul(a.substr(12)) * 256;
     else if (a.rfind("--message_kib=", 0) == 0) g_message_bytes = std::stoul(a.substr(14)) << 10;
     else if (a.rfind("--channels=", 0) == 0) g_channels = std::stoi(a.substr(11));
@@ -382,7 +492,8 @@ int main(int argc, char** argv) {
     else if (a.rfind("--server_host=", 0) == 0) g_server_host = a.substr(14);
     else if (a.rfind("--max_mib=", 0) == 0) g_max_bytes = std::stoul(a.substr(10)) << 20;
     else {
-      std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only] [--dtype=fp32|bf16] [--transport=unary|stream] [--chunk_kib=N] "
+      std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only|--bounds_only] [--dtype=fp32|bf16] [--pattern=serial|worker] "
+                           "[--transport=unary|stream] [--chunk_kib=N] "
                            "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR] [--server_binary=PATH] "
                            "[--netns=NAME --server_host=IP] [--max_mib=N]\n");
       return 2;
@@ -423,7 +534,7 @@ int main(int argc, char** argv) {
   const size_t mem_n = g_quick ? (1 << 20) : (64 << 20);  // 256 MiB per array: out of cache
   const int reps = g_quick ? 1 : 5;
   for (int threads : {1, 2}) {
-    if (g_only_dense) break;
+    if (g_only_dense || g_bounds_only) break;
     const double rmw = RmwGBps(mem_n, threads, reps);
     const double adam = AdamGBps(mem_n, threads, reps);
     std::printf("memory bound (acc += g, %d thread%s): %.1f GB/s; Adam apply: %.1f GB/s = %.2f x bound\n",
@@ -434,28 +545,57 @@ int main(int argc, char** argv) {
                                       : std::vector<size_t>{4 << 10, 64 << 10, 1 << 20, 4 << 20,
                                                             16 << 20, 64 << 20};
   std::erase_if(sizes, [](size_t b) { return b > g_max_bytes; });
+  // Latency: measured once, against the first server of the 1-server cluster.
+  const int rounds = g_quick ? 200 : 2000;
+  const double tcp_us = g_netns.empty() ? TcpRoundTripUs(rounds) : 0;
+  double grpc_us = 0;
   std::vector<DenseResult> rows;
+  if (g_bounds_only) sizes.clear();
   for (int servers : {1, 2}) {
+    if (g_bounds_only && servers > 1) break;
     auto cluster = StartCluster(servers);
+    if (servers == 1) {
+      grpc_us = GrpcRoundTripUs(cluster->map.servers(0), rounds);
+      if (tcp_us > 0) std::printf("round trip: 1-byte TCP ping-pong on 127.0.0.1 = %.0f us (median of %d)\n", tcp_us, rounds);
+      std::printf("round trip: empty unary gRPC call (GetShardMap) to %s = %.0f us (median of %d)\n",
+                  cluster->map.servers(0).c_str(), grpc_us, rounds);
+    }
     for (int inflight : g_inflight > 0 ? std::vector<int>{g_inflight} : std::vector<int>{1, 4}) {
       for (size_t bytes : sizes) {
         if (g_inflight == 0 && inflight > 1 && bytes < (1 << 20)) continue;
         for (DType dt : {DType::kFp32, DType::kBf16}) {
-          if (g_dtype_filter == 0 || g_dtype_filter == static_cast<int>(dt)) {
-            rows.push_back(DensePushPull(*cluster, bytes, dt, inflight));
+          if (g_dtype_filter != 0 && g_dtype_filter != static_cast<int>(dt)) continue;
+          for (Pattern pattern : {Pattern::kSerial, Pattern::kWorker}) {
+            if (g_pattern_filter == 0 || g_pattern_filter == static_cast<int>(pattern) + 1) {
+              rows.push_back(DensePushPull(*cluster, bytes, dt, inflight, pattern));
+            }
           }
         }
       }
     }
   }
+  if (g_bounds_only) return 0;
   const double iperf_after = IperfGBps(iperf_s);
   const double iperf = std::max(iperf_before, iperf_after);
   std::printf("%s bound after the dense runs: %.2f GB/s; ratios below use %.2f GB/s\n",
               g_netns.empty() ? "loopback" : "link", iperf_after, iperf);
-  std::printf("\n| kind | servers | in flight | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  // The floor for one tensor at a time: the round trips a push+pull waits
+  // for (two one after the other, or one in the worker's pattern), each at
+  // least an empty call's, and the payload at iperf3's rate.
+  // "x floor" is the achieved rate over the rate that floor allows; "max x
+  // iperf3" is the best "x iperf3" that floor leaves possible.
+  std::printf("\n| kind | servers | in flight | tensor | wire | push+pull/s | GB/s on wire | M params/s | x iperf3 "
+              "| floor ms | x floor | max x iperf3 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const DenseResult& r : rows) {
-    std::printf("%s %.2f |\n", r.row.c_str(), iperf > 0 ? r.wire_gbps / iperf : 0.0);
+    std::printf("%s %.2f |", r.row.c_str(), iperf > 0 ? r.wire_gbps / iperf : 0.0);
+    if (r.inflight == 1 && iperf > 0 && grpc_us > 0) {
+      const double floor_s = r.calls * grpc_us * 1e-6 + r.wire_bytes / (iperf * 1e9);
+      std::printf(" %.2f | %.2f | %.2f |\n", floor_s * 1e3, r.per_second * floor_s,
+                  r.wire_bytes / floor_s / (iperf * 1e9));
+    } else {
+      std::printf(" - | - | - |\n");
+    }
   }
   if (g_only_dense) return 0;
   std::printf("\n| kind | servers | keys/request | dim | pull | push (Adagrad) |\n|---|---|---|---|---|---|\n");
