@@ -5,13 +5,15 @@
 //   - round-trip latency: a 1-byte TCP ping-pong on 127.0.0.1 and an empty
 //     unary gRPC call (GetShardMap) to the first server, which with
 //     iperf3's throughput gives a floor for one tensor at a time: a push
-//     and a pull are two calls, so no transport can beat
-//     2 x (empty call) + (bytes on the wire) / (iperf3 throughput).
+//     and then a pull wait for two calls (one in the worker's pattern), so
+//     no client of these calls beats
+//     calls x (empty call) + (bytes on the wire) / (iperf3 throughput).
 // Servers run in this process on 127.0.0.1 ports (gRPC over real TCP), or
 // as fulcrum-server processes with --server_binary.
 //
-//   fulcrum-bench            full run (about 6 minutes on 2 cores)
+//   fulcrum-bench            full run (about 9 minutes on 2 cores)
 //   fulcrum-bench --quick    tiny sizes, for the smoke test in ctest
+//   fulcrum-bench --bounds_only   iperf3 and the round trips alone (tests/bench/cluster_bench.sh)
 //   fulcrum-bench --server_binary=build/server/fulcrum-server   servers in their own processes
 //   tests/bench/shaped_link.sh --rate 1gbit   servers across a rate-limited link (runs this with
 //                                             --netns, --server_host)
@@ -43,10 +45,10 @@
 #include "common/process.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
 #include "server/optimizer.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
-#include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/subprocess.h"
 #include "worker/rpc/grpc_ps_client.h"
 
@@ -175,7 +177,8 @@ double TcpRoundTripUs(int rounds) {
       us.push_back(Seconds(t0, Clock::now()) * 1e6);
     }
   }
-  if (c >= 0) close(c);  // ends the echo thread's read
+  if (c >= 0) close(c);           // ends the echo thread's read
+  shutdown(listener, SHUT_RDWR);  // or its accept, when connect failed
   echo.join();
   close(listener);
   if (us.empty()) return 0;
