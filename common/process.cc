@@ -4,6 +4,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <execinfo.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "absl/debugging/symbolize.h"
 #include "absl/synchronization/mutex.h"
 
 namespace fulcrum {
@@ -12,6 +18,66 @@ void InitServingProcess() {
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
+namespace {
+
+constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGTRAP};
+
+void WriteAll(const char* s, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Unwinds with the DWARF unwinder behind backtrace(), which walks through
+// glibc's and gRPC's frames (built without frame pointers) where a frame
+// pointer walk stops at the first of them; names frames from the ELF
+// symbol tables with Abseil's symbolizer, which is made for signal handlers.
+void OnFatalSignal(int sig, siginfo_t* info, void*) {
+  char line[512];
+  char fault[64] = "";
+  if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL) {
+    std::snprintf(fault, sizeof(fault), " at address %p", info->si_addr);
+  }
+  int n = std::snprintf(line, sizeof(line), "*** SIG%s received%s by pid %d; stack of the thread it stopped:\n",
+                        sigabbrev_np(sig), fault, static_cast<int>(getpid()));
+  WriteAll(line, static_cast<size_t>(n));
+  void* pcs[64];
+  const int depth = backtrace(pcs, 64);
+  for (int i = 0; i < depth; ++i) {
+    char name[256];
+    // A return address points past its call: look up the byte before it.
+    const void* pc = i == 0 ? pcs[i] : static_cast<const char*>(pcs[i]) - 1;
+    if (!absl::Symbolize(pc, name, sizeof(name))) std::strcpy(name, "(unknown)");
+    n = std::snprintf(line, sizeof(line), "    @ %p  %s\n", pcs[i], name);
+    WriteAll(line, static_cast<size_t>(n));
+  }
+  // SA_RESETHAND restored the default action: die of the signal as before.
+  raise(sig);
+}
+
+}  // namespace
+
+void InstallCrashHandler(const char* argv0) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  (void)argv0;
+#else
+  absl::InitializeSymbolizer(argv0);
+  // backtrace() loads libgcc's unwinder on first use, which allocates: not
+  // inside a handler called from a corrupt heap.
+  void* warm[1];
+  (void)backtrace(warm, 1);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = OnFatalSignal;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kFatalSignals) sigaction(sig, &sa, nullptr);
+#endif
 }
 
 void BlockTerminationSignals() {

@@ -14,6 +14,14 @@ namespace fulcrum {
 //   about 1% of a busy server's CPU: it is turned off (tests keep it).
 void InitServingProcess();
 
+// For the daemons: when the process dies of SIGSEGV, SIGABRT (glibc's heap
+// checks, failed assertions), SIGBUS, SIGFPE, SIGILL or SIGTRAP, prints the
+// signal and a symbolized stack trace of the failing thread to stderr (the
+// daemon's log), then dies of that signal as before, so an operator and a
+// failed test see where it crashed. Does nothing in sanitizer builds, whose
+// own reports say more. `argv0` finds the binary's symbols.
+void InstallCrashHandler(const char* argv0);
+
 // Blocks SIGINT/SIGTERM in all threads (call before starting any) and
 // returns a function that waits for one of them; returns the signal number.
 int WaitForTerminationSignal();

@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum parameter server");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  fulcrum::InstallCrashHandler(argv[0]);
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer); !s.ok()) {
     std::cerr << "fulcrum-server: " << s.message() << "\n";
     return 2;

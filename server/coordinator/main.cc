@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum coordinator");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  fulcrum::InstallCrashHandler(argv[0]);
   fulcrum::BlockTerminationSignals();
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
       !s.ok()) {

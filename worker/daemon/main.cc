@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum worker");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  fulcrum::InstallCrashHandler(argv[0]);
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-worker", fulcrum::security::Role::kWorker); !s.ok()) {
     std::cerr << "fulcrum-worker: " << s.message() << "\n";
     return 2;
