@@ -20,6 +20,7 @@ void InitServingProcess() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 namespace {
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGTRAP};
@@ -61,6 +62,7 @@ void OnFatalSignal(int sig, siginfo_t* info, void*) {
 }
 
 }  // namespace
+#endif
 
 void InstallCrashHandler(const char* argv0) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
