@@ -20,7 +20,6 @@ void InitServingProcess() {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 namespace {
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGTRAP};
@@ -62,12 +61,8 @@ void OnFatalSignal(int sig, siginfo_t* info, void*) {
 }
 
 }  // namespace
-#endif
 
 void InstallCrashHandler(const char* argv0) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  (void)argv0;
-#else
   absl::InitializeSymbolizer(argv0);
   // backtrace() loads libgcc's unwinder on first use, which allocates: not
   // inside a handler called from a corrupt heap.
@@ -78,8 +73,13 @@ void InstallCrashHandler(const char* argv0) {
   sa.sa_sigaction = OnFatalSignal;
   sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
-  for (int sig : kFatalSignals) sigaction(sig, &sa, nullptr);
-#endif
+  for (int sig : kFatalSignals) {
+    // A handler already there (a sanitizer's, whose report says more) stays.
+    struct sigaction old;
+    if (sigaction(sig, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL) {
+      sigaction(sig, &sa, nullptr);
+    }
+  }
 }
 
 void BlockTerminationSignals() {

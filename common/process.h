@@ -18,8 +18,9 @@ void InitServingProcess();
 // checks, failed assertions), SIGBUS, SIGFPE, SIGILL or SIGTRAP, prints the
 // signal and a symbolized stack trace of the failing thread to stderr (the
 // daemon's log), then dies of that signal as before, so an operator and a
-// failed test see where it crashed. Does nothing in sanitizer builds, whose
-// own reports say more. `argv0` finds the binary's symbols.
+// failed test see where it crashed. A signal that already has a handler
+// (ASan's for SIGSEGV, SIGBUS and SIGFPE, whose reports say more) keeps it.
+// `argv0` finds the binary's symbols.
 void InstallCrashHandler(const char* argv0);
 
 // Blocks SIGINT/SIGTERM in all threads (call before starting any) and

@@ -142,6 +142,13 @@ double RmwGBps(size_t n, int threads, int reps) {
   return gbps;
 }
 
+// The median of `v` (reordered); 0 when empty.
+double Median(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Median microseconds of a 1-byte TCP round trip between two threads over
 // 127.0.0.1 (TCP_NODELAY): what the kernel and the scheduler cost per
 // request and response before any RPC layer. 0 when sockets fail.
@@ -181,9 +188,7 @@ double TcpRoundTripUs(int rounds) {
   shutdown(listener, SHUT_RDWR);  // or its accept, when connect failed
   echo.join();
   close(listener);
-  if (us.empty()) return 0;
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
+  return Median(us);
 }
 
 // Median microseconds of an empty unary call (GetShardMap, a few bytes each
@@ -201,8 +206,7 @@ double GrpcRoundTripUs(const std::string& address, int calls) {
     if (!stub->GetShardMap(&ctx, request, &response).ok()) return 0;
     if (i >= 20) us.push_back(Seconds(t0, Clock::now()) * 1e6);
   }
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
+  return Median(us);
 }
 
 // GB/s of the server's Adam apply (w, m, v read and written, g read: 28 bytes/element).
@@ -322,11 +326,11 @@ int g_job = 0;
 // Returns the table row without its last column, and the wire GB/s.
 struct DenseResult {
   std::string row;
-  double wire_gbps = 0;
   int inflight = 0;
   double per_second = 0;   // push+pull pairs per second, all threads
   double wire_bytes = 0;   // payload bytes of one push plus one pull
   int calls = 2;           // round trips one push+pull waits for
+  double wire_gbps() const { return wire_bytes * per_second / 1e9; }
 };
 
 // How a tensor's push and pull follow each other.
@@ -363,7 +367,7 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
       t->mutable_optimizer()->set_learning_rate(0.001f);
     }
     if (absl::Status s = client->CreateJob(spec); !s.ok()) {
-      return {absl::StrCat("| dense | error: ", s.ToString()), 0};
+      return {absl::StrCat("| dense | error: ", s.ToString())};
     }
   }
   // Best of three windows of about a second each (one short one with --quick).
@@ -409,19 +413,20 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
       });
     }
     for (auto& t : threads) t.join();
-    if (!error.ok()) return {absl::StrCat("| dense | error: ", error.ToString()), 0};
+    if (!error.ok()) return {absl::StrCat("| dense | error: ", error.ToString())};
     best = std::max(best, iters.load() / Seconds(t0, Clock::now()));
   }
-  const double wire = 2.0 * n * DTypeSize(dtype) * best / 1e9;  // push + pull payload
+  DenseResult result{"", inflight, best, 2.0 * n * DTypeSize(dtype), worker ? 1 : 2};
   const double params = 2.0 * n * best / 1e6;
   char size[32];
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
   std::snprintf(row, sizeof(row), "| %s | %zu | %d | %s | %s | %.0f | %.2f | %.0f |",
-                worker ? "dense, worker" : "dense", c.size(), inflight, size, DTypeName(dtype), best, wire, params);
+                worker ? "dense, worker" : "dense", c.size(), inflight, size, DTypeName(dtype), best, result.wire_gbps(), params);
   for (const std::string& job : jobs) (void)client->DeleteJob(job);
-  return {row, wire, inflight, best, 2.0 * n * DTypeSize(dtype), worker ? 1 : 2};
+  result.row = row;
+  return result;
 }
 
 void SparseRate(const Cluster& c, size_t keys, uint32_t dim) {
@@ -591,7 +596,7 @@ int main(int argc, char** argv) {
               "| floor ms | x floor | max x iperf3 |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const DenseResult& r : rows) {
-    std::printf("%s %.2f |", r.row.c_str(), iperf > 0 ? r.wire_gbps / iperf : 0.0);
+    std::printf("%s %.2f |", r.row.c_str(), iperf > 0 ? r.wire_gbps() / iperf : 0.0);
     if (r.inflight == 1 && iperf > 0 && grpc_us > 0) {
       const double floor_s = r.calls * grpc_us * 1e-6 + r.wire_bytes / (iperf * 1e9);
       std::printf(" %.2f | %.2f | %.2f |\n", floor_s * 1e3, r.per_second * floor_s,

@@ -177,9 +177,11 @@ class WorkerDaemon::Runner {
       FLOG(WARNING) << tag << ": failed: " << s;
       v1::ReportProgressRequest r = Base();
       r.set_error(std::string(s.message()));
+      std::string reason = reason_.empty() ? "WorkerError" : reason_;
       // A server that no longer holds the running job was restarted: the
       // coordinator rolls back as for any server it declares lost.
-      r.set_error_reason(IsJobNotOnServer(s) ? "ServerLost" : reason_.empty() ? "WorkerError" : reason_);
+      if (IsJobNotOnServer(s)) reason = "ServerLost";
+      r.set_error_reason(reason);
       progress_.set_state("failed");
       *r.mutable_progress() = progress_;
       Report(r);
