@@ -582,5 +582,71 @@ TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][c
   CHECK(j.status().checkpoints().rbegin()->trigger() == "final");
 }
 
+
+// A rollback moves a rank to a new incarnation; with one worker, the new one
+// starts in the same process while the old one is still stopping (mid-step,
+// or in a blocked pull). A CI run once lost a worker to a heap corruption in
+// that window: the overlap is run here many times, in every build (ASan's
+// included), with an MLP big enough for OpenBLAS's threaded GEMMs.
+TEST_CASE("repeated rollbacks onto the same worker overlap old and new incarnations without harm",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.mutable_model()->set_type("mlp");
+  spec.mutable_model()->add_hidden(256);
+  spec.set_batch_size(64);
+  spec.set_epochs(100000);
+  spec.mutable_checkpoint()->set_every_steps(20);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  constexpr uint32_t kRollbacks = 12;
+  for (uint32_t n = 0; n < kRollbacks; ++n) {
+    v1::Job j;
+    for (int tries = 0; tries < 600; ++tries) {
+      j = Get(cluster.jobs(), id);
+      if (j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && j.status().workers_size() == 1 &&
+          j.status().workers(0).state() == "training" && j.status().workers(0).incarnation() == n) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    INFO("rollback " << n << ": " << j.status().message());
+    REQUIRE(j.status().state() == v1::RUNNING);
+    REQUIRE(j.status().workers_size() == 1);
+    REQUIRE(j.status().workers(0).incarnation() == n);
+    // Some steps into the incarnation, so its trainer is busy when told to stop.
+    std::this_thread::sleep_for(std::chrono::milliseconds((n * 37) % 200));
+    v1::ReportProgressRequest req;
+    req.set_node_id(j.status().workers(0).worker_id());
+    req.set_job_id(id);
+    req.set_rank(0);
+    req.set_incarnation(n);
+    req.set_error("pull from a server: job is not on this server (injected)");
+    req.set_error_reason("ServerLost");
+    v1::ReportProgressResponse resp;
+    REQUIRE(cluster_stub->ReportProgress(Ctx().get(), req, &resp).ok());
+  }
+  v1::Job j;
+  for (int tries = 0; tries < 600; ++tries) {
+    j = Get(cluster.jobs(), id);
+    if (j.status().workers_size() == 1 && j.status().workers(0).incarnation() == kRollbacks &&
+        j.status().workers(0).state() == "training") {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::RUNNING);
+  CHECK(j.status().rollbacks() == kRollbacks);
+  REQUIRE(j.status().workers_size() == 1);
+  CHECK(j.status().workers(0).state() == "training");
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::Job cancelled;
+  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+}
+
 }  // namespace
 }  // namespace fulcrum
