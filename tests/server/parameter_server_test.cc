@@ -202,12 +202,13 @@ TEST_CASE("BSP over the bidirectional stream gives the same weights as unary cal
   REQUIRE(s.dense == ExpectedDense(2, 3, s.dense.size()));
 }
 
-// A TCP proxy on 127.0.0.1 in front of one server that can freeze: it
-// keeps the connections open but stops passing bytes either way, as a hung
-// server (SIGSTOP, a wedged host) would.
-class FreezingProxy {
+// A TCP proxy on 127.0.0.1 in front of one server that can freeze (keep the
+// connections open but stop passing bytes either way, as a hung server -
+// SIGSTOP, a wedged host - would) or cut every connection it carries (as a
+// crashed server or a broken link would); new connections still go through.
+class FaultyProxy {
  public:
-  explicit FreezingProxy(const std::string& upstream) {
+  explicit FaultyProxy(const std::string& upstream) {
     upstream_port_ = std::stoi(upstream.substr(upstream.rfind(':') + 1));
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(listen_fd_ >= 0);
@@ -219,7 +220,7 @@ class FreezingProxy {
     address_ = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
     accept_ = std::thread([this] { Accept(); });
   }
-  ~FreezingProxy() {
+  ~FaultyProxy() {
     stop_ = true;
     frozen_ = false;
     ::shutdown(listen_fd_, SHUT_RDWR);
@@ -232,6 +233,10 @@ class FreezingProxy {
   }
   const std::string& address() const { return address_; }
   void Freeze() { frozen_ = true; }
+  void Cut() {
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+  }
 
  private:
   void Accept() {
@@ -258,7 +263,8 @@ class FreezingProxy {
       const ssize_t n = ::read(from, buf.data(), buf.size());
       if (n <= 0) break;
       while (frozen_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (stop_ || ::write(to, buf.data(), static_cast<size_t>(n)) != n) break;
+      // MSG_NOSIGNAL: a cut connection fails the send instead of raising SIGPIPE.
+      if (stop_ || ::send(to, buf.data(), static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
     }
     ::shutdown(to, SHUT_WR);
   }
@@ -277,7 +283,7 @@ TEST_CASE("a stream request to a server that hangs fails DEADLINE_EXCEEDED by it
   testing::TestCluster::Options one;
   one.num_servers = 1;
   auto cluster = TestCluster::Start(one);
-  FreezingProxy proxy(cluster->address(0));
+  FaultyProxy proxy(cluster->address(0));
   GrpcPsClientOptions opts;
   opts.transport = GrpcPsClientOptions::Transport::kStream;
   opts.rpc_timeout = absl::Seconds(1);
@@ -303,6 +309,73 @@ TEST_CASE("a stream request to a server that hangs fails DEADLINE_EXCEEDED by it
   INFO("took " << absl::FormatDuration(took));
   CHECK(took >= absl::Milliseconds(2500));  // the pull's 1.5 s and the push's 1 s
   CHECK(took < absl::Seconds(10));
+}
+
+// Connections cut under busy clients' streams again and again, as a crashing
+// server or a broken link does: every push is applied exactly once (retried
+// on a new stream, deduplicated by worker and seq) and the clients carry on.
+// Under ASan this also checks that nothing is started on a stream that gRPC
+// has already torn down (a stream ends when its read fails, before OnDone).
+TEST_CASE("streams cut again and again under busy clients lose no push and apply none twice", "[stream][errors]") {
+  testing::TestCluster::Options one;
+  one.num_servers = 1;
+  auto cluster = TestCluster::Start(one);
+  FaultyProxy proxy(cluster->address(0));
+  constexpr int kThreads = 4;
+  constexpr size_t kElements = 1024;
+  auto admin = cluster->Client(0);
+  REQUIRE_OK(admin->CreateJob(JobSpec("cut", {DenseTableSpec("w", kElements, 1.0f, v1::OptimizerSpec::SGD, 256)},
+                                      kThreads, v1::ConsistencySpec::ASP)));
+  v1::ShardMap via_proxy = cluster->shard_map();
+  via_proxy.set_servers(0, proxy.address());
+  std::atomic<bool> stop{false};
+  std::vector<int> pushes(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      GrpcPsClientOptions o;
+      o.transport = GrpcPsClientOptions::Transport::kStream;
+      o.channels_per_server = 2;
+      o.shard_map = via_proxy;
+      o.worker_id = absl::StrCat("cut-worker-", t);
+      o.rank = static_cast<uint32_t>(t);
+      o.retry_budget = absl::Seconds(60);
+      auto c = GrpcPsClient::Create(o);
+      absl::Status s = c.status();
+      if (s.ok()) s = (*c)->OpenJob("cut");
+      std::vector<float> g(kElements, 1.0f), w(kElements);
+      for (uint64_t i = 0; s.ok() && !stop.load(); ++i) {
+        // Pushes and pulls in flight together, as a prefetching worker has them.
+        auto pull = (*c)->PullAsync("cut", {i, {{"w", w.data(), kElements}}, {}});
+        s = (*c)->Push("cut", {i, {{"w", g.data(), kElements}}, {}});
+        s.Update(pull.Wait());
+        if (s.ok()) ++pushes[t];
+      }
+      if (!s.ok()) errors[t] = s.ToString();
+    });
+  }
+  // Three seconds of cuts, 20-80 ms apart.
+  int cuts = 0;
+  std::mt19937 rng(7);
+  for (const absl::Time end = absl::Now() + absl::Seconds(3); absl::Now() < end; ++cuts) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 60));
+    proxy.Cut();
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  int total = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("client " << t << ": " << pushes[t] << " pushes; " << errors[t]);
+    CHECK(errors[t].empty());
+    CHECK(pushes[t] > 0);
+    total += pushes[t];
+  }
+  INFO(cuts << " cuts, " << total << " pushes");
+  CHECK(cuts >= 20);
+  std::vector<float> w(kElements);
+  REQUIRE_OK(admin->Pull("cut", {0, {{"w", w.data(), kElements}}, {}}));
+  for (float x : w) REQUIRE(x == -static_cast<float>(total));
 }
 
 TEST_CASE("a BSP pull waiting past its deadline names the missing workers", "[bsp][errors]") {

@@ -35,11 +35,20 @@ using ResponseCallback =
 // the stream breaks; the owner then opens a new one. Each request has a
 // deadline, as a unary call has: one without a response by then fails
 // DEADLINE_EXCEEDED (a server that hangs without closing the connection).
+//
+// Writes start from the caller's thread, outside gRPC's reactions, so the
+// stream keeps a hold: without one, gRPC tears the call down as soon as its
+// last operation completes - before OnDone runs - and a write started in
+// between lands in freed memory (a heap corruption when a server dies under
+// a busy worker; tests/server "streams cut again and again"). The hold goes
+// when the read fails, which every end of the stream causes, after no
+// further write can start.
 class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                          public std::enable_shared_from_this<StreamConn> {
  public:
   StreamConn(grpc::GenericStub* stub, DeadlineTimer* timer) : timer_(timer) {
     stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
+    AddHold();
     StartRead(&in_);
     StartCall();
   }
@@ -78,7 +87,7 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     out_.pop_front();
-    if (ok && !out_.empty()) {
+    if (ok && !dead_ && !out_.empty()) {
       StartWrite(&out_.front());
     } else {
       writing_ = false;
@@ -86,7 +95,16 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
+    if (!ok) {
+      // The stream is ending: no write starts from here on, and gRPC may
+      // finish it (OnDone fails what is still pending).
+      {
+        absl::MutexLock lock(&mu_);
+        dead_ = true;
+      }
+      RemoveHold();
+      return;
+    }
     grpc::ByteBuffer buf;
     buf.Swap(&in_);
     StartRead(&in_);
@@ -397,6 +415,21 @@ class GrpcPsClient::Impl {
     return absl::OkStatus();
   }
 
+  // Runs an admin call on one server. A server still starting (or
+  // restarting), or a connection that just broke, is UNAVAILABLE: asked again
+  // with backoff until `retry_until`, as pushes and pulls are.
+  template <typename Fn>
+  absl::Status AdminCall(const std::string& address, absl::Time retry_until, Fn fn) {
+    auto conn = Conn(address);
+    for (int attempt = 0;; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      absl::Status s = FromGrpcStatus(fn(conn->admin.get(), &ctx));
+      if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + Backoff(attempt) >= retry_until) return s;
+      absl::SleepFor(Backoff(attempt));
+    }
+  }
+
   // Runs an admin call on every server in the map.
   template <typename Fn>
   absl::Status ForEachServer(Fn fn) {
@@ -404,18 +437,7 @@ class GrpcPsClient::Impl {
     absl::Status result;
     const absl::Time retry_until = absl::Now() + options_.retry_budget;
     for (const std::string& address : m->servers()) {
-      auto conn = Conn(address);
-      absl::Status s;
-      // A server still starting (or restarting) is UNAVAILABLE: asked again
-      // with backoff, within the retry budget, as pushes and pulls are.
-      for (int attempt = 0;; ++attempt) {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-        s = FromGrpcStatus(fn(conn->admin.get(), &ctx));
-        if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + Backoff(attempt) >= retry_until) break;
-        absl::SleepFor(Backoff(attempt));
-      }
-      result.Update(Annotate(s, absl::StrCat("server ", address)));
+      result.Update(Annotate(AdminCall(address, retry_until, fn), absl::StrCat("server ", address)));
     }
     return result;
   }
@@ -456,13 +478,13 @@ class GrpcPsClient::Impl {
   absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) {
     auto m = map();
     if (server >= m->num_servers()) return absl::InvalidArgumentError("no such server");
-    auto conn = Conn(m->servers()[server]);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     v1::GetJobRequest req;
     req.set_job_id(job_id);
     v1::GetJobResponse resp;
-    RETURN_IF_ERROR(FromGrpcStatus(conn->admin->GetJob(&ctx, req, &resp)));
+    RETURN_IF_ERROR(AdminCall(m->servers()[server], absl::Now() + options_.retry_budget,
+                              [&](v1::ParameterService::Stub* stub, grpc::ClientContext* ctx) {
+                                return stub->GetJob(ctx, req, &resp);
+                              }));
     return resp;
   }
 
