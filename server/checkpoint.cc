@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_record.h"
+#include "common/logging.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 
@@ -226,6 +227,9 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   // Fault injection for the crash tests only: hold the records uncommitted
   // this long, so a test can kill the server mid-checkpoint.
   if (const char* delay = std::getenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS"); delay != nullptr) {
+    // Says when, so the test kills the server inside the window.
+    FLOG(INFO) << "job '" << spec.job_id() << "': holding cut " << cut_id << " uncommitted for " << delay
+               << " ms (FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS)";
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
   }
   rocksdb::WriteOptions sync;

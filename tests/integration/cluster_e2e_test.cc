@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -118,6 +119,11 @@ class ProcessCluster {
     Start(absl::StrCat("worker-", workers_++),
           {Bin("worker/fulcrum-worker"), "--coordinator=" + coordinator_, "--device=cpu",
            std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR, absl::StrCat("--slots=", slots_), "--insecure"});
+  }
+
+  // What the process `name` logged so far (since its last restart).
+  std::string Log(const std::string& name) const {
+    return testing::ReadFile((dir_ / "logs" / (name + ".log")).string());
   }
 
   int Alive() {
@@ -534,30 +540,37 @@ TEST_CASE("a server killed with kill -9 and restarted rolls the job back to its 
 
 TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to the previous committed one",
           "[e2e][checkpoint]") {
-  // Each cut's records wait 1.5 s uncommitted on the servers.
+  // Each cut's records wait 1.5 s uncommitted on the servers, and the servers
+  // log when a wait starts.
   setenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS", "1500", 1);
   ProcessCluster cluster(2, 2, /*slots=*/1);
   unsetenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS");
   const std::string id = cluster.Submit(Checkpointed(300, 3));
   const v1::Job before = WaitFor(cluster, id, 1, 0.0);
-  // A multiple of 300 at least 300 steps ahead: its cut is asked for before
-  // the workers get there, captured at it, then held uncommitted for 1.5 s.
-  const uint64_t boundary = (before.status().step() / 300 + 2) * 300;
-  for (int tries = 0; tries < 1500 && cluster.Get(id).status().step() < boundary + 10; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const uint64_t first_committed = before.status().checkpoints().rbegin()->cut_id();
+  // The next cut server-0 holds uncommitted: kill it inside that window.
+  uint64_t held = 0;
+  for (int tries = 0; tries < 3000 && held == 0; ++tries) {
+    const std::string log = cluster.Log("server-0");
+    for (size_t at = log.find("holding cut "); at != std::string::npos; at = log.find("holding cut ", at + 1)) {
+      const uint64_t cut = std::strtoull(log.c_str() + at + 12, nullptr, 10);
+      if (cut > first_committed) held = cut;
+    }
+    if (held == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  REQUIRE(held > 0);
   const v1::Job at_kill = cluster.Get(id);
-  REQUIRE(at_kill.status().step() >= boundary + 10);
-  const uint64_t committed = at_kill.status().checkpoints().rbegin()->cut_id();
-  REQUIRE(at_kill.status().checkpoints().rbegin()->step() < boundary);  // the boundary's cut is not committed
   cluster.Kill("server-0", /*restart=*/true);
+  const uint64_t committed = at_kill.status().checkpoints().rbegin()->cut_id();
+  INFO("held cut " << held << ", last committed " << committed);
+  REQUIRE(committed < held);  // 1.5 s is far longer than reading the status
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
   INFO(Conditions(j));
   REQUIRE(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.96);
   CHECK(Conditions(j).find(absl::StrCat("rolling back to checkpoint ", committed, " ")) != std::string::npos);
-  for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != committed + 1);  // never committed
+  for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != held);  // never committed
 }
 
 TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job completes", "[e2e][checkpoint]") {
