@@ -1230,6 +1230,7 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
   t.map_version = shard_map_->version();
   t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+  t.rollbacks = st->rollbacks();
   r.cut_in_flight = true;
   SaveJobLocked(r, true);  // a cut id is never used twice
   Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
@@ -1287,6 +1288,11 @@ void Coordinator::RunCut(CutTask t) {
       const bool current = st->state() == v1::RUNNING && st->restoring_cut() == 0 &&
                            (t.trigger != "final" || r.final_cut_pending);
       if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
+      // Parts captured on both sides of a rollback would mix two histories
+      // of the job: a cut commits only if no rollback began while it ran.
+      if (failed.ok() && st->rollbacks() != t.rollbacks) {
+        failed = absl::AbortedError("the job rolled back while the cut was taken");
+      }
       if (failed.ok() && (!shard_map_ || shard_map_->version() != t.map_version)) {
         failed = absl::AbortedError("the shard map changed while the cut was taken");
       }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -35,23 +36,35 @@ std::string Example(const std::string& name) {
   return std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + name;
 }
 
-// The coordinator's real gRPC control of the servers, where a test can make
-// every restore fail, as a server that cannot take the job back would.
+// Faults a test injects into the coordinator's control of the servers.
+struct Faults {
+  std::atomic<bool> fail_restores{false};  // every restore fails, as on a server with no room
+  // Checkpoint calls, once answered by the server, wait while this is set
+  // (a cut the coordinator is slow to hear back from); `cuts_held` counts them.
+  std::atomic<bool> hold_cuts{false};
+  std::atomic<int> cuts_held{0};
+};
+
+// The coordinator's real gRPC control of the servers, with Faults.
 class FaultyControl : public ServerControl {
  public:
-  explicit FaultyControl(const std::atomic<bool>* fail_restores)
-      : fail_restores_(fail_restores), real_(NewGrpcServerControl(absl::Seconds(5))) {}
+  explicit FaultyControl(Faults* faults) : faults_(faults), real_(NewGrpcServerControl(absl::Seconds(5))) {}
   absl::Status InstallShardMap(const std::string& a, const v1::ShardMap& m) override {
     return real_->InstallShardMap(a, m);
   }
   absl::Status DeleteJob(const std::string& a, const std::string& j) override { return real_->DeleteJob(a, j); }
   absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& a, const std::string& j, uint64_t cut,
                                               uint64_t at_step, absl::Duration wait) override {
-    return real_->Checkpoint(a, j, cut, at_step, wait);
+    auto meta = real_->Checkpoint(a, j, cut, at_step, wait);
+    if (faults_->hold_cuts.load()) {
+      ++faults_->cuts_held;
+      while (faults_->hold_cuts.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return meta;
   }
   absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& a, const std::string& j, uint64_t cut,
                                            const std::vector<std::string>& sources, uint32_t inc) override {
-    if (fail_restores_->load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
+    if (faults_->fail_restores.load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
     return real_->Restore(a, j, cut, sources, inc);
   }
   absl::Status DeleteCut(const std::string& a, const std::string& j, uint64_t cut) override {
@@ -67,7 +80,7 @@ class FaultyControl : public ServerControl {
   void CancelAll() override { real_->CancelAll(); }
 
  private:
-  const std::atomic<bool>* fail_restores_;
+  Faults* faults_;
   std::unique_ptr<ServerControl> real_;
 };
 
@@ -111,6 +124,7 @@ class InProcessCluster {
     for (auto& w : workers_) REQUIRE(w->WaitRegistered(absl::Seconds(10)));
   }
   ~InProcessCluster() {
+    faults_.hold_cuts = false;  // a failed REQUIRE must not leave a cut waiting
     workers_.clear();
     for (auto& s : servers_) {
       s.agent->Stop();
@@ -139,13 +153,14 @@ class InProcessCluster {
   }
 
   v1::JobService::Stub* jobs() { return jobs_.get(); }
-  void FailRestores(bool on) { fail_restores_ = on; }
+  void FailRestores(bool on) { faults_.fail_restores = on; }
+  Faults& faults() { return faults_; }
   std::vector<Server>& servers() { return servers_; }
   const std::string& address() const { return address_; }
 
  private:
   void StartCoordinator() {
-    auto c = Coordinator::Open(options_, std::make_unique<FaultyControl>(&fail_restores_));
+    auto c = Coordinator::Open(options_, std::make_unique<FaultyControl>(&faults_));
     INFO(c.status().ToString());
     REQUIRE(c.ok());
     coordinator_ = *std::move(c);
@@ -159,7 +174,7 @@ class InProcessCluster {
   static inline int counter_ = 0;
   fs::path dir_;
   CoordinatorOptions options_;
-  std::atomic<bool> fail_restores_{false};  // read by the coordinator's FaultyControl
+  Faults faults_;  // read by the coordinator's FaultyControl
   std::string address_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorGrpcServer> grpc_;
@@ -642,6 +657,79 @@ TEST_CASE("repeated rollbacks onto the same worker overlap old and new incarnati
   CHECK(j.status().rollbacks() == kRollbacks);
   REQUIRE(j.status().workers_size() == 1);
   CHECK(j.status().workers(0).state() == "training");
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::Job cancelled;
+  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+}
+
+// A cut whose servers answered before a rollback began, but which the
+// coordinator hears back from only after the job runs again from an older
+// cut, holds parameters from the history the rollback discarded (or, had a
+// server been asked after the restore, a mix of both histories): it must not
+// be committed, or a later rollback would restore it.
+TEST_CASE("a cut still in flight when its job rolls back is never committed", "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.set_epochs(100000);
+  spec.mutable_checkpoint()->set_every_steps(20);
+  spec.mutable_checkpoint()->set_keep(10);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  auto until = [&](const std::function<bool(const v1::Job&)>& pred) {
+    v1::Job j;
+    for (int tries = 0; tries < 1000; ++tries) {
+      j = Get(cluster.jobs(), id);
+      if (pred(j)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return j;
+  };
+  v1::Job j = until([](const v1::Job& j) {
+    return j.status().checkpoints_size() > 0 && j.status().workers_size() == 1 &&
+           j.status().workers(0).state() == "training";
+  });
+  REQUIRE(j.status().checkpoints_size() > 0);
+  const uint64_t committed = j.status().checkpoints().rbegin()->cut_id();
+  Faults& faults = cluster.faults();
+  faults.hold_cuts = true;
+  for (int tries = 0; tries < 1000 && faults.cuts_held.load() < 2; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(faults.cuts_held.load() == 2);  // both servers wrote their part of the next cut
+  j = Get(cluster.jobs(), id);
+  const uint64_t in_flight = j.status().next_cut_id() - 1;
+  REQUIRE(in_flight > committed);
+  REQUIRE(j.status().checkpoints().rbegin()->cut_id() == committed);
+  // Rank 0's server "lost": the job rolls back to `committed` and runs on.
+  v1::ReportProgressRequest req;
+  req.set_node_id(j.status().workers(0).worker_id());
+  req.set_job_id(id);
+  req.set_rank(0);
+  req.set_incarnation(j.status().workers(0).incarnation());
+  req.set_error("pull from a server: job is not on this server (injected)");
+  req.set_error_reason("ServerLost");
+  v1::ReportProgressResponse resp;
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  REQUIRE(cluster_stub->ReportProgress(Ctx().get(), req, &resp).ok());
+  j = until([](const v1::Job& j) {
+    return j.status().rollbacks() == 1 && j.status().restoring_cut() == 0 && j.status().workers_size() == 1 &&
+           j.status().workers(0).state() == "training";
+  });
+  INFO(j.status().message());
+  REQUIRE(j.status().rollbacks() == 1);
+  REQUIRE(j.status().restoring_cut() == 0);
+  REQUIRE(j.status().state() == v1::RUNNING);
+  faults.hold_cuts = false;  // the coordinator now hears both servers' OK
+  // Until the cut's fate is known: an error, or the next cut under way.
+  j = until([&](const v1::Job& j) {
+    return !j.status().last_checkpoint_error().empty() || j.status().next_cut_id() - 1 > in_flight;
+  });
+  INFO(j.status().last_checkpoint_error());
+  CHECK(j.status().last_checkpoint_error() ==
+        absl::StrCat("checkpoint ", in_flight, ": the job rolled back while the cut was taken"));
+  for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != in_flight);
   v1::JobRef ref;
   ref.set_job_id(id);
   v1::Job cancelled;
