@@ -423,7 +423,8 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
   else std::snprintf(size, sizeof(size), "%zu KiB", bytes >> 10);
   char row[256];
   std::snprintf(row, sizeof(row), "| %s | %zu | %d | %s | %s | %.0f | %.2f | %.0f |",
-                worker ? "dense, worker" : "dense", c.size(), inflight, size, DTypeName(dtype), best, result.wire_gbps(), params);
+                worker ? "dense, worker" : "dense", c.size(), inflight, size, DTypeName(dtype), best,
+                result.wire_gbps(), params);
   for (const std::string& job : jobs) (void)client->DeleteJob(job);
   result.row = row;
   return result;

@@ -64,7 +64,9 @@ class FaultyControl : public ServerControl {
   }
   absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& a, const std::string& j, uint64_t cut,
                                            const std::vector<std::string>& sources, uint32_t inc) override {
-    if (faults_->fail_restores.load()) return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
+    if (faults_->fail_restores.load()) {
+      return absl::ResourceExhaustedError(absl::StrCat("server ", a, ": no room (injected)"));
+    }
     return real_->Restore(a, j, cut, sources, inc);
   }
   absl::Status DeleteCut(const std::string& a, const std::string& j, uint64_t cut) override {
@@ -204,6 +206,43 @@ v1::Job Get(v1::JobService::Stub* stub, const std::string& id) {
   v1::Job j;
   REQUIRE(stub->GetJob(Ctx().get(), ref, &j).ok());
   return j;
+}
+
+// Polls the job every 10 ms until `done` holds or `timeout` passes; returns
+// the last snapshot (the caller checks what it needs).
+v1::Job WaitForJob(v1::JobService::Stub* stub, const std::string& id, const std::function<bool(const v1::Job&)>& done,
+                   absl::Duration timeout) {
+  v1::Job j;
+  for (const absl::Time end = absl::Now() + timeout;;) {
+    j = Get(stub, id);
+    if (done(j) || absl::Now() >= end) return j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Reports rank 0 of `j` failed with `reason`, as its worker would.
+v1::ReportProgressResponse FailRank0(const std::string& coordinator, const v1::Job& j, const std::string& reason,
+                                     const std::string& error) {
+  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+  v1::ReportProgressRequest req;
+  req.set_node_id(j.status().workers(0).worker_id());
+  req.set_job_id(j.id());
+  req.set_rank(0);
+  req.set_incarnation(j.status().workers(0).incarnation());
+  req.set_error(error);
+  req.set_error_reason(reason);
+  v1::ReportProgressResponse resp;
+  grpc::Status s = stub->ReportProgress(Ctx().get(), req, &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  return resp;
+}
+
+void Cancel(v1::JobService::Stub* stub, const std::string& id) {
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  v1::Job cancelled;
+  REQUIRE(stub->CancelJob(Ctx().get(), ref, &cancelled).ok());
 }
 
 // Watches the job to its end, as fulcrumctl does; returns the last snapshot
@@ -507,34 +546,22 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   spec.mutable_checkpoint()->set_every_steps(50);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
-  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
-  // Reports rank 0's failure as its worker would, once the rank is training
-  // (again) after a committed cut; returns the job after the rollback.
+  // Reports rank 0's failure once the rank is training (again) after a
+  // committed cut; returns the job after the rollback.
   auto fail_rank0 = [&](const std::string& reason, uint32_t rollbacks_before) {
-    v1::Job j;
-    for (int tries = 0; tries < 600; ++tries) {
-      j = Get(cluster.jobs(), id);
-      const auto& w = j.status().workers(0);
-      if (j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && !w.worker_id().empty() &&
-          w.state() == "training") {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    v1::Job j = WaitForJob(
+        cluster.jobs(), id,
+        [](const v1::Job& j) {
+          if (j.status().workers_size() == 0) return false;
+          const auto& w = j.status().workers(0);
+          return j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && !w.worker_id().empty() &&
+                 w.state() == "training";
+        },
+        absl::Seconds(30));
     REQUIRE(j.status().state() == v1::RUNNING);
     REQUIRE(j.status().rollbacks() == rollbacks_before);
-    v1::ReportProgressRequest req;
-    req.set_node_id(j.status().workers(0).worker_id());
-    req.set_job_id(id);
-    req.set_rank(0);
-    req.set_incarnation(j.status().workers(0).incarnation());
-    req.set_error(absl::StrCat("pull from a server: job '", id, "' is not on this server"));
-    req.set_error_reason(reason);
-    v1::ReportProgressResponse resp;
-    grpc::Status s = cluster_stub->ReportProgress(Ctx().get(), req, &resp);
-    INFO(s.error_message());
-    REQUIRE(s.ok());
-    CHECK(resp.stop());
+    const std::string error = absl::StrCat("pull from a server: job '", id, "' is not on this server");
+    CHECK(FailRank0(cluster.address(), j, reason, error).stop());
     return Get(cluster.jobs(), id);
   };
   v1::Job j = fail_rank0("ServerLost", 0);
@@ -545,10 +572,7 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   j = fail_rank0("WorkerError", 1);
   CHECK(j.status().rollbacks() == 2);
   CHECK(j.status().restarts() == 1);
-  v1::JobRef ref;
-  ref.set_job_id(id);
-  v1::Job cancelled;
-  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+  Cancel(cluster.jobs(), id);
 }
 
 TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][checkpoint]") {
@@ -615,52 +639,36 @@ TEST_CASE("repeated rollbacks onto the same worker overlap old and new incarnati
   spec.mutable_checkpoint()->set_every_steps(20);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
-  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
   constexpr uint32_t kRollbacks = 12;
+  // Rank 0 training as incarnation `n`.
+  auto training_as = [](uint32_t n) {
+    return [n](const v1::Job& j) {
+      return j.status().workers_size() == 1 && j.status().workers(0).state() == "training" &&
+             j.status().workers(0).incarnation() == n;
+    };
+  };
   for (uint32_t n = 0; n < kRollbacks; ++n) {
-    v1::Job j;
-    for (int tries = 0; tries < 600; ++tries) {
-      j = Get(cluster.jobs(), id);
-      if (j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && j.status().workers_size() == 1 &&
-          j.status().workers(0).state() == "training" && j.status().workers(0).incarnation() == n) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    v1::Job j = WaitForJob(
+        cluster.jobs(), id,
+        [&](const v1::Job& j) {
+          return j.status().checkpoints_size() > 0 && j.status().restoring_cut() == 0 && training_as(n)(j);
+        },
+        absl::Seconds(12));
     INFO("rollback " << n << ": " << j.status().message());
     REQUIRE(j.status().state() == v1::RUNNING);
     REQUIRE(j.status().workers_size() == 1);
     REQUIRE(j.status().workers(0).incarnation() == n);
     // Some steps into the incarnation, so its trainer is busy when told to stop.
     std::this_thread::sleep_for(std::chrono::milliseconds((n * 37) % 200));
-    v1::ReportProgressRequest req;
-    req.set_node_id(j.status().workers(0).worker_id());
-    req.set_job_id(id);
-    req.set_rank(0);
-    req.set_incarnation(n);
-    req.set_error("pull from a server: job is not on this server (injected)");
-    req.set_error_reason("ServerLost");
-    v1::ReportProgressResponse resp;
-    REQUIRE(cluster_stub->ReportProgress(Ctx().get(), req, &resp).ok());
+    FailRank0(cluster.address(), j, "ServerLost", "pull from a server: job is not on this server (injected)");
   }
-  v1::Job j;
-  for (int tries = 0; tries < 600; ++tries) {
-    j = Get(cluster.jobs(), id);
-    if (j.status().workers_size() == 1 && j.status().workers(0).incarnation() == kRollbacks &&
-        j.status().workers(0).state() == "training") {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const v1::Job j = WaitForJob(cluster.jobs(), id, training_as(kRollbacks), absl::Seconds(12));
   INFO(j.status().message());
   CHECK(j.status().state() == v1::RUNNING);
   CHECK(j.status().rollbacks() == kRollbacks);
   REQUIRE(j.status().workers_size() == 1);
   CHECK(j.status().workers(0).state() == "training");
-  v1::JobRef ref;
-  ref.set_job_id(id);
-  v1::Job cancelled;
-  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+  Cancel(cluster.jobs(), id);
 }
 
 // A cut whose servers answered before a rollback began, but which the
@@ -677,14 +685,8 @@ TEST_CASE("a cut still in flight when its job rolls back is never committed", "[
   spec.mutable_checkpoint()->set_keep(10);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
-  auto until = [&](const std::function<bool(const v1::Job&)>& pred) {
-    v1::Job j;
-    for (int tries = 0; tries < 1000; ++tries) {
-      j = Get(cluster.jobs(), id);
-      if (pred(j)) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return j;
+  auto until = [&](const std::function<bool(const v1::Job&)>& done) {
+    return WaitForJob(cluster.jobs(), id, done, absl::Seconds(10));
   };
   v1::Job j = until([](const v1::Job& j) {
     return j.status().checkpoints_size() > 0 && j.status().workers_size() == 1 &&
@@ -703,16 +705,7 @@ TEST_CASE("a cut still in flight when its job rolls back is never committed", "[
   REQUIRE(in_flight > committed);
   REQUIRE(j.status().checkpoints().rbegin()->cut_id() == committed);
   // Rank 0's server "lost": the job rolls back to `committed` and runs on.
-  v1::ReportProgressRequest req;
-  req.set_node_id(j.status().workers(0).worker_id());
-  req.set_job_id(id);
-  req.set_rank(0);
-  req.set_incarnation(j.status().workers(0).incarnation());
-  req.set_error("pull from a server: job is not on this server (injected)");
-  req.set_error_reason("ServerLost");
-  v1::ReportProgressResponse resp;
-  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
-  REQUIRE(cluster_stub->ReportProgress(Ctx().get(), req, &resp).ok());
+  FailRank0(cluster.address(), j, "ServerLost", "pull from a server: job is not on this server (injected)");
   j = until([](const v1::Job& j) {
     return j.status().rollbacks() == 1 && j.status().restoring_cut() == 0 && j.status().workers_size() == 1 &&
            j.status().workers(0).state() == "training";
@@ -730,10 +723,7 @@ TEST_CASE("a cut still in flight when its job rolls back is never committed", "[
   CHECK(j.status().last_checkpoint_error() ==
         absl::StrCat("checkpoint ", in_flight, ": the job rolled back while the cut was taken"));
   for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != in_flight);
-  v1::JobRef ref;
-  ref.set_job_id(id);
-  v1::Job cancelled;
-  REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &cancelled).ok());
+  Cancel(cluster.jobs(), id);
 }
 
 }  // namespace
