@@ -323,7 +323,7 @@ absl::Status Job::Prepare(const Decoded& d) {
   return absl::OkStatus();
 }
 
-absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* grads) {
+absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* grads, uint64_t step) {
   const uint32_t dim = table->dim();
   const uint64_t* keys = g.keys.data();
   std::vector<uint32_t> unique;
@@ -342,7 +342,7 @@ absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* gra
         unique.push_back(k);
       }
     }
-    RETURN_IF_ERROR(table->Apply(v, keys, unique.data(), unique.size(), grads));
+    RETURN_IF_ERROR(table->Apply(v, keys, unique.data(), unique.size(), grads, step));
     begin = end;
   }
   return absl::OkStatus();
@@ -350,11 +350,11 @@ absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* gra
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
   for (const DenseItem& item : d.dense) {
-    RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype)
-                                        : item.table->Apply(item.chunk, item.g));
+    RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype, d.step)
+                                        : item.table->Apply(item.chunk, item.g, d.step));
   }
   for (SparseItem& item : d.sparse) {
-    RETURN_IF_ERROR(ApplySparse(item.table, item.groups, item.g));
+    RETURN_IF_ERROR(ApplySparse(item.table, item.groups, item.g, d.step));
   }
   return absl::OkStatus();
 }
@@ -480,6 +480,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   }
   Decoded decoded;
   decoded.seq = m.seq;
+  decoded.step = m.step;
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
   thread_local GradBuffer scratch;
@@ -642,7 +643,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
         const size_t n = table->ChunkLength(chunk);
         for (size_t i = 0; i < n; ++i) g[i] *= scale;
       }
-      applied[k] = table->Apply(chunk, g);
+      applied[k] = table->Apply(chunk, g, step);
     };
     if (dense_elements >= kParallelApplyElements) {
       ParallelRunner::Shared().ForEach(dense_order.size(), apply_chunk);
@@ -655,7 +656,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       if (scale != 1.0f) for (float& x : values) x *= scale;
       std::vector<uint64_t> keys(index.size());
       for (const auto& [key, off] : index) keys[off / t->dim()] = key;
-      s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data()));
+      s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data(), step));
     }
     result.Update(s);
     metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));

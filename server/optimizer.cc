@@ -1,6 +1,8 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -87,6 +89,11 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec
     }
     c.lr_power = spec.lr_power();
   }
+  const std::vector<std::string> schedule = LrScheduleProblems(spec.schedule(), c.learning_rate, "optimizer.schedule");
+  if (!schedule.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", schedule.front()));
+  }
+  c.schedule = LrScheduleFromProto(spec.schedule());
   return c;
 }
 

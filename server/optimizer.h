@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/lr_schedule.h"
 #include "fulcrum/v1/common.pb.h"
 
 namespace fulcrum {
@@ -30,6 +31,16 @@ struct OptimizerConfig {
   float l1 = 0.0f;
   float l2 = 0.0f;
   float lr_power = -0.5f;
+  // learning_rate above is the base rate the schedule scales.
+  LrSchedule schedule;
+
+  // This config for the update of push step `step`: learning_rate replaced
+  // by the schedule's rate for that step.
+  OptimizerConfig AtStep(uint64_t step) const {
+    OptimizerConfig c = *this;
+    if (!schedule.constant()) c.learning_rate = LearningRateAt(schedule, learning_rate, step);
+    return c;
+  }
 };
 
 // INVALID_ARGUMENT naming the table and the field when a value is out of range.

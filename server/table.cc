@@ -242,23 +242,25 @@ float* DenseTable::Writable(Chunk* c, uint32_t index) {
   return c->block.get();
 }
 
-absl::Status DenseTable::Apply(uint32_t index, const float* g) {
+absl::Status DenseTable::Apply(uint32_t index, const float* g, uint64_t step) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
+  const OptimizerConfig opt = optimizer_.AtStep(step);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
-  ApplyOptimizer(optimizer_, Writable(c, index), ChunkLength(index), g, ++c->updates);
+  ApplyOptimizer(opt, Writable(c, index), ChunkLength(index), g, ++c->updates);
   return absl::OkStatus();
 }
 
-absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype) {
+absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype, uint64_t step) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
   const size_t n = ChunkLength(index);
+  const OptimizerConfig opt = optimizer_.AtStep(step);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
-  const uint64_t step = ++c->updates;
+  const uint64_t updates = ++c->updates;
   float* weights = Writable(c, index);
   ForEachFloatBlock(g, dtype, n, [&](const float* block, size_t begin, size_t len) {
-    ApplyOptimizerRange(optimizer_, weights, n, begin, len, block, step);
+    ApplyOptimizerRange(opt, weights, n, begin, len, block, updates);
     return true;
   });
   return absl::OkStatus();
@@ -445,14 +447,15 @@ absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, cons
 }
 
 absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
-                                size_t n, const float* grads) {
+                                size_t n, const float* grads, uint64_t step) {
   Partition* p = partitions_[vshard].get();
+  const OptimizerConfig opt = optimizer_.AtStep(step);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&p->mu);
   for (size_t i = 0; i < n; ++i) {
     uint32_t r;
     ASSIGN_OR_RETURN(float* row, Row(p, keys[idx[i]], &r));
-    ApplyOptimizer(optimizer_, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);
+    ApplyOptimizer(opt, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
+#include "common/lr_schedule.h"
 
 namespace fulcrum::config {
 namespace {
@@ -129,6 +130,9 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   }
   if (o.momentum() != 0 && o.kind() != v1::OptimizerSpec::MOMENTUM) {
     p.push_back("optimizer.momentum: only the momentum optimizer uses it");
+  }
+  for (std::string& s : LrScheduleProblems(o.schedule(), o.learning_rate(), "optimizer.schedule")) {
+    p.push_back(std::move(s));
   }
   // consistency
   const v1::ConsistencySpec& c = spec.consistency();

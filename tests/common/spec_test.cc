@@ -1,5 +1,8 @@
 // Job specs from YAML and JSON: what parses, and that every mistake is
 // reported with its field path and line.
+#include <filesystem>
+#include <string>
+
 #include <catch2/catch.hpp>
 
 #include "common/config/job_spec.h"
@@ -25,6 +28,7 @@ data:
 optimizer:
   kind: adam
   learningRate: 1e-3
+  schedule: {kind: cosine, warmupSteps: 100, decay_steps: 2000, min_learning_rate: 1e-5}
 consistency: {model: ssp, staleness: 2}
 num_workers: 2
 batch_size: 32
@@ -47,6 +51,10 @@ TEST_CASE("a YAML job spec fills every field, camelCase keys and enum short name
   CHECK(s.data().test().path() == "mnist/t10k-images-idx3-ubyte");
   CHECK(s.optimizer().kind() == v1::OptimizerSpec::ADAM);
   CHECK(s.optimizer().learning_rate() == Approx(1e-3));
+  CHECK(s.optimizer().schedule().kind() == v1::LearningRateSchedule::COSINE);
+  CHECK(s.optimizer().schedule().warmup_steps() == 100);
+  CHECK(s.optimizer().schedule().decay_steps() == 2000);
+  CHECK(s.optimizer().schedule().min_learning_rate() == Approx(1e-5));
   CHECK(s.consistency().model() == v1::ConsistencySpec::SSP);
   CHECK(s.consistency().staleness() == 2);
   CHECK(s.precision() == v1::DTYPE_BF16);
@@ -131,7 +139,7 @@ TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][secur
 TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: Bad_Name\nmodel: {type: mlp}\ndata: {train: {format: parquet}}\n"
-                        "optimizer: {kind: sgd}\nconsistency: {model: ssp}\nepochs: 0\n",
+                        "optimizer: {kind: sgd, schedule: {kind: step}}\nconsistency: {model: ssp}\nepochs: 0\n",
                         "v.yaml", &s)
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
@@ -141,6 +149,8 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   CHECK(has("data.train.format: 'parquet' is not one of: idx, libsvm, csv"));
   CHECK(has("data.train.path: required"));
   CHECK(has("optimizer.learning_rate: 0 must be > 0"));
+  CHECK(has("optimizer.schedule.decay_steps: required for step; allowed: >= 1"));
+  CHECK(has("optimizer.schedule.gamma: 0 (unset) is invalid for step; allowed: 0 < gamma <= 1"));
   CHECK(has("consistency.staleness: ssp needs a bound >= 1"));
   CHECK(has("num_workers: 0 must be 1 to 1024"));
   CHECK(has("batch_size: 0 must be 1 to 65536"));
@@ -148,6 +158,23 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   const absl::Status st = ValidateJobSpec(s);
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(st.message()).find(std::to_string(p.size()) + " problems") != std::string::npos);
+}
+
+TEST_CASE("every example spec in deploy/examples parses and validates", "[spec]") {
+  namespace fs = std::filesystem;
+  int examples = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(FULCRUM_SOURCE_DIR) / "deploy/examples")) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".yaml" && ext != ".json") continue;
+    INFO(entry.path().string());
+    v1::JobSpec s;
+    REQUIRE(ParseSpecFile(entry.path().string(), &s).ok());
+    const absl::Status st = ValidateJobSpec(s);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    ++examples;
+  }
+  REQUIRE(examples >= 5);
 }
 
 TEST_CASE("a sparse model with dense data is refused", "[spec]") {

@@ -249,14 +249,14 @@ TEST_CASE("a weight snapshot being served is never changed by later updates", "[
     REQUIRE_OK_AND_ASSIGN(auto s, t.Snapshot(0));
     before = s.get();
   }
-  REQUIRE_OK(t.Apply(0, g.data()));
+  REQUIRE_OK(t.Apply(0, g.data(), 0));
   REQUIRE_OK_AND_ASSIGN(auto held, t.Snapshot(0));
   REQUIRE(held.get() == before);
   REQUIRE(held[0] == -1.0f);
 
   // A snapshot alive (a response gRPC has not sent yet): the update goes to a
   // copy and the snapshot keeps the values it was taken with.
-  REQUIRE_OK(t.Apply(0, g.data()));
+  REQUIRE_OK(t.Apply(0, g.data(), 0));
   for (int i = 0; i < 8; ++i) REQUIRE(held[i] == -1.0f);
   REQUIRE_OK_AND_ASSIGN(auto now, t.Snapshot(0));
   REQUIRE(now.get() != held.get());
@@ -273,8 +273,8 @@ TEST_CASE("updates flush denormal optimizer state to zero and restore the caller
   DenseTable& t = **table;
   const bool caller_flushes = FlushingDenormals();
   const std::vector<float> one(8, 1.0f), zero(8, 0.0f);
-  REQUIRE_OK(t.Apply(0, one.data()));
-  for (int i = 0; i < 900; ++i) REQUIRE_OK(t.Apply(0, zero.data()));
+  REQUIRE_OK(t.Apply(0, one.data(), 0));
+  for (int i = 0; i < 900; ++i) REQUIRE_OK(t.Apply(0, zero.data(), 0));
   REQUIRE(FlushingDenormals() == caller_flushes);
   REQUIRE_OK_AND_ASSIGN(auto block, t.Snapshot(0));
   for (int i = 0; i < 8; ++i) {

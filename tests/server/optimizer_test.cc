@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <random>
@@ -10,14 +11,34 @@
 namespace fulcrum {
 namespace {
 
+// The learning rate of 0-based step `step`, written out from the schedule's
+// definition in common.proto (the kinds these tests use).
+float ReferenceRate(const v1::OptimizerSpec& spec, int step) {
+  const v1::LearningRateSchedule& s = spec.schedule();
+  const double lr = spec.learning_rate();
+  const int warmup = static_cast<int>(s.warmup_steps());
+  if (step < warmup) return static_cast<float>(lr * (step + 1) / warmup);
+  const int t = step - warmup;
+  const int d = static_cast<int>(s.decay_steps());
+  switch (s.kind()) {
+    case v1::LearningRateSchedule::STEP:
+      return static_cast<float>(lr * std::pow(static_cast<double>(s.gamma()), t / d));
+    case v1::LearningRateSchedule::COSINE: {
+      const double progress = std::min(t, d) / static_cast<double>(d);
+      const double min = s.min_learning_rate();
+      return static_cast<float>(min + (lr - min) * (1 + std::cos(3.14159265358979323846 * progress)) / 2);
+    }
+    default: return spec.learning_rate();
+  }
+}
+
 // Plain textbook reference implementations, one element at a time, in fp32
 // (the precision of the servers' master weights and optimizer state).
 struct Reference {
   v1::OptimizerSpec spec;
   float w, s1 = 0, s2 = 0;
   int t = 0;
-  void Step(float g) {
-    const float lr = spec.learning_rate();
+  void Step(float g, float lr) {
     ++t;
     switch (spec.kind()) {
       case v1::OptimizerSpec::SGD:
@@ -80,11 +101,13 @@ void CheckAgainstReference(v1::OptimizerSpec spec) {
   }
   std::vector<float> g(n);
   for (int step = 1; step <= 100; ++step) {
+    // Updates count from 1 (Adam's bias correction); schedule steps from 0.
+    const float lr = ReferenceRate(spec, step - 1);
     for (size_t i = 0; i < n; ++i) {
       g[i] = grad(rng);
-      ref[i].Step(g[i]);
+      ref[i].Step(g[i], lr);
     }
-    ApplyOptimizer(*config, block.data(), n, g.data(), step);
+    ApplyOptimizer(config->AtStep(static_cast<uint64_t>(step - 1)), block.data(), n, g.data(), step);
   }
   for (size_t i = 0; i < n; ++i) {
     INFO("element " << i << ": " << std::setprecision(10) << block[i] << " vs " << ref[i].w);
@@ -132,6 +155,41 @@ TEST_CASE("FTRL-proximal matches the reference over 100 steps", "[optimizer]") {
   CheckAgainstReference(s);
 }
 
+TEST_CASE("every optimizer follows its table's learning-rate schedule over 100 steps", "[optimizer][lr_schedule]") {
+  for (auto kind : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAGRAD,
+                    v1::OptimizerSpec::ADAM, v1::OptimizerSpec::ADAMW, v1::OptimizerSpec::FTRL}) {
+    INFO("optimizer kind " << kind);
+    auto s = Spec(kind, 0.05f);
+    if (kind == v1::OptimizerSpec::MOMENTUM) s.set_momentum(0.9f);
+    if (kind == v1::OptimizerSpec::ADAMW) s.set_weight_decay(0.1f);
+    // Cosine with warm-up: 10 steps up, 80 down to a tenth, 10 flat.
+    auto* c = s.mutable_schedule();
+    c->set_kind(v1::LearningRateSchedule::COSINE);
+    c->set_warmup_steps(10);
+    c->set_decay_steps(80);
+    c->set_min_learning_rate(0.005f);
+    CheckAgainstReference(s);
+    // Step decay: halved every 30 steps.
+    s.clear_schedule();
+    s.mutable_schedule()->set_kind(v1::LearningRateSchedule::STEP);
+    s.mutable_schedule()->set_decay_steps(30);
+    s.mutable_schedule()->set_gamma(0.5f);
+    CheckAgainstReference(s);
+  }
+  // The schedule really changes the updates: the same run without it ends elsewhere.
+  auto with = OptimizerConfigFromProto([] {
+    auto s = Spec(v1::OptimizerSpec::SGD, 1.0f);
+    s.mutable_schedule()->set_kind(v1::LearningRateSchedule::STEP);
+    s.mutable_schedule()->set_decay_steps(1);
+    s.mutable_schedule()->set_gamma(0.5f);
+    return s;
+  }(), "w");
+  REQUIRE(with.ok());
+  REQUIRE(with->AtStep(0).learning_rate == 1.0f);
+  REQUIRE(with->AtStep(3).learning_rate == 0.125f);
+  REQUIRE(with->learning_rate == 1.0f);  // the base rate stays
+}
+
 TEST_CASE("optimizer specs with bad hyper-parameters name the field", "[optimizer]") {
   auto s = Spec(v1::OptimizerSpec::ADAM, 0.0f);
   auto c = OptimizerConfigFromProto(s, "emb");
@@ -145,6 +203,10 @@ TEST_CASE("optimizer specs with bad hyper-parameters name the field", "[optimize
   s = Spec(v1::OptimizerSpec::SGD, 0.1f);
   s.set_nesterov(true);
   REQUIRE_FALSE(OptimizerConfigFromProto(s, "w").ok());
+  s = Spec(v1::OptimizerSpec::SGD, 0.1f);
+  s.mutable_schedule()->set_kind(v1::LearningRateSchedule::COSINE);
+  REQUIRE(std::string(OptimizerConfigFromProto(s, "w").status().message()) ==
+          "table 'w': optimizer.schedule.decay_steps: required for cosine; allowed: >= 1");
   s = Spec(static_cast<v1::OptimizerSpec::Kind>(42), 0.1f);
   REQUIRE(std::string(OptimizerConfigFromProto(s, "w").status().message()).find("kind 42") !=
           std::string::npos);

@@ -182,6 +182,79 @@ TEST_CASE("BSP with SGD lr 1 yields exactly the expected weights", "[bsp]") {
   }
 }
 
+TEST_CASE("a learning-rate schedule sets each step's rate on every server and table", "[bsp][asp][lr_schedule]") {
+  auto cluster = TestCluster::Start();
+  // Two warm-up steps, then halved every 2 steps: 0.5, 1, 1, 1, 0.5, 0.5.
+  const std::vector<float> rates = {0.5f, 1.0f, 1.0f, 1.0f, 0.5f, 0.5f};
+  auto scheduled = [](v1::TableSpec t) {
+    auto* s = t.mutable_optimizer()->mutable_schedule();
+    s->set_kind(v1::LearningRateSchedule::STEP);
+    s->set_warmup_steps(2);
+    s->set_decay_steps(2);
+    s->set_gamma(0.5f);
+    return t;
+  };
+  constexpr size_t kDense = 1000;  // 16 chunks of 64 over both servers
+  constexpr uint32_t kDim = 4;
+  SECTION("BSP: the job's global step, dense chunks and sparse rows") {
+    const std::string job = "sched-bsp";
+    auto a = cluster->Client(0);
+    auto b = cluster->Client(1);
+    REQUIRE_OK(a->CreateJob(JobSpec(job, {scheduled(DenseTableSpec("w", kDense, 1.0f, v1::OptimizerSpec::SGD, 64)),
+                                          scheduled(SparseTableSpec("emb", kDim))}, 2)));
+    REQUIRE_OK(b->OpenJob(job));
+    std::vector<float> want(kDense, 0.0f), want_row(kDim, 0.0f);
+    for (int t = 0; t < static_cast<int>(rates.size()); ++t) {
+      for (uint32_t r = 0; r < 2; ++r) {
+        std::vector<float> g(kDense);
+        for (size_t i = 0; i < kDense; ++i) g[i] = Grad(r, t, i);
+        std::vector<uint64_t> keys = {7};
+        std::vector<float> sg(kDim);
+        for (uint32_t j = 0; j < kDim; ++j) sg[j] = Grad(r, t, j);
+        PushBatch batch;
+        batch.step = static_cast<uint64_t>(t);
+        batch.dense.push_back({"w", g.data(), kDense});
+        batch.sparse.push_back({"emb", keys.data(), keys.size(), sg.data()});
+        REQUIRE_OK((r == 0 ? a : b)->Push(job, batch));
+      }
+      for (size_t i = 0; i < kDense; ++i) {
+        float acc = Grad(0, t, i);
+        acc += Grad(1, t, i);
+        acc *= 0.5f;
+        want[i] -= rates[t] * acc;
+        if (i < kDim) want_row[i] -= rates[t] * acc;
+      }
+    }
+    std::vector<float> w(kDense), row(kDim);
+    std::vector<uint64_t> keys = {7};
+    REQUIRE_OK(a->Pull(job, {rates.size(), {{"w", w.data(), kDense}}, {{"emb", keys.data(), 1, row.data()}}}));
+    for (size_t i = 0; i < kDense; ++i) {
+      INFO("element " << i);
+      REQUIRE(w[i] == want[i]);  // bit-for-bit
+    }
+    REQUIRE(row == want_row);
+    // Without the schedule (every step at 1.0) the weights differ.
+    std::vector<float> flat(kDense, 0.0f);
+    for (int t = 0; t < static_cast<int>(rates.size()); ++t) flat[0] -= (Grad(0, t, 0) + Grad(1, t, 0)) * 0.5f;
+    REQUIRE(w[0] != Approx(flat[0]).epsilon(1e-3));
+  }
+  SECTION("ASP: each push at the rate of the step it carries") {
+    const std::string job = "sched-asp";
+    auto c = cluster->Client(0);
+    REQUIRE_OK(c->CreateJob(JobSpec(job, {scheduled(DenseTableSpec("w", 8))}, 1, v1::ConsistencySpec::ASP)));
+    std::vector<float> g(8, 1.0f), w(8);
+    float want = 0;
+    for (uint64_t t = 0; t < rates.size(); ++t) {
+      REQUIRE_OK(c->Push(job, {t, {{"w", g.data(), 8}}, {}}));
+      want -= rates[t];
+      REQUIRE_OK(c->Pull(job, {t + 1, {{"w", w.data(), 8}}, {}}));
+      INFO("after step " << t);
+      for (float x : w) REQUIRE(x == want);
+    }
+    REQUIRE(want == -4.5f);
+  }
+}
+
 TEST_CASE("BSP combines gradients in rank order whatever order they arrive in", "[bsp]") {
   auto cluster = TestCluster::Start();
   BspRun a = RunBsp(*cluster, "order-a", 3, 3, {}, {0, 1, 2});
