@@ -235,10 +235,11 @@ std::vector<std::string> WorkerLines(const Job& j) {
                                     w.incarnation() > 0 ? absl::StrCat(" (replacement ", w.incarnation(), ")") : ""));
       continue;
     }
-    out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s epoch %u step %llu loss %.4f acc %.4f %.0f samples/s%s",
+    out.push_back(absl::StrFormat("  rank %-3u %-10s %-10s epoch %u step %llu loss %.4f acc %.4f %.0f samples/s%s%s",
                                   w.rank(), w.worker_id().empty() ? "-" : w.worker_id(), w.state(), w.epoch() + 1,
                                   static_cast<unsigned long long>(w.step()), w.loss(), w.train_accuracy(),
                                   w.samples_per_second(),
+                                  w.learning_rate() > 0 ? absl::StrFormat(" lr %.3g", w.learning_rate()) : "",
                                   w.incarnation() > 0 ? absl::StrCat(" (replacement ", w.incarnation(), ")") : ""));
   }
   return out;

@@ -15,6 +15,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/lr_schedule.h"
 #include "common/process.h"
 #include "common/rpc/grpc_util.h"
 #include "common/status_macros.h"
@@ -287,6 +288,8 @@ class WorkerDaemon::Runner {
                                                  a_.world_size());
     ps_spec.set_quota_bytes(spec.quota_bytes());
     RETURN_IF_ERROR(client->CreateJob(ps_spec));
+    lr_base_ = spec.optimizer().learning_rate();
+    lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
 
     training::TrainerOptions to;
     to.job_id = a_.job_id();
@@ -396,6 +399,9 @@ class WorkerDaemon::Runner {
     metrics_.steps.fetch_add(1, std::memory_order_relaxed);
     if (m.examples > 0) metrics_.loss.store(m.loss_sum / static_cast<double>(m.examples));
     metrics_.epoch.store(progress_.epoch());
+    const double lr = LearningRateAt(lr_schedule_, lr_base_, step);
+    metrics_.learning_rate.store(lr);
+    progress_.set_learning_rate(lr);
     epoch_examples_ += m.examples;
     epoch_loss_ += m.loss_sum;
     epoch_correct_ += m.correct;
@@ -431,6 +437,9 @@ class WorkerDaemon::Runner {
     out->Gauge("fulcrum_worker_loss", "Mean training loss of the rank's last step (NaN when it diverged)", l,
                metrics_.loss.load());
     out->Gauge("fulcrum_worker_epoch", "The epoch the rank is training", l, metrics_.epoch.load());
+    out->Gauge("fulcrum_worker_learning_rate",
+               "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
+               metrics_.learning_rate.load());
   }
 
  private:
@@ -451,12 +460,15 @@ class WorkerDaemon::Runner {
   std::string reason_;
   v1::WorkerProgress progress_;
   uint64_t total_steps_ = 0;
+  // The servers' optimizer schedule, for reporting the rate of each step.
+  float lr_base_ = 0;
+  LrSchedule lr_schedule_;
   int64_t epoch_examples_ = 0, epoch_correct_ = 0;
   double epoch_loss_ = 0;
   Clock::time_point epoch_start_, last_report_;
   struct Metrics {
     metrics::Histogram data_wait, pull, compute, push, step;
-    std::atomic<double> samples{0}, loss{0}, epoch{0};
+    std::atomic<double> samples{0}, loss{0}, epoch{0}, learning_rate{0};
     std::atomic<uint64_t> steps{0};
   } metrics_;
   std::thread thread_;
