@@ -89,6 +89,11 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec
     }
     c.lr_power = spec.lr_power();
   }
+  // clip_global_norm is the workers' (they clip before pushing); checked
+  // here only so a bad value never passes silently.
+  if (!Finite(spec.clip_global_norm()) || spec.clip_global_norm() < 0) {
+    return Bad(table, "clip_global_norm", spec.clip_global_norm(), "a finite value >= 0 (0: off)");
+  }
   const std::vector<std::string> schedule = LrScheduleProblems(spec.schedule(), c.learning_rate, "optimizer.schedule");
   if (!schedule.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", schedule.front()));

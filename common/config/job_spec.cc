@@ -125,7 +125,8 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   CheckUnit(o.beta1(), "optimizer.beta1", &p);
   CheckUnit(o.beta2(), "optimizer.beta2", &p);
   for (auto [v, f] : {std::pair{o.epsilon(), "epsilon"}, {o.weight_decay(), "weight_decay"},
-                      {o.initial_accumulator(), "initial_accumulator"}, {o.l1(), "l1"}, {o.l2(), "l2"}}) {
+                      {o.initial_accumulator(), "initial_accumulator"}, {o.l1(), "l1"}, {o.l2(), "l2"},
+                      {o.clip_global_norm(), "clip_global_norm"}}) {
     if (!(v >= 0) || !std::isfinite(v)) p.push_back(absl::StrCat("optimizer.", f, ": ", v, " must be >= 0"));
   }
   if (o.momentum() != 0 && o.kind() != v1::OptimizerSpec::MOMENTUM) {

@@ -300,14 +300,15 @@ TEST_CASE("an in-process cluster trains softmax regression on digits to >= 0.90 
   for (auto& s : cluster.servers()) CHECK(s.ps->JobIds().empty());
 }
 
-TEST_CASE("a job spec's learning-rate schedule drives the servers' updates and workers report its rate",
+TEST_CASE("a job spec's learning-rate schedule and gradient clipping reach the servers' updates",
           "[cluster][lr_schedule]") {
   InProcessCluster cluster(2, 2);
   // Digits for 3 epochs: 2 workers x 45 steps of 16 per epoch, 135 steps, BSP.
-  auto run = [&](const std::function<void(v1::LearningRateSchedule*)>& schedule) {
+  auto run = [&](const std::function<void(v1::LearningRateSchedule*)>& schedule, float clip = 0) {
     v1::JobSpec spec = DigitsSpec();
     spec.set_epochs(3);
     if (schedule) schedule(spec.mutable_optimizer()->mutable_schedule());
+    spec.mutable_optimizer()->set_clip_global_norm(clip);
     std::string id;
     REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
     int events = 0;
@@ -333,7 +334,10 @@ TEST_CASE("a job spec's learning-rate schedule drives the servers' updates and w
   });
   WARN("digits, 3 epochs: test accuracy " << flat.status().test_accuracy() << " at a constant rate, "
                                           << decayed.status().test_accuracy() << " with warm-up and linear decay");
+  // Each worker clips its gradient to a tiny norm before pushing: other weights.
+  const v1::Job clipped = run(nullptr, 1e-3f);
   CHECK(inert.status().weights_fingerprint() == flat.status().weights_fingerprint());
+  CHECK(clipped.status().weights_fingerprint() != flat.status().weights_fingerprint());
   CHECK(decayed.status().weights_fingerprint() != flat.status().weights_fingerprint());
   // Lowering the rate of this short run trains it less far (0.85 against
   // 0.89 when written), but it still learns: 10 classes, chance is 0.1.

@@ -139,7 +139,7 @@ TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][secur
 TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: Bad_Name\nmodel: {type: mlp}\ndata: {train: {format: parquet}}\n"
-                        "optimizer: {kind: sgd, schedule: {kind: step}}\nconsistency: {model: ssp}\nepochs: 0\n",
+                        "optimizer: {kind: sgd, schedule: {kind: step}, clip_global_norm: -1}\nconsistency: {model: ssp}\nepochs: 0\n",
                         "v.yaml", &s)
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
@@ -150,6 +150,7 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   CHECK(has("data.train.path: required"));
   CHECK(has("optimizer.learning_rate: 0 must be > 0"));
   CHECK(has("optimizer.schedule.decay_steps: required for step; allowed: >= 1"));
+  CHECK(has("optimizer.clip_global_norm: -1 must be >= 0"));
   CHECK(has("optimizer.schedule.gamma: 0 (unset) is invalid for step; allowed: 0 < gamma <= 1"));
   CHECK(has("consistency.staleness: ssp needs a bound >= 1"));
   CHECK(has("num_workers: 0 must be 1 to 1024"));

@@ -207,6 +207,10 @@ TEST_CASE("optimizer specs with bad hyper-parameters name the field", "[optimize
   s.mutable_schedule()->set_kind(v1::LearningRateSchedule::COSINE);
   REQUIRE(std::string(OptimizerConfigFromProto(s, "w").status().message()) ==
           "table 'w': optimizer.schedule.decay_steps: required for cosine; allowed: >= 1");
+  s = Spec(v1::OptimizerSpec::SGD, 0.1f);
+  s.set_clip_global_norm(-2);
+  REQUIRE(std::string(OptimizerConfigFromProto(s, "w").status().message()).find("optimizer.clip_global_norm = -2") !=
+          std::string::npos);
   s = Spec(static_cast<v1::OptimizerSpec::Kind>(42), 0.1f);
   REQUIRE(std::string(OptimizerConfigFromProto(s, "w").status().message()).find("kind 42") !=
           std::string::npos);

@@ -5,6 +5,7 @@
 // of an epoch. Real gRPC servers are exercised by parameter_server_test
 // ("[groups]") and the cluster tests.
 #include <atomic>
+#include <cmath>
 #include <random>
 #include <set>
 #include <thread>
@@ -134,6 +135,72 @@ TEST_CASE("grouped pushes train the same weights as whole-step pushes") {
   }
   REQUIRE(weights[0].size() == 20 * 16);
   REQUIRE(weights[0] == weights[1]);
+}
+
+// One step of the MLP on the fake (SGD, lr 0.1): every table's weights
+// before and after, the step's metrics and its push calls.
+struct OneStep {
+  std::vector<std::vector<float>> before, after;
+  models::Metrics metrics;
+  int pushes = 0;
+  // The step's gradient (before - after) / lr, all tables end to end.
+  std::vector<double> Gradient() const {
+    std::vector<double> g;
+    for (size_t t = 0; t < before.size(); ++t) {
+      for (size_t i = 0; i < before[t].size(); ++i) g.push_back((before[t][i] - after[t][i]) / 0.1);
+    }
+    return g;
+  }
+};
+
+OneStep RunOneStep(float clip) {
+  auto data = Synthetic();
+  TrainerOptions o;
+  o.batch_size = 32;
+  o.max_steps_per_epoch = 1;
+  o.min_push_group_bytes = 0;  // every layer on its own as soon as it is ready
+  o.clip_global_norm = clip;
+  OneStep out;
+  o.on_step = [&out](uint64_t, const models::Metrics& m, const StepTiming&) { out.metrics = m; };
+  Setup s(o);
+  for (const auto& t : s.model->tables()) out.before.push_back(s.client.Dense("j", t.spec.name()));
+  REQUIRE_OK(s.trainer->TrainEpoch(*data, 0).status());
+  for (const auto& t : s.model->tables()) out.after.push_back(s.client.Dense("j", t.spec.name()));
+  for (const auto& call : s.client.calls()) out.pushes += call.is_push;
+  return out;
+}
+
+double Norm(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+TEST_CASE("clipping by global norm scales a step's gradients down to the bound and keeps their direction") {
+  const OneStep free = RunOneStep(0);
+  const std::vector<double> g = free.Gradient();
+  const double norm = Norm(g);
+  REQUIRE(norm > 0);
+  CHECK(free.metrics.grad_norm == -1);  // not computed without clipping
+  CHECK(free.pushes == 6);               // three layers, weight and bias each, pushed as ready
+
+  const OneStep clipped = RunOneStep(static_cast<float>(norm / 2));
+  CHECK(clipped.metrics.clipped);
+  CHECK(clipped.metrics.grad_norm == Approx(norm).epsilon(1e-4));
+  CHECK(clipped.pushes == 1);  // the scale needs the whole backward: one group
+  const std::vector<double> h = clipped.Gradient();
+  REQUIRE(h.size() == g.size());
+  CHECK(Norm(h) == Approx(norm / 2).epsilon(1e-3));
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(h[i] == Approx(g[i] / 2).epsilon(1e-3).margin(1e-6));
+  }
+
+  // Under the bound nothing changes, bit for bit.
+  const OneStep loose = RunOneStep(static_cast<float>(norm * 2));
+  CHECK_FALSE(loose.metrics.clipped);
+  CHECK(loose.metrics.grad_norm == Approx(norm).epsilon(1e-4));
+  CHECK(loose.after == free.after);
 }
 
 // One epoch trained on a thread, the test completing the fake's calls by

@@ -289,6 +289,7 @@ class WorkerDaemon::Runner {
     ps_spec.set_quota_bytes(spec.quota_bytes());
     RETURN_IF_ERROR(client->CreateJob(ps_spec));
     lr_base_ = spec.optimizer().learning_rate();
+    clip_global_norm_.store(spec.optimizer().clip_global_norm());
     lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
 
     training::TrainerOptions to;
@@ -302,6 +303,7 @@ class WorkerDaemon::Runner {
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
+    to.clip_global_norm = spec.optimizer().clip_global_norm();
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
       OnStep(step, m, t);
     };
@@ -399,6 +401,8 @@ class WorkerDaemon::Runner {
     metrics_.steps.fetch_add(1, std::memory_order_relaxed);
     if (m.examples > 0) metrics_.loss.store(m.loss_sum / static_cast<double>(m.examples));
     metrics_.epoch.store(progress_.epoch());
+    if (m.grad_norm >= 0) metrics_.grad_norm.store(m.grad_norm);
+    if (m.clipped) metrics_.clipped_steps.fetch_add(1, std::memory_order_relaxed);
     const double lr = LearningRateAt(lr_schedule_, lr_base_, step);
     metrics_.learning_rate.store(lr);
     progress_.set_learning_rate(lr);
@@ -440,6 +444,14 @@ class WorkerDaemon::Runner {
     out->Gauge("fulcrum_worker_learning_rate",
                "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
                metrics_.learning_rate.load());
+    if (clip_global_norm_ > 0) {
+      out->Gauge("fulcrum_worker_gradient_norm",
+                 "Global L2 norm of the rank's last step's gradients before clipping (optimizer.clip_global_norm)", l,
+                 metrics_.grad_norm.load());
+      out->Counter("fulcrum_worker_clipped_steps_total",
+                   "Steps whose gradients were scaled down to optimizer.clip_global_norm", l,
+                   static_cast<double>(metrics_.clipped_steps.load()));
+    }
   }
 
  private:
@@ -463,13 +475,15 @@ class WorkerDaemon::Runner {
   // The servers' optimizer schedule, for reporting the rate of each step.
   float lr_base_ = 0;
   LrSchedule lr_schedule_;
+  std::atomic<float> clip_global_norm_{0};  // the spec's clip_global_norm (its metrics only when on)
   int64_t epoch_examples_ = 0, epoch_correct_ = 0;
   double epoch_loss_ = 0;
   Clock::time_point epoch_start_, last_report_;
   struct Metrics {
     metrics::Histogram data_wait, pull, compute, push, step;
     std::atomic<double> samples{0}, loss{0}, epoch{0}, learning_rate{0};
-    std::atomic<uint64_t> steps{0};
+    std::atomic<double> grad_norm{-1};  // -1 until a step computed it (clipping on)
+    std::atomic<uint64_t> steps{0}, clipped_steps{0};
   } metrics_;
   std::thread thread_;
 };

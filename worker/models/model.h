@@ -71,6 +71,11 @@ struct Metrics {
   int64_t correct = 0;    // classification and binary tasks
   bool skipped = false;   // fp16 overflow: gradients are zeros
   float loss_scale = 1;
+  // Set by the trainer when it clips (TrainerOptions::clip_global_norm):
+  // the global L2 norm of the step's gradients before clipping, and
+  // whether they were scaled down.
+  double grad_norm = -1;
+  bool clipped = false;
 };
 
 class Model {

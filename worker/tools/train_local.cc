@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   to.batch_size = static_cast<int>(spec.batch_size());
   to.seed = spec.seed();
   to.prefetch_parameters = true;  // as fulcrum-worker does
+  to.clip_global_norm = spec.optimizer().clip_global_norm();
   fulcrum::training::Trainer trainer(model->get(), &client, to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
   double examples = 0, seconds = 0, accuracy = 0;

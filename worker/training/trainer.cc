@@ -174,6 +174,27 @@ absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ClipGradients(models::Metrics* m) {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  double sum = 0;
+  for (models::Table& t : tables) {
+    if (t.elements == 0) continue;
+    ASSIGN_OR_RETURN(double s, be->SumSquares(t.elements, t.grad.as<float>()));
+    sum += s;
+  }
+  const double norm = std::sqrt(sum);
+  m->grad_norm = norm;
+  // A NaN or Inf norm is left alone: the servers refuse such a push by name.
+  if (!(norm > options_.clip_global_norm) || !std::isfinite(norm)) return absl::OkStatus();
+  const float factor = static_cast<float>(options_.clip_global_norm / norm);
+  for (models::Table& t : tables) {
+    if (t.elements != 0) RETURN_IF_ERROR(be->Scale(t.elements, factor, t.grad.as<float>()));
+  }
+  m->clipped = true;
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::WaitPushes(uint64_t before) {
   absl::Status first;
   size_t kept = 0;
@@ -200,7 +221,9 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   size_t unpushed = tables.size();
   std::vector<size_t> ready;
   size_t ready_bytes = 0;
+  const bool clip = options_.clip_global_norm > 0;
   model_->set_on_gradient([&](size_t i) -> absl::Status {
+    if (clip) return absl::OkStatus();  // the scale is known once backward ends
     if (i >= tables.size() || pushed[i] || tables[i].sparse) return absl::OkStatus();
     ready.push_back(i);
     ready_bytes += tables[i].elements * 4;
@@ -215,6 +238,7 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   absl::StatusOr<models::Metrics> m = model_->Run(batch, /*train=*/true);
   model_->set_on_gradient(nullptr);
   if (!m.ok()) return m.status();
+  if (clip) RETURN_IF_ERROR(ClipGradients(&*m));
   std::vector<size_t> rest;
   for (size_t i = 0; i < tables.size(); ++i) {
     if (!pushed[i]) rest.push_back(i);

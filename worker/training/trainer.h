@@ -66,6 +66,10 @@ struct TrainerOptions {
   // as they become ready (the rest when backward ends). 0: every table as
   // soon as it is ready; SIZE_MAX: all at the end.
   size_t min_push_group_bytes = 256 << 10;
+  // Clip each step's gradients to this global L2 norm (over every table)
+  // before pushing them; 0: off. The norm needs the whole backward, so with
+  // clipping a step's gradients go out in one group after it.
+  float clip_global_norm = 0;
   // Called after every step with the step's metrics and where its time went.
   std::function<void(uint64_t step, const models::Metrics&, const struct StepTiming&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
@@ -150,6 +154,9 @@ class Trainer {
   // Runs forward and backward, pushing gradient groups as they are ready
   // (the caller has waited for the pushes of step - 2).
   absl::StatusOr<models::Metrics> RunAndPush(const data::Batch& batch);
+  // Scales every table's gradient down to options_.clip_global_norm when
+  // their global L2 norm is larger; records the norm in *m.
+  absl::Status ClipGradients(models::Metrics* m);
   // Pushes `tables`' gradients of this step from staging set step % 2.
   absl::Status PushGroup(const std::vector<size_t>& tables, bool last);
   // Waits for the pushes of steps < `before`; the first error wins.
