@@ -139,7 +139,8 @@ TEST_CASE("data paths with '..' or NUL are refused at validation", "[spec][secur
 TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: Bad_Name\nmodel: {type: mlp}\ndata: {train: {format: parquet}}\n"
-                        "optimizer: {kind: sgd, schedule: {kind: step}, clip_global_norm: -1}\nconsistency: {model: ssp}\nepochs: 0\n",
+                        "optimizer: {kind: sgd, schedule: {kind: step}, clip_global_norm: -1}\n"
+                        "consistency: {model: ssp}\nepochs: 0\n",
                         "v.yaml", &s)
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
