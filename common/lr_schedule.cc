@@ -28,10 +28,9 @@ std::vector<std::string> LrScheduleProblems(const Spec& spec, float learning_rat
   std::vector<std::string> p;
   const auto field = [&](const char* name) { return absl::StrCat(prefix, ".", name, ": "); };
   const Spec::Kind kind = spec.kind();
-  const bool decays = kind == Spec::STEP || kind == Spec::EXPONENTIAL || kind == Spec::COSINE ||
-                      kind == Spec::LINEAR;
   const bool uses_gamma = kind == Spec::STEP || kind == Spec::EXPONENTIAL;
   const bool uses_min = kind == Spec::COSINE || kind == Spec::LINEAR;
+  const bool decays = uses_gamma || uses_min;
   if (kind != Spec::KIND_UNSPECIFIED && kind != Spec::CONSTANT && !decays) {
     p.push_back(absl::StrCat(field("kind"), static_cast<int>(kind),
                              " is unknown; allowed: constant, step, exponential, cosine, linear"));
@@ -88,14 +87,15 @@ float LearningRateAt(const LrSchedule& s, float learning_rate, uint64_t step) {
     return static_cast<float>(lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps));
   }
   const uint64_t t = step - s.warmup_steps;
-  const double d = static_cast<double>(std::max<uint64_t>(s.decay_steps, 1));
+  const uint64_t period = std::max<uint64_t>(s.decay_steps, 1);  // 0 only for constant
+  const double d = static_cast<double>(period);
   // The fraction of the decay done, for the kinds that end at a floor.
-  const double done = static_cast<double>(std::min<uint64_t>(t, s.decay_steps)) / d;
+  const double done = static_cast<double>(std::min(t, period)) / d;
   double rate = lr;
   switch (s.kind) {
     case LrSchedule::Kind::kConstant: break;
     case LrSchedule::Kind::kStep:
-      rate = lr * std::pow(s.gamma, static_cast<double>(t / std::max<uint64_t>(s.decay_steps, 1)));
+      rate = lr * std::pow(s.gamma, static_cast<double>(t / period));
       break;
     case LrSchedule::Kind::kExponential:
       rate = lr * std::pow(s.gamma, static_cast<double>(t) / d);

@@ -128,16 +128,18 @@ BspRun RunBsp(TestCluster& cluster, const std::string& job, uint32_t workers, in
 }
 
 // The expected BSP result, computed the way the servers must: per step, sum
-// the workers' gradients in rank order, scale by 1/n (MEAN), apply SGD.
-std::vector<float> ExpectedDense(uint32_t workers, int steps, size_t n) {
+// the workers' gradients in rank order, scale by 1/n (MEAN), apply SGD at
+// the step's rate (rates[t], or 1 without rates).
+std::vector<float> ExpectedDense(uint32_t workers, int steps, size_t n, const std::vector<float>& rates = {}) {
   std::vector<float> w(n, 0.0f);
   const float scale = 1.0f / static_cast<float>(workers);
   for (int t = 0; t < steps; ++t) {
+    const float lr = rates.empty() ? 1.0f : rates[t];
     for (size_t i = 0; i < n; ++i) {
       float acc = Grad(0, t, i);
       for (uint32_t r = 1; r < workers; ++r) acc += Grad(r, t, i);
       acc *= scale;
-      w[i] -= 1.0f * acc;
+      w[i] -= lr * acc;
     }
   }
   return w;
@@ -203,7 +205,6 @@ TEST_CASE("a learning-rate schedule sets each step's rate on every server and ta
     REQUIRE_OK(a->CreateJob(JobSpec(job, {scheduled(DenseTableSpec("w", kDense, 1.0f, v1::OptimizerSpec::SGD, 64)),
                                           scheduled(SparseTableSpec("emb", kDim))}, 2)));
     REQUIRE_OK(b->OpenJob(job));
-    std::vector<float> want(kDense, 0.0f), want_row(kDim, 0.0f);
     for (int t = 0; t < static_cast<int>(rates.size()); ++t) {
       for (uint32_t r = 0; r < 2; ++r) {
         std::vector<float> g(kDense);
@@ -217,14 +218,10 @@ TEST_CASE("a learning-rate schedule sets each step's rate on every server and ta
         batch.sparse.push_back({"emb", keys.data(), keys.size(), sg.data()});
         REQUIRE_OK((r == 0 ? a : b)->Push(job, batch));
       }
-      for (size_t i = 0; i < kDense; ++i) {
-        float acc = Grad(0, t, i);
-        acc += Grad(1, t, i);
-        acc *= 0.5f;
-        want[i] -= rates[t] * acc;
-        if (i < kDim) want_row[i] -= rates[t] * acc;
-      }
     }
+    const std::vector<float> want = ExpectedDense(2, static_cast<int>(rates.size()), kDense, rates);
+    // The row's gradients are the dense ones' first kDim elements.
+    const std::vector<float> want_row(want.begin(), want.begin() + kDim);
     std::vector<float> w(kDense), row(kDim);
     std::vector<uint64_t> keys = {7};
     REQUIRE_OK(a->Pull(job, {rates.size(), {{"w", w.data(), kDense}}, {{"emb", keys.data(), 1, row.data()}}}));
@@ -234,9 +231,7 @@ TEST_CASE("a learning-rate schedule sets each step's rate on every server and ta
     }
     REQUIRE(row == want_row);
     // Without the schedule (every step at 1.0) the weights differ.
-    std::vector<float> flat(kDense, 0.0f);
-    for (int t = 0; t < static_cast<int>(rates.size()); ++t) flat[0] -= (Grad(0, t, 0) + Grad(1, t, 0)) * 0.5f;
-    REQUIRE(w[0] != Approx(flat[0]).epsilon(1e-3));
+    REQUIRE(w[0] != Approx(ExpectedDense(2, static_cast<int>(rates.size()), kDense)[0]).epsilon(1e-3));
   }
   SECTION("ASP: each push at the rate of the step it carries") {
     const std::string job = "sched-asp";

@@ -289,7 +289,6 @@ class WorkerDaemon::Runner {
     ps_spec.set_quota_bytes(spec.quota_bytes());
     RETURN_IF_ERROR(client->CreateJob(ps_spec));
     lr_base_ = spec.optimizer().learning_rate();
-    clip_global_norm_.store(spec.optimizer().clip_global_norm());
     lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
 
     training::TrainerOptions to;
@@ -444,7 +443,7 @@ class WorkerDaemon::Runner {
     out->Gauge("fulcrum_worker_learning_rate",
                "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
                metrics_.learning_rate.load());
-    if (clip_global_norm_ > 0) {
+    if (metrics_.grad_norm.load() >= 0) {  // clipping is on: the trainer computes the norm
       out->Gauge("fulcrum_worker_gradient_norm",
                  "Global L2 norm of the rank's last step's gradients before clipping (optimizer.clip_global_norm)", l,
                  metrics_.grad_norm.load());
@@ -475,7 +474,6 @@ class WorkerDaemon::Runner {
   // The servers' optimizer schedule, for reporting the rate of each step.
   float lr_base_ = 0;
   LrSchedule lr_schedule_;
-  std::atomic<float> clip_global_norm_{0};  // the spec's clip_global_norm (its metrics only when on)
   int64_t epoch_examples_ = 0, epoch_correct_ = 0;
   double epoch_loss_ = 0;
   Clock::time_point epoch_start_, last_report_;

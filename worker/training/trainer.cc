@@ -221,20 +221,22 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   size_t unpushed = tables.size();
   std::vector<size_t> ready;
   size_t ready_bytes = 0;
+  // With clipping the scale is known once backward ends: one group after it.
   const bool clip = options_.clip_global_norm > 0;
-  model_->set_on_gradient([&](size_t i) -> absl::Status {
-    if (clip) return absl::OkStatus();  // the scale is known once backward ends
-    if (i >= tables.size() || pushed[i] || tables[i].sparse) return absl::OkStatus();
-    ready.push_back(i);
-    ready_bytes += tables[i].elements * 4;
-    if (ready_bytes < options_.min_push_group_bytes || ready.size() == unpushed) return absl::OkStatus();
-    for (size_t k : ready) pushed[k] = true;
-    unpushed -= ready.size();
-    absl::Status s = PushGroup(ready, /*last=*/false);
-    ready.clear();
-    ready_bytes = 0;
-    return s;
-  });
+  if (!clip) {
+    model_->set_on_gradient([&](size_t i) -> absl::Status {
+      if (i >= tables.size() || pushed[i] || tables[i].sparse) return absl::OkStatus();
+      ready.push_back(i);
+      ready_bytes += tables[i].elements * 4;
+      if (ready_bytes < options_.min_push_group_bytes || ready.size() == unpushed) return absl::OkStatus();
+      for (size_t k : ready) pushed[k] = true;
+      unpushed -= ready.size();
+      absl::Status s = PushGroup(ready, /*last=*/false);
+      ready.clear();
+      ready_bytes = 0;
+      return s;
+    });
+  }
   absl::StatusOr<models::Metrics> m = model_->Run(batch, /*train=*/true);
   model_->set_on_gradient(nullptr);
   if (!m.ok()) return m.status();
