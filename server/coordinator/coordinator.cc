@@ -275,6 +275,7 @@ absl::Status Coordinator::Load() {
         return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
       }
       n.last_heartbeat = now;  // a grace period to heartbeat again
+      n.heard = false;
       nodes_.emplace(n.info.node_id(), std::move(n));
     }
   }
@@ -513,6 +514,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   NodeRecord& n = nodes_[info.node_id()];
   n.info = info;
   n.alive = true;
+  n.heard = true;
   n.last_heartbeat = absl::Now();
   SaveNodeLocked(n);
   if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
@@ -561,6 +563,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   }
   it->second.last_heartbeat = absl::Now();
+  it->second.heard = true;
   const uint64_t seen = req.generation();
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || generation_ != seen; };
   const absl::Duration wait =
@@ -596,7 +599,10 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     return resp;
   }
   auto node = nodes_.find(req.node_id());
-  if (node != nodes_.end()) node->second.last_heartbeat = absl::Now();
+  if (node != nodes_.end()) {
+    node->second.last_heartbeat = absl::Now();
+    node->second.heard = true;
+  }
   v1::JobStatus* st = r.job.mutable_status();
   v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
   const std::string prev_state = w->state();
@@ -696,7 +702,7 @@ v1::ClusterState Coordinator::GetCluster() const {
 std::map<std::string, int> Coordinator::FreeSlotsLocked() const {
   std::map<std::string, int> free;
   for (const auto& [id, n] : nodes_) {
-    if (n.alive && n.info.role() == v1::WORKER) free[id] = static_cast<int>(n.info.slots());
+    if (n.alive && n.heard && n.info.role() == v1::WORKER) free[id] = static_cast<int>(n.info.slots());
   }
   for (const auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
@@ -978,10 +984,15 @@ void Coordinator::Tick() {
     } else if (blocked) {
       why = "an earlier job is waiting for workers";
     } else if (free_workers < static_cast<int>(need)) {
-      why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ",
-                         std::count_if(nodes_.begin(), nodes_.end(),
-                                       [](const auto& kv) { return kv.second.alive && kv.second.info.role() == v1::WORKER; }),
-                         " live");
+      int live_workers = 0, unheard = 0;
+      for (const auto& [id, n] : nodes_) {
+        if (!n.alive || n.info.role() != v1::WORKER) continue;
+        ++(n.heard ? live_workers : unheard);
+      }
+      why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ", live_workers, " live");
+      if (unheard > 0) {
+        absl::StrAppend(&why, "; ", unheard, " known from before the coordinator restarted, not heard from since");
+      }
     }
     if (!why.empty()) {
       blocked = true;

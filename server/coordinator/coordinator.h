@@ -187,6 +187,10 @@ class Coordinator {
     v1::NodeInfo info;
     absl::Time last_heartbeat;
     bool alive = true;
+    // False for a node known only from the state a restarted coordinator
+    // loaded, until it registers, heartbeats or reports: it keeps the ranks
+    // it had for its grace period, but gets no new ones (it may be gone).
+    bool heard = true;
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);

@@ -489,6 +489,33 @@ TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   CHECK(j.status().test_accuracy() >= 0.90);
 }
 
+TEST_CASE("a restarted coordinator gives new work only to workers it has heard from since", "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  // A worker that registered and then died with the old coordinator: the
+  // new one loads it from RocksDB and cannot tell yet. Four free slots make
+  // it the scheduler's first choice if it were eligible.
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  v1::RegisterNodeRequest reg;
+  reg.mutable_node()->set_role(v1::WORKER);
+  reg.mutable_node()->set_slots(4);
+  reg.mutable_node()->set_hostname("gone");
+  v1::RegisterNodeResponse gone;
+  REQUIRE(cluster_stub->RegisterNode(Ctx().get(), reg, &gone).ok());
+  cluster.RestartCoordinator();  // well within node_timeout (2 s) of its registration
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  int events = 0;
+  const v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  CHECK(j.status().state() == v1::SUCCEEDED);
+  REQUIRE(j.status().workers_size() == 1);
+  CHECK(j.status().workers(0).worker_id() != gone.node_id());
+  // Not handed to the dead worker and taken back when it missed heartbeats.
+  CHECK(j.status().restarts() == 0);
+  for (const auto& c : j.status().conditions()) CHECK(c.reason() != "WorkerLost");
+}
+
 TEST_CASE("cuts taken every second and on demand are committed on every server, and only the last K stay on disk",
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
