@@ -12,6 +12,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -598,6 +599,12 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     resp.set_stop(true);  // cancelled, ended, or the rank moved on
     return resp;
   }
+  if (req.has_epoch_done() && req.epoch_done().epoch() >= r.job.spec().epochs()) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch_done.epoch ", req.epoch_done().epoch(),
+                                                   " is out of range: job '", r.job.id(), "' has ",
+                                                   r.job.spec().epochs(), " epochs (0 to ",
+                                                   r.job.spec().epochs() - 1, ")"));
+  }
   auto node = nodes_.find(req.node_id());
   if (node != nodes_.end()) {
     node->second.last_heartbeat = absl::Now();
@@ -624,12 +631,17 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
       sum->set_epoch(e.epoch());
     }
     // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
-    const uint32_t k = ++r.epoch_reports[e.epoch()];
-    sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
-    sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
-    sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
-    sum->set_seconds(std::max(sum->seconds(), e.seconds()));
-    if (req.rank() == 0) {
+    // Each rank counts once (see EpochSummary.reported_ranks).
+    const bool again = absl::c_linear_search(sum->reported_ranks(), req.rank());
+    if (!again) {
+      sum->add_reported_ranks(req.rank());
+      const int k = sum->reported_ranks_size();
+      sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
+      sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
+      sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
+      sum->set_seconds(std::max(sum->seconds(), e.seconds()));
+    }
+    if (req.rank() == 0 && !again) {
       sum->set_test_loss(e.test_loss());
       sum->set_test_accuracy(e.test_accuracy());
       sum->set_test_rmse(e.test_rmse());
@@ -1436,7 +1448,6 @@ void Coordinator::RunRestore(RestoreTask t) {
   auto* epochs = st->mutable_epochs();
   for (int i = epochs->size() - 1; i >= 0; --i) {
     if (epochs->Get(i).epoch() >= min_epoch) {
-      r.epoch_reports.erase(epochs->Get(i).epoch());
       epochs->DeleteSubrange(i, 1);
     }
   }

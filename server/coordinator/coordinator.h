@@ -143,7 +143,6 @@ class Coordinator {
     uint64_t version = 1;      // bumped on every change
     std::vector<RankSlot> ranks;
     bool release_pending = false;  // tables still to drop on the servers
-    std::map<uint32_t, uint32_t> epoch_reports;  // epoch -> ranks that reported it
     absl::Time started = absl::InfinitePast();
     // Checkpoints (not persisted: a cut in flight when the coordinator
     // stops is never committed, and its parts are deleted later).

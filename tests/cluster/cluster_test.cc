@@ -516,6 +516,94 @@ TEST_CASE("a restarted coordinator gives new work only to workers it has heard f
   for (const auto& c : j.status().conditions()) CHECK(c.reason() != "WorkerLost");
 }
 
+// Reports that rank `rank` of `j` finished epoch `epoch`, as its worker would.
+grpc::Status ReportEpoch(const std::string& coordinator, const v1::Job& j, uint32_t rank, uint32_t epoch,
+                         double train_loss, double samples_per_second) {
+  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+  v1::ReportProgressRequest req;
+  req.set_node_id(j.status().workers(static_cast<int>(rank)).worker_id());
+  req.set_job_id(j.id());
+  req.set_rank(rank);
+  req.set_incarnation(j.status().workers(static_cast<int>(rank)).incarnation());
+  req.mutable_progress()->set_state("running");
+  req.mutable_progress()->set_epoch(epoch);
+  v1::EpochSummary* e = req.mutable_epoch_done();
+  e->set_epoch(epoch);
+  e->set_train_loss(train_loss);
+  e->set_samples_per_second(samples_per_second);
+  e->set_seconds(1.0);
+  if (rank == 0) {
+    e->set_tested(true);
+    e->set_test_accuracy(0.75);
+  }
+  v1::ReportProgressResponse resp;
+  return stub->ReportProgress(Ctx().get(), req, &resp);
+}
+
+TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
+          "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  // Two workers that only heartbeat: the test reports for them.
+  std::atomic<bool> stop{false};
+  std::vector<std::string> fakes;
+  for (int i = 0; i < 2; ++i) {
+    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+    v1::RegisterNodeRequest reg;
+    reg.mutable_node()->set_role(v1::WORKER);
+    v1::RegisterNodeResponse resp;
+    REQUIRE(stub->RegisterNode(Ctx().get(), reg, &resp).ok());
+    fakes.push_back(resp.node_id());
+  }
+  std::thread heartbeats([&] {
+    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+    while (!stop.load()) {
+      for (const std::string& id : fakes) {
+        v1::HeartbeatRequest hb;
+        hb.set_node_id(id);  // generation 0: answered at once
+        v1::HeartbeatResponse r;
+        (void)stub->Heartbeat(Ctx().get(), hb, &r);  // fails while the coordinator restarts
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
+  const v1::Job running = WaitForJob(
+      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
+  REQUIRE(running.status().state() == v1::RUNNING);
+
+  // Rank 0's report, sent twice as a worker does when the answer is lost.
+  REQUIRE(ReportEpoch(cluster.address(), running, 0, 0, 1.0, 100).ok());
+  REQUIRE(ReportEpoch(cluster.address(), running, 0, 0, 1.0, 100).ok());
+  v1::Job j = Get(cluster.jobs(), id);
+  REQUIRE(j.status().epochs_size() == 1);
+  CHECK(j.status().epochs(0).train_loss() == 1.0);
+  CHECK(j.status().epochs(0).samples_per_second() == 100);
+  CHECK(j.status().epochs(0).reported_ranks_size() == 1);
+
+  // Rank 1 reports after a coordinator restart: the mean still has rank 0.
+  cluster.RestartCoordinator();
+  REQUIRE(ReportEpoch(cluster.address(), running, 1, 0, 3.0, 50).ok());
+  j = Get(cluster.jobs(), id);
+  REQUIRE(j.status().epochs_size() == 1);
+  const v1::EpochSummary& e = j.status().epochs(0);
+  CHECK(e.train_loss() == 2.0);
+  CHECK(e.samples_per_second() == 150);
+  CHECK(std::vector<uint32_t>(e.reported_ranks().begin(), e.reported_ranks().end()) == std::vector<uint32_t>{0, 1});
+  CHECK(e.tested());
+  CHECK(e.test_accuracy() == 0.75);
+
+  // An epoch the job does not have is refused by name, and nothing is added.
+  const grpc::Status bad = ReportEpoch(cluster.address(), running, 1, 10, 3.0, 50);
+  CHECK(bad.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(bad.error_message(), Catch::Contains("epoch_done.epoch 10 is out of range") &&
+                                      Catch::Contains("has 10 epochs (0 to 9)"));
+  CHECK(Get(cluster.jobs(), id).status().epochs_size() == 1);
+  Cancel(cluster.jobs(), id);
+  stop = true;
+  heartbeats.join();
+}
+
 TEST_CASE("cuts taken every second and on demand are committed on every server, and only the last K stay on disk",
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
