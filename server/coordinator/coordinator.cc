@@ -14,6 +14,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config/job_spec.h"
@@ -483,6 +484,50 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
 
 // ---------------------------------------------------------------- cluster API
 
+namespace {
+
+constexpr size_t kMaxNodeString = 256;   // hostname, version, address, device fields
+constexpr uint32_t kMaxSlots = 1024;     // as fulcrum-worker --slots
+constexpr int kMaxDevices = 1024;
+
+// What a node says of itself is kept, shown by `fulcrumctl cluster` and,
+// for a server, dialled: every field has a bound, and a server's address
+// must be HOST:PORT.
+absl::Status CheckNodeInfo(const v1::NodeInfo& n) {
+  auto too_long = [](const char* field, const std::string& v) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: ", field, " is ", v.size(), " bytes; at most ", kMaxNodeString, " allowed"));
+  };
+  if (n.hostname().size() > kMaxNodeString) return too_long("hostname", n.hostname());
+  if (n.version().size() > kMaxNodeString) return too_long("version", n.version());
+  if (n.node_id().size() > kMaxNodeString) return too_long("node_id", n.node_id());
+  if (n.address().size() > kMaxNodeString) return too_long("address", n.address());
+  if (n.slots() > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("register: slots is ", n.slots(), "; allowed: 1 to ", kMaxSlots,
+                                                   " (0 means 1)"));
+  }
+  if (n.devices_size() > kMaxDevices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: ", n.devices_size(), " devices; at most ", kMaxDevices, " allowed"));
+  }
+  for (const v1::DeviceInfo& d : n.devices()) {
+    if (d.kind().size() > kMaxNodeString) return too_long("devices.kind", d.kind());
+    if (d.name().size() > kMaxNodeString) return too_long("devices.name", d.name());
+  }
+  if (n.role() == v1::SERVER) {
+    const size_t colon = n.address().rfind(':');
+    uint32_t port = 0;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(n.address().substr(colon + 1), &port) ||
+        port == 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("register: a server's address must be HOST:PORT with a port of "
+                                                     "1 to 65535; got '", n.address(), "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::NodeInfo& node_in) {
   if (node_in.role() != v1::SERVER && node_in.role() != v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
@@ -490,6 +535,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   if (node_in.role() == v1::SERVER && node_in.address().empty()) {
     return absl::InvalidArgumentError("register: a server must give the address its parameter service listens on");
   }
+  RETURN_IF_ERROR(CheckNodeInfo(node_in));
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   v1::NodeInfo info = node_in;

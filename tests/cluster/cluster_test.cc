@@ -457,6 +457,53 @@ TEST_CASE("a server restarted at its address retires the old entry at once even 
   fs::remove_all(dir);
 }
 
+TEST_CASE("RegisterNode refuses a node it could not keep or dial, naming the field", "[cluster]") {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-register-", getpid());
+  fs::remove_all(dir);
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(c.ok());
+  Coordinator& coordinator = **c;
+  auto refused = [&](const v1::NodeInfo& info, const std::string& says) {
+    auto r = coordinator.RegisterNode(info);
+    INFO(says);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(r.status().message()), Catch::Contains(says));
+  };
+  v1::NodeInfo server;
+  server.set_role(v1::SERVER);
+  for (const char* bad : {"nohost", ":7071", "host:", "host:0", "host:65536", "host:http", "host:-1"}) {
+    server.set_address(bad);
+    refused(server, absl::StrCat("must be HOST:PORT with a port of 1 to 65535; got '", bad, "'"));
+  }
+  server.set_address(std::string(300, 'h') + ":7071");
+  refused(server, "address is 305 bytes; at most 256 allowed");
+  v1::NodeInfo worker;
+  worker.set_role(v1::WORKER);
+  worker.set_slots(4000000000u);
+  refused(worker, "slots is 4000000000; allowed: 1 to 1024");
+  worker.set_slots(1);
+  worker.set_hostname(std::string(1000, 'x'));
+  refused(worker, "hostname is 1000 bytes");
+  worker.clear_hostname();
+  for (int i = 0; i < 1025; ++i) worker.add_devices()->set_kind("cpu");
+  refused(worker, "1025 devices; at most 1024 allowed");
+  worker.mutable_devices()->DeleteSubrange(1, 1024);
+  worker.mutable_devices(0)->set_name(std::string(257, 'n'));
+  refused(worker, "devices.name is 257 bytes");
+  worker.mutable_devices(0)->set_name("cpu");
+  // Nothing refused was kept; what is valid registers.
+  CHECK(coordinator.GetCluster().nodes_size() == 0);
+  REQUIRE(coordinator.RegisterNode(worker).ok());
+  server.set_address("[::1]:7071");
+  REQUIRE(coordinator.RegisterNode(server).ok());
+  CHECK(coordinator.GetCluster().nodes_size() == 2);
+  c->reset();
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   InProcessCluster cluster(1, 1);
   v1::JobSpec spec = DigitsSpec();
