@@ -829,10 +829,16 @@ void Coordinator::Tick() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    // 1. Liveness.
+    // 1. Liveness. Dead nodes are forgotten after their retention.
+    const size_t known = nodes_.size();
+    std::erase_if(nodes_, [&](const auto& kv) {
+      return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
+    });
+    if (nodes_.size() != known) BumpGenerationLocked();
     for (auto& [id, n] : nodes_) {
       if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
       n.alive = false;
+      n.dead_since = now;
       // A dead node never comes back under its id (it registers anew), so
       // a restarted coordinator must not know it: it would give it a grace
       // period and then declare it dead a second time.

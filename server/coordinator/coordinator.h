@@ -46,6 +46,10 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // A node that has not heartbeated for this long is dead.
   absl::Duration node_timeout = absl::Seconds(5);
+  // A dead node stays listed (GetCluster, `fulcrumctl cluster`, the nodes
+  // gauge) this long after it was declared dead, then is forgotten: nodes
+  // that come and go (pods rescheduled) do not pile up.
+  absl::Duration dead_node_retention = absl::Minutes(10);
   uint32_t virtual_shards = 256;
   // Jobs wait until at least this many servers are live (so a job does not
   // start on the first server of a cluster still coming up).
@@ -185,6 +189,7 @@ class Coordinator {
   struct NodeRecord {
     v1::NodeInfo info;
     absl::Time last_heartbeat;
+    absl::Time dead_since;  // when declared dead
     bool alive = true;
     // False for a node known only from the state a restarted coordinator
     // loaded, until it registers, heartbeats or reports: it keeps the ranks

@@ -31,6 +31,8 @@ ABSL_FLAG(uint32_t, min_servers, 1, "jobs wait until this many parameter servers
 ABSL_FLAG(uint32_t, virtual_shards, 256, "virtual shards of the shard map (fixed for a cluster)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 1000, "how often nodes heartbeat (the long-poll length)");
 ABSL_FLAG(int32_t, node_timeout_ms, 5000, "a node silent this long is declared dead");
+ABSL_FLAG(int32_t, dead_node_retention_s, 600,
+          "how long a dead node stays listed (fulcrumctl cluster, metrics) before it is forgotten");
 ABSL_FLAG(int32_t, checkpoint_wait_s, 60, "how long a server may wait for a BSP checkpoint's step boundary");
 ABSL_FLAG(std::string, token_file, "",
           "users' bearer tokens (Kubernetes static token file: token,user,uid[,\"groups\"]; group fulcrum:admins "
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.node_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_timeout_ms));
   options.checkpoint_wait = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_wait_s));
+  options.dead_node_retention = absl::Seconds(absl::GetFlag(FLAGS_dead_node_retention_s));
   options.restore_timeout = absl::Seconds(absl::GetFlag(FLAGS_restore_timeout_s));
   if (options.virtual_shards == 0 || options.virtual_shards > fulcrum::ShardMap::kMaxVirtualShards) {
     std::cerr << "fulcrum-coordinator: --virtual_shards must be 1 to " << fulcrum::ShardMap::kMaxVirtualShards
@@ -83,6 +86,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& [flag, value] : {std::pair<const char*, int32_t>{"--heartbeat_interval_ms", absl::GetFlag(FLAGS_heartbeat_interval_ms)},
                                     {"--checkpoint_wait_s", absl::GetFlag(FLAGS_checkpoint_wait_s)},
+                                    {"--dead_node_retention_s", absl::GetFlag(FLAGS_dead_node_retention_s)},
                                     {"--restore_timeout_s", absl::GetFlag(FLAGS_restore_timeout_s)}}) {
     if (value <= 0) {
       std::cerr << "fulcrum-coordinator: " << flag << " must be > 0, got " << value << "\n";

@@ -504,6 +504,46 @@ TEST_CASE("RegisterNode refuses a node it could not keep or dial, naming the fie
   fs::remove_all(dir);
 }
 
+TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotten", "[cluster]") {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-retention-", getpid());
+  fs::remove_all(dir);
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  o.heartbeat_interval = absl::Milliseconds(100);
+  o.node_timeout = absl::Milliseconds(300);
+  o.dead_node_retention = absl::Seconds(1);
+  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(c.ok());
+  Coordinator& coordinator = **c;
+  v1::NodeInfo info;
+  info.set_role(v1::WORKER);
+  auto gone = coordinator.RegisterNode(info);  // never heartbeats
+  REQUIRE(gone.ok());
+  auto state = [&]() {
+    const v1::ClusterState cs = coordinator.GetCluster();
+    for (const auto& n : cs.nodes()) {
+      if (n.info().node_id() == gone->node_id()) return n.alive() ? std::string("alive") : std::string("dead");
+    }
+    return std::string("forgotten");
+  };
+  auto wait_for = [&](const std::string& want) {
+    const absl::Time end = absl::Now() + absl::Seconds(20);
+    while (state() != want && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return absl::Now();
+  };
+  const absl::Time dead = wait_for("dead");
+  REQUIRE(state() == "dead");
+  const absl::Time forgotten = wait_for("forgotten");
+  REQUIRE(state() == "forgotten");
+  CHECK(forgotten - dead >= absl::Milliseconds(900));  // listed for its retention first
+  // It heartbeats again after a long pause: told to register anew.
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(gone->node_id());
+  CHECK(coordinator.Heartbeat(hb).status().code() == absl::StatusCode::kNotFound);
+  c->reset();
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   InProcessCluster cluster(1, 1);
   v1::JobSpec spec = DigitsSpec();
