@@ -401,17 +401,39 @@ TEST_CASE("a job whose data is missing fails with the reason and the file", "[cl
   CHECK(j.status().message().find("digits/nope.csv") != std::string::npos);
 }
 
+// A coordinator alone on a fresh state directory, with no servers behind
+// it, for tests of its membership rules; `tweak` sets its options.
+class BareCoordinator {
+ public:
+  explicit BareCoordinator(const std::function<void(CoordinatorOptions&)>& tweak = nullptr) {
+    dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-bare-coordinator-", getpid(), "-", counter_++);
+    fs::remove_all(dir_);
+    CoordinatorOptions o;
+    o.data_dir = dir_.string();
+    if (tweak) tweak(o);
+    auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+    REQUIRE(c.ok());
+    coordinator_ = *std::move(c);
+  }
+  ~BareCoordinator() {
+    coordinator_.reset();
+    fs::remove_all(dir_);
+  }
+  Coordinator& operator*() { return *coordinator_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path dir_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
 TEST_CASE("a server restarted at its address retires the old entry at once even while its heartbeat is parked",
           "[cluster]") {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-reregister-", getpid());
-  fs::remove_all(dir);
-  CoordinatorOptions o;
-  o.data_dir = dir.string();
-  o.heartbeat_interval = absl::Seconds(5);  // the long poll stays parked for up to this
-  o.node_timeout = absl::Seconds(20);
-  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
-  REQUIRE(c.ok());
-  Coordinator& coordinator = **c;
+  BareCoordinator bare([](CoordinatorOptions& o) {
+    o.heartbeat_interval = absl::Seconds(5);  // the long poll stays parked for up to this
+    o.node_timeout = absl::Seconds(20);
+  });
+  Coordinator& coordinator = *bare;
   v1::NodeInfo info;
   info.set_role(v1::SERVER);
   info.set_address("127.0.0.1:1");  // nothing listens: map installs fail and are retried
@@ -453,18 +475,11 @@ TEST_CASE("a server restarted at its address retires the old entry at once even 
   CHECK(absl::Now() - restarted < absl::Seconds(5));
   CHECK(alive(new_node->node_id()));
   agent.join();
-  c->reset();
-  fs::remove_all(dir);
 }
 
 TEST_CASE("RegisterNode refuses a node it could not keep or dial, naming the field", "[cluster]") {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-register-", getpid());
-  fs::remove_all(dir);
-  CoordinatorOptions o;
-  o.data_dir = dir.string();
-  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
-  REQUIRE(c.ok());
-  Coordinator& coordinator = **c;
+  BareCoordinator bare;
+  Coordinator& coordinator = *bare;
   auto refused = [&](const v1::NodeInfo& info, const std::string& says) {
     auto r = coordinator.RegisterNode(info);
     INFO(says);
@@ -500,21 +515,15 @@ TEST_CASE("RegisterNode refuses a node it could not keep or dial, naming the fie
   server.set_address("[::1]:7071");
   REQUIRE(coordinator.RegisterNode(server).ok());
   CHECK(coordinator.GetCluster().nodes_size() == 2);
-  c->reset();
-  fs::remove_all(dir);
 }
 
 TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotten", "[cluster]") {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-retention-", getpid());
-  fs::remove_all(dir);
-  CoordinatorOptions o;
-  o.data_dir = dir.string();
-  o.heartbeat_interval = absl::Milliseconds(100);
-  o.node_timeout = absl::Milliseconds(300);
-  o.dead_node_retention = absl::Seconds(1);
-  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
-  REQUIRE(c.ok());
-  Coordinator& coordinator = **c;
+  BareCoordinator bare([](CoordinatorOptions& o) {
+    o.heartbeat_interval = absl::Milliseconds(100);
+    o.node_timeout = absl::Milliseconds(300);
+    o.dead_node_retention = absl::Seconds(1);
+  });
+  Coordinator& coordinator = *bare;
   v1::NodeInfo info;
   info.set_role(v1::WORKER);
   auto gone = coordinator.RegisterNode(info);  // never heartbeats
@@ -540,8 +549,6 @@ TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotte
   v1::HeartbeatRequest hb;
   hb.set_node_id(gone->node_id());
   CHECK(coordinator.Heartbeat(hb).status().code() == absl::StatusCode::kNotFound);
-  c->reset();
-  fs::remove_all(dir);
 }
 
 TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
