@@ -215,7 +215,11 @@ std::string JobLine(const Job& j) {
       absl::StrAppendFormat(&line, " %.0f samples/s ETA %s", s.samples_per_second(), Duration(s.eta_seconds()));
     }
   }
-  if (!s.message().empty() && s.state() != fulcrum::v1::RUNNING) absl::StrAppend(&line, " - ", s.message());
+  // A running job says what it waits for while nothing trains (a rollback
+  // waiting for a server, ranks waiting for workers).
+  if (!s.message().empty() && (s.state() != fulcrum::v1::RUNNING || s.samples_per_second() == 0)) {
+    absl::StrAppend(&line, " - ", s.message());
+  }
   return line;
 }
 

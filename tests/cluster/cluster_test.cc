@@ -785,6 +785,9 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   grpc::Status s = cluster.jobs()->RestoreJob(Ctx().get(), req, &accepted);
   INFO(s.error_message());
   REQUIRE(s.ok());
+  // Restoring, nothing trains: no speed or ETA left over from the run.
+  CHECK(accepted.status().samples_per_second() == 0);
+  CHECK(accepted.status().eta_seconds() == 0);
   const absl::Time asked = absl::Now();
   j = WatchToEnd(cluster.jobs(), id, &events);
   INFO(j.status().message());

@@ -496,8 +496,8 @@ int CheckSafetensors(ProcessCluster& cluster, const std::string& file, const std
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST_CASE("a server killed with kill -9 and restarted rolls the job back to its last checkpoint and ends with the "
-          "weights of an undisturbed run whose final cut exports as safetensors",
+TEST_CASE("a server killed with kill -9 and restarted, or frozen and resumed, rolls the job back to its last "
+          "checkpoint and ends with the weights of an undisturbed run whose final cut exports as safetensors",
           "[e2e][checkpoint]") {
   ProcessCluster cluster(2, 2, /*slots=*/1);
   const std::string clean = cluster.Submit(Checkpointed(200, 2));
@@ -536,6 +536,41 @@ TEST_CASE("a server killed with kill -9 and restarted rolls the job back to its 
   CHECK(HasReason(b, "CheckpointRestored"));
   CHECK(b.status().weights_fingerprint() == a.status().weights_fingerprint());
   CHECK(std::abs(b.status().test_accuracy() - a.status().test_accuracy()) <= 0.005);
+
+  // A server frozen (SIGSTOP: a hung host, a long GC-like pause) is declared
+  // dead; the job waits for it, since it holds part of the cut, and says so
+  // instead of showing its last speed. Resumed, the old process finds
+  // itself dead, registers again and the job rolls back as above.
+  const std::string frozen = cluster.Submit(Checkpointed(200, 2));
+  WaitFor(cluster, frozen, 1, 0.4);
+  const pid_t server1 = cluster.Pid("server-1");
+  REQUIRE(kill(server1, SIGSTOP) == 0);
+  v1::Job waiting;
+  for (int tries = 0; tries < 600; ++tries) {
+    waiting = cluster.Get(frozen);
+    if (waiting.status().message().find("to come back") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::string shown;
+  const int shown_rc = cluster.Ctl({"status", frozen}, &shown);
+  REQUIRE(kill(server1, SIGCONT) == 0);
+  INFO(Conditions(waiting));
+  CHECK(waiting.status().reason() == "ServerLost");
+  CHECK(waiting.status().samples_per_second() == 0);
+  CHECK(waiting.status().eta_seconds() == 0);
+  REQUIRE(shown_rc == 0);
+  INFO(shown);
+  const size_t line = shown.find("\n  progress:  " + frozen);
+  REQUIRE(line != std::string::npos);
+  const std::string progress = shown.substr(line + 1, shown.find('\n', line + 1) - line - 1);
+  CHECK(progress.find(" - waiting for 127.0.0.1:") != std::string::npos);
+  CHECK(progress.find("ETA") == std::string::npos);
+  const v1::Job c = cluster.WaitEnd(frozen);
+  Report(c);
+  INFO(Conditions(c));
+  REQUIRE(c.status().state() == v1::SUCCEEDED);
+  CHECK(c.status().rollbacks() >= 1);
+  CHECK(c.status().weights_fingerprint() == a.status().weights_fingerprint());
 }
 
 TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to the previous committed one",
