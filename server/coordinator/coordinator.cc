@@ -476,10 +476,10 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
     if (steps_per_second > 0 && st->total_steps() > st->step()) {
       st->set_eta_seconds(static_cast<double>(st->total_steps() - st->step()) / steps_per_second);
     }
-  } else if (succeeded < static_cast<uint32_t>(st->workers_size())) {
+  } else if (!config::JobEnded(st->state()) && succeeded < static_cast<uint32_t>(st->workers_size())) {
     // Nothing trains (restoring, waiting for a worker or a server): no
-    // speed and no ETA rather than the last ones. A finished job keeps its
-    // final figures.
+    // speed and no ETA rather than the last ones. A job whose ranks all
+    // finished, or that ended, keeps its last figures.
     st->set_samples_per_second(0);
     st->set_eta_seconds(0);
   }

@@ -288,6 +288,7 @@ TEST_CASE("an in-process cluster trains softmax regression on digits to >= 0.90 
   CHECK(j.status().epochs_size() == 10);
   CHECK(j.status().weights_fingerprint().size() == 16);
   CHECK(j.status().succeeded_workers() == 2);
+  CHECK(j.status().samples_per_second() > 0);  // the last speed, kept once every rank finished
   CHECK(events >= 3);  // snapshot, running, ..., succeeded
   for (const auto& w : j.status().workers()) CHECK(w.state() == "finished");
   // Both servers held a share and dropped it when the job ended.
