@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
@@ -828,10 +829,6 @@ void Coordinator::SchedulerLoop() {
 }
 
 void Coordinator::Tick() {
-  std::vector<std::pair<std::string, std::string>> releases;  // (job, server address)
-  std::vector<std::pair<std::string, std::vector<std::pair<uint64_t, std::vector<std::string>>>>> forgotten_cuts;
-  std::vector<std::string> to_install;
-  v1::ShardMap map;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
@@ -906,7 +903,9 @@ void Coordinator::Tick() {
         for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
           cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
         }
-        if (!cuts.empty()) forgotten_cuts.emplace_back(r.job.id(), std::move(cuts));
+        if (!cuts.empty()) {
+          Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
+        }
         FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
         it = jobs_.erase(it);
         continue;
@@ -929,8 +928,8 @@ void Coordinator::Tick() {
                    << " virtual shards over " << absl::StrJoin(live, ", ");
       }
     }
-    if (shard_map_) {
-      map = *shard_map_;
+    if (shard_map_ && !install_in_flight_) {
+      std::vector<std::string> to_install;
       for (const std::string& s : shard_map_->servers()) {
         auto inst = installed_.find(s);
         if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
@@ -938,44 +937,25 @@ void Coordinator::Tick() {
           to_install.push_back(s);
         }
       }
+      if (!to_install.empty()) {
+        install_in_flight_ = true;
+        Spawn([this, map = *shard_map_, to_install] { InstallOnServers(map, to_install); });
+      }
     }
     // 4. Releases of finished jobs.
     for (auto& [jid, r] : jobs_) {
-      if (!r.release_pending || r.final_cut_pending || r.cut_in_flight || r.restore_in_flight) continue;
-      if (shard_map_) {
-        for (const std::string& s : shard_map_->servers()) releases.emplace_back(jid, s);
+      if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
+          r.restore_in_flight || !shard_map_) {
+        continue;
       }
-    }
-  }
-  // Outside the lock: talk to servers.
-  for (const auto& [jid, cuts] : forgotten_cuts) DeleteCuts(jid, cuts);
-  std::map<std::string, uint64_t> installed_now;
-  for (const std::string& s : to_install) {
-    absl::Status st = servers_->InstallShardMap(s, map);
-    if (st.ok()) {
-      installed_now[s] = map.version();
-    } else {
-      FLOG(WARNING) << "installing shard map version " << map.version() << " on " << s << ": " << st;
-    }
-  }
-  std::set<std::string> release_failed;
-  for (const auto& [jid, server] : releases) {
-    absl::Status st = servers_->DeleteJob(server, jid);
-    if (!st.ok()) {
-      release_failed.insert(jid);
-      FLOG(WARNING) << "releasing job " << jid << " on " << server << ": " << st;
+      r.release_in_flight = true;
+      Spawn([this, jid = jid, servers = std::vector<std::string>(shard_map_->servers().begin(),
+                                                                 shard_map_->servers().end())] {
+        ReleaseOnServers(jid, servers);
+      });
     }
   }
   absl::MutexLock lock(&mu_);
-  for (const auto& [s, v] : installed_now) installed_[s] = v;
-  for (const auto& [jid, server] : releases) {
-    auto it = jobs_.find(jid);
-    if (it == jobs_.end() || release_failed.count(jid)) continue;
-    if (it->second.release_pending) {
-      it->second.release_pending = false;
-      FLOG(INFO) << "job " << jid << " released: tables dropped on every server";
-    }
-  }
   // 5. Reassign lost ranks, then start pending jobs, in submission order.
   std::vector<JobRecord*> order;
   for (auto& [jid, r] : jobs_) order.push_back(&r);
@@ -1519,6 +1499,54 @@ void Coordinator::RunRestore(RestoreTask t) {
   BumpGenerationLocked();
   FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut.cut_id() << " restored onto " << t.targets.size()
              << " servers in " << absl::FormatDuration(absl::Now() - t0);
+}
+
+namespace {
+
+// Calls `call` for every server at once; returns the statuses in order.
+std::vector<absl::Status> OnEveryServer(const std::vector<std::string>& servers,
+                                        const std::function<absl::Status(const std::string&)>& call) {
+  std::vector<absl::Status> results(servers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
+  for (std::thread& th : threads) th.join();
+  return results;
+}
+
+}  // namespace
+
+void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers) {
+  const std::vector<absl::Status> results =
+      OnEveryServer(servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
+  absl::MutexLock lock(&mu_);
+  install_in_flight_ = false;
+  kick_ = true;  // pending jobs may start now
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (results[i].ok()) {
+      installed_[servers[i]] = map.version();
+    } else {
+      FLOG(WARNING) << "installing shard map version " << map.version() << " on " << servers[i] << ": " << results[i];
+    }
+  }
+}
+
+void Coordinator::ReleaseOnServers(const std::string& job_id, const std::vector<std::string>& servers) {
+  const std::vector<absl::Status> results =
+      OnEveryServer(servers, [&](const std::string& s) { return servers_->DeleteJob(s, job_id); });
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  it->second.release_in_flight = false;
+  bool all = true;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (results[i].ok()) continue;
+    all = false;
+    FLOG(WARNING) << "releasing job " << job_id << " on " << servers[i] << ": " << results[i];
+  }
+  if (all && it->second.release_pending) {
+    it->second.release_pending = false;
+    FLOG(INFO) << "job " << job_id << " released: tables dropped on every server";
+  }
 }
 
 void Coordinator::DeleteCuts(const std::string& job_id,

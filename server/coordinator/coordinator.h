@@ -147,6 +147,7 @@ class Coordinator {
     uint64_t version = 1;      // bumped on every change
     std::vector<RankSlot> ranks;
     bool release_pending = false;  // tables still to drop on the servers
+    bool release_in_flight = false;  // a background ReleaseOnServers runs
     absl::Time started = absl::InfinitePast();
     // Checkpoints (not persisted: a cut in flight when the coordinator
     // stops is never committed, and its parts are deleted later).
@@ -244,6 +245,11 @@ class Coordinator {
   // Deletes cuts on servers, best effort (outside the lock).
   void DeleteCuts(const std::string& job_id, const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts);
   void Spawn(std::function<void()> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Background work of the scheduler, on every server at once, so that a
+  // server that hangs holds up only its own call and never the scheduler's
+  // tick (liveness, rank moves, job starts) for the control timeout.
+  void InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers);
+  void ReleaseOnServers(const std::string& job_id, const std::vector<std::string>& servers);
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -263,6 +269,7 @@ class Coordinator {
   std::optional<v1::ShardMap> shard_map_ ABSL_GUARDED_BY(mu_);
   // Servers (by address) known to hold shard_map_.
   std::map<std::string, uint64_t> installed_ ABSL_GUARDED_BY(mu_);
+  bool install_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a background InstallOnServers runs
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 };

@@ -43,6 +43,10 @@ struct Faults {
   // (a cut the coordinator is slow to hear back from); `cuts_held` counts them.
   std::atomic<bool> hold_cuts{false};
   std::atomic<int> cuts_held{0};
+  // DeleteJob calls wait while this is set (a server that hangs), counted
+  // in `deletes_held`.
+  std::atomic<bool> hold_deletes{false};
+  std::atomic<int> deletes_held{0};
 };
 
 // The coordinator's real gRPC control of the servers, with Faults.
@@ -52,7 +56,13 @@ class FaultyControl : public ServerControl {
   absl::Status InstallShardMap(const std::string& a, const v1::ShardMap& m) override {
     return real_->InstallShardMap(a, m);
   }
-  absl::Status DeleteJob(const std::string& a, const std::string& j) override { return real_->DeleteJob(a, j); }
+  absl::Status DeleteJob(const std::string& a, const std::string& j) override {
+    if (faults_->hold_deletes.load()) {
+      ++faults_->deletes_held;
+      while (faults_->hold_deletes.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return real_->DeleteJob(a, j);
+  }
   absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& a, const std::string& j, uint64_t cut,
                                               uint64_t at_step, absl::Duration wait) override {
     auto meta = real_->Checkpoint(a, j, cut, at_step, wait);
@@ -126,7 +136,8 @@ class InProcessCluster {
     for (auto& w : workers_) REQUIRE(w->WaitRegistered(absl::Seconds(10)));
   }
   ~InProcessCluster() {
-    faults_.hold_cuts = false;  // a failed REQUIRE must not leave a cut waiting
+    faults_.hold_cuts = false;  // a failed REQUIRE must not leave a cut or a release waiting
+    faults_.hold_deletes = false;
     workers_.clear();
     for (auto& s : servers_) {
       s.agent->Stop();
@@ -386,6 +397,84 @@ TEST_CASE("the job API answers bad specs, unknown jobs and late cancels with cle
   s = cluster.jobs()->CancelJob(Ctx().get(), ref, &j);
   CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(s.error_message().find("already ended: CANCELLED") != std::string::npos);
+}
+
+TEST_CASE("a server that hangs on a job's release holds up neither the scheduler nor the next job", "[cluster]") {
+  InProcessCluster cluster(2, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.set_epochs(2);
+  cluster.faults().hold_deletes = true;
+  std::string first;
+  REQUIRE(Submit(cluster.jobs(), spec, &first).ok());
+  int events = 0;
+  REQUIRE(WatchToEnd(cluster.jobs(), first, &events).status().state() == v1::SUCCEEDED);
+  // Its release is sent to both servers at once, and both hang.
+  for (int tries = 0; tries < 500 && cluster.faults().deletes_held.load() < 2; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(cluster.faults().deletes_held.load() == 2);
+  // The scheduler goes on: the next job starts and finishes meanwhile.
+  std::string second;
+  REQUIRE(Submit(cluster.jobs(), spec, &second).ok());
+  const v1::Job done = WatchToEnd(cluster.jobs(), second, &events);
+  CHECK(done.status().state() == v1::SUCCEEDED);
+  CHECK(done.status().test_accuracy() >= 0.85);
+  // The first job's release was not sent again while it hung; the second's
+  // hangs too. Once the servers answer, both jobs' tables go.
+  for (int tries = 0; tries < 500 && cluster.faults().deletes_held.load() < 4; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(cluster.faults().deletes_held.load() == 4);
+  cluster.faults().hold_deletes = false;
+  for (int tries = 0; tries < 100; ++tries) {
+    bool any = false;
+    for (auto& s : cluster.servers()) any |= !s.ps->JobIds().empty();
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& s : cluster.servers()) CHECK(s.ps->JobIds().empty());
+}
+
+TEST_CASE("a job past ttl_seconds_after_finished is forgotten, with its checkpoints on every server",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.set_epochs(2);
+  spec.mutable_checkpoint()->set_every_steps(30);
+  spec.mutable_run_policy()->set_ttl_seconds_after_finished(2);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  int events = 0;
+  const v1::Job done = WatchToEnd(cluster.jobs(), id, &events);
+  REQUIRE(done.status().state() == v1::SUCCEEDED);
+  REQUIRE(done.status().checkpoints_size() > 0);
+  auto cuts_on = [&](Server& s) {
+    auto cuts = s.ps->ListCuts(id);
+    return cuts.ok() ? cuts->size() : size_t{0};
+  };
+  for (auto& s : cluster.servers()) CHECK(cuts_on(s) > 0);
+  const absl::Time ended = absl::FromUnixMillis(done.status().end_time_unix_ms());
+  // Kept for its TTL, then gone from the job API and from the servers' disks.
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  grpc::Status got;
+  for (int tries = 0; tries < 200; ++tries) {
+    v1::Job j;
+    got = cluster.jobs()->GetJob(Ctx().get(), ref, &j);
+    if (!got.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(got.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(absl::Now() - ended >= absl::Seconds(2));
+  for (int tries = 0; tries < 100; ++tries) {
+    size_t left = 0;
+    for (auto& s : cluster.servers()) left += cuts_on(s);
+    if (left == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& s : cluster.servers()) CHECK(cuts_on(s) == 0);
 }
 
 TEST_CASE("a job whose data is missing fails with the reason and the file", "[cluster]") {
