@@ -1520,10 +1520,10 @@ void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<st
       OnEveryServer(servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
   absl::MutexLock lock(&mu_);
   install_in_flight_ = false;
-  kick_ = true;  // pending jobs may start now
   for (size_t i = 0; i < servers.size(); ++i) {
     if (results[i].ok()) {
       installed_[servers[i]] = map.version();
+      kick_ = true;  // pending jobs may start now (failures wait for the next tick)
     } else {
       FLOG(WARNING) << "installing shard map version " << map.version() << " on " << servers[i] << ": " << results[i];
     }
