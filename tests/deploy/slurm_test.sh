@@ -26,34 +26,7 @@ cleanup() {
   if [[ $keep == 1 ]]; then echo "(work directory kept: $work)"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# fulcrum.sbatch listens on PORT and the next ones (one per server). A block
-# from the ephemeral range could meet the source port of another test's
-# connection (seen: "cannot listen on 0.0.0.0:PORT+1"), so it comes from
-# below that range, with every port in it free now.
-free_block() {
-  /usr/bin/python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(200):
-    base = random.randrange(10000, low - n)
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket()
-            socks.append(s)
-            s.bind(("0.0.0.0", p))
-    except OSError:
-        continue
-    finally:
-        for s in socks:
-            s.close()
-    print(base)
-    sys.exit(0)
-sys.exit("no free block of %d ports below %d" % (n, low))
-PY
-}
+free_port() { /usr/bin/python3 "$root/tests/testing/free_ports.py" 1; }
 host=$(hostname -s)
 
 # munge with its own key and socket.
@@ -115,7 +88,8 @@ echo "== one-node Slurm cluster on $host: node $state"
 export FULCRUM_JOB_SPEC="$root/deploy/examples/digits-softmax.yaml" FULCRUM_BIN="$build" \
   FULCRUM_DATA="$data" FULCRUM_RUN_DIR="$work/run" FULCRUM_SERVERS_PER_NODE=2 FULCRUM_WORKERS_PER_NODE=2 \
   FULCRUM_METRICS_PORT=0
-FULCRUM_PORT=$(free_block 3)  # the coordinator and 2 servers
+# fulcrum.sbatch listens on PORT and the next ones (one per server).
+FULCRUM_PORT=$(/usr/bin/python3 "$root/tests/testing/free_ports.py" 3)  # the coordinator and 2 servers
 export FULCRUM_PORT
 export OPENBLAS_NUM_THREADS=1
 out="$work/job.out"

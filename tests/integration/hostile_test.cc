@@ -128,7 +128,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
           "[e2e][security]") {
   const fs::path dir = testing::MakeTempDir("fulcrum-hostile");
   const fs::path run_dir = dir / "cluster", tls = run_dir / "tls";
-  const int port = testing::FreePort();
+  const int port = testing::FreePortBlock(3);  // cluster.sh: the coordinator and 2 servers
   const std::string script = std::string(FULCRUM_SOURCE_DIR) + "/deploy/local/cluster.sh";
   REQUIRE(Run({script, "start", "--servers", "2", "--workers", "2", "--dir", run_dir.string(), "--port",
                absl::StrCat(port), "--metrics-port", "0", "--bin", FULCRUM_BUILD_DIR, "--data", FULCRUM_TEST_DATA_DIR},

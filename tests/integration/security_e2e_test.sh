@@ -11,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$1 data=$2
 work=$(mktemp -d /tmp/fulcrum-security-e2e-XXXXXX)
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(/usr/bin/python3 "$root/tests/testing/free_ports.py" 2)  # the coordinator and its server
 cleanup() {
   "$root/deploy/local/cluster.sh" stop --dir "$work/cluster" >/dev/null 2>&1 || true
   if [[ ${FULCRUM_KEEP_WORK:-0} == 1 ]]; then echo "(kept $work)"; else rm -rf "$work"; fi

@@ -40,26 +40,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool Bindable(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = testing::LoopbackAddress(port);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-// A base port with `n` consecutive free ports (cluster.sh numbers from it).
-int FreeRange(int n, std::mt19937& rng) {
-  for (int tries = 0; tries < 100; ++tries) {
-    const int base = std::uniform_int_distribution<int>(20000, 50000)(rng);
-    bool ok = true;
-    for (int i = 0; i < n && ok; ++i) ok = Bindable(base + i);
-    if (ok) return base;
-  }
-  FAIL("no free port range");
-  return 0;
-}
-
 int Run(const std::vector<std::string>& args, const std::string& log) {
   const pid_t pid = testing::Spawn(args, log).pid;
   int status = 0;
@@ -136,7 +116,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   std::mt19937 rng(static_cast<uint32_t>(seed));
 
   const fs::path dir = testing::MakeTempDir("fulcrum-soak");
-  const int base = FreeRange(4, rng);
+  const int base = testing::FreePortBlock(4);  // cluster.sh: the coordinator, 2 servers, one spare
   const std::string script = std::string(FULCRUM_SOURCE_DIR) + "/deploy/local/cluster.sh";
   const std::string bin = FULCRUM_BUILD_DIR;
   REQUIRE(Run({script, "start", "--servers", "2", "--workers", "3", "--dir", (dir / "cluster").string(), "--port",

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,26 +41,10 @@ def check(ok, what):
 
 
 def free_ports(n):
-    """A base port with n consecutive free ports."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65000:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            for s in socks:
-                s.close()
-            return base
-        except OSError:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    """A base port with n consecutive free ports (tests/testing/free_ports.py)."""
+    sys.path.insert(0, os.path.join(SRC, "tests", "testing"))
+    from free_ports import free_block  # pylint: disable=import-outside-toplevel
+    return free_block(n)
 
 
 def run(args, **kw):

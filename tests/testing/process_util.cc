@@ -1,6 +1,12 @@
 #include "tests/testing/process_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <utility>
 
@@ -8,11 +14,42 @@
 
 namespace fulcrum::testing {
 
-int FreePort() {
-  const int port = FreeLoopbackPort();
-  REQUIRE(port > 0);
-  return port;
+namespace {
+
+int EphemeralLow() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return in >> low && low > 11000 ? low : 32768;
 }
+
+bool Bindable(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int FreePortBlock(int n) {
+  static std::mt19937 rng{std::random_device{}()};
+  const int low = EphemeralLow();
+  for (int tries = 0; tries < 500; ++tries) {
+    const int base = std::uniform_int_distribution<int>(10000, low - n - 1)(rng);
+    bool ok = true;
+    for (int i = 0; i < n && ok; ++i) ok = Bindable(base + i);
+    if (ok) return base;
+  }
+  FAIL("no block of " << n << " free ports below " << low);
+  return 0;
+}
+
+int FreePort() { return FreePortBlock(1); }
 
 Process Spawn(std::vector<std::string> args, const std::string& log) {
   Process p;

@@ -12,7 +12,14 @@
 
 namespace fulcrum::testing {
 
-// FreeLoopbackPort, failing the test when no port could be bound.
+// A base port such that base .. base+n-1 are all free now, taken below the
+// kernel's ephemeral range (net.ipv4.ip_local_port_range): ports in that
+// range are the source ports of outgoing connections, and one picked there
+// may be taken by another test's connection before a server binds it. Fails
+// the test when no such block is found. tests/testing/free_ports.py is the
+// same for scripts.
+int FreePortBlock(int n);
+// FreePortBlock(1).
 int FreePort();
 
 struct Process {
