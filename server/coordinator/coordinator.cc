@@ -568,8 +568,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   NodeRecord& n = nodes_[info.node_id()];
   n.info = info;
   n.alive = true;
-  n.heard = true;
-  n.last_heartbeat = absl::Now();
+  n.Heard();
   SaveNodeLocked(n);
   if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
   BumpGenerationLocked();
@@ -616,8 +615,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     // Declared dead (a long pause): its work has moved; it starts over.
     return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   }
-  it->second.last_heartbeat = absl::Now();
-  it->second.heard = true;
+  it->second.Heard();
   const uint64_t seen = req.generation();
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || generation_ != seen; };
   const absl::Duration wait =
@@ -659,10 +657,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
                                                    r.job.spec().epochs() - 1, ")"));
   }
   auto node = nodes_.find(req.node_id());
-  if (node != nodes_.end()) {
-    node->second.last_heartbeat = absl::Now();
-    node->second.heard = true;
-  }
+  if (node != nodes_.end()) node->second.Heard();
   v1::JobStatus* st = r.job.mutable_status();
   v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
   const std::string prev_state = w->state();
@@ -685,23 +680,22 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
     }
     // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
     // Each rank counts once (see EpochSummary.reported_ranks).
-    const bool again = absl::c_linear_search(sum->reported_ranks(), req.rank());
-    if (!again) {
+    if (!absl::c_linear_search(sum->reported_ranks(), req.rank())) {
       sum->add_reported_ranks(req.rank());
       const int k = sum->reported_ranks_size();
       sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
       sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
       sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
       sum->set_seconds(std::max(sum->seconds(), e.seconds()));
-    }
-    if (req.rank() == 0 && !again) {
-      sum->set_test_loss(e.test_loss());
-      sum->set_test_accuracy(e.test_accuracy());
-      sum->set_test_rmse(e.test_rmse());
-      sum->set_tested(e.tested());
-      st->set_test_loss(e.test_loss());
-      st->set_test_accuracy(e.test_accuracy());
-      st->set_test_rmse(e.test_rmse());
+      if (req.rank() == 0) {
+        sum->set_test_loss(e.test_loss());
+        sum->set_test_accuracy(e.test_accuracy());
+        sum->set_test_rmse(e.test_rmse());
+        sum->set_tested(e.tested());
+        st->set_test_loss(e.test_loss());
+        st->set_test_accuracy(e.test_accuracy());
+        st->set_test_rmse(e.test_rmse());
+      }
     }
     sync = true;
   }
@@ -829,133 +823,130 @@ void Coordinator::SchedulerLoop() {
 }
 
 void Coordinator::Tick() {
-  {
-    absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    // 1. Liveness. Dead nodes are forgotten after their retention.
-    const size_t known = nodes_.size();
-    std::erase_if(nodes_, [&](const auto& kv) {
-      return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
-    });
-    if (nodes_.size() != known) BumpGenerationLocked();
-    for (auto& [id, n] : nodes_) {
-      if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
-      n.alive = false;
-      n.dead_since = now;
-      // A dead node never comes back under its id (it registers anew), so
-      // a restarted coordinator must not know it: it would give it a grace
-      // period and then declare it dead a second time.
-      db_->Delete(rocksdb::WriteOptions(), kNodePrefix + id);
-      BumpGenerationLocked();
-      FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
-                    << ": declared dead";
-      for (auto& [jid, r] : jobs_) {
-        if (r.job.status().state() != v1::RUNNING) continue;
-        if (n.info.role() == v1::SERVER) {
-          if (r.job.status().restoring_cut() == 0 && shard_map_ &&
-              std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
-            const std::string why =
-                absl::StrCat("parameter server ", id, " at ", n.info.address(), " stopped; its shards of this job are lost");
-            if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
-              FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
-            }
-          }
-          continue;
-        }
-        for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
-          RankSlot& s = r.ranks[rank];
-          if (s.node_id != id || s.finished) continue;
-          s.node_id.clear();
-          v1::JobStatus* st = r.job.mutable_status();
-          st->set_restarts(st->restarts() + 1);
-          ++reassignments_;
-          st->mutable_workers(static_cast<int>(rank))->set_state("lost");
-          const uint32_t limit = r.job.spec().run_policy().backoff_limit() == 0
-                                     ? 6
-                                     : r.job.spec().run_policy().backoff_limit();
-          if (st->restarts() > limit) {
-            FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
-                         absl::StrCat("worker ", id, " (rank ", rank, ") lost; ", st->restarts(),
-                                      " replacements exceed the backoff limit of ", limit));
-            break;
-          }
-          SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
-                         absl::StrCat("worker ", id, " running rank ", rank,
-                                      " stopped heartbeating; its rank moves to another worker"));
-          SaveJobLocked(r, true);
-        }
-      }
-    }
-    // 2. Active deadlines and TTLs.
-    for (auto it = jobs_.begin(); it != jobs_.end();) {
-      JobRecord& r = it->second;
-      const uint32_t deadline = r.job.spec().run_policy().active_deadline_seconds();
-      if (r.job.status().state() == v1::RUNNING && deadline > 0 && r.started != absl::InfinitePast() &&
-          now - r.started > absl::Seconds(deadline)) {
-        FinishLocked(r, v1::FAILED, "DeadlineExceeded",
-                     absl::StrCat("the job ran longer than activeDeadlineSeconds (", deadline, " s)"));
-      }
-      const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
-      if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
-          NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
-        db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
-        std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
-        for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
-          cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
-        }
-        if (!cuts.empty()) {
-          Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
-        }
-        FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
-        it = jobs_.erase(it);
-        continue;
-      }
-      ++it;
-    }
-    // 3. The shard map follows the live servers while no job runs.
-    const std::vector<std::string> live = LiveServersLocked();
-    const bool running = AnyRunningLocked();
-    if (!live.empty() && !running &&
-        !MapListsExactlyLocked(live)) {
-      auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
-                                    shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
-      if (m.ok()) {
-        shard_map_ = m->ToProto();
-        installed_.clear();
-        SaveMetaLocked();
-        BumpGenerationLocked();
-        FLOG(INFO) << "shard map version " << shard_map_->version() << ": " << shard_map_->num_virtual_shards()
-                   << " virtual shards over " << absl::StrJoin(live, ", ");
-      }
-    }
-    if (shard_map_ && !install_in_flight_) {
-      std::vector<std::string> to_install;
-      for (const std::string& s : shard_map_->servers()) {
-        auto inst = installed_.find(s);
-        if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
-            std::count(live.begin(), live.end(), s)) {
-          to_install.push_back(s);
-        }
-      }
-      if (!to_install.empty()) {
-        install_in_flight_ = true;
-        Spawn([this, map = *shard_map_, to_install] { InstallOnServers(map, to_install); });
-      }
-    }
-    // 4. Releases of finished jobs.
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  // 1. Liveness. Dead nodes are forgotten after their retention.
+  const size_t known = nodes_.size();
+  std::erase_if(nodes_, [&](const auto& kv) {
+    return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
+  });
+  if (nodes_.size() != known) BumpGenerationLocked();
+  for (auto& [id, n] : nodes_) {
+    if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
+    n.alive = false;
+    n.dead_since = now;
+    // A dead node never comes back under its id (it registers anew), so
+    // a restarted coordinator must not know it: it would give it a grace
+    // period and then declare it dead a second time.
+    db_->Delete(rocksdb::WriteOptions(), kNodePrefix + id);
+    BumpGenerationLocked();
+    FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
+                  << ": declared dead";
     for (auto& [jid, r] : jobs_) {
-      if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
-          r.restore_in_flight || !shard_map_) {
+      if (r.job.status().state() != v1::RUNNING) continue;
+      if (n.info.role() == v1::SERVER) {
+        if (r.job.status().restoring_cut() == 0 && shard_map_ &&
+            std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
+          const std::string why =
+              absl::StrCat("parameter server ", id, " at ", n.info.address(), " stopped; its shards of this job are lost");
+          if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
+            FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
+          }
+        }
         continue;
       }
-      r.release_in_flight = true;
-      Spawn([this, jid = jid, servers = std::vector<std::string>(shard_map_->servers().begin(),
-                                                                 shard_map_->servers().end())] {
-        ReleaseOnServers(jid, servers);
-      });
+      for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+        RankSlot& s = r.ranks[rank];
+        if (s.node_id != id || s.finished) continue;
+        s.node_id.clear();
+        v1::JobStatus* st = r.job.mutable_status();
+        st->set_restarts(st->restarts() + 1);
+        ++reassignments_;
+        st->mutable_workers(static_cast<int>(rank))->set_state("lost");
+        const uint32_t limit = r.job.spec().run_policy().backoff_limit() == 0
+                                   ? 6
+                                   : r.job.spec().run_policy().backoff_limit();
+        if (st->restarts() > limit) {
+          FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
+                       absl::StrCat("worker ", id, " (rank ", rank, ") lost; ", st->restarts(),
+                                    " replacements exceed the backoff limit of ", limit));
+          break;
+        }
+        SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
+                       absl::StrCat("worker ", id, " running rank ", rank,
+                                    " stopped heartbeating; its rank moves to another worker"));
+        SaveJobLocked(r, true);
+      }
     }
   }
-  absl::MutexLock lock(&mu_);
+  // 2. Active deadlines and TTLs.
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    JobRecord& r = it->second;
+    const uint32_t deadline = r.job.spec().run_policy().active_deadline_seconds();
+    if (r.job.status().state() == v1::RUNNING && deadline > 0 && r.started != absl::InfinitePast() &&
+        now - r.started > absl::Seconds(deadline)) {
+      FinishLocked(r, v1::FAILED, "DeadlineExceeded",
+                   absl::StrCat("the job ran longer than activeDeadlineSeconds (", deadline, " s)"));
+    }
+    const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
+    if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
+        NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
+      db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
+      std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
+      for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
+        cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
+      }
+      if (!cuts.empty()) {
+        Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
+      }
+      FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
+      it = jobs_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  // 3. The shard map follows the live servers while no job runs.
+  const std::vector<std::string> live = LiveServersLocked();
+  const bool running = AnyRunningLocked();
+  if (!live.empty() && !running &&
+      !MapListsExactlyLocked(live)) {
+    auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
+                                  shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
+    if (m.ok()) {
+      shard_map_ = m->ToProto();
+      installed_.clear();
+      SaveMetaLocked();
+      BumpGenerationLocked();
+      FLOG(INFO) << "shard map version " << shard_map_->version() << ": " << shard_map_->num_virtual_shards()
+                 << " virtual shards over " << absl::StrJoin(live, ", ");
+    }
+  }
+  if (shard_map_ && !install_in_flight_) {
+    std::vector<std::string> to_install;
+    for (const std::string& s : shard_map_->servers()) {
+      auto inst = installed_.find(s);
+      if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
+          std::count(live.begin(), live.end(), s)) {
+        to_install.push_back(s);
+      }
+    }
+    if (!to_install.empty()) {
+      install_in_flight_ = true;
+      Spawn([this, map = *shard_map_, to_install] { InstallOnServers(map, to_install); });
+    }
+  }
+  // 4. Releases of finished jobs.
+  for (auto& [jid, r] : jobs_) {
+    if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
+        r.restore_in_flight || !shard_map_) {
+      continue;
+    }
+    r.release_in_flight = true;
+    Spawn([this, jid = jid, servers = std::vector<std::string>(shard_map_->servers().begin(),
+                                                               shard_map_->servers().end())] {
+      ReleaseOnServers(jid, servers);
+    });
+  }
   // 5. Reassign lost ranks, then start pending jobs, in submission order.
   std::vector<JobRecord*> order;
   for (auto& [jid, r] : jobs_) order.push_back(&r);
@@ -1016,7 +1007,6 @@ void Coordinator::Tick() {
       BumpGenerationLocked();
     }
   }
-  const std::vector<std::string> live = LiveServersLocked();
   const bool map_ready = !live.empty() && live.size() >= options_.min_servers && MapInstalledLocked(live);
   bool blocked = false;  // first-come first-served: a waiting job holds back later ones
   for (JobRecord* r : order) {
@@ -1039,7 +1029,8 @@ void Coordinator::Tick() {
         if (!n.alive || n.info.role() != v1::WORKER) continue;
         ++(n.heard ? live_workers : unheard);
       }
-      why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ", live_workers, " live");
+      why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ", live_workers,
+                         " live");
       if (unheard > 0) {
         absl::StrAppend(&why, "; ", unheard, " known from before the coordinator restarted, not heard from since");
       }
@@ -1096,14 +1087,23 @@ std::string CutIds(const v1::JobStatus& st) {
   return ids.empty() ? std::string("none") : absl::StrJoin(ids, ", ");
 }
 
-// Calls `call` for every server at once. On success *out holds the answers
-// in the servers' order; otherwise the first failure, naming its server.
-absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v1::ShardCutMeta>* out,
-                          const std::function<absl::StatusOr<v1::ShardCutMeta>(const std::string&)>& call) {
-  std::vector<absl::StatusOr<v1::ShardCutMeta>> results(servers.size(), absl::UnknownError("not asked"));
+// Calls `call` for every server at once, each on its own thread; returns
+// the answers in the servers' order.
+template <typename Result>
+std::vector<Result> CallEachServer(const std::vector<std::string>& servers,
+                                   const std::function<Result(const std::string&)>& call) {
+  std::vector<Result> results(servers.size(), Result(absl::UnknownError("not asked")));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
   for (std::thread& th : threads) th.join();
+  return results;
+}
+
+// CallEachServer for cuts and restores. On success *out holds the answers
+// in the servers' order; otherwise the first failure, naming its server.
+absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v1::ShardCutMeta>* out,
+                          const std::function<absl::StatusOr<v1::ShardCutMeta>(const std::string&)>& call) {
+  std::vector<absl::StatusOr<v1::ShardCutMeta>> results = CallEachServer(servers, call);
   out->clear();
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok()) {
@@ -1501,23 +1501,9 @@ void Coordinator::RunRestore(RestoreTask t) {
              << " servers in " << absl::FormatDuration(absl::Now() - t0);
 }
 
-namespace {
-
-// Calls `call` for every server at once; returns the statuses in order.
-std::vector<absl::Status> OnEveryServer(const std::vector<std::string>& servers,
-                                        const std::function<absl::Status(const std::string&)>& call) {
-  std::vector<absl::Status> results(servers.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
-  for (std::thread& th : threads) th.join();
-  return results;
-}
-
-}  // namespace
-
 void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers) {
-  const std::vector<absl::Status> results =
-      OnEveryServer(servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
+  const std::vector<absl::Status> results = CallEachServer<absl::Status>(
+      servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
   absl::MutexLock lock(&mu_);
   install_in_flight_ = false;
   for (size_t i = 0; i < servers.size(); ++i) {
@@ -1531,8 +1517,8 @@ void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<st
 }
 
 void Coordinator::ReleaseOnServers(const std::string& job_id, const std::vector<std::string>& servers) {
-  const std::vector<absl::Status> results =
-      OnEveryServer(servers, [&](const std::string& s) { return servers_->DeleteJob(s, job_id); });
+  const std::vector<absl::Status> results = CallEachServer<absl::Status>(
+      servers, [&](const std::string& s) { return servers_->DeleteJob(s, job_id); });
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;

@@ -196,6 +196,11 @@ class Coordinator {
     // loaded, until it registers, heartbeats or reports: it keeps the ranks
     // it had for its grace period, but gets no new ones (it may be gone).
     bool heard = true;
+    // The node spoke to us (registered, heartbeated or reported) just now.
+    void Heard() {
+      last_heartbeat = absl::Now();
+      heard = true;
+    }
   };
 
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);

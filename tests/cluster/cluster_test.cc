@@ -231,19 +231,32 @@ v1::Job WaitForJob(v1::JobService::Stub* stub, const std::string& id, const std:
   }
 }
 
+// A progress report for `rank` of `j`, from the worker and incarnation that
+// run it; `fill` adds what it reports. Sent as the worker would.
+grpc::Status ReportAsRank(const std::string& coordinator, const v1::Job& j, uint32_t rank,
+                          const std::function<void(v1::ReportProgressRequest&)>& fill,
+                          v1::ReportProgressResponse* resp) {
+  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+  v1::ReportProgressRequest req;
+  req.set_node_id(j.status().workers(static_cast<int>(rank)).worker_id());
+  req.set_job_id(j.id());
+  req.set_rank(rank);
+  req.set_incarnation(j.status().workers(static_cast<int>(rank)).incarnation());
+  fill(req);
+  return stub->ReportProgress(Ctx().get(), req, resp);
+}
+
 // Reports rank 0 of `j` failed with `reason`, as its worker would.
 v1::ReportProgressResponse FailRank0(const std::string& coordinator, const v1::Job& j, const std::string& reason,
                                      const std::string& error) {
-  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
-  v1::ReportProgressRequest req;
-  req.set_node_id(j.status().workers(0).worker_id());
-  req.set_job_id(j.id());
-  req.set_rank(0);
-  req.set_incarnation(j.status().workers(0).incarnation());
-  req.set_error(error);
-  req.set_error_reason(reason);
   v1::ReportProgressResponse resp;
-  grpc::Status s = stub->ReportProgress(Ctx().get(), req, &resp);
+  grpc::Status s = ReportAsRank(
+      coordinator, j, 0,
+      [&](v1::ReportProgressRequest& req) {
+        req.set_error(error);
+        req.set_error_reason(reason);
+      },
+      &resp);
   INFO(s.error_message());
   REQUIRE(s.ok());
   return resp;
@@ -703,25 +716,23 @@ TEST_CASE("a restarted coordinator gives new work only to workers it has heard f
 // Reports that rank `rank` of `j` finished epoch `epoch`, as its worker would.
 grpc::Status ReportEpoch(const std::string& coordinator, const v1::Job& j, uint32_t rank, uint32_t epoch,
                          double train_loss, double samples_per_second) {
-  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
-  v1::ReportProgressRequest req;
-  req.set_node_id(j.status().workers(static_cast<int>(rank)).worker_id());
-  req.set_job_id(j.id());
-  req.set_rank(rank);
-  req.set_incarnation(j.status().workers(static_cast<int>(rank)).incarnation());
-  req.mutable_progress()->set_state("running");
-  req.mutable_progress()->set_epoch(epoch);
-  v1::EpochSummary* e = req.mutable_epoch_done();
-  e->set_epoch(epoch);
-  e->set_train_loss(train_loss);
-  e->set_samples_per_second(samples_per_second);
-  e->set_seconds(1.0);
-  if (rank == 0) {
-    e->set_tested(true);
-    e->set_test_accuracy(0.75);
-  }
   v1::ReportProgressResponse resp;
-  return stub->ReportProgress(Ctx().get(), req, &resp);
+  return ReportAsRank(
+      coordinator, j, rank,
+      [&](v1::ReportProgressRequest& req) {
+        req.mutable_progress()->set_state("running");
+        req.mutable_progress()->set_epoch(epoch);
+        v1::EpochSummary* e = req.mutable_epoch_done();
+        e->set_epoch(epoch);
+        e->set_train_loss(train_loss);
+        e->set_samples_per_second(samples_per_second);
+        e->set_seconds(1.0);
+        if (rank == 0) {
+          e->set_tested(true);
+          e->set_test_accuracy(0.75);
+        }
+      },
+      &resp);
 }
 
 TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
