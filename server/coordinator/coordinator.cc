@@ -1011,18 +1011,21 @@ void Coordinator::Tick() {
   bool blocked = false;  // first-come first-served: a waiting job holds back later ones
   for (JobRecord* r : order) {
     if (r->job.status().state() != v1::PENDING) continue;
-    std::string why;
+    std::string why, reason = "WorkersNotReady";
     const uint32_t need = r->job.spec().num_workers();
     int free_workers = 0;
     for (const auto& [id, f] : free) free_workers += f > 0 ? 1 : 0;
     if (live.size() < std::max<size_t>(1, options_.min_servers)) {
       why = absl::StrCat("waiting for parameter servers: ", live.size(), " of ", std::max<uint32_t>(1, options_.min_servers),
                          " live");
+      reason = "ServersNotReady";
     } else if (!map_ready) {
       why = AnyRunningLocked() ? "the shard map changes when the running jobs end (a server joined or left)"
                                : "installing the shard map on the servers";
+      reason = "ShardMapNotReady";
     } else if (blocked) {
       why = "an earlier job is waiting for workers";
+      reason = "Queued";
     } else if (free_workers < static_cast<int>(need)) {
       int live_workers = 0, unheard = 0;
       for (const auto& [id, n] : nodes_) {
@@ -1039,8 +1042,7 @@ void Coordinator::Tick() {
       blocked = true;
       if (r->job.status().message() != why) {
         r->job.mutable_status()->set_message(why);
-        r->job.mutable_status()->set_reason(live.size() < options_.min_servers || live.empty() ? "ServersNotReady"
-                                                                                                : "WorkersNotReady");
+        r->job.mutable_status()->set_reason(reason);
         SaveJobLocked(*r, false);
       }
       continue;

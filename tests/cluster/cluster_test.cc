@@ -404,11 +404,14 @@ TEST_CASE("the job API answers bad specs, unknown jobs and late cancels with cle
   v1::JobSpec big = DigitsSpec();
   big.set_num_workers(3);
   REQUIRE(Submit(cluster.jobs(), big, &id).ok());
+  // Until the servers have the shard map it waits for that (ShardMapNotReady);
+  // then for workers.
   for (int tries = 0; tries < 50 && Get(cluster.jobs(), id).status().reason() != "WorkersNotReady"; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   j = Get(cluster.jobs(), id);
   CHECK(j.status().state() == v1::PENDING);
+  CHECK(j.status().reason() == "WorkersNotReady");
   CHECK(j.status().message() == "needs 3 workers with a free slot; 1 free of 1 live");
   ref.set_job_id(id);
   REQUIRE(cluster.jobs()->CancelJob(Ctx().get(), ref, &j).ok());

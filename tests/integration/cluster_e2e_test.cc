@@ -398,7 +398,12 @@ TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why 
   REQUIRE(at != std::string::npos);
   const std::string id = out.substr(at + 14, out.find('\n', at) - at - 14);
   CHECK(id == "mnist-softmax-1");
-  REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
+  // The scheduler says why on its next tick (after the shard map is installed).
+  for (int tries = 0; tries < 50; ++tries) {
+    REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
+    if (out.find("WorkersNotReady") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   CHECK(out.find("PENDING") != std::string::npos);
   CHECK(out.find("needs 2 workers with a free slot; 1 free of 1 live") != std::string::npos);
   CHECK(out.find("rank 1   -          pending    waiting for a worker") != std::string::npos);
