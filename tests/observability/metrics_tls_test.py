@@ -25,7 +25,6 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # crypt: fine in
 import crypt  # noqa: E402
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -46,9 +45,10 @@ def check(ok, what):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tests/testing/free_ports.py)."""
+    sys.path.insert(0, os.path.join(SRC, "tests", "testing"))
+    from free_ports import free_block  # pylint: disable=import-outside-toplevel
+    return free_block(1)
 
 
 def get(url, ctx=None, user=None, password=None):
