@@ -533,6 +533,53 @@ absl::Status CheckNodeInfo(const v1::NodeInfo& n) {
   return absl::OkStatus();
 }
 
+// What a worker's progress report may carry. A report is saved with the job
+// and sent to every watcher, so its strings are bounded; its speeds and times
+// are summed into the job's, so they must be numbers a worker can measure.
+constexpr size_t kMaxStateString = 32;     // assigned, loading, training, ...
+constexpr size_t kMaxReasonString = 64;    // a CamelCase word
+constexpr size_t kMaxFingerprint = 128;    // hex of a hash
+constexpr size_t kMaxErrorMessage = 4096;  // longer ones are cut, not refused
+
+absl::Status CheckProgressReport(const v1::ReportProgressRequest& req) {
+  auto too_long = [](const char* field, size_t size, size_t max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("progress report: ", field, " is ", size, " bytes; at most ", max, " allowed"));
+  };
+  const v1::WorkerProgress& p = req.progress();
+  if (p.state().size() > kMaxStateString) return too_long("progress.state", p.state().size(), kMaxStateString);
+  if (p.device().size() > kMaxNodeString) return too_long("progress.device", p.device().size(), kMaxNodeString);
+  if (req.error_reason().size() > kMaxReasonString) {
+    return too_long("error_reason", req.error_reason().size(), kMaxReasonString);
+  }
+  if (req.weights_fingerprint().size() > kMaxFingerprint) {
+    return too_long("weights_fingerprint", req.weights_fingerprint().size(), kMaxFingerprint);
+  }
+  const std::pair<const char*, double> measured[] = {
+      {"progress.samples_per_second", p.samples_per_second()},
+      {"progress.data_wait_seconds", p.data_wait_seconds()},
+      {"progress.learning_rate", p.learning_rate()},
+      {"epoch_done.samples_per_second", req.epoch_done().samples_per_second()},
+      {"epoch_done.seconds", req.epoch_done().seconds()},
+  };
+  for (const auto& [field, v] : measured) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("progress report: ", field, " is ", v, "; must be a finite number >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `message` cut to at most `max` bytes at a UTF-8 character boundary (proto3
+// strings must stay valid UTF-8), saying how much was cut.
+std::string CutMessage(const std::string& message, size_t max) {
+  if (message.size() <= max) return message;
+  size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+  return absl::StrCat(message.substr(0, end), " ... (", message.size() - end, " more bytes)");
+}
+
 }  // namespace
 
 absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::NodeInfo& node_in) {
@@ -640,6 +687,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1::ReportProgressRequest& req) {
+  RETURN_IF_ERROR(CheckProgressReport(req));
   absl::MutexLock lock(&mu_);
   v1::ReportProgressResponse resp;
   auto it = jobs_.find(req.job_id());
@@ -704,9 +752,10 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
   if (!req.error().empty()) {
     w->set_state("failed");
     const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
+    const std::string error = CutMessage(req.error(), kMaxErrorMessage);
     FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
-                  << " failed: " << req.error();
-    const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", req.error());
+                  << " failed: " << error;
+    const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", error);
     // Bad data and bad specs fail the same way every time; anything else
     // (a server that lost its state, a crash) rolls back to the last cut.
     // A server that lost the job (ServerLost) does not count against the

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -13,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/spec_text.h"
 #include "common/rpc/grpc_util.h"
@@ -738,32 +740,46 @@ grpc::Status ReportEpoch(const std::string& coordinator, const v1::Job& j, uint3
       &resp);
 }
 
+// Workers that only register and heartbeat: the test reports for them.
+class FakeWorkers {
+ public:
+  FakeWorkers(const std::string& coordinator, int n) {
+    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+    for (int i = 0; i < n; ++i) {
+      v1::RegisterNodeRequest reg;
+      reg.mutable_node()->set_role(v1::WORKER);
+      v1::RegisterNodeResponse resp;
+      REQUIRE(stub->RegisterNode(Ctx().get(), reg, &resp).ok());
+      ids_.push_back(resp.node_id());
+    }
+    heartbeats_ = std::thread([this, coordinator] {
+      auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+      while (!stop_.load()) {
+        for (const std::string& id : ids_) {
+          v1::HeartbeatRequest hb;
+          hb.set_node_id(id);  // generation 0: answered at once
+          v1::HeartbeatResponse r;
+          (void)stub->Heartbeat(Ctx().get(), hb, &r);  // fails while the coordinator restarts
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  ~FakeWorkers() {
+    stop_ = true;
+    heartbeats_.join();
+  }
+
+ private:
+  std::vector<std::string> ids_;
+  std::atomic<bool> stop_{false};
+  std::thread heartbeats_;
+};
+
 TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
           "[cluster]") {
   InProcessCluster cluster(1, 0);
-  // Two workers that only heartbeat: the test reports for them.
-  std::atomic<bool> stop{false};
-  std::vector<std::string> fakes;
-  for (int i = 0; i < 2; ++i) {
-    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
-    v1::RegisterNodeRequest reg;
-    reg.mutable_node()->set_role(v1::WORKER);
-    v1::RegisterNodeResponse resp;
-    REQUIRE(stub->RegisterNode(Ctx().get(), reg, &resp).ok());
-    fakes.push_back(resp.node_id());
-  }
-  std::thread heartbeats([&] {
-    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
-    while (!stop.load()) {
-      for (const std::string& id : fakes) {
-        v1::HeartbeatRequest hb;
-        hb.set_node_id(id);  // generation 0: answered at once
-        v1::HeartbeatResponse r;
-        (void)stub->Heartbeat(Ctx().get(), hb, &r);  // fails while the coordinator restarts
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  });
+  FakeWorkers fakes(cluster.address(), 2);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
   const v1::Job running = WaitForJob(
@@ -798,8 +814,72 @@ TEST_CASE("an epoch's metrics count each rank once, across a resent report and a
                                       Catch::Contains("has 10 epochs (0 to 9)"));
   CHECK(Get(cluster.jobs(), id).status().epochs_size() == 1);
   Cancel(cluster.jobs(), id);
-  stop = true;
-  heartbeats.join();
+}
+
+TEST_CASE("progress reports with oversized strings or impossible speeds are refused by field and change nothing",
+          "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeWorkers fakes(cluster.address(), 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  const v1::Job running = WaitForJob(
+      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
+  REQUIRE(running.status().state() == v1::RUNNING);
+  const v1::Job before = Get(cluster.jobs(), id);
+
+  using Fill = std::function<void(v1::ReportProgressRequest&)>;
+  const std::pair<Fill, std::string> bad[] = {
+      {[](auto& r) { r.mutable_progress()->set_state(std::string(33, 's')); },
+       "progress.state is 33 bytes; at most 32 allowed"},
+      {[](auto& r) { r.mutable_progress()->set_device(std::string(1 << 20, 'd')); },
+       "progress.device is 1048576 bytes; at most 256 allowed"},
+      {[](auto& r) { r.set_error_reason(std::string(65, 'R')); }, "error_reason is 65 bytes; at most 64 allowed"},
+      {[](auto& r) { r.set_weights_fingerprint(std::string(129, 'f')); },
+       "weights_fingerprint is 129 bytes; at most 128 allowed"},
+      {[](auto& r) { r.mutable_progress()->set_samples_per_second(std::nan("")); },
+       "progress.samples_per_second is nan; must be a finite number >= 0"},
+      {[](auto& r) { r.mutable_progress()->set_data_wait_seconds(-1); },
+       "progress.data_wait_seconds is -1; must be a finite number >= 0"},
+      {[](auto& r) { r.mutable_progress()->set_learning_rate(HUGE_VAL); },
+       "progress.learning_rate is inf; must be a finite number >= 0"},
+      {[](auto& r) {
+         r.mutable_epoch_done()->set_samples_per_second(-HUGE_VAL);
+       },
+       "epoch_done.samples_per_second is -inf; must be a finite number >= 0"},
+      {[](auto& r) { r.mutable_epoch_done()->set_seconds(-0.5); },
+       "epoch_done.seconds is -0.5; must be a finite number >= 0"},
+  };
+  for (const auto& [fill, want] : bad) {
+    v1::ReportProgressResponse resp;
+    const grpc::Status s = ReportAsRank(cluster.address(), running, 0, fill, &resp);
+    INFO(want);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message() == "progress report: " + want);
+  }
+  // Nothing of them reached the job.
+  const v1::Job after = Get(cluster.jobs(), id);
+  CHECK(after.status().state() == v1::RUNNING);
+  CHECK(after.status().workers(0).SerializeAsString() == before.status().workers(0).SerializeAsString());
+  CHECK(after.status().epochs_size() == 0);
+  CHECK(after.status().weights_fingerprint().empty());
+
+  // A worker's error is not refused for its length (the rank did fail), but
+  // kept to its first 4 KiB, cut between characters: the job record stays
+  // valid UTF-8 and loads after a restart.
+  std::string error(4095, 'e');
+  error += "\xc3\xa9 and 10 KiB more: " + std::string(10240, 'x');  // 'é' straddles the 4096th byte
+  FailRank0(cluster.address(), running, "BadData", error);
+  cluster.RestartCoordinator();
+  const v1::Job failed = Get(cluster.jobs(), id);
+  CHECK(failed.status().state() == v1::FAILED);
+  CHECK(failed.status().reason() == "BadData");
+  const std::string& message = failed.status().message();
+  CHECK(message.size() < 4200);
+  CHECK(absl::StartsWith(message, "rank 0 on " + running.status().workers(0).worker_id() + ": eee"));
+  CHECK(absl::EndsWith(message, std::string(100, 'e') + " ... (" + std::to_string(error.size() - 4095) +
+                                    " more bytes)"));
 }
 
 TEST_CASE("cuts taken every second and on demand are committed on every server, and only the last K stay on disk",
