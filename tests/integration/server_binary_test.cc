@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -358,7 +359,10 @@ TEST_CASE("a crashing daemon logs the signal and a stack trace and dies of the s
     }
     INFO(ReadFile(p.log));
     REQUIRE(ReadFile(p.log).find(daemons[i].second) != std::string::npos);
-    REQUIRE(kill(p.pid, SIGABRT) == 0);
+    // To the main thread: a signal sent to the process lands on any thread,
+    // one of gRPC's just starting included, whose outermost frames glibc
+    // leaves unnamed now and then (CI saw it once).
+    REQUIRE(syscall(SYS_tgkill, p.pid, p.pid, SIGABRT) == 0);
     int status = 0;
     REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
     const std::string log = ReadFile(p.log);
@@ -371,7 +375,8 @@ TEST_CASE("a crashing daemon logs the signal and a stack trace and dies of the s
     // frame pointers) to the thread's start.
     REQUIRE(log.find("    @ 0x") != std::string::npos);
     REQUIRE(log.find("  fulcrum::(anonymous namespace)::OnFatalSignal()\n") != std::string::npos);
-    REQUIRE((absl::StrContains(log, "  clone3\n") || absl::StrContains(log, "  __libc_start_main\n")));
+    REQUIRE(log.find("  main\n") != std::string::npos);
+    REQUIRE(log.find("  __libc_start_main\n") != std::string::npos);
   }
   std::filesystem::remove_all(dir);
 }
