@@ -880,6 +880,7 @@ void Coordinator::Tick() {
     return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
   });
   if (nodes_.size() != known) BumpGenerationLocked();
+  std::erase_if(failing_calls_, [&](const auto& kv) { return now - kv.second.last_failure > absl::Minutes(10); });
   for (auto& [id, n] : nodes_) {
     if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
     n.alive = false;
@@ -1071,6 +1072,15 @@ void Coordinator::Tick() {
     } else if (!map_ready) {
       why = AnyRunningLocked() ? "the shard map changes when the running jobs end (a server joined or left)"
                                : "installing the shard map on the servers";
+      // Say which server does not take it, and why (its address is wrong,
+      // a firewall, mismatched TLS), rather than wait without a word.
+      for (const std::string& s : live) {
+        auto f = failing_calls_.find({"installing the shard map", s});
+        if (f != failing_calls_.end() && !AnyRunningLocked()) {
+          absl::StrAppend(&why, "; ", s, " fails: ", f->second.error);
+          break;
+        }
+      }
       reason = "ShardMapNotReady";
     } else if (blocked) {
       why = "an earlier job is waiting for workers";
@@ -1557,13 +1567,41 @@ void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<st
       servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
   absl::MutexLock lock(&mu_);
   install_in_flight_ = false;
+  // A map replaced meanwhile is no longer wanted: a server that refused it
+  // for having the newer one (from its heartbeat) did right.
+  if (!shard_map_ || shard_map_->version() != map.version()) return;
   for (size_t i = 0; i < servers.size(); ++i) {
+    NoteRetriedCallLocked("install_shard_map", "installing the shard map", servers[i], results[i]);
     if (results[i].ok()) {
       installed_[servers[i]] = map.version();
       kick_ = true;  // pending jobs may start now (failures wait for the next tick)
-    } else {
-      FLOG(WARNING) << "installing shard map version " << map.version() << " on " << servers[i] << ": " << results[i];
     }
+  }
+}
+
+void Coordinator::NoteRetriedCallLocked(const char* call, const std::string& what, const std::string& server,
+                                        const absl::Status& s) {
+  const auto key = std::make_pair(what, server);
+  auto it = failing_calls_.find(key);
+  const absl::Time now = absl::Now();
+  if (s.ok()) {
+    if (it != failing_calls_.end()) {
+      FLOG(INFO) << what << " on " << server << " worked after " << it->second.failures << " failed tries over "
+                 << absl::FormatDuration(absl::Trunc(now - it->second.first_failure, absl::Milliseconds(1)));
+      failing_calls_.erase(it);
+    }
+    return;
+  }
+  ++call_failures_[call];
+  RetriedCall& f = failing_calls_[key];
+  if (f.failures++ == 0) f.first_failure = now;
+  f.last_failure = now;
+  f.error = s.ToString();
+  if (f.failures == 1 || now - f.last_logged >= absl::Minutes(1)) {
+    FLOG(WARNING) << what << " on " << server << " failed: " << f.error << " (" << f.failures
+                  << (f.failures == 1 ? " failure" : " failures in a row")
+                  << "; retried every tick, logged once a minute)";
+    f.last_logged = now;
   }
 }
 
@@ -1576,9 +1614,8 @@ void Coordinator::ReleaseOnServers(const std::string& job_id, const std::vector<
   it->second.release_in_flight = false;
   bool all = true;
   for (size_t i = 0; i < servers.size(); ++i) {
-    if (results[i].ok()) continue;
-    all = false;
-    FLOG(WARNING) << "releasing job " << job_id << " on " << servers[i] << ": " << results[i];
+    NoteRetriedCallLocked("delete_job", absl::StrCat("releasing job ", job_id), servers[i], results[i]);
+    all = all && results[i].ok();
   }
   if (all && it->second.release_pending) {
     it->second.release_pending = false;
@@ -1710,6 +1747,12 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
       out->Gauge("fulcrum_coordinator_nodes", "Registered nodes, by role and liveness",
                  {{"role", role ? "worker" : "server"}, {"state", alive ? "live" : "dead"}}, live[role][alive]);
     }
+  }
+  for (const char* call : {"install_shard_map", "delete_job"}) {
+    auto it = call_failures_.find(call);
+    out->Counter("fulcrum_coordinator_server_call_failures_total",
+                 "Failed calls to parameter servers that the scheduler retries (since this coordinator started)",
+                 {{"call", call}}, it == call_failures_.end() ? 0.0 : static_cast<double>(it->second));
   }
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},

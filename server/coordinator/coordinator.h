@@ -255,6 +255,12 @@ class Coordinator {
   // tick (liveness, rank moves, job starts) for the control timeout.
   void InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers);
   void ReleaseOnServers(const std::string& job_id, const std::vector<std::string>& servers);
+  // Records the outcome of a call the scheduler retries every tick until it
+  // works (`what`, e.g. "installing the shard map", on `server`). Failures
+  // are counted and logged once a minute, not once a tick; a success after
+  // failures is logged with how many there were.
+  void NoteRetriedCallLocked(const char* call, const std::string& what, const std::string& server,
+                             const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -275,6 +281,16 @@ class Coordinator {
   // Servers (by address) known to hold shard_map_.
   std::map<std::string, uint64_t> installed_ ABSL_GUARDED_BY(mu_);
   bool install_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a background InstallOnServers runs
+  struct RetriedCall {
+    uint64_t failures = 0;  // in a row
+    absl::Time first_failure, last_failure, last_logged;
+    std::string error;
+  };
+  // Calls failing now, by (what, server); forgotten 10 minutes after their
+  // last failure (a dead server dropped from the map, a forgotten job).
+  std::map<std::pair<std::string, std::string>, RetriedCall> failing_calls_ ABSL_GUARDED_BY(mu_);
+  // fulcrum_coordinator_server_call_failures_total, by call.
+  std::map<std::string, uint64_t> call_failures_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 };

@@ -2,6 +2,7 @@
 // daemons in this test process, talking gRPC over 127.0.0.1, with the
 // coordinator's state in a real RocksDB directory. Drives the job API the way
 // fulcrumctl does.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/spec_text.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
@@ -171,6 +173,7 @@ class InProcessCluster {
   void FailRestores(bool on) { faults_.fail_restores = on; }
   Faults& faults() { return faults_; }
   std::vector<Server>& servers() { return servers_; }
+  Coordinator& coordinator() { return *coordinator_; }
   const std::string& address() const { return address_; }
 
  private:
@@ -740,14 +743,16 @@ grpc::Status ReportEpoch(const std::string& coordinator, const v1::Job& j, uint3
       &resp);
 }
 
-// Workers that only register and heartbeat: the test reports for them.
-class FakeWorkers {
+// Nodes that only register and heartbeat: workers the test reports for, or
+// a server whose parameter service is elsewhere (or nowhere).
+class FakeNodes {
  public:
-  FakeWorkers(const std::string& coordinator, int n) {
+  FakeNodes(const std::string& coordinator, int n, v1::NodeRole role = v1::WORKER, const std::string& address = "") {
     auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
     for (int i = 0; i < n; ++i) {
       v1::RegisterNodeRequest reg;
-      reg.mutable_node()->set_role(v1::WORKER);
+      reg.mutable_node()->set_role(role);
+      reg.mutable_node()->set_address(address);
       v1::RegisterNodeResponse resp;
       REQUIRE(stub->RegisterNode(Ctx().get(), reg, &resp).ok());
       ids_.push_back(resp.node_id());
@@ -765,7 +770,7 @@ class FakeWorkers {
       }
     });
   }
-  ~FakeWorkers() {
+  ~FakeNodes() {
     stop_ = true;
     heartbeats_.join();
   }
@@ -779,7 +784,7 @@ class FakeWorkers {
 TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
           "[cluster]") {
   InProcessCluster cluster(1, 0);
-  FakeWorkers fakes(cluster.address(), 2);
+  FakeNodes fakes(cluster.address(), 2);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
   const v1::Job running = WaitForJob(
@@ -816,10 +821,86 @@ TEST_CASE("an epoch's metrics count each rank once, across a resent report and a
   Cancel(cluster.jobs(), id);
 }
 
+// Redirects this process's stderr (the log) to a file while it lives.
+class CaptureStderr {
+ public:
+  explicit CaptureStderr(const fs::path& file) : file_(file) {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    const int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+  }
+  ~CaptureStderr() { Stop(); }
+  // Restores stderr and returns what was written meanwhile.
+  std::string Stop() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      dup2(saved_, 2);
+      close(saved_);
+      saved_ = -1;
+    }
+    return testing::ReadFile(file_.string());
+  }
+
+ private:
+  fs::path file_;
+  int saved_ = -1;
+};
+
+size_t CountOf(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+TEST_CASE("a server that cannot take the shard map is named in the waiting job and logged once a minute",
+          "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  // A server that heartbeats but whose parameter service is not there: its
+  // advertised address is wrong (nothing listens on it).
+  const std::string nowhere = absl::StrCat("127.0.0.1:", FreePort());
+  const fs::path log = fs::temp_directory_path() / absl::StrCat("fulcrum-capture-", getpid(), ".log");
+  CaptureStderr capture(log);
+  auto fake = std::make_unique<FakeNodes>(cluster.address(), 1, v1::SERVER, nowhere);
+  std::string id;
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.set_epochs(2);
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  v1::Job j = WaitForJob(
+      cluster.jobs(), id, [&](const v1::Job& j) { return absl::StrContains(j.status().message(), nowhere); },
+      absl::Seconds(20));
+  CHECK(j.status().state() == v1::PENDING);
+  CHECK(j.status().reason() == "ShardMapNotReady");
+  CHECK_THAT(j.status().message(), Catch::StartsWith("installing the shard map on the servers; " + nowhere +
+                                                     " fails: UNAVAILABLE"));
+  // Retried every tick (100 ms) for 2 s more, logged once.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  metrics::FunctionCollector collect([&](metrics::Scrape* out) { cluster.coordinator().CollectMetrics(out); });
+  const std::string scrape = metrics::RenderText({&collect});
+  const std::string series = "fulcrum_coordinator_server_call_failures_total{call=\"install_shard_map\"} ";
+  const size_t at = scrape.find(series);
+  REQUIRE(at != std::string::npos);
+  const double failures = std::stod(scrape.substr(at + series.size()));
+  CHECK(failures >= 10);
+  // The server goes (its heartbeats stop): the map drops it, the job runs.
+  fake.reset();
+  int events = 0;
+  j = WatchToEnd(cluster.jobs(), id, &events);
+  const std::string text = capture.Stop();
+  INFO(text.substr(0, 4000));
+  CHECK(j.status().state() == v1::SUCCEEDED);
+  CHECK(CountOf(text, "installing the shard map on " + nowhere + " failed") == 1);
+  CHECK(CountOf(text, "(1 failure; retried every tick, logged once a minute)") == 1);
+  fs::remove(log);
+}
+
 TEST_CASE("progress reports with oversized strings or impossible speeds are refused by field and change nothing",
           "[cluster]") {
   InProcessCluster cluster(1, 0);
-  FakeWorkers fakes(cluster.address(), 1);
+  FakeNodes fakes(cluster.address(), 1);
   v1::JobSpec spec = DigitsSpec();
   spec.set_num_workers(1);
   std::string id;
