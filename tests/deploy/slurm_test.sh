@@ -111,3 +111,27 @@ if ((!ok)); then
   exit 1
 fi
 echo "PASS: fulcrum.sbatch trained the job on a one-node Slurm cluster"
+
+# A server that cannot listen (its port is taken) ends its step: the batch
+# job says so with the server's log at once, not after its 300 s wait.
+FULCRUM_PORT=$(/usr/bin/python3 "$root/tests/testing/free_ports.py" 2)
+export FULCRUM_PORT FULCRUM_SERVERS_PER_NODE=1 FULCRUM_WORKERS_PER_NODE=1 FULCRUM_RUN_DIR="$work/run-taken"
+/usr/bin/python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(); time.sleep(600)' $((FULCRUM_PORT + 1)) &
+pids+=($!)
+out="$work/job-taken.out"
+rc=0
+start=$SECONDS
+sbatch --wait --nodes=1 --chdir="$work" --output="$out" --time=15 "$root/deploy/slurm/fulcrum.sbatch" || rc=$?
+took=$((SECONDS - start))
+echo "== with the server's port taken: sbatch --wait exited with status $rc after $took s; the job's output:"
+cat "$out" || true
+ok=1
+[[ $rc -ne 0 ]] || { echo "FAIL: the batch job exited 0 though its server could not listen"; ok=0; }
+grep -q "fulcrum.sbatch: the servers step ended before the cluster came up" "$out" ||
+  { echo "FAIL: the job's output does not name the servers step"; ok=0; }
+grep -q "cannot listen on 0.0.0.0:$((FULCRUM_PORT + 1))" "$out" ||
+  { echo "FAIL: the job's output does not show the server's error"; ok=0; }
+((took < 120)) || { echo "FAIL: it took $took s to give up (the wait is 300 s)"; ok=0; }
+((ok)) || { keep=1; exit 1; }
+echo "PASS: fulcrum.sbatch gives up at once, with the log, when a server cannot listen"
