@@ -375,15 +375,38 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
   return it->second.job;
 }
 
-std::vector<v1::Job> Coordinator::ListJobs() const {
+absl::StatusOr<Coordinator::JobPage> Coordinator::ListJobs(
+    int page_size, const std::string& page_token, const std::function<bool(const v1::Job&)>& visible) const {
+  if (page_size < 0 || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: ", page_size, " must be 0 to ", kMaxPageSize, " (0 means ", kDefaultPageSize, ")"));
+  }
+  const size_t limit = page_size == 0 ? kDefaultPageSize : static_cast<size_t>(page_size);
+  // The token is the serial number of the last job of the previous page: a
+  // job forgotten meanwhile (ttl_seconds_after_finished) breaks nothing.
+  uint64_t after = 0;
+  if (!page_token.empty() &&
+      (!absl::StartsWith(page_token, "after-") || !absl::SimpleAtoi(page_token.substr(6), &after))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: '", page_token.substr(0, 64), "' is not a next_page_token this coordinator gave"));
+  }
   absl::MutexLock lock(&mu_);
-  std::vector<const JobRecord*> rs;
-  for (const auto& [id, r] : jobs_) rs.push_back(&r);
-  std::sort(rs.begin(), rs.end(),
-            [](const JobRecord* a, const JobRecord* b) { return Serial(a->job.id()) < Serial(b->job.id()); });
-  std::vector<v1::Job> out;
-  for (const JobRecord* r : rs) out.push_back(r->job);
-  return out;
+  std::vector<std::pair<uint64_t, const JobRecord*>> rs;
+  for (const auto& [id, r] : jobs_) {
+    const uint64_t serial = Serial(id);
+    if (serial > after) rs.emplace_back(serial, &r);
+  }
+  std::sort(rs.begin(), rs.end());
+  JobPage page;
+  for (const auto& [serial, r] : rs) {
+    if (!visible(r->job)) continue;
+    if (page.jobs.size() == limit) {
+      page.next_page_token = absl::StrCat("after-", Serial(page.jobs.back().id()));
+      break;
+    }
+    page.jobs.push_back(r->job);
+  }
+  return page;
 }
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {

@@ -106,7 +106,16 @@ class Coordinator {
   // max_active_jobs_per_user jobs not yet ended gets RESOURCE_EXHAUSTED.
   absl::StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, bool validate_only, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) const;
-  std::vector<v1::Job> ListJobs() const;
+  // A page of the jobs `visible` accepts, oldest first: at most `page_size`
+  // (0: kDefaultPageSize; over kMaxPageSize is refused) after `page_token`.
+  static constexpr int kDefaultPageSize = 100;
+  static constexpr int kMaxPageSize = 1000;
+  struct JobPage {
+    std::vector<v1::Job> jobs;
+    std::string next_page_token;  // empty on the last page
+  };
+  absl::StatusOr<JobPage> ListJobs(int page_size, const std::string& page_token,
+                                   const std::function<bool(const v1::Job&)>& visible) const;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   // Waits up to `timeout` for the job to change after `*version` (0: return
   // at once); returns the job and sets *version.

@@ -31,12 +31,14 @@ class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
     *resp = *std::move(j);
     return grpc::Status::OK;
   }
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) override {
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) override {
     auto caller = Who(*ctx);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
-    for (v1::Job& j : c_->ListJobs()) {
-      if (caller->admin || j.owner() == caller->user) *resp->add_jobs() = std::move(j);
-    }
+    auto page = c_->ListJobs(req->page_size(), req->page_token(),
+                             [&](const v1::Job& j) { return caller->admin || j.owner() == caller->user; });
+    if (!page.ok()) return ToGrpcStatus(page.status());
+    for (v1::Job& j : page->jobs) *resp->add_jobs() = std::move(j);
+    resp->set_next_page_token(page->next_page_token);
     return grpc::Status::OK;
   }
   grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::Job* resp) override {

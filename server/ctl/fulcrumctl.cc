@@ -651,9 +651,17 @@ int main(int argc, char** argv) {
     return Watch(jobs.get(), resp.job_id());
   }
   if (cmd == "list") {
+    // Every page, into one list.
     fulcrum::v1::ListJobsResponse resp;
-    grpc::Status s = jobs->ListJobs(Ctx().get(), fulcrum::v1::ListJobsRequest(), &resp);
-    if (!s.ok()) return Fail(s, "list");
+    fulcrum::v1::ListJobsRequest req;
+    req.set_page_size(500);
+    do {
+      fulcrum::v1::ListJobsResponse page;
+      grpc::Status s = jobs->ListJobs(Ctx().get(), req, &page);
+      if (!s.ok()) return Fail(s, "list");
+      for (Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+      req.set_page_token(page.next_page_token());
+    } while (!req.page_token().empty());
     if (Json()) {
       std::cout << ToJson(resp) << std::endl;
     } else {

@@ -426,6 +426,67 @@ TEST_CASE("the job API answers bad specs, unknown jobs and late cancels with cle
   CHECK(s.error_message().find("already ended: CANCELLED") != std::string::npos);
 }
 
+TEST_CASE("ListJobs pages through the registry oldest first and refuses bad page sizes and tokens", "[cluster]") {
+  InProcessCluster cluster(1, 0);  // no workers: every job waits
+  v1::JobSpec spec = DigitsSpec();
+  spec.mutable_run_policy()->set_ttl_seconds_after_finished(1);
+  std::vector<std::string> ids(5);
+  for (std::string& id : ids) REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  auto list = [&](int page_size, const std::string& token, v1::ListJobsResponse* resp) {
+    v1::ListJobsRequest req;
+    req.set_page_size(page_size);
+    req.set_page_token(token);
+    *resp = v1::ListJobsResponse();
+    return cluster.jobs()->ListJobs(Ctx().get(), req, resp);
+  };
+  auto ids_of = [](const v1::ListJobsResponse& r) {
+    std::vector<std::string> out;
+    for (const auto& j : r.jobs()) out.push_back(j.id());
+    return out;
+  };
+  v1::ListJobsResponse r;
+  REQUIRE(list(0, "", &r).ok());  // 0: the default page (100) holds them all
+  CHECK(ids_of(r) == ids);
+  CHECK(r.next_page_token().empty());
+
+  // Pages of 2: [0 1] [2 3] [4], and no empty page after the last.
+  REQUIRE(list(2, "", &r).ok());
+  CHECK(ids_of(r) == std::vector<std::string>{ids[0], ids[1]});
+  REQUIRE(!r.next_page_token().empty());
+  const std::string second = r.next_page_token();
+  REQUIRE(list(2, second, &r).ok());
+  CHECK(ids_of(r) == std::vector<std::string>{ids[2], ids[3]});
+  // The job the token follows is forgotten meanwhile (cancelled, past its
+  // TTL): the next page is the same.
+  Cancel(cluster.jobs(), ids[3]);
+  v1::JobRef gone;
+  gone.set_job_id(ids[3]);
+  v1::Job j;
+  for (int tries = 0; tries < 100 && cluster.jobs()->GetJob(Ctx().get(), gone, &j).ok(); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(cluster.jobs()->GetJob(Ctx().get(), gone, &j).error_code() == grpc::StatusCode::NOT_FOUND);
+  REQUIRE(list(2, r.next_page_token(), &r).ok());
+  CHECK(ids_of(r) == std::vector<std::string>{ids[4]});
+  CHECK(r.next_page_token().empty());
+  // A token can be used again (a retried call): the same page, less the
+  // forgotten job.
+  REQUIRE(list(2, second, &r).ok());
+  CHECK(ids_of(r) == std::vector<std::string>{ids[2], ids[4]});
+
+  grpc::Status s = list(1001, "", &r);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message() == "page_size: 1001 must be 0 to 1000 (0 means 100)");
+  s = list(-1, "", &r);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  for (const std::string bad : {"7", "after-", "after-x", "after-99999999999999999999999"}) {
+    s = list(2, bad, &r);
+    INFO(bad);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message() == "page_token: '" + bad + "' is not a next_page_token this coordinator gave");
+  }
+}
+
 TEST_CASE("a server that hangs on a job's release holds up neither the scheduler nor the next job", "[cluster]") {
   InProcessCluster cluster(2, 1);
   v1::JobSpec spec = DigitsSpec();

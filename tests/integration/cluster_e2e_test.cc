@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -375,6 +376,36 @@ TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "
   Report(j);
   CHECK(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.97);
+}
+
+TEST_CASE("fulcrumctl list reads every page of a registry of 1001 jobs", "[e2e]") {
+  ProcessCluster cluster(1, 0, 1);  // no workers: the jobs wait
+  v1::JobSpec spec = Spec("digits-softmax.yaml");
+  spec.set_name("paged");
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < 1001; ++i) cluster.Submit(spec);
+  INFO("1001 submits took " << absl::FormatDuration(absl::Now() - t0));
+  std::string out;
+  REQUIRE(cluster.Ctl({"list"}, &out) == 0);
+  size_t lines = 0;
+  for (size_t at = out.find("\npaged-"); at != std::string::npos; at = out.find("\npaged-", at + 1)) ++lines;
+  lines += absl::StartsWith(out, "paged-") ? 1 : 0;
+  CHECK(lines == 1001);
+  CHECK(out.find("paged-1 ") != std::string::npos);
+  CHECK(out.find("paged-1001 ") != std::string::npos);
+  // JSON: one list, every job once, oldest first, no page token.
+  REQUIRE(cluster.Ctl({"--output=json", "list"}, &out) == 0);
+  size_t ids = 0, last = 0;
+  bool ordered = true;
+  for (size_t at = out.find("\"id\":\"paged-"); at != std::string::npos; at = out.find("\"id\":\"paged-", at + 1)) {
+    const size_t n = std::stoul(out.substr(at + 12));
+    ordered = ordered && n > last;
+    last = n;
+    ++ids;
+  }
+  CHECK(ids == 1001);
+  CHECK(ordered);
+  CHECK(out.find("next_page_token") == std::string::npos);
 }
 
 TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why a job waits or fails", "[e2e]") {

@@ -295,12 +295,18 @@ class CoordinatorClient {
     v1::Job j;
     return Call(jobs_.get(), &v1::JobService::Stub::CancelJob, ref, &j);
   }
-  absl::StatusOr<std::vector<std::string>> List() {
+  // One page of the caller's jobs (page_size 0: the default); `token` is
+  // set to the next page's token.
+  absl::StatusOr<std::vector<std::string>> List(int page_size = 0, std::string* token = nullptr) {
+    v1::ListJobsRequest req;
+    req.set_page_size(page_size);
+    if (token != nullptr) req.set_page_token(*token);
     v1::ListJobsResponse resp;
-    absl::Status s = Call(jobs_.get(), &v1::JobService::Stub::ListJobs, v1::ListJobsRequest(), &resp);
+    absl::Status s = Call(jobs_.get(), &v1::JobService::Stub::ListJobs, req, &resp);
     if (!s.ok()) return s;
     std::vector<std::string> ids;
     for (const auto& j : resp.jobs()) ids.push_back(j.id());
+    if (token != nullptr) *token = resp.next_page_token();
     return ids;
   }
   absl::Status Register(v1::NodeRole role) {
@@ -378,6 +384,23 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
   REQUIRE_OK(bob.Submit(DigitsSpec()).status());  // bob's count is his own
   REQUIRE_OK(demo.Cancel(id));
   REQUIRE_OK(demo.Submit(DigitsSpec()).status());
+  // Pages hold only the caller's jobs: bob's 2 come one per page though
+  // demo's lie between them; demo's 3 come 2 and 1.
+  std::string token;
+  REQUIRE_OK_AND_ASSIGN(auto page, bob.List(1, &token));
+  REQUIRE(page == std::vector<std::string>{bob_id});
+  REQUIRE(!token.empty());
+  REQUIRE_OK_AND_ASSIGN(page, bob.List(1, &token));
+  REQUIRE(page.size() == 1);
+  REQUIRE(page[0] != bob_id);
+  REQUIRE(token.empty());
+  token.clear();
+  REQUIRE_OK_AND_ASSIGN(page, demo.List(2, &token));
+  REQUIRE(page.size() == 2);
+  REQUIRE(page[0] == id);
+  REQUIRE_OK_AND_ASSIGN(page, demo.List(2, &token));
+  REQUIRE(page.size() == 1);
+  REQUIRE(token.empty());
 
   // The cluster API: a certificate of the right role. Users cannot register
   // nodes; a worker's certificate cannot join as a server.
