@@ -505,6 +505,51 @@ class SafetensorsExport {
   size_t tensors_ = 0, bytes_ = 0;
 };
 
+// An export's progress on stderr: a live line on a terminal; otherwise a
+// line each time another tenth has come (at most one a second), so that a
+// long export into a log is not silent either.
+class ExportProgress {
+ public:
+  ExportProgress(const std::string& job, const fulcrum::v1::CheckpointInfo& info, const std::string& path)
+      : tty_(isatty(STDERR_FILENO) != 0), total_(info.bytes()) {
+    std::cerr << "exporting checkpoint " << info.cut_id() << " of job " << job << " (step " << info.step() << ", "
+              << fulcrum::HumanBytes(total_) << " on " << info.servers_size() << " server(s)) to " << path
+              << std::endl;
+  }
+  void Add(uint64_t bytes) {
+    got_ += bytes;
+    const absl::Time now = absl::Now();
+    const int tenth = total_ == 0 ? 10 : static_cast<int>(std::min<uint64_t>(10, got_ * 10 / total_));
+    if (tty_ ? now - last_ < absl::Milliseconds(250) : (tenth <= tenth_ || now - last_ < absl::Seconds(1))) return;
+    last_ = now;
+    tenth_ = tenth;
+    Print();
+  }
+  // Clears a live line, or ends the plain lines with the last figure.
+  void Done() {
+    if (tty_) {
+      std::cerr << "\r\033[K" << std::flush;
+    } else if (printed_ != got_) {
+      Print();
+    }
+  }
+
+ private:
+  void Print() {
+    const std::string line = absl::StrFormat(
+        "  received %s of %s (%.0f%%)", fulcrum::HumanBytes(got_), fulcrum::HumanBytes(total_),
+        total_ == 0 ? 100.0 : std::min(100.0, 100.0 * static_cast<double>(got_) / static_cast<double>(total_)));
+    std::cerr << (tty_ ? "\r\033[K" : "") << line << (tty_ ? "" : "\n") << std::flush;
+    printed_ = got_;
+  }
+
+  const bool tty_;
+  const uint64_t total_;
+  uint64_t got_ = 0, printed_ = 0;
+  int tenth_ = 0;
+  absl::Time last_ = absl::InfinitePast();
+};
+
 int Export(const std::string& coordinator, const std::string& job, uint64_t cut, const std::string& path) {
   // Records can outgrow the job API's message limit: a channel of its own.
   auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator));
@@ -519,6 +564,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
   fulcrum::v1::CheckpointInfo info;
   bool begun = false;
   size_t records = 0;
+  std::optional<ExportProgress> progress;
   while (reader->Read(&chunk)) {
     if (!begun) {
       info = chunk.checkpoint();
@@ -528,16 +574,22 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
         return kOther;
       }
       begun = true;
+      progress.emplace(job, info, path);
     }
+    uint64_t bytes = 0;
     for (const auto& r : chunk.records()) {
       if (absl::Status s = out.Add(r); !s.ok()) {
+        if (progress) progress->Done();
         ctx.TryCancel();
         std::cerr << "fulcrumctl: export " << job << ": " << s.message() << "\n";
         return kOther;
       }
       ++records;
+      bytes += r.value().size();
     }
+    if (progress) progress->Add(bytes);
   }
+  if (progress) progress->Done();
   grpc::Status s = reader->Finish();
   if (!s.ok()) return Fail(s, absl::StrCat("export ", job));
   if (!begun) {

@@ -556,6 +556,12 @@ TEST_CASE("a server killed with kill -9 and restarted, or frozen and resumed, ro
   std::string out;
   REQUIRE(cluster.Ctl({"export", clean, "-o", file}, &out) == 0);
   INFO(out);
+  // What it exports and how far it got, then the result (stderr is not a
+  // terminal here: a line per tenth received).
+  CHECK(out.find(absl::StrCat("exporting checkpoint ", a.status().checkpoints(1).cut_id(), " of job ", clean,
+                              " (step ", a.status().checkpoints(1).step())) != std::string::npos);
+  CHECK(out.find("(100%)\n") != std::string::npos);
+  CHECK(out.find("exported checkpoint ") != std::string::npos);
   std::string check;
   const int rc = CheckSafetensors(cluster, file, a.status().weights_fingerprint(), &check);
   INFO(check);
