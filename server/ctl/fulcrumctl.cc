@@ -10,7 +10,8 @@
 //     submit -f SPEC.yaml [--no-wait] [--validate]   submit, then watch to the end
 //     list                                           every job, one line each
 //     status JOB                                     one job in detail
-//     watch JOB                                      live progress until the job ends
+//     watch JOB                                      live progress until the job ends (reconnects
+//                                                    to a restarted coordinator)
 //     cancel JOB
 //     cluster                                        nodes, devices, shard map, health
 //     checkpoint JOB                                 take a checkpoint now; wait for its commit
@@ -63,6 +64,8 @@ ABSL_FLAG(std::string, f, "", "submit: the job spec file (YAML or JSON)");
 ABSL_FLAG(bool, no_wait, false, "submit: print the job id and return without watching");
 ABSL_FLAG(bool, validate, false, "submit: only validate the spec (locally and on the coordinator)");
 ABSL_FLAG(int32_t, timeout_seconds, 10, "deadline of each unary call");
+ABSL_FLAG(int32_t, reconnect_seconds, 300,
+          "submit, watch: how long to keep reconnecting to a coordinator that went away mid-watch (0: give up at once)");
 ABSL_FLAG(uint64_t, cut, 0, "restore, export: the checkpoint id (0: the latest)");
 ABSL_FLAG(std::string, o, "", "export: the output file (safetensors)");
 
@@ -282,42 +285,82 @@ int ExitForJob(const Job& j) {
   return j.status().state() == fulcrum::v1::SUCCEEDED ? kOk : kJobFailed;
 }
 
-int Watch(fulcrum::v1::JobService::Stub* stub, const std::string& id) {
-  grpc::ClientContext ctx;  // no deadline: runs as long as the job
-  Authorize(&ctx);
+// Streams the job's events until it ends. A coordinator that goes away
+// mid-watch (restarted, rescheduled) loses nothing, so the watch reconnects
+// for up to --reconnect_seconds and goes on from the job's state then.
+int Watch(fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
   fulcrum::v1::JobRef ref;
   ref.set_job_id(id);
-  auto reader = stub->WatchJob(&ctx, ref);
-  fulcrum::v1::JobEvent e;
   const bool tty = isatty(STDOUT_FILENO) && !Json();
   size_t drawn = 0;
   absl::Time last_plain = absl::InfinitePast();
   Job last;
   bool have = false;
-  while (reader->Read(&e)) {
-    last = e.job();
-    have = true;
-    if (Json()) {
-      std::cout << ToJson(e) << std::endl;
-      continue;
+  std::unique_ptr<fulcrum::v1::JobService::Stub> own_stub;
+  fulcrum::v1::JobService::Stub* stub = first_stub;
+  const absl::Duration reconnect = absl::Seconds(absl::GetFlag(FLAGS_reconnect_seconds));
+  absl::Time give_up = absl::InfiniteFuture();
+  bool reconnecting = false;
+  int channels = 1000;  // distinct from the first channel's index (0)
+  for (int attempt = 0;;) {
+    grpc::ClientContext ctx;  // no deadline: runs as long as the job
+    Authorize(&ctx);
+    auto reader = stub->WatchJob(&ctx, ref);
+    fulcrum::v1::JobEvent e;
+    bool got = false;
+    while (reader->Read(&e)) {
+      if (reconnecting) {
+        std::cerr << "fulcrumctl: watch " << id << ": reconnected to the coordinator" << std::endl;
+        reconnecting = false;
+      }
+      got = true;
+      last = e.job();
+      have = true;
+      if (Json()) {
+        std::cout << ToJson(e) << std::endl;
+        continue;
+      }
+      if (tty) {
+        if (drawn > 0) std::cout << "\033[" << drawn << "F\033[J";
+        std::vector<std::string> lines = {JobLine(last)};
+        for (auto& l : WorkerLines(last)) lines.push_back(std::move(l));
+        for (const auto& l : lines) std::cout << l << "\n";
+        drawn = lines.size();
+        std::cout.flush();
+        if (e.kind() == "epoch" || e.kind() == "state") drawn = 0;  // keep milestones on screen
+        continue;
+      }
+      // Plain lines: milestones always, progress at most once a second.
+      if (e.kind() == "progress" && absl::Now() - last_plain < absl::Seconds(1)) continue;
+      last_plain = absl::Now();
+      std::cout << JobLine(last) << std::endl;
     }
-    if (tty) {
-      if (drawn > 0) std::cout << "\033[" << drawn << "F\033[J";
-      std::vector<std::string> lines = {JobLine(last)};
-      for (auto& l : WorkerLines(last)) lines.push_back(std::move(l));
-      for (const auto& l : lines) std::cout << l << "\n";
-      drawn = lines.size();
-      std::cout.flush();
-      if (e.kind() == "epoch" || e.kind() == "state") drawn = 0;  // keep milestones on screen
-      continue;
+    grpc::Status s = reader->Finish();
+    if (s.ok()) break;
+    // Only a watch that was under way reconnects: a coordinator that is not
+    // there at all, or an error of the request, fails at once.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || !have || reconnect <= absl::ZeroDuration()) {
+      return Fail(s, absl::StrCat("watch ", id));
     }
-    // Plain lines: milestones always, progress at most once a second.
-    if (e.kind() == "progress" && absl::Now() - last_plain < absl::Seconds(1)) continue;
-    last_plain = absl::Now();
-    std::cout << JobLine(last) << std::endl;
+    if (got || !reconnecting) {
+      std::cerr << "fulcrumctl: watch " << id << ": lost the coordinator (" << s.error_message()
+                << "); reconnecting for up to " << absl::FormatDuration(reconnect) << std::endl;
+      drawn = 0;  // the live lines above the notice stay as they are
+      reconnecting = true;
+      give_up = absl::Now() + reconnect;
+      attempt = 0;
+    }
+    if (absl::Now() >= give_up) {
+      return Fail(s, absl::StrCat("watch ", id, " (no coordinator for ", absl::FormatDuration(reconnect), ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(std::min(2000, 250 << std::min(attempt, 3))));
+    // A fresh channel each time: gRPC's own reconnect backoff grows to two
+    // minutes, and a restarted coordinator should be found within seconds.
+    own_stub = fulcrum::v1::JobService::NewStub(
+        fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), ++channels));
+    ++attempt;
+    stub = own_stub.get();
   }
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) return Fail(s, absl::StrCat("watch ", id));
   if (!have) return kOther;
   if (!Json()) {
     std::cout << "job " << id << " " << State(last.status().state());

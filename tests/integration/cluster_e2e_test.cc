@@ -158,6 +158,13 @@ class ProcessCluster {
     return -1;
   }
 
+  // Starts fulcrumctl; Wait(pid) collects it. Its output goes to `log`.
+  pid_t CtlAsync(const std::vector<std::string>& args, const std::string& log) {
+    std::vector<std::string> argv = {Bin("server/fulcrumctl"), "--coordinator=" + coordinator_, "--insecure"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Spawn(argv, log);
+  }
+
   // Runs fulcrumctl; returns its exit code and output.
   int Ctl(const std::vector<std::string>& args, std::string* out) {
     const std::string log = (dir_ / absl::StrCat("ctl-", ctl_++, ".out")).string();
@@ -406,6 +413,31 @@ TEST_CASE("fulcrumctl list reads every page of a registry of 1001 jobs", "[e2e]"
   CHECK(ids == 1001);
   CHECK(ordered);
   CHECK(out.find("next_page_token") == std::string::npos);
+}
+
+TEST_CASE("fulcrumctl watch gives up with exit code 4 on a coordinator that does not come back", "[e2e]") {
+  ProcessCluster cluster(1, 0, 1);  // no workers: the job waits
+  const std::string id = cluster.Submit(Spec("digits-softmax.yaml"));
+  const std::string log = (cluster.dir() / "watch.out").string();
+  const pid_t watch = cluster.CtlAsync({"watch", id, "--reconnect_seconds=2"}, log);
+  for (int tries = 0; tries < 100 && testing::ReadFile(log).find(id + " ") == std::string::npos; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(testing::ReadFile(log).find(id + " ") != std::string::npos);
+  const absl::Time killed = absl::Now();
+  cluster.Kill("coordinator", /*restart=*/false);
+  int status = 0;
+  REQUIRE(waitpid(watch, &status, 0) == watch);
+  const absl::Duration took = absl::Now() - killed;
+  const std::string out = testing::ReadFile(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 4);  // the coordinator is unreachable
+  CHECK(out.find("lost the coordinator") != std::string::npos);
+  CHECK(out.find("(no coordinator for 2s)") != std::string::npos);
+  CHECK(out.find("reconnected") == std::string::npos);
+  CHECK(took >= absl::Seconds(2));
+  CHECK(took < absl::Seconds(10));
 }
 
 TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why a job waits or fails", "[e2e]") {
@@ -659,6 +691,12 @@ TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job co
   REQUIRE(cluster.Ctl({"checkpoint", id}, &out) == 0);
   INFO(out);
   CHECK(out.find("(manual)") != std::string::npos);
+  // A user watching the job: the watch outlives the coordinator's restart.
+  const std::string watch_log = (cluster.dir() / "watch.out").string();
+  const pid_t watch = cluster.CtlAsync({"watch", id}, watch_log);
+  for (int tries = 0; tries < 100 && testing::ReadFile(watch_log).find(id + " ") == std::string::npos; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   cluster.Kill("coordinator", /*restart=*/true);
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
@@ -668,6 +706,17 @@ TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job co
   CHECK(j.status().checkpoints_size() == 3);
   REQUIRE(cluster.Ctl({"status", id}, &out) == 0);
   CHECK(out.find("(final)") != std::string::npos);
+
+  int status = 0;
+  REQUIRE(waitpid(watch, &status, 0) == watch);
+  const std::string watched = testing::ReadFile(watch_log);
+  INFO(watched);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(watched.find("fulcrumctl: watch " + id + ": lost the coordinator (") != std::string::npos);
+  CHECK(watched.find("reconnecting for up to 5m") != std::string::npos);
+  CHECK(watched.find("fulcrumctl: watch " + id + ": reconnected to the coordinator") != std::string::npos);
+  CHECK(watched.find("job " + id + " SUCCEEDED: test accuracy") != std::string::npos);
 }
 
 TEST_CASE("a cut taken on 2 servers restores onto 3: the job runs again from it to the same final weights",
