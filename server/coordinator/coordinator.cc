@@ -282,6 +282,9 @@ absl::Status Coordinator::Load() {
       nodes_.emplace(n.info.node_id(), std::move(n));
     }
   }
+  // A damaged block ends the scan early: starting on what was read before
+  // it would forget the jobs after it, and overwrite them.
+  RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading coordinator state in ", options_.data_dir)));
   FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << nodes_.size()
              << " nodes, shard map "
              << (shard_map_ ? absl::StrCat("version ", shard_map_->version(), " over ", shard_map_->servers_size(),

@@ -8,12 +8,14 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <thread>
 
 #include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+#include <rocksdb/db.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -598,6 +600,46 @@ class BareCoordinator {
   fs::path dir_;
   std::unique_ptr<Coordinator> coordinator_;
 };
+
+TEST_CASE("a coordinator whose RocksDB state is damaged refuses to start and names the damage", "[cluster]") {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-damaged-coordinator-", getpid());
+  fs::remove_all(dir);
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  {
+    auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+    REQUIRE(c.ok());
+    for (int i = 0; i < 300; ++i) REQUIRE((*c)->SubmitJob(DigitsSpec(), false).ok());
+  }
+  {
+    // Into one table file, as a long-running coordinator's state would be.
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), o.data_dir, &db).ok());
+    REQUIRE(db->CompactRange(rocksdb::CompactRangeOptions(), nullptr, nullptr).ok());
+    delete db;
+  }
+  fs::path sst;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".sst" && (sst.empty() || fs::file_size(e.path()) > fs::file_size(sst))) sst = e.path();
+  }
+  REQUIRE(!sst.empty());
+  const uintmax_t size = fs::file_size(sst);
+  REQUIRE(size > 8 * 1024);  // several 4 KiB data blocks, then the index and footer
+  {
+    // A run of bytes in the middle of its data blocks turns to garbage.
+    std::fstream f(sst, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    const std::string junk(64, '\x5a');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(!c.ok());
+  INFO(c.status().ToString());
+  CHECK(c.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(c.status().message()),
+             Catch::StartsWith("reading coordinator state in " + dir.string() + ": Corruption: "));
+  fs::remove_all(dir);
+}
 
 TEST_CASE("a server restarted at its address retires the old entry at once even while its heartbeat is parked",
           "[cluster]") {
