@@ -5,13 +5,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -154,13 +157,18 @@ class WorkerDaemon::Runner {
  public:
   Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub)
       : a_(std::move(a)), options_(options), node_id_(std::move(node_id)), stub_(stub) {
+    sender_ = std::thread([this] { SendLoop(); });
     thread_ = std::thread([this] { Run(); });
   }
   ~Runner() {
     Stop();
     thread_.join();
+    sender_.join();
   }
-  void Stop() { stop_.store(true); }
+  void Stop() {
+    stop_.store(true);
+    absl::MutexLock lock(&out_mu_);  // wakes the sender and Drain
+  }
   bool finished() const { return finished_.load(); }
 
  private:
@@ -187,6 +195,8 @@ class WorkerDaemon::Runner {
       *r.mutable_progress() = progress_;
       Report(r);
     }
+    // Finished means its results reached the coordinator.
+    Drain();
     finished_.store(true);
   }
 
@@ -199,28 +209,92 @@ class WorkerDaemon::Runner {
     return r;
   }
 
-  // Periodic progress may be lost; a report that carries a result (an
-  // epoch's metrics, the end, a failure) is sent again while the
-  // coordinator is unreachable (restarting), for up to two minutes.
+  // Reports go out on their own thread, in order, so that a coordinator that
+  // is away (restarting, rescheduled) never holds up training: workers and
+  // servers go on without it. A report that carries a result (an epoch's
+  // metrics, the end, a failure) waits in the outbox and is sent again until
+  // the coordinator takes it, for as long as that takes: the job cannot end
+  // without it. Of periodic progress only the latest waits, sent when no
+  // result is queued, and dropped if that one send fails.
   void Report(const v1::ReportProgressRequest& r) {
     const bool must_deliver = r.has_epoch_done() || r.finished() || !r.error().empty();
-    const absl::Time give_up = absl::Now() + (must_deliver ? absl::Minutes(2) : absl::ZeroDuration());
-    for (int attempt = 0;; ++attempt) {
+    absl::MutexLock lock(&out_mu_);
+    if (must_deliver) {
+      outbox_.push_back(r);
+    } else {
+      latest_ = r;
+    }
+  }
+
+  // Until every queued result is delivered, or the assignment ends.
+  void Drain() {
+    absl::MutexLock lock(&out_mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
+      return (outbox_.empty() && !sending_) || stop_.load();
+    };
+    out_mu_.Await(absl::Condition(&done));
+  }
+
+  void SendLoop() {
+    int attempt = 0;
+    absl::Time failing_since, last_warning = absl::InfinitePast();
+    for (;;) {
+      v1::ReportProgressRequest r;
+      bool must_deliver = false;
+      {
+        absl::MutexLock lock(&out_mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
+          return !outbox_.empty() || latest_.has_value() || stop_.load();
+        };
+        out_mu_.Await(absl::Condition(&ready));
+        if (stop_.load()) return;  // the assignment ended: nobody wants its reports
+        must_deliver = !outbox_.empty();
+        if (must_deliver) {
+          r = outbox_.front();
+        } else {
+          r = std::move(*latest_);
+          latest_.reset();
+        }
+        sending_ = true;
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
       v1::ReportProgressResponse resp;
       const grpc::Status s = stub_->ReportProgress(&ctx, r, &resp);
+      const bool retry = !s.ok() && must_deliver &&
+                         (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
       if (s.ok()) {
-        if (resp.stop()) stop_.store(true);
-        return;
+        if (attempt > 0) {
+          FLOG(INFO) << "progress report for job " << a_.job_id() << " delivered after " << attempt
+                     << " failed tries over " << absl::FormatDuration(absl::Trunc(absl::Now() - failing_since,
+                                                                                  absl::Seconds(1)));
+        }
+        attempt = 0;
+        if (resp.stop()) stop_.store(true);  // cancelled, ended, or the rank moved on
+      } else {
+        if (attempt++ == 0) failing_since = absl::Now();
+        // The first failure, then a line a minute while the coordinator is away.
+        if (!retry || absl::Now() - last_warning >= absl::Minutes(1)) {
+          FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message()
+                        << (retry ? absl::StrCat("; sending it again until the coordinator answers (", attempt,
+                                                 attempt == 1 ? " try so far)" : " tries so far)")
+                                  : std::string());
+          last_warning = absl::Now();
+        }
+        if (!retry) attempt = 0;
       }
-      const bool retry = (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
-                         absl::Now() < give_up && !stop_.load();
-      FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message()
-                    << (retry ? "; sending it again" : "");
-      if (!retry) return;
-      absl::SleepFor(absl::Milliseconds(std::min(2000, 250 << std::min(attempt, 3))));
+      {
+        absl::MutexLock lock(&out_mu_);
+        sending_ = false;
+        if (must_deliver && !retry) outbox_.pop_front();  // delivered, or refused for good
+        if (retry) {
+          // Back off, but wake for a stop.
+          auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_.load(); };
+          out_mu_.AwaitWithTimeout(absl::Condition(&stopped),
+                                   absl::Milliseconds(std::min(2000, 250 << std::min(attempt - 1, 3))));
+        }
+      }
     }
   }
 
@@ -468,6 +542,12 @@ class WorkerDaemon::Runner {
   v1::ClusterService::Stub* const stub_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  // The reports on their way to the coordinator (Report, SendLoop).
+  absl::Mutex out_mu_;
+  std::deque<v1::ReportProgressRequest> outbox_ ABSL_GUARDED_BY(out_mu_);  // results, in order
+  std::optional<v1::ReportProgressRequest> latest_ ABSL_GUARDED_BY(out_mu_);  // periodic progress
+  bool sending_ ABSL_GUARDED_BY(out_mu_) = false;
+  std::thread sender_;
   std::string reason_;
   v1::WorkerProgress progress_;
   uint64_t total_steps_ = 0;
