@@ -41,6 +41,13 @@ namespace {
 
 constexpr int kKeepaliveMs = 30000;
 
+// The longest wait between a channel's attempts to reconnect. gRPC's default
+// grows to 120 s, so a node found its restarted coordinator (or a worker its
+// restarted server) up to two minutes late, long past the coordinator's
+// grace period (one node timeout, 5 s by default). A failed connect to a
+// peer that is down costs a SYN and a RST.
+constexpr int kMaxReconnectBackoffMs = 1000;
+
 // Big tensors move best in big pieces: HTTP/2 frames of up to 1 MiB instead
 // of 16 KiB, and socket reads of up to 4 MiB, so a chunk usually arrives in
 // one slice and is used in place (see docs/benchmarks.md for the effect).
@@ -64,6 +71,9 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
   // connection) between our parallel channels.
   args.SetInt("fulcrum.channel_index", index);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  // gRPC's reconnect backoff grows to 120 s: after a long outage a node
+  // would find its restarted coordinator or server up to two minutes late.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   return grpc::CreateCustomChannel(target, security::ChannelCredentials(), args);
 }
 
