@@ -169,7 +169,13 @@ class WorkerDaemon::Runner {
     stop_.store(true);
     absl::MutexLock lock(&out_mu_);  // wakes the sender and Drain
   }
-  bool finished() const { return finished_.load(); }
+  // Its thread ended and no report is in flight (a send can take up to its
+  // 10 s deadline): joining it then does not hold up the caller.
+  bool finished() const {
+    if (!finished_.load()) return false;
+    absl::MutexLock lock(&out_mu_);
+    return !sending_;
+  }
 
  private:
   struct Failure {
@@ -543,7 +549,7 @@ class WorkerDaemon::Runner {
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
   // The reports on their way to the coordinator (Report, SendLoop).
-  absl::Mutex out_mu_;
+  mutable absl::Mutex out_mu_;
   std::deque<v1::ReportProgressRequest> outbox_ ABSL_GUARDED_BY(out_mu_);  // results, in order
   std::optional<v1::ReportProgressRequest> latest_ ABSL_GUARDED_BY(out_mu_);  // periodic progress
   bool sending_ ABSL_GUARDED_BY(out_mu_) = false;
