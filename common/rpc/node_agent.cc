@@ -48,14 +48,18 @@ void NodeAgent::Run() {
     auto s = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&s), d);
   };
-  // A failed call: warn at most every 10 s, back off up to 2 s.
+  // A failed call: warn at most every 10 s, back off up to 500 ms. A
+  // restarted coordinator gives known nodes one node timeout to heartbeat
+  // again; a call to one that is down fails at once, so trying twice a
+  // second costs nothing (the channel itself retries its connection at
+  // least once a second, common/rpc/grpc_util.cc).
   auto retry_later = [&](const std::string& what, const absl::Status& s) {
     if (absl::Now() - last_warning > absl::Seconds(10)) {
       FLOG(WARNING) << what << " " << options_.coordinator << ": " << s << "; retrying";
       last_warning = absl::Now();
     }
     sleep(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
   };
   while (!stopping()) {
     if (id.empty()) {
