@@ -401,13 +401,15 @@ absl::StatusOr<Coordinator::JobPage> Coordinator::ListJobs(
   }
   std::sort(rs.begin(), rs.end());
   JobPage page;
+  uint64_t last = 0;
   for (const auto& [serial, r] : rs) {
     if (!visible(r->job)) continue;
     if (page.jobs.size() == limit) {
-      page.next_page_token = absl::StrCat("after-", Serial(page.jobs.back().id()));
+      page.next_page_token = absl::StrCat("after-", last);
       break;
     }
     page.jobs.push_back(r->job);
+    last = serial;
   }
   return page;
 }
@@ -558,6 +560,10 @@ absl::Status CheckNodeInfo(const v1::NodeInfo& n) {
   }
   return absl::OkStatus();
 }
+
+// What a failing shard-map install is called in the log, and its key in
+// failing_calls_ (the waiting jobs' message looks it up).
+constexpr char kInstallingShardMap[] = "installing the shard map";
 
 // What a worker's progress report may carry. A report is saved with the job
 // and sent to every watcher, so its strings are bounded; its speeds and times
@@ -923,8 +929,8 @@ void Coordinator::Tick() {
       if (n.info.role() == v1::SERVER) {
         if (r.job.status().restoring_cut() == 0 && shard_map_ &&
             std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
-          const std::string why =
-              absl::StrCat("parameter server ", id, " at ", n.info.address(), " stopped; its shards of this job are lost");
+          const std::string why = absl::StrCat("parameter server ", id, " at ", n.info.address(),
+                                               " stopped; its shards of this job are lost");
           if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
             FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
           }
@@ -1096,18 +1102,21 @@ void Coordinator::Tick() {
                          " live");
       reason = "ServersNotReady";
     } else if (!map_ready) {
-      why = AnyRunningLocked() ? "the shard map changes when the running jobs end (a server joined or left)"
-                               : "installing the shard map on the servers";
-      // Say which server does not take it, and why (its address is wrong,
-      // a firewall, mismatched TLS), rather than wait without a word.
-      for (const std::string& s : live) {
-        auto f = failing_calls_.find({"installing the shard map", s});
-        if (f != failing_calls_.end() && !AnyRunningLocked()) {
-          absl::StrAppend(&why, "; ", s, " fails: ", f->second.error);
-          break;
+      reason = "ShardMapNotReady";
+      if (running) {
+        why = "the shard map changes when the running jobs end (a server joined or left)";
+      } else {
+        why = "installing the shard map on the servers";
+        // Say which server does not take it, and why (its address is wrong,
+        // a firewall, mismatched TLS), rather than wait without a word.
+        for (const std::string& s : live) {
+          auto f = failing_calls_.find({kInstallingShardMap, s});
+          if (f != failing_calls_.end()) {
+            absl::StrAppend(&why, "; ", s, " fails: ", f->second.error);
+            break;
+          }
         }
       }
-      reason = "ShardMapNotReady";
     } else if (blocked) {
       why = "an earlier job is waiting for workers";
       reason = "Queued";
@@ -1597,7 +1606,7 @@ void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<st
   // for having the newer one (from its heartbeat) did right.
   if (!shard_map_ || shard_map_->version() != map.version()) return;
   for (size_t i = 0; i < servers.size(); ++i) {
-    NoteRetriedCallLocked("install_shard_map", "installing the shard map", servers[i], results[i]);
+    NoteRetriedCallLocked("install_shard_map", kInstallingShardMap, servers[i], results[i]);
     if (results[i].ok()) {
       installed_[servers[i]] = map.version();
       kick_ = true;  // pending jobs may start now (failures wait for the next tick)

@@ -65,7 +65,8 @@ ABSL_FLAG(bool, no_wait, false, "submit: print the job id and return without wat
 ABSL_FLAG(bool, validate, false, "submit: only validate the spec (locally and on the coordinator)");
 ABSL_FLAG(int32_t, timeout_seconds, 10, "deadline of each unary call");
 ABSL_FLAG(int32_t, reconnect_seconds, 300,
-          "submit, watch: how long to keep reconnecting to a coordinator that went away mid-watch (0: give up at once)");
+          "submit, watch: how long to keep reconnecting to a coordinator that went away mid-watch "
+          "(0: give up at once)");
 ABSL_FLAG(uint64_t, cut, 0, "restore, export: the checkpoint id (0: the latest)");
 ABSL_FLAG(std::string, o, "", "export: the output file (safetensors)");
 
