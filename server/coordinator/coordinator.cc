@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -189,15 +190,25 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create coordinator data directory ", c->options_.data_dir, ": ", ec.message()));
   }
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  rocksdb::DB* db = nullptr;
-  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, c->options_.data_dir, &db),
-                            absl::StrCat("opening coordinator state in ", c->options_.data_dir)));
-  c->db_.reset(db);
+  {
+    absl::MutexLock lock(&c->mu_);
+    RETURN_IF_ERROR(c->OpenStoreLocked());
+  }
   RETURN_IF_ERROR(c->Load());
   c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
   return c;
+}
+
+absl::Status Coordinator::OpenStoreLocked() {
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  if (options_.env != nullptr) db_options.env = options_.env;
+  rocksdb::DB* db = nullptr;
+  db_.reset();  // RocksDB's lock on the directory goes with it
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, options_.data_dir, &db),
+                            absl::StrCat("opening coordinator state in ", options_.data_dir)));
+  db_.reset(db);
+  return absl::OkStatus();
 }
 
 Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers)
@@ -271,6 +282,8 @@ absl::Status Coordinator::Load() {
       if (r.job.status().checkpoints_size() > 0) {
         r.last_cut = absl::FromUnixMillis(r.job.status().checkpoints().rbegin()->created_unix_ms());
       }
+      // Ids are never given twice, even if the meta record was not saved.
+      next_job_ = std::max(next_job_, Serial(r.job.id()) + 1);
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
       NodeRecord n;
@@ -279,6 +292,7 @@ absl::Status Coordinator::Load() {
       }
       n.last_heartbeat = now;  // a grace period to heartbeat again
       n.heard = false;
+      next_node_ = std::max(next_node_, Serial(n.info.node_id()) + 1);
       nodes_.emplace(n.info.node_id(), std::move(n));
     }
   }
@@ -295,28 +309,130 @@ absl::Status Coordinator::Load() {
 
 void Coordinator::SaveJobLocked(JobRecord& r, bool sync) {
   ++r.version;
-  rocksdb::WriteOptions w;
-  w.sync = sync;
-  rocksdb::Status s = db_->Put(w, kJobPrefix + r.job.id(), r.job.SerializeAsString());
-  if (!s.ok()) FLOG(ERROR) << "saving job '" << r.job.id() << "': " << s.ToString();
+  WriteKeyLocked(kJobPrefix + r.job.id(), sync);
 }
 
-void Coordinator::SaveNodeLocked(const NodeRecord& n) {
-  rocksdb::WriteOptions w;
-  w.sync = true;
-  rocksdb::Status s = db_->Put(w, kNodePrefix + n.info.node_id(), n.info.SerializeAsString());
-  if (!s.ok()) FLOG(ERROR) << "saving node '" << n.info.node_id() << "': " << s.ToString();
+void Coordinator::SaveNodeLocked(const std::string& node_id) { WriteKeyLocked(kNodePrefix + node_id, true); }
+
+void Coordinator::SaveMetaLocked() { WriteKeyLocked(kMetaKey, true); }
+
+std::optional<std::string> Coordinator::ValueOfLocked(const std::string& key) const {
+  if (key == kMetaKey) {
+    v1::CoordinatorMeta m;
+    m.set_next_job(next_job_);
+    m.set_next_node(next_node_);
+    if (shard_map_) *m.mutable_shard_map() = *shard_map_;
+    return m.SerializeAsString();
+  }
+  if (absl::StartsWith(key, kJobPrefix)) {
+    auto it = jobs_.find(key.substr(strlen(kJobPrefix)));
+    if (it != jobs_.end()) return it->second.job.SerializeAsString();
+  } else if (absl::StartsWith(key, kNodePrefix)) {
+    // A dead node never comes back under its id (it registers anew), so
+    // a restarted coordinator must not know it: it would give it a grace
+    // period and then declare it dead a second time.
+    auto it = nodes_.find(key.substr(strlen(kNodePrefix)));
+    if (it != nodes_.end() && it->second.alive) return it->second.info.SerializeAsString();
+  }
+  return std::nullopt;
 }
 
-void Coordinator::SaveMetaLocked() {
-  v1::CoordinatorMeta m;
-  m.set_next_job(next_job_);
-  m.set_next_node(next_node_);
-  if (shard_map_) *m.mutable_shard_map() = *shard_map_;
-  rocksdb::WriteOptions w;
-  w.sync = true;
-  rocksdb::Status s = db_->Put(w, kMetaKey, m.SerializeAsString());
-  if (!s.ok()) FLOG(ERROR) << "saving coordinator meta: " << s.ToString();
+void Coordinator::WriteKeyLocked(const std::string& key, bool sync) {
+  rocksdb::Status s = rocksdb::Status::IOError("the store is closed: reopening it failed");
+  if (db_ != nullptr) {
+    rocksdb::WriteOptions w;
+    w.sync = sync;
+    const std::optional<std::string> value = ValueOfLocked(key);
+    s = value ? db_->Put(w, key, *value) : db_->Delete(w, key);
+  }
+  if (s.ok()) {
+    unsaved_.erase(key);
+    return;
+  }
+  unsaved_.insert(key);
+  ++store_write_failures_;
+  ++store_.failures;
+  store_.error = s.ToString();
+  const absl::Time now = absl::Now();
+  if (store_.since == absl::InfinitePast()) {
+    store_.since = now;
+    store_.last_logged = now;
+    store_.next_try = now + options_.store_retry;
+    FLOG(ERROR) << "cannot save coordinator state in " << options_.data_dir << " (writing '" << key
+                << "'): " << store_.error << "; until it works, job submissions, cancels, restores and node "
+                << "registrations are refused with UNAVAILABLE; trying again every "
+                << absl::FormatDuration(options_.store_retry);
+  } else if (now - store_.last_logged >= absl::Minutes(1)) {
+    store_.last_logged = now;
+    FLOG(ERROR) << "still cannot save coordinator state in " << options_.data_dir << " after "
+                << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Seconds(1))) << " (" << store_.failures
+                << " failed writes, " << unsaved_.size() << " records unsaved): " << store_.error;
+  }
+}
+
+absl::Status Coordinator::StoreUnavailableLocked(const std::string& what) const {
+  return absl::UnavailableError(absl::StrCat("the coordinator cannot save its state in ", options_.data_dir, " (",
+                                             store_.error, "): ", what, "; try again once it can (it retries every ",
+                                             absl::FormatDuration(options_.store_retry),
+                                             " and logs when it works again)"));
+}
+
+absl::Status Coordinator::ChangeJobLocked(JobRecord& r, const std::string& what,
+                                          const std::function<void()>& change) {
+  JobRecord before = r;
+  change();
+  if (SavedLocked(kJobPrefix + r.job.id())) return absl::OkStatus();
+  r = std::move(before);  // the key stays unsaved: the repair writes the job as it is again
+  BumpGenerationLocked();
+  return StoreUnavailableLocked(what);
+}
+
+void Coordinator::RepairStoreLocked() {
+  const absl::Time now = absl::Now();
+  if (unsaved_.empty()) {
+    // Saved again by the writes since (no repair was needed).
+    if (store_.since != absl::InfinitePast()) {
+      FLOG(INFO) << "coordinator state in " << options_.data_dir << " saved again after "
+                 << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Milliseconds(1))) << "; "
+                 << store_.failures << " writes had failed";
+      store_ = StoreTrouble();
+    }
+    return;
+  }
+  if (now < store_.next_try) return;
+  store_.next_try = now + options_.store_retry;
+  // A failed write stops RocksDB's writes (a background error). It recovers
+  // from a full disk by itself (Resume says Busy meanwhile); other errors
+  // need Resume, and a failed WAL write needs the database reopened.
+  if (db_ != nullptr) {
+    const rocksdb::Status resumed = db_->Resume();
+    if (resumed.IsBusy()) return;
+    if (!resumed.ok()) {
+      FLOG(WARNING) << "coordinator state in " << options_.data_dir << ": RocksDB cannot resume ("
+                    << resumed.ToString() << "); reopening it";
+      db_.reset();
+    }
+  }
+  if (db_ == nullptr) {
+    const absl::Status opened = OpenStoreLocked();
+    if (!opened.ok()) {
+      ++store_.failures;
+      store_.error = std::string(opened.message());
+      return;
+    }
+    store_.reopened = true;
+  }
+  const std::vector<std::string> keys(unsaved_.begin(), unsaved_.end());
+  for (const std::string& key : keys) {
+    WriteKeyLocked(key, true);
+    if (!SavedLocked(key)) return;
+  }
+  FLOG(INFO) << "coordinator state in " << options_.data_dir << " saved again after "
+             << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Milliseconds(1))) << "; "
+             << store_.failures << " writes had failed, " << keys.size() << (keys.size() == 1 ? " record" : " records")
+             << " written again"
+             << (store_.reopened ? " (RocksDB reopened)" : "");
+  store_ = StoreTrouble();
 }
 
 void Coordinator::BumpGenerationLocked() {
@@ -364,6 +480,12 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
   SetStateLocked(r, v1::PENDING, "Created", "JobCreated", "accepted; waiting for servers and workers");
   auto [it, inserted] = jobs_.emplace(id, std::move(r));
   SaveJobLocked(it->second, true);
+  if (!SavedLocked(kJobPrefix + id) || !SavedLocked(kMetaKey)) {
+    // Its key stays unsaved: the repair deletes whatever part reached the
+    // disk. The id is not given again (next_job_ moved on).
+    jobs_.erase(it);
+    return StoreUnavailableLocked("the job was not submitted");
+  }
   kick_ = true;
   FLOG(INFO) << "job " << id << " submitted: model " << spec.model().type() << ", " << spec.num_workers()
              << " workers, " << spec.epochs() << " epochs, "
@@ -423,7 +545,9 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already ended: ",
                                                       v1::JobState_Name(r.job.status().state())));
   }
-  FinishLocked(r, v1::CANCELLED, "JobCancelled", "cancelled by request");
+  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not cancelled"), [&] {
+    FinishLocked(r, v1::CANCELLED, "JobCancelled", "cancelled by request");
+  }));
   FLOG(INFO) << "job " << job_id << " cancelled";
   return r.job;
 }
@@ -626,7 +750,8 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   v1::NodeInfo info = node_in;
   auto known = info.node_id().empty() ? nodes_.end() : nodes_.find(info.node_id());
-  if (known != nodes_.end() && known->second.info.role() == info.role()) {
+  const bool fresh = known == nodes_.end() || known->second.info.role() != info.role();
+  if (!fresh) {
     known->second.info = info;  // a node re-registering after our restart
   } else {
     // A server restarted at an address already known replaces the old entry.
@@ -648,7 +773,13 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   n.info = info;
   n.alive = true;
   n.Heard();
-  SaveNodeLocked(n);
+  SaveNodeLocked(info.node_id());
+  if (!SavedLocked(kNodePrefix + info.node_id()) || (fresh && !SavedLocked(kMetaKey))) {
+    // Its key stays unsaved: the repair deletes whatever part reached the disk.
+    if (fresh) nodes_.erase(info.node_id());
+    return StoreUnavailableLocked(absl::StrCat(info.role() == v1::SERVER ? "server" : "worker", " at ",
+                                               info.hostname(), " pid ", info.pid(), " not registered"));
+  }
   if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
   BumpGenerationLocked();
   std::vector<std::string> devices;
@@ -721,6 +852,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1::ReportProgressRequest& req) {
   RETURN_IF_ERROR(CheckProgressReport(req));
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::ReportProgressResponse> resp = ReportProgressLocked(req);
+  // A result (an epoch's summary, the end, an error) is acknowledged once it
+  // is saved: until then the worker keeps it and sends it again (applying
+  // one twice changes nothing). Periodic progress is saved when it can be.
+  const bool result = req.has_epoch_done() || req.finished() || !req.error().empty();
+  if (resp.ok() && result && !SavedLocked(kJobPrefix + req.job_id())) {
+    return StoreUnavailableLocked(absl::StrCat("the report of job '", req.job_id(), "' rank ", req.rank(),
+                                               " is applied but not saved"));
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(const v1::ReportProgressRequest& req) {
   v1::ReportProgressResponse resp;
   auto it = jobs_.find(req.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
@@ -905,6 +1049,8 @@ void Coordinator::SchedulerLoop() {
 
 void Coordinator::Tick() {
   absl::MutexLock lock(&mu_);
+  // 0. Records a failed write left unsaved are written again.
+  RepairStoreLocked();
   const absl::Time now = absl::Now();
   // 1. Liveness. Dead nodes are forgotten after their retention.
   const size_t known = nodes_.size();
@@ -917,10 +1063,7 @@ void Coordinator::Tick() {
     if (!n.alive || now - n.last_heartbeat < options_.node_timeout) continue;
     n.alive = false;
     n.dead_since = now;
-    // A dead node never comes back under its id (it registers anew), so
-    // a restarted coordinator must not know it: it would give it a grace
-    // period and then declare it dead a second time.
-    db_->Delete(rocksdb::WriteOptions(), kNodePrefix + id);
+    WriteKeyLocked(kNodePrefix + id, false);  // deletes it (ValueOfLocked)
     BumpGenerationLocked();
     FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
                   << ": declared dead";
@@ -973,7 +1116,6 @@ void Coordinator::Tick() {
     const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
     if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
         NowMs() - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
-      db_->Delete(rocksdb::WriteOptions(), kJobPrefix + r.job.id());
       std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
       for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
         cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
@@ -982,7 +1124,9 @@ void Coordinator::Tick() {
         Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
       }
       FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
+      const std::string key = kJobPrefix + r.job.id();
       it = jobs_.erase(it);
+      WriteKeyLocked(key, false);  // deletes it (ValueOfLocked)
       continue;
     }
     ++it;
@@ -1381,6 +1525,8 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   } else if (!final && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
     return;  // the final cut covers the end
   }
+  // No cut while state cannot be saved: a cut id is never used twice.
+  if (!unsaved_.empty()) return;
   t.job_id = jid;
   t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
   st->set_next_cut_id(t.cut_id + 1);
@@ -1388,8 +1534,9 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   t.map_version = shard_map_->version();
   t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
   t.rollbacks = st->rollbacks();
+  SaveJobLocked(r, true);
+  if (!SavedLocked(kJobPrefix + jid)) return;
   r.cut_in_flight = true;
-  SaveJobLocked(r, true);  // a cut id is never used twice
   Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
 }
 
@@ -1693,8 +1840,11 @@ absl::StatusOr<v1::CheckpointInfo> Coordinator::CheckpointJob(const std::string&
   if (config::JobEnded(it->second.job.status().state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
   }
-  return absl::DeadlineExceededError(absl::StrCat("checkpoint of job '", job_id, "' not committed within ",
-                                                  absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(
+      absl::StrCat("checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
+                   unsaved_.empty() ? std::string()
+                                    : absl::StrCat("; the coordinator cannot save its state in ", options_.data_dir,
+                                                   " (", store_.error, "), and starts no cut until it can")));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
@@ -1711,8 +1861,10 @@ absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint6
   if (st.state() == v1::PENDING) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' has not started"));
   }
-  if (config::JobEnded(st.state())) r.started = absl::Now();
-  BeginRollbackLocked(r, cut_id, "RestoreRequested", "restore requested", false);
+  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not restored"), [&] {
+    if (config::JobEnded(r.job.status().state())) r.started = absl::Now();
+    BeginRollbackLocked(r, cut_id, "RestoreRequested", "restore requested", false);
+  }));
   kick_ = true;
   return r.job;
 }
@@ -1789,6 +1941,12 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
                  "Failed calls to parameter servers that the scheduler retries (since this coordinator started)",
                  {{"call", call}}, it == call_failures_.end() ? 0.0 : static_cast<double>(it->second));
   }
+  out->Counter("fulcrum_coordinator_store_write_failures_total",
+               "Failed writes of the coordinator's state to RocksDB (since this coordinator started)", {},
+               static_cast<double>(store_write_failures_));
+  out->Gauge("fulcrum_coordinator_store_unsaved_records",
+             "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
+             static_cast<double>(unsaved_.size()));
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},
                static_cast<double>(reassignments_));

@@ -37,6 +37,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 }
 
 namespace fulcrum {
@@ -65,6 +66,13 @@ struct CoordinatorOptions {
   // to authenticated users; the anonymous user of a coordinator without
   // tokens is not limited.
   uint32_t max_active_jobs_per_user = 16;
+  // While saving state fails (a full or failing disk), how often the
+  // scheduler tries again (docs/operations.md, "When the coordinator's disk
+  // fails").
+  absl::Duration store_retry = absl::Seconds(1);
+  // The environment RocksDB works through (nullptr: the default). Tests give
+  // one whose writes fail on demand.
+  rocksdb::Env* env = nullptr;
 };
 
 // Talks to parameter servers on the coordinator's behalf (the gRPC one in
@@ -217,10 +225,32 @@ class Coordinator {
   void SchedulerLoop();
   void Tick();
 
-  // Persistence; `sync` for state changes, not for progress.
+  // Persistence. Each record (the meta record, job/<id>, node/<id>) is
+  // written whole from memory; `sync` for state changes, not for progress.
+  // A write that fails leaves its key in unsaved_, and the scheduler writes
+  // it again (RepairStoreLocked) until that works. Calls that answer a client
+  // check SavedLocked and refuse, with UNAVAILABLE, a change they could not
+  // save, so that nothing acknowledged is lost when the coordinator stops.
   void SaveJobLocked(JobRecord& r, bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SaveNodeLocked(const NodeRecord& n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveNodeLocked(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveMetaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteKeyLocked(const std::string& key, bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record `key` should hold now; nullopt: none (a forgotten job, a
+  // dead node), so the key is deleted.
+  std::optional<std::string> ValueOfLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SavedLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return unsaved_.count(key) == 0;
+  }
+  // UNAVAILABLE: the store cannot save; `what` says what was not done.
+  absl::Status StoreUnavailableLocked(const std::string& what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `change` on a job; when its record could not be saved, puts the job
+  // back as it was and returns StoreUnavailableLocked(`what`).
+  absl::Status ChangeJobLocked(JobRecord& r, const std::string& what, const std::function<void()>& change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After failed writes: lets RocksDB resume (or reopens it) and writes
+  // every unsaved key again, at most once per options_.store_retry.
+  void RepairStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OpenStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void SetStateLocked(JobRecord& r, v1::JobState state, const std::string& type, const std::string& reason,
                       const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -270,14 +300,16 @@ class Coordinator {
   // failures is logged with how many there were.
   void NoteRetriedCallLocked(const char* call, const std::string& what, const std::string& server,
                              const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgressLocked(const v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   std::unique_ptr<ServerControl> servers_;
-  std::unique_ptr<rocksdb::DB> db_;
 
   mutable absl::Mutex mu_;
+  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);  // null after a failed reopen
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
@@ -300,6 +332,18 @@ class Coordinator {
   std::map<std::pair<std::string, std::string>, RetriedCall> failing_calls_ ABSL_GUARDED_BY(mu_);
   // fulcrum_coordinator_server_call_failures_total, by call.
   std::map<std::string, uint64_t> call_failures_ ABSL_GUARDED_BY(mu_);
+  // Keys whose record in RocksDB may differ from memory (a failed write).
+  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
+  struct StoreTrouble {
+    absl::Time since = absl::InfinitePast();  // first failure of this outage
+    absl::Time last_logged = absl::InfinitePast();
+    absl::Time next_try = absl::InfinitePast();
+    uint64_t failures = 0;  // in this outage
+    bool reopened = false;
+    std::string error;      // the latest
+  };
+  StoreTrouble store_ ABSL_GUARDED_BY(mu_);
+  uint64_t store_write_failures_ ABSL_GUARDED_BY(mu_) = 0;  // since this coordinator started
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 };

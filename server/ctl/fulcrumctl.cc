@@ -42,6 +42,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -119,7 +120,9 @@ std::string ExpectedTransport() {
 
 int Fail(const grpc::Status& s, const std::string& what) {
   std::string hint;
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  // A coordinator that answered UNAVAILABLE itself (it cannot save its
+  // state) was reached: the hint is for one that could not be.
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !absl::StartsWith(s.error_message(), "the coordinator ")) {
     hint = absl::StrCat(" (is fulcrum-coordinator running at ", absl::GetFlag(FLAGS_coordinator),
                         "? set --coordinator; does it serve ", ExpectedTransport(), " as this client expects?)");
   }

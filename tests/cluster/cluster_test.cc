@@ -29,6 +29,7 @@
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 #include "server/rpc/server_agent.h"
+#include "tests/testing/fault_fs.h"
 #include "tests/testing/process_util.h"
 #include "worker/daemon/worker_daemon.h"
 
@@ -111,8 +112,8 @@ struct Server {
 
 class InProcessCluster {
  public:
-  InProcessCluster(int servers, int workers, uint32_t slots = 1,
-                   absl::Duration restore_timeout = absl::Minutes(5)) {
+  InProcessCluster(int servers, int workers, uint32_t slots = 1, absl::Duration restore_timeout = absl::Minutes(5),
+                   const std::function<void(CoordinatorOptions&)>& tweak = nullptr) {
     dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-cluster-", getpid(), "-", counter_++);
     fs::remove_all(dir_);
     CoordinatorOptions o;
@@ -121,6 +122,7 @@ class InProcessCluster {
     o.node_timeout = absl::Seconds(2);
     o.min_servers = static_cast<uint32_t>(servers);
     o.restore_timeout = restore_timeout;
+    if (tweak) tweak(o);
     options_ = o;
     StartCoordinator();
     for (int i = 0; i < servers; ++i) {
@@ -1003,6 +1005,147 @@ TEST_CASE("a server that cannot take the shard map is named in the waiting job a
   CHECK(CountOf(text, "installing the shard map on " + nowhere + " failed") == 1);
   CHECK(CountOf(text, "(1 failure; retried every tick, logged once a minute)") == 1);
   fs::remove(log);
+}
+
+// The value of a series (name and labels as rendered) in the coordinator's
+// scrape; -1 when it is not there.
+double MetricOf(const Coordinator& c, const std::string& series) {
+  metrics::FunctionCollector collect([&](metrics::Scrape* out) { c.CollectMetrics(out); });
+  const std::string scrape = metrics::RenderText({&collect});
+  const size_t at = scrape.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(scrape.substr(at + series.size() + 2));
+}
+
+TEST_CASE("a coordinator that cannot save its state refuses what it would lose and saves it all once it can",
+          "[cluster]") {
+  using Fault = testing::FaultFs::Fault;
+  // ENOSPC: RocksDB recovers by itself; EIO: it must be reopened.
+  const Fault fault = GENERATE(Fault::kNoSpace, Fault::kIoError);
+  const bool eio = fault == Fault::kIoError;
+  const fs::path dir =
+      fs::temp_directory_path() / absl::StrCat("fulcrum-store-fault-", getpid(), eio ? "-eio" : "-enospc");
+  fs::remove_all(dir);
+  testing::FaultFs disk;
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  o.env = disk.env();
+  o.store_retry = absl::Milliseconds(200);
+  auto opened = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(opened.ok());
+  std::unique_ptr<Coordinator> c = *std::move(opened);
+  const v1::JobSpec spec = DigitsSpec();
+  const absl::StatusOr<std::string> kept = c->SubmitJob(spec, false);
+  REQUIRE(kept.ok());
+  v1::NodeInfo w1;
+  w1.set_role(v1::WORKER);
+  w1.set_hostname("w1");
+  w1.set_pid(1);
+  REQUIRE(c->RegisterNode(w1).ok());
+  v1::NodeInfo w2 = w1;
+  w2.set_hostname("w2");
+  auto all = [](const v1::Job&) { return true; };
+
+  const fs::path log = fs::temp_directory_path() / absl::StrCat("fulcrum-capture-store-", getpid(), ".log");
+  CaptureStderr capture(log);
+  disk.Set(fault);
+  const absl::StatusOr<std::string> lost = c->SubmitJob(spec, false);
+  INFO(lost.status().ToString());
+  CHECK(lost.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(lost.status().message()),
+             Catch::StartsWith("the coordinator cannot save its state in " + dir.string()) &&
+                 Catch::Contains("injected by the test") && Catch::Contains("the job was not submitted"));
+  const absl::StatusOr<v1::Job> cancel = c->CancelJob(*kept);
+  INFO(cancel.status().ToString());
+  CHECK(cancel.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(cancel.status().message()), Catch::Contains("job '" + *kept + "' was not cancelled"));
+  CHECK(c->GetJob(*kept)->status().state() == v1::PENDING);
+  const auto refused = c->RegisterNode(w2);
+  CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("worker at w2 pid 1 not registered"));
+  CHECK(c->GetCluster().nodes_size() == 1);
+  CHECK(c->ListJobs(0, "", all)->jobs.size() == 1);
+  // The scheduler retries every 200 ms meanwhile, and logs the outage once.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CHECK(c->SubmitJob(spec, false).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(MetricOf(*c, "fulcrum_coordinator_store_write_failures_total") >= 4);
+  CHECK(MetricOf(*c, "fulcrum_coordinator_store_unsaved_records") >= 3);  // meta, 2 jobs, a node
+
+  disk.Set(Fault::kNone);
+  const absl::Time healed = absl::Now();
+  absl::StatusOr<std::string> later = c->SubmitJob(spec, false);
+  while (!later.ok() && absl::Now() - healed < absl::Seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    later = c->SubmitJob(spec, false);
+  }
+  INFO(later.status().ToString());
+  REQUIRE(later.ok());
+  REQUIRE(c->CancelJob(*kept).ok());
+  REQUIRE(c->RegisterNode(w2).ok());
+  while (MetricOf(*c, "fulcrum_coordinator_store_unsaved_records") != 0 && absl::Now() - healed < absl::Seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(MetricOf(*c, "fulcrum_coordinator_store_unsaved_records") == 0);
+  const std::string text = capture.Stop();
+  INFO(text.substr(0, 4000));
+  CHECK(CountOf(text, "cannot save coordinator state in " + dir.string()) == 1);
+  CHECK(CountOf(text, "saved again after") == 1);
+  if (eio) CHECK(CountOf(text, "(RocksDB reopened)") == 1);
+  fs::remove(log);
+
+  // What was acknowledged is there after a restart, and nothing else.
+  c.reset();
+  o.env = nullptr;
+  opened = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+  REQUIRE(opened.ok());
+  c = *std::move(opened);
+  const std::vector<v1::Job> jobs = c->ListJobs(0, "", all)->jobs;
+  REQUIRE(jobs.size() == 2);
+  CHECK(jobs[0].id() == *kept);
+  CHECK(jobs[0].status().state() == v1::CANCELLED);
+  CHECK(jobs[1].id() == *later);
+  CHECK(jobs[1].status().state() == v1::PENDING);
+  std::set<std::string> hosts;
+  const v1::ClusterState cluster = c->GetCluster();
+  for (const auto& n : cluster.nodes()) hosts.insert(n.info().hostname());
+  CHECK(hosts == std::set<std::string>{"w1", "w2"});
+  // Ids the refused submissions took are not given again.
+  const absl::StatusOr<std::string> next = c->SubmitJob(spec, false);
+  REQUIRE(next.ok());
+  CHECK(std::stoull(next->substr(next->rfind('-') + 1)) > std::stoull(later->substr(later->rfind('-') + 1)));
+  c.reset();
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a disk that fails for 3 s in the middle of a job loses none of its reports", "[cluster]") {
+  testing::FaultFs disk;
+  InProcessCluster cluster(1, 2, 1, absl::Minutes(5), [&](CoordinatorOptions& o) {
+    o.env = disk.env();
+    o.store_retry = absl::Milliseconds(200);
+  });
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(30);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  const v1::Job running = WaitForJob(
+      cluster.jobs(), id, [](const v1::Job& j) { return j.status().epochs_size() >= 2; }, absl::Seconds(60));
+  REQUIRE(running.status().state() == v1::RUNNING);
+  disk.Set(testing::FaultFs::Fault::kIoError);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  // The workers' epoch reports were refused meanwhile (they send them again).
+  CHECK(MetricOf(cluster.coordinator(), "fulcrum_coordinator_store_write_failures_total") > 0);
+  disk.Set(testing::FaultFs::Fault::kNone);
+  int events = 0;
+  const v1::Job done = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(done.status().message());
+  CHECK(disk.failed() > 0);
+  CHECK(done.status().state() == v1::SUCCEEDED);
+  CHECK(done.status().epochs_size() == 30);
+  // Every acknowledged report was saved: a restarted coordinator has them.
+  cluster.RestartCoordinator();
+  const v1::Job after = Get(cluster.jobs(), id);
+  CHECK(after.status().state() == v1::SUCCEEDED);
+  CHECK(after.status().epochs_size() == 30);
+  for (const v1::EpochSummary& e : after.status().epochs()) CHECK(e.reported_ranks_size() == 2);
 }
 
 TEST_CASE("a coordinator away for 12 s while the job ends: every node is back within its grace and the job succeeds "
