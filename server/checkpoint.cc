@@ -13,6 +13,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/sst_file_writer.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -77,27 +78,66 @@ std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, rocksdb::Env* env) {
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "ingest", ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint directory ", dir, ": ", ec.message()));
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, env));
+  absl::MutexLock lock(&store->db_mu_);
+  RETURN_IF_ERROR(store->OpenDbLocked());
+  RETURN_IF_ERROR(store->CollectGarbageLocked(/*files=*/true));
+  return store;
+}
+
+CheckpointStore::CheckpointStore(std::string dir, rocksdb::Env* env) : dir_(std::move(dir)), env_(env) {}
+
+CheckpointStore::~CheckpointStore() = default;
+
+absl::Status CheckpointStore::OpenDbLocked() {
   rocksdb::Options options;
   options.create_if_missing = true;
+  if (env_ != nullptr) options.env = env_;
   // Float tensors barely compress; compressing them costs more than the
   // bytes it saves on this machine's disk.
   options.compression = rocksdb::kNoCompression;
   rocksdb::DB* db = nullptr;
-  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir, &db), absl::StrCat("opening checkpoints in ", dir)));
-  std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, db));
-  RETURN_IF_ERROR(store->CollectGarbage());
-  return store;
+  db_.reset();  // RocksDB's lock on the directory goes with it
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir_, &db), absl::StrCat("opening checkpoints in ", dir_)));
+  db_.reset(db);
+  return absl::OkStatus();
 }
 
-CheckpointStore::CheckpointStore(std::string dir, rocksdb::DB* db) : dir_(std::move(dir)), db_(db) {}
+absl::Status CheckpointStore::CheckOpenLocked() const {
+  if (db_ != nullptr) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("checkpoints in ", dir_,
+                                             " are closed: reopening them after a failed write failed; the next "
+                                             "checkpoint tries again"));
+}
 
-CheckpointStore::~CheckpointStore() = default;
+absl::Status CheckpointStore::Wrote(const rocksdb::Status& s, const std::string& what) {
+  if (!s.ok()) stuck_ = true;
+  return FromRocks(s, what);
+}
 
-absl::Status CheckpointStore::CollectGarbage() {
+absl::Status CheckpointStore::RecoverIfStuck() {
+  if (!stuck_.load()) return absl::OkStatus();
+  absl::MutexLock lock(&db_mu_);  // waits for every read and write under way
+  if (!stuck_.load()) return absl::OkStatus();
+  // Reopened rather than resumed: RocksDB 7.8 resumed after a failed WAL
+  // write (ENOSPC) then failed an assertion in its next ingest (a table
+  // file numbered 0). Opening replays the log and manifest from the disk.
+  FLOG(WARNING) << "checkpoints in " << dir_ << ": reopening RocksDB after a failed write";
+  RETURN_IF_ERROR(OpenDbLocked());
+  // The failed write's records, ingested without their meta, go now. No
+  // write runs (this lock is exclusive), but one may be writing its ingest
+  // file: those files stay.
+  RETURN_IF_ERROR(CollectGarbageLocked(/*files=*/false));
+  stuck_ = false;
+  FLOG(INFO) << "checkpoints in " << dir_ << " reopened after a failed write";
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::CollectGarbageLocked(bool files) {
   // Cut prefixes seen, and which of them are committed.
   std::set<std::string> seen, committed;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
@@ -114,6 +154,7 @@ absl::Status CheckpointStore::CollectGarbage() {
                                                PrefixEnd(prefix)),
                               absl::StrCat("deleting the uncommitted cut ", prefix)));
   }
+  if (!files) return absl::OkStatus();
   // Ingest files of writes that never finished.
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(fs::path(dir_) / "ingest", ec)) fs::remove(f.path(), ec);
@@ -127,6 +168,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   if (job.empty() || job.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("job id '", job, "' cannot name a checkpoint (empty or has '/')"));
   }
+  RETURN_IF_ERROR(RecoverIfStuck());
   const std::string prefix = CutPrefix(job, cut_id);
   const std::string meta_key = prefix + "meta";
   if (absl::StatusOr<v1::ShardCutMeta> existing = Meta(job, cut_id); existing.ok()) {
@@ -167,10 +209,17 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   meta.set_server_index(server_index);
   uint32_t combined = 0;
   uint64_t bytes = 0, rows = 0;
+  // The records go to an ingest file first; ingesting moves it into the
+  // database. A write that fails on the way leaves no file behind.
+  const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
+  absl::Cleanup remove_sst = [&sst] {
+    std::error_code ec;
+    fs::remove(sst, ec);
+  };
   if (!refs.empty()) {
-    const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
     rocksdb::Options sst_options;
     sst_options.compression = rocksdb::kNoCompression;
+    if (env_ != nullptr) sst_options.env = env_;
     rocksdb::EnvOptions env_options;
     // Start the writeback as the file grows, so the final sync has little left.
     env_options.bytes_per_sync = 8 << 20;
@@ -210,9 +259,6 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
       RETURN_IF_ERROR(FromRocks(writer.Put(r.key, value), "writing " + r.key));
     }
     RETURN_IF_ERROR(FromRocks(writer.Finish(), "finishing " + sst));
-    rocksdb::IngestExternalFileOptions ingest;
-    ingest.move_files = true;
-    RETURN_IF_ERROR(FromRocks(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst));
   }
   size_t dense_chunks = 0;
   for (const auto& d : state.dense) dense_chunks += d.chunks.size();
@@ -224,6 +270,15 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   meta.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count());
+  // Ingest and commit under one shared lock: a reopen (exclusive) never
+  // sees this cut's records without its meta while the write still runs.
+  absl::ReaderMutexLock lock(&db_mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
+  if (!refs.empty()) {
+    rocksdb::IngestExternalFileOptions ingest;
+    ingest.move_files = true;
+    RETURN_IF_ERROR(Wrote(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst));
+  }
   // Fault injection for the crash tests only: hold the records uncommitted
   // this long, so a test can kill the server mid-checkpoint.
   if (const char* delay = std::getenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS"); delay != nullptr) {
@@ -234,13 +289,15 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   }
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  RETURN_IF_ERROR(FromRocks(db_->Put(sync, meta_key, meta.SerializeAsString()), "committing " + meta_key));
+  RETURN_IF_ERROR(Wrote(db_->Put(sync, meta_key, meta.SerializeAsString()), "committing " + meta_key));
   return meta;
 }
 
 absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::string& job_id) const {
   std::vector<v1::ShardCutMeta> out;
   const std::string prefix = absl::StrCat("cut/", job_id, "/");
+  absl::ReaderMutexLock lock(&db_mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   // Hop from cut to cut: seek each cut's meta record, then past the cut, so
   // listing never reads the (megabytes of) tensor records in between.
@@ -267,6 +324,8 @@ absl::StatusOr<std::vector<v1::ShardCutMeta>> CheckpointStore::List(const std::s
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Meta(const std::string& job_id, uint64_t cut_id) const {
   const std::string key = CutPrefix(job_id, cut_id) + "meta";
   std::string raw;
+  absl::ReaderMutexLock lock(&db_mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &raw);
   if (s.IsNotFound()) {
     return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed cut ", cut_id, " in ", dir_));
@@ -309,6 +368,8 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   }
   bounds.push_back(PrefixEnd(prefix));
   const size_t ranges = bounds.size() - 1;
+  absl::ReaderMutexLock lock(&db_mu_);  // for the scans, on this thread's behalf
+  RETURN_IF_ERROR(CheckOpenLocked());
 
   struct Range {
     absl::Status status;
@@ -367,6 +428,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
   rocksdb::ReadOptions scan;
   scan.readahead_size = 4 << 20;
   scan.fill_cache = false;
+  absl::ReaderMutexLock lock(&db_mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
   size_t bytes = 0;
   std::string last;
@@ -392,16 +455,21 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
 }
 
 absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id) {
+  RETURN_IF_ERROR(RecoverIfStuck());
   const std::string prefix = CutPrefix(job_id, cut_id);
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  RETURN_IF_ERROR(FromRocks(db_->Delete(sync, prefix + "meta"), "uncommitting " + prefix));
-  return FromRocks(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix, PrefixEnd(prefix)),
-                   "deleting " + prefix);
+  absl::ReaderMutexLock lock(&db_mu_);
+  RETURN_IF_ERROR(CheckOpenLocked());
+  RETURN_IF_ERROR(Wrote(db_->Delete(sync, prefix + "meta"), "uncommitting " + prefix));
+  return Wrote(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix, PrefixEnd(prefix)),
+               "deleting " + prefix);
 }
 
 std::vector<std::pair<std::string, uint64_t>> CheckpointStore::Properties() const {
   std::vector<std::pair<std::string, uint64_t>> out;
+  absl::ReaderMutexLock lock(&db_mu_);
+  if (db_ == nullptr) return out;
   for (const char* name : {"live-sst-files-size", "size-all-mem-tables", "estimate-num-keys",
                            "estimate-pending-compaction-bytes", "num-running-compactions", "num-running-flushes"}) {
     uint64_t v = 0;

@@ -7,10 +7,14 @@
 // crc32; then the cut's ShardCutMeta is put with a synced write. The meta is
 // the commit: a cut whose records landed but whose meta did not (a crash
 // mid-write) is invisible to List and Read and is deleted by Open.
+// A failed write (a full or failing disk) stops RocksDB's writes; the next
+// Write or Delete reopens it, so one bad moment of the disk does not end a
+// server's checkpoints until it restarts.
 // Thread-safe; writes of different cuts may run concurrently.
 #ifndef FULCRUM_SERVER_CHECKPOINT_H_
 #define FULCRUM_SERVER_CHECKPOINT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,13 +22,17 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/checkpoint_record.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "server/job.h"
 
 namespace rocksdb {
 class DB;
+class Env;
+class Status;
 }
 
 namespace fulcrum {
@@ -32,8 +40,9 @@ namespace fulcrum {
 class CheckpointStore {
  public:
   // Opens (creating) the database in `dir` and deletes the records of
-  // uncommitted cuts.
-  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& dir);
+  // uncommitted cuts. `env`: what RocksDB works through (nullptr: the
+  // default; tests give one that fails on demand).
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& dir, rocksdb::Env* env = nullptr);
   ~CheckpointStore();
 
   const std::string& dir() const { return dir_; }
@@ -74,11 +83,24 @@ class CheckpointStore {
   std::vector<std::pair<std::string, uint64_t>> Properties() const;
 
  private:
-  CheckpointStore(std::string dir, rocksdb::DB* db);
-  absl::Status CollectGarbage();
+  CheckpointStore(std::string dir, rocksdb::Env* env);
+  absl::Status OpenDbLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  // Deletes the records of uncommitted cuts; `files`: and the ingest files
+  // of writes that never finished (only when no write can be running).
+  absl::Status CollectGarbageLocked(bool files) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // After a failed write: reopens RocksDB.
+  absl::Status RecoverIfStuck() ABSL_LOCKS_EXCLUDED(db_mu_);
+  // UNAVAILABLE while the database is closed (a reopen failed).
+  absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // `s` as an absl::Status; a failed write marks the store stuck.
+  absl::Status Wrote(const rocksdb::Status& s, const std::string& what);
 
   const std::string dir_;
-  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::Env* const env_;
+  // Shared by every use of the database, exclusive to reopen it.
+  mutable absl::Mutex db_mu_;
+  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);
+  std::atomic<bool> stuck_{false};
 };
 
 

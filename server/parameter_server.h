@@ -46,6 +46,9 @@ struct ParameterServerOptions {
   // Checkpoints live in <data_dir>/checkpoints (a RocksDB database); empty:
   // this server takes no checkpoints.
   std::string data_dir;
+  // The environment the checkpoint store's RocksDB works through (nullptr:
+  // the default). Tests give one whose writes fail on demand.
+  rocksdb::Env* checkpoint_env = nullptr;
 };
 
 class ParameterServer {

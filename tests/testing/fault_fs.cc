@@ -23,8 +23,8 @@ IOStatus Injected(FaultFs::Fault fault) {
 // fault before each call that reaches the disk.
 class FaultFs::File : public rocksdb::FSWritableFileOwnerWrapper {
  public:
-  File(FaultFs* owner, std::unique_ptr<rocksdb::FSWritableFile> file)
-      : FSWritableFileOwnerWrapper(std::move(file)), owner_(owner) {}
+  File(FaultFs* owner, std::string path, std::unique_ptr<rocksdb::FSWritableFile> file)
+      : FSWritableFileOwnerWrapper(std::move(file)), owner_(owner), path_(std::move(path)) {}
 
   IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
     if (IOStatus s = Check(); !s.ok()) return s;
@@ -50,12 +50,13 @@ class FaultFs::File : public rocksdb::FSWritableFileOwnerWrapper {
 
  private:
   IOStatus Check() {
-    const Fault f = owner_->fault_.load();
+    const Fault f = owner_->FaultFor(path_);
     if (f == Fault::kNone) return IOStatus::OK();
     ++owner_->failed_;
     return Injected(f);
   }
   FaultFs* const owner_;
+  const std::string path_;
 };
 
 class FaultFs::Fs : public rocksdb::FileSystemWrapper {
@@ -65,14 +66,14 @@ class FaultFs::Fs : public rocksdb::FileSystemWrapper {
 
   IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& o,
                            std::unique_ptr<rocksdb::FSWritableFile>* out, rocksdb::IODebugContext* d) override {
-    const Fault f = owner_->fault_.load();
+    const Fault f = owner_->FaultFor(name);
     if (f != Fault::kNone) {
       ++owner_->failed_;
       return Injected(f);
     }
     std::unique_ptr<rocksdb::FSWritableFile> file;
     IOStatus s = target()->NewWritableFile(name, o, &file, d);
-    if (s.ok()) *out = std::make_unique<File>(owner_, std::move(file));
+    if (s.ok()) *out = std::make_unique<File>(owner_, name, std::move(file));
     return s;
   }
 
@@ -83,5 +84,12 @@ class FaultFs::Fs : public rocksdb::FileSystemWrapper {
 FaultFs::FaultFs() : fs_(std::make_shared<Fs>(this)), env_(rocksdb::NewCompositeEnv(fs_)) {}
 
 FaultFs::~FaultFs() = default;
+
+FaultFs::Fault FaultFs::FaultFor(const std::string& path) {
+  const Fault f = fault_.load();
+  if (f == Fault::kNone) return f;
+  absl::MutexLock lock(&mu_);
+  return only_.empty() || path.find(only_) != std::string::npos ? f : Fault::kNone;
+}
 
 }  // namespace fulcrum::testing
