@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <iostream>
@@ -555,6 +556,49 @@ class SafetensorsExport {
 // An export's progress on stderr: a live line on a terminal; otherwise a
 // line each time another tenth has come (at most one a second), so that a
 // long export into a log is not silent either.
+// Takes a cut of a running job now and waits for its commit (up to 5
+// minutes: a BSP cut waits for its step boundary), showing meanwhile how
+// long it has waited and where the job is, so a stalled job shows as one.
+int Checkpoint(fulcrum::v1::JobService::Stub* jobs, const std::string& job) {
+  fulcrum::v1::JobRef ref;
+  ref.set_job_id(job);
+  fulcrum::v1::CheckpointInfo info;
+  grpc::ClientContext ctx;
+  Authorize(&ctx);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  const absl::Time t0 = absl::Now();
+  std::cerr << "checkpoint of job " << job << ": asked; every server writes its part, then the coordinator commits it"
+            << std::endl;
+  std::future<grpc::Status> call =
+      std::async(std::launch::async, [&] { return jobs->CheckpointJob(&ctx, ref, &info); });
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  absl::Time printed = t0;
+  std::string last_error;
+  bool first = true;
+  while (call.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+    Job j;
+    if (!jobs->GetJob(Ctx().get(), ref, &j).ok()) continue;
+    const std::string& error = j.status().last_checkpoint_error();
+    if (first) last_error = error;  // an old failure, not this cut's
+    first = false;
+    const absl::Time now = absl::Now();
+    const bool new_error = !error.empty() && error != last_error;
+    if (!tty && !new_error && now - printed < absl::Seconds(10)) continue;
+    printed = now;
+    const std::string line = absl::StrFormat(
+        "  waiting %ds: job %s, step %d of %d, epoch %d%s", static_cast<int>(absl::ToInt64Seconds(now - t0)),
+        State(j.status().state()), j.status().step(), j.status().total_steps(), j.status().epoch(),
+        new_error ? absl::StrCat("; a cut failed: ", error) : std::string());
+    if (new_error) last_error = error;
+    std::cerr << (tty ? "\r\033[K" : "") << line << (tty && !new_error ? "" : "\n") << std::flush;
+  }
+  if (tty) std::cerr << "\r\033[K" << std::flush;
+  const grpc::Status s = call.get();
+  if (!s.ok()) return Fail(s, absl::StrCat("checkpoint ", job));
+  std::cout << (Json() ? ToJson(info) : absl::StrCat("job ", job, CheckpointLine(info).substr(1))) << std::endl;
+  return kOk;
+}
+
 class ExportProgress {
  public:
   ExportProgress(const std::string& job, const fulcrum::v1::CheckpointInfo& info, const std::string& path)
@@ -801,18 +845,7 @@ int main(int argc, char** argv) {
       }
       return Export(absl::GetFlag(FLAGS_coordinator), job_arg(), absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
     }
-    if (cmd == "checkpoint") {
-      fulcrum::v1::JobRef ref;
-      ref.set_job_id(job_arg());
-      fulcrum::v1::CheckpointInfo info;
-      grpc::ClientContext ctx;  // a BSP cut waits for its step: minutes, not the unary default
-      Authorize(&ctx);
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-      grpc::Status s = jobs->CheckpointJob(&ctx, ref, &info);
-      if (!s.ok()) return Fail(s, absl::StrCat("checkpoint ", job_arg()));
-      std::cout << (Json() ? ToJson(info) : absl::StrCat("job ", job_arg(), CheckpointLine(info).substr(1))) << std::endl;
-      return kOk;
-    }
+    if (cmd == "checkpoint") return Checkpoint(jobs.get(), job_arg());
     fulcrum::v1::RestoreJobRequest req;
     req.set_job_id(job_arg());
     req.set_cut_id(absl::GetFlag(FLAGS_cut));

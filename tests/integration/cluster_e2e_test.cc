@@ -690,6 +690,7 @@ TEST_CASE("the coordinator killed with kill -9 and restarted mid-job: the job co
   std::string out;
   REQUIRE(cluster.Ctl({"checkpoint", id}, &out) == 0);
   INFO(out);
+  CHECK(out.find("checkpoint of job " + id + ": asked; every server writes its part") != std::string::npos);
   CHECK(out.find("(manual)") != std::string::npos);
   // A user watching the job: the watch outlives the coordinator's restart.
   const std::string watch_log = (cluster.dir() / "watch.out").string();
