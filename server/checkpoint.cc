@@ -370,6 +370,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   const size_t ranges = bounds.size() - 1;
   absl::ReaderMutexLock lock(&db_mu_);  // for the scans, on this thread's behalf
   RETURN_IF_ERROR(CheckOpenLocked());
+  rocksdb::DB* const db = db_.get();  // the scan threads use it under this lock
 
   struct Range {
     absl::Status status;
@@ -385,7 +386,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
     scan.fill_cache = false;
     const rocksdb::Slice upper(bounds[r + 1]);
     scan.iterate_upper_bound = &upper;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan));
     for (it->Seek(bounds[r]); it->Valid(); it->Next()) {
       const std::string_view rest = it->key().ToStringView().substr(prefix.size());
       if (rest == "meta") continue;

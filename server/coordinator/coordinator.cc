@@ -545,9 +545,10 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already ended: ",
                                                       v1::JobState_Name(r.job.status().state())));
   }
-  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not cancelled"), [&] {
+  auto cancel = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     FinishLocked(r, v1::CANCELLED, "JobCancelled", "cancelled by request");
-  }));
+  };
+  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not cancelled"), cancel));
   FLOG(INFO) << "job " << job_id << " cancelled";
   return r.job;
 }
@@ -1861,10 +1862,11 @@ absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint6
   if (st.state() == v1::PENDING) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' has not started"));
   }
-  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not restored"), [&] {
+  auto restore = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (config::JobEnded(r.job.status().state())) r.started = absl::Now();
     BeginRollbackLocked(r, cut_id, "RestoreRequested", "restore requested", false);
-  }));
+  };
+  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not restored"), restore));
   kick_ = true;
   return r.job;
 }
