@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/backoff.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_util.h"
 
@@ -34,7 +35,7 @@ bool NodeAgent::WaitRegistered(absl::Duration timeout) const {
 }
 
 void NodeAgent::Run() {
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff({.initial = absl::Milliseconds(100), .max = absl::Milliseconds(500)});
   absl::Time last_warning = absl::InfinitePast();
   uint64_t generation = 0;
   std::string id;
@@ -48,7 +49,8 @@ void NodeAgent::Run() {
     auto s = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&s), d);
   };
-  // A failed call: warn at most every 10 s, back off up to 500 ms. A
+  // A failed call: warn at most every 10 s, back off up to 500 ms (with
+  // jitter: the nodes a coordinator restart cut off do not retry together). A
   // restarted coordinator gives known nodes one node timeout to heartbeat
   // again; a call to one that is down fails at once, so trying twice a
   // second costs nothing (the channel itself retries its connection at
@@ -58,8 +60,7 @@ void NodeAgent::Run() {
       FLOG(WARNING) << what << " " << options_.coordinator << ": " << s << "; retrying";
       last_warning = absl::Now();
     }
-    sleep(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    sleep(backoff.Next());
   };
   while (!stopping()) {
     if (id.empty()) {
@@ -73,7 +74,7 @@ void NodeAgent::Run() {
         retry_later("waiting for the coordinator at", s);
         continue;
       }
-      backoff = absl::Milliseconds(100);
+      backoff.Reset();
       id = resp.node_id();
       interval_ms = resp.heartbeat_interval_ms() == 0 ? 1000 : resp.heartbeat_interval_ms();
       generation = 0;
@@ -103,7 +104,7 @@ void NodeAgent::Run() {
       retry_later("heartbeat to", s);
       continue;
     }
-    backoff = absl::Milliseconds(100);
+    backoff.Reset();
     generation = resp.generation();
     if (options_.on_update) options_.on_update(resp);
   }

@@ -48,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/checkpoint_record.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
@@ -307,7 +308,8 @@ int Watch(fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
   absl::Time give_up = absl::InfiniteFuture();
   bool reconnecting = false;
   int channels = 1000;  // distinct from the first channel's index (0)
-  for (int attempt = 0;;) {
+  fulcrum::Backoff backoff({.initial = absl::Milliseconds(250), .max = absl::Seconds(2)});
+  for (;;) {
     grpc::ClientContext ctx;  // no deadline: runs as long as the job
     Authorize(&ctx);
     auto reader = stub->WatchJob(&ctx, ref);
@@ -353,17 +355,16 @@ int Watch(fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
       drawn = 0;  // the live lines above the notice stay as they are
       reconnecting = true;
       give_up = absl::Now() + reconnect;
-      attempt = 0;
+      backoff.Reset();
     }
     if (absl::Now() >= give_up) {
       return Fail(s, absl::StrCat("watch ", id, " (no coordinator for ", absl::FormatDuration(reconnect), ")"));
     }
-    absl::SleepFor(absl::Milliseconds(std::min(2000, 250 << std::min(attempt, 3))));
+    absl::SleepFor(backoff.Next());
     // A fresh channel each time: gRPC's own reconnect backoff grows to two
     // minutes, and a restarted coordinator should be found within seconds.
     own_stub = fulcrum::v1::JobService::NewStub(
         fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), ++channels));
-    ++attempt;
     stub = own_stub.get();
   }
   if (!have) return kOther;

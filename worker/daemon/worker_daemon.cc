@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/backoff.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -243,6 +244,7 @@ class WorkerDaemon::Runner {
 
   void SendLoop() {
     int attempt = 0;
+    Backoff backoff({.initial = absl::Milliseconds(250), .max = absl::Seconds(2)});
     absl::Time failing_since, last_warning = absl::InfinitePast();
     for (;;) {
       v1::ReportProgressRequest r;
@@ -277,6 +279,7 @@ class WorkerDaemon::Runner {
                                                                                   absl::Seconds(1)));
         }
         attempt = 0;
+        backoff.Reset();
         if (resp.stop()) stop_.store(true);  // cancelled, ended, or the rank moved on
       } else {
         if (attempt++ == 0) failing_since = absl::Now();
@@ -288,7 +291,10 @@ class WorkerDaemon::Runner {
                                   : std::string());
           last_warning = absl::Now();
         }
-        if (!retry) attempt = 0;
+        if (!retry) {
+          attempt = 0;
+          backoff.Reset();
+        }
       }
       {
         absl::MutexLock lock(&out_mu_);
@@ -297,8 +303,7 @@ class WorkerDaemon::Runner {
         if (retry) {
           // Back off, but wake for a stop.
           auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_.load(); };
-          out_mu_.AwaitWithTimeout(absl::Condition(&stopped),
-                                   absl::Milliseconds(std::min(2000, 250 << std::min(attempt - 1, 3))));
+          out_mu_.AwaitWithTimeout(absl::Condition(&stopped), backoff.Next());
         }
       }
     }
