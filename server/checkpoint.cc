@@ -127,6 +127,7 @@ absl::Status CheckpointStore::RecoverIfStuck() {
   // write (ENOSPC) then failed an assertion in its next ingest (a table
   // file numbered 0). Opening replays the log and manifest from the disk.
   FLOG(WARNING) << "checkpoints in " << dir_ << ": reopening RocksDB after a failed write";
+  ++reopens_;
   RETURN_IF_ERROR(OpenDbLocked());
   // The failed write's records, ingested without their meta, go now. No
   // write runs (this lock is exclusive), but one may be writing its ingest

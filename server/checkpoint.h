@@ -81,6 +81,8 @@ class CheckpointStore {
   // value) for live SST bytes, memtable bytes, estimated keys, pending
   // compaction bytes and running compactions and flushes.
   std::vector<std::pair<std::string, uint64_t>> Properties() const;
+  // Times RocksDB was reopened after a failed write (since Open).
+  uint64_t reopens() const { return reopens_.load(); }
 
  private:
   CheckpointStore(std::string dir, rocksdb::Env* env);
@@ -101,6 +103,7 @@ class CheckpointStore {
   mutable absl::Mutex db_mu_;
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);
   std::atomic<bool> stuck_{false};
+  std::atomic<uint64_t> reopens_{0};
 };
 
 

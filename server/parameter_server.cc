@@ -513,6 +513,9 @@ void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
   }
   for (const auto& job : jobs) job->CollectMetrics(out);
   if (store_) {
+    out->Counter("fulcrum_server_checkpoint_store_reopens_total",
+                 "Times the checkpoint store reopened RocksDB after a failed write (a full or failing disk)", {},
+                 static_cast<double>(store_->reopens()));
     for (const auto& [name, value] : store_->Properties()) {
       std::string metric = "fulcrum_server_rocksdb_" + name;
       for (char& c : metric) c = c == '-' ? '_' : c;

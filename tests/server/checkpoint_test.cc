@@ -11,6 +11,7 @@
 #include <rocksdb/db.h>
 
 #include "common/checkpoint_record.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/fault_fs.h"
@@ -266,6 +267,13 @@ TEST_CASE("a disk that fails during a cut fails that cut only: the next one is w
     REQUIRE(cuts.size() == 2);
     CHECK(cuts[0].cut_id() == 1);
     CHECK(cuts[1].cut_id() == cut->cut_id());
+    // Only a failed write of the database itself needs the reopen, and the
+    // servers' scrape counts it.
+    const int reopens = only == ".log" ? 1 : 0;
+    CHECK(ps->checkpoints()->reopens() == static_cast<uint64_t>(reopens));
+    metrics::FunctionCollector collect([&](metrics::Scrape* out) { ps->CollectMetrics(out); });
+    CHECK_THAT(metrics::RenderText({&collect}),
+               Catch::Contains(absl::StrCat("\nfulcrum_server_checkpoint_store_reopens_total ", reopens, "\n")));
   }
   // Nothing of the failed cut is left: no records, no ingest file.
   {
