@@ -15,6 +15,13 @@ namespace fulcrum::config {
 // SUCCEEDED, FAILED or CANCELLED.
 inline bool JobEnded(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
+// A worker's report that carries a result (an epoch's summary, the end, a
+// failure): the worker sends it until the coordinator takes it, and the
+// coordinator takes it only once it is saved.
+inline bool CarriesResult(const v1::ReportProgressRequest& r) {
+  return r.has_epoch_done() || r.finished() || !r.error().empty();
+}
+
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec);
 // OK, or INVALID_ARGUMENT listing JobSpecProblems one per line.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);

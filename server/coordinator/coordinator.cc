@@ -370,9 +370,13 @@ void Coordinator::WriteKeyLocked(const std::string& key, bool sync) {
   }
 }
 
+std::string Coordinator::StoreTroubleLocked() const {
+  return absl::StrCat("the coordinator cannot save its state in ", options_.data_dir, " (", store_.error, ")");
+}
+
 absl::Status Coordinator::StoreUnavailableLocked(const std::string& what) const {
-  return absl::UnavailableError(absl::StrCat("the coordinator cannot save its state in ", options_.data_dir, " (",
-                                             store_.error, "): ", what, "; try again once it can (it retries every ",
+  return absl::UnavailableError(absl::StrCat(StoreTroubleLocked(), ": ", what,
+                                             "; try again once it can (it retries every ",
                                              absl::FormatDuration(options_.store_retry),
                                              " and logs when it works again)"));
 }
@@ -383,55 +387,36 @@ absl::Status Coordinator::ChangeJobLocked(JobRecord& r, const std::string& what,
   change();
   if (SavedLocked(kJobPrefix + r.job.id())) return absl::OkStatus();
   r = std::move(before);  // the key stays unsaved: the repair writes the job as it is again
-  BumpGenerationLocked();
   return StoreUnavailableLocked(what);
 }
 
 void Coordinator::RepairStoreLocked() {
   const absl::Time now = absl::Now();
-  if (unsaved_.empty()) {
-    // Saved again by the writes since (no repair was needed).
-    if (store_.since != absl::InfinitePast()) {
-      FLOG(INFO) << "coordinator state in " << options_.data_dir << " saved again after "
-                 << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Milliseconds(1))) << "; "
-                 << store_.failures << " writes had failed";
-      store_ = StoreTrouble();
-    }
-    return;
-  }
-  if (now < store_.next_try) return;
-  store_.next_try = now + options_.store_retry;
-  // A failed write stops RocksDB's writes (a background error). It recovers
-  // from a full disk by itself (Resume says Busy meanwhile); other errors
-  // need Resume, and a failed WAL write needs the database reopened.
-  if (db_ != nullptr) {
-    const rocksdb::Status resumed = db_->Resume();
-    if (resumed.IsBusy()) return;
-    if (!resumed.ok()) {
-      FLOG(WARNING) << "coordinator state in " << options_.data_dir << ": RocksDB cannot resume ("
-                    << resumed.ToString() << "); reopening it";
-      db_.reset();
-    }
-  }
-  if (db_ == nullptr) {
-    const absl::Status opened = OpenStoreLocked();
-    if (!opened.ok()) {
+  size_t rewritten = 0;
+  if (!unsaved_.empty()) {
+    if (now < store_.next_try) return;
+    store_.next_try = now + options_.store_retry;
+    // A failed write stops RocksDB's writes (a background error) until it
+    // resumes; reopening it, which replays its log, recovers from every
+    // kind (the checkpoint store does the same, server/checkpoint.h).
+    if (const absl::Status opened = OpenStoreLocked(); !opened.ok()) {
       ++store_.failures;
       store_.error = std::string(opened.message());
       return;
     }
     store_.reopened = true;
+    const std::vector<std::string> keys(unsaved_.begin(), unsaved_.end());
+    for (const std::string& key : keys) {
+      WriteKeyLocked(key, true);
+      if (!SavedLocked(key)) return;
+    }
+    rewritten = keys.size();
   }
-  const std::vector<std::string> keys(unsaved_.begin(), unsaved_.end());
-  for (const std::string& key : keys) {
-    WriteKeyLocked(key, true);
-    if (!SavedLocked(key)) return;
-  }
+  if (store_.since == absl::InfinitePast()) return;  // no trouble
   FLOG(INFO) << "coordinator state in " << options_.data_dir << " saved again after "
              << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Milliseconds(1))) << "; "
-             << store_.failures << " writes had failed, " << keys.size() << (keys.size() == 1 ? " record" : " records")
-             << " written again"
-             << (store_.reopened ? " (RocksDB reopened)" : "");
+             << store_.failures << " writes had failed, " << rewritten << (rewritten == 1 ? " record" : " records")
+             << " written again" << (store_.reopened ? " (RocksDB reopened)" : "");
   store_ = StoreTrouble();
 }
 
@@ -857,8 +842,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
   // A result (an epoch's summary, the end, an error) is acknowledged once it
   // is saved: until then the worker keeps it and sends it again (applying
   // one twice changes nothing). Periodic progress is saved when it can be.
-  const bool result = req.has_epoch_done() || req.finished() || !req.error().empty();
-  if (resp.ok() && result && !SavedLocked(kJobPrefix + req.job_id())) {
+  if (resp.ok() && config::CarriesResult(req) && !SavedLocked(kJobPrefix + req.job_id())) {
     return StoreUnavailableLocked(absl::StrCat("the report of job '", req.job_id(), "' rank ", req.rank(),
                                                " is applied but not saved"));
   }
@@ -1844,8 +1828,7 @@ absl::StatusOr<v1::CheckpointInfo> Coordinator::CheckpointJob(const std::string&
   return absl::DeadlineExceededError(
       absl::StrCat("checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
                    unsaved_.empty() ? std::string()
-                                    : absl::StrCat("; the coordinator cannot save its state in ", options_.data_dir,
-                                                   " (", store_.error, "), and starts no cut until it can")));
+                                    : absl::StrCat("; ", StoreTroubleLocked(), ", and starts no cut until it can")));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {

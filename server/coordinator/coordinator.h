@@ -241,14 +241,16 @@ class Coordinator {
   bool SavedLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return unsaved_.count(key) == 0;
   }
+  // "the coordinator cannot save its state in DIR (ERROR)".
+  std::string StoreTroubleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE: the store cannot save; `what` says what was not done.
   absl::Status StoreUnavailableLocked(const std::string& what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `change` on a job; when its record could not be saved, puts the job
   // back as it was and returns StoreUnavailableLocked(`what`).
   absl::Status ChangeJobLocked(JobRecord& r, const std::string& what, const std::function<void()>& change)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After failed writes: lets RocksDB resume (or reopens it) and writes
-  // every unsaved key again, at most once per options_.store_retry.
+  // After failed writes: reopens RocksDB and writes every unsaved key
+  // again, at most once per options_.store_retry; logs the end of an outage.
   void RepairStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -339,7 +341,7 @@ class Coordinator {
     absl::Time last_logged = absl::InfinitePast();
     absl::Time next_try = absl::InfinitePast();
     uint64_t failures = 0;  // in this outage
-    bool reopened = false;
+    bool reopened = false;  // RocksDB was reopened in this outage
     std::string error;      // the latest
   };
   StoreTrouble store_ ABSL_GUARDED_BY(mu_);

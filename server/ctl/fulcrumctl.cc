@@ -554,9 +554,25 @@ class SafetensorsExport {
   size_t tensors_ = 0, bytes_ = 0;
 };
 
-// An export's progress on stderr: a live line on a terminal; otherwise a
-// line each time another tenth has come (at most one a second), so that a
-// long export into a log is not silent either.
+// A progress line on stderr: redrawn in place on a terminal, one line each
+// into a log.
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(isatty(STDERR_FILENO) != 0) {}
+  bool tty() const { return tty_; }
+  // `keep`: the line stays on a terminal too, and the next goes below it.
+  void Show(const std::string& line, bool keep = false) const {
+    std::cerr << (tty_ ? "\r\033[K" : "") << line << (tty_ && !keep ? "" : "\n") << std::flush;
+  }
+  // Clears a live line.
+  void Clear() const {
+    if (tty_) std::cerr << "\r\033[K" << std::flush;
+  }
+
+ private:
+  const bool tty_;
+};
+
 // Takes a cut of a running job now and waits for its commit (up to 5
 // minutes: a BSP cut waits for its step boundary), showing meanwhile how
 // long it has waited and where the job is, so a stalled job shows as one.
@@ -572,38 +588,39 @@ int Checkpoint(fulcrum::v1::JobService::Stub* jobs, const std::string& job) {
             << std::endl;
   std::future<grpc::Status> call =
       std::async(std::launch::async, [&] { return jobs->CheckpointJob(&ctx, ref, &info); });
-  const bool tty = isatty(STDERR_FILENO) != 0;
+  const ProgressLine progress;
   absl::Time printed = t0;
-  std::string last_error;
-  bool first = true;
+  std::optional<std::string> last_error;  // the first one seen is an old failure, not this cut's
   while (call.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
     Job j;
     if (!jobs->GetJob(Ctx().get(), ref, &j).ok()) continue;
     const std::string& error = j.status().last_checkpoint_error();
-    if (first) last_error = error;  // an old failure, not this cut's
-    first = false;
+    if (!last_error) last_error = error;
     const absl::Time now = absl::Now();
-    const bool new_error = !error.empty() && error != last_error;
-    if (!tty && !new_error && now - printed < absl::Seconds(10)) continue;
+    const bool new_error = !error.empty() && error != *last_error;
+    if (!progress.tty() && !new_error && now - printed < absl::Seconds(10)) continue;
     printed = now;
-    const std::string line = absl::StrFormat(
-        "  waiting %ds: job %s, step %d of %d, epoch %d%s", static_cast<int>(absl::ToInt64Seconds(now - t0)),
-        State(j.status().state()), j.status().step(), j.status().total_steps(), j.status().epoch(),
-        new_error ? absl::StrCat("; a cut failed: ", error) : std::string());
-    if (new_error) last_error = error;
-    std::cerr << (tty ? "\r\033[K" : "") << line << (tty && !new_error ? "" : "\n") << std::flush;
+    last_error = error;
+    progress.Show(absl::StrFormat("  waiting %ds: job %s, step %d of %d, epoch %d%s",
+                                  static_cast<int>(absl::ToInt64Seconds(now - t0)), State(j.status().state()),
+                                  j.status().step(), j.status().total_steps(), j.status().epoch(),
+                                  new_error ? absl::StrCat("; a cut failed: ", error) : std::string()),
+                  /*keep=*/new_error);
   }
-  if (tty) std::cerr << "\r\033[K" << std::flush;
+  progress.Clear();
   const grpc::Status s = call.get();
   if (!s.ok()) return Fail(s, absl::StrCat("checkpoint ", job));
   std::cout << (Json() ? ToJson(info) : absl::StrCat("job ", job, CheckpointLine(info).substr(1))) << std::endl;
   return kOk;
 }
 
+// An export's progress on stderr: a live line on a terminal; otherwise a
+// line each time another tenth has come (at most one a second), so that a
+// long export into a log is not silent either.
 class ExportProgress {
  public:
   ExportProgress(const std::string& job, const fulcrum::v1::CheckpointInfo& info, const std::string& path)
-      : tty_(isatty(STDERR_FILENO) != 0), total_(info.bytes()) {
+      : total_(info.bytes()) {
     std::cerr << "exporting checkpoint " << info.cut_id() << " of job " << job << " (step " << info.step() << ", "
               << fulcrum::HumanBytes(total_) << " on " << info.servers_size() << " server(s)) to " << path
               << std::endl;
@@ -612,15 +629,17 @@ class ExportProgress {
     got_ += bytes;
     const absl::Time now = absl::Now();
     const int tenth = total_ == 0 ? 10 : static_cast<int>(std::min<uint64_t>(10, got_ * 10 / total_));
-    if (tty_ ? now - last_ < absl::Milliseconds(250) : (tenth <= tenth_ || now - last_ < absl::Seconds(1))) return;
+    if (line_.tty() ? now - last_ < absl::Milliseconds(250) : (tenth <= tenth_ || now - last_ < absl::Seconds(1))) {
+      return;
+    }
     last_ = now;
     tenth_ = tenth;
     Print();
   }
   // Clears a live line, or ends the plain lines with the last figure.
   void Done() {
-    if (tty_) {
-      std::cerr << "\r\033[K" << std::flush;
+    if (line_.tty()) {
+      line_.Clear();
     } else if (printed_ != got_) {
       Print();
     }
@@ -628,14 +647,13 @@ class ExportProgress {
 
  private:
   void Print() {
-    const std::string line = absl::StrFormat(
+    line_.Show(absl::StrFormat(
         "  received %s of %s (%.0f%%)", fulcrum::HumanBytes(got_), fulcrum::HumanBytes(total_),
-        total_ == 0 ? 100.0 : std::min(100.0, 100.0 * static_cast<double>(got_) / static_cast<double>(total_)));
-    std::cerr << (tty_ ? "\r\033[K" : "") << line << (tty_ ? "" : "\n") << std::flush;
+        total_ == 0 ? 100.0 : std::min(100.0, 100.0 * static_cast<double>(got_) / static_cast<double>(total_))));
     printed_ = got_;
   }
 
-  const bool tty_;
+  const ProgressLine line_;
   const uint64_t total_;
   uint64_t got_ = 0, printed_ = 0;
   int tenth_ = 0;

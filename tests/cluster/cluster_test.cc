@@ -965,6 +965,15 @@ size_t CountOf(const std::string& text, const std::string& what) {
   return n;
 }
 
+// The value of a series (name and labels as rendered) in the coordinator's
+// scrape; -1 when it is not there.
+double MetricOf(const Coordinator& c, const std::string& series) {
+  metrics::FunctionCollector collect([&](metrics::Scrape* out) { c.CollectMetrics(out); });
+  const std::string scrape = metrics::RenderText({&collect});
+  const size_t at = scrape.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(scrape.substr(at + series.size() + 2));
+}
+
 TEST_CASE("a server that cannot take the shard map is named in the waiting job and logged once a minute",
           "[cluster]") {
   InProcessCluster cluster(1, 1);
@@ -988,12 +997,9 @@ TEST_CASE("a server that cannot take the shard map is named in the waiting job a
                                                      " fails: UNAVAILABLE"));
   // Retried every tick (100 ms) for 2 s more, logged once.
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  metrics::FunctionCollector collect([&](metrics::Scrape* out) { cluster.coordinator().CollectMetrics(out); });
-  const std::string scrape = metrics::RenderText({&collect});
-  const std::string series = "fulcrum_coordinator_server_call_failures_total{call=\"install_shard_map\"} ";
-  const size_t at = scrape.find(series);
-  REQUIRE(at != std::string::npos);
-  const double failures = std::stod(scrape.substr(at + series.size()));
+  const double failures =
+      MetricOf(cluster.coordinator(), "fulcrum_coordinator_server_call_failures_total{call=\"install_shard_map\"}");
+  REQUIRE(failures != -1);
   CHECK(failures >= 10);
   // The server goes (its heartbeats stop): the map drops it, the job runs.
   fake.reset();
@@ -1007,19 +1013,10 @@ TEST_CASE("a server that cannot take the shard map is named in the waiting job a
   fs::remove(log);
 }
 
-// The value of a series (name and labels as rendered) in the coordinator's
-// scrape; -1 when it is not there.
-double MetricOf(const Coordinator& c, const std::string& series) {
-  metrics::FunctionCollector collect([&](metrics::Scrape* out) { c.CollectMetrics(out); });
-  const std::string scrape = metrics::RenderText({&collect});
-  const size_t at = scrape.find("\n" + series + " ");
-  return at == std::string::npos ? -1 : std::stod(scrape.substr(at + series.size() + 2));
-}
-
 TEST_CASE("a coordinator that cannot save its state refuses what it would lose and saves it all once it can",
           "[cluster]") {
   using Fault = testing::FaultFs::Fault;
-  // ENOSPC: RocksDB recovers by itself; EIO: it must be reopened.
+  // RocksDB stops writing after either; the coordinator reopens it.
   const Fault fault = GENERATE(Fault::kNoSpace, Fault::kIoError);
   const bool eio = fault == Fault::kIoError;
   const fs::path dir =

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/backoff.h"
+#include "common/config/job_spec.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/logging.h"
@@ -224,7 +225,7 @@ class WorkerDaemon::Runner {
   // without it. Of periodic progress only the latest waits, sent when no
   // result is queued, and dropped if that one send fails.
   void Report(const v1::ReportProgressRequest& r) {
-    const bool must_deliver = r.has_epoch_done() || r.finished() || !r.error().empty();
+    const bool must_deliver = config::CarriesResult(r);
     absl::MutexLock lock(&out_mu_);
     if (must_deliver) {
       outbox_.push_back(r);
