@@ -98,7 +98,13 @@ constexpr size_t kBlock = 1024;
 bool Aligned2(const void* p) { return reinterpret_cast<uintptr_t>(p) % 2 == 0; }
 
 // AVX2 clones where the CPU has it (8-wide packs), baseline x86-64 otherwise.
+// Not under TSan: the clones' resolver runs while the program is relocated,
+// before TSan's runtime is up, and its instrumented code crashes there.
+#if defined(__SANITIZE_THREAD__)
+#define FULCRUM_VECTOR_CLONES
+#else
 #define FULCRUM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
 
 FULCRUM_VECTOR_CLONES
 void EncodeBf16(const float* __restrict src, size_t n, uint16_t* __restrict out) {
