@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <set>
 #include <thread>
 #include <utility>
@@ -218,7 +219,10 @@ Coordinator::~Coordinator() {
   Shutdown();
   if (scheduler_.joinable()) scheduler_.join();
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_ == 0; };
+  // Shutdown woke every parked poll: each is answered before waker_ stops.
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return background_ == 0 && polls_.empty() && answering_ == 0;
+  };
   mu_.Await(absl::Condition(&idle));
 }
 
@@ -237,6 +241,7 @@ void Coordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     ++generation_;
+    for (const auto& [ticket, poll] : polls_) WakeLocked(ticket);
   }
   servers_->CancelAll();
 }
@@ -309,6 +314,7 @@ absl::Status Coordinator::Load() {
 
 void Coordinator::SaveJobLocked(JobRecord& r, bool sync) {
   ++r.version;
+  WakeJobLocked(r.job.id());
   WriteKeyLocked(kJobPrefix + r.job.id(), sync);
 }
 
@@ -423,6 +429,97 @@ void Coordinator::RepairStoreLocked() {
 void Coordinator::BumpGenerationLocked() {
   ++generation_;
   kick_ = true;
+  for (uint64_t ticket : heartbeat_polls_) WakeLocked(ticket);
+}
+
+// ---------------------------------------------------------------- long polls
+
+uint64_t Coordinator::ParkLocked(const std::string& job_id, absl::Time deadline, std::function<void()> answer) {
+  const uint64_t ticket = next_poll_++;
+  Poll& p = polls_[ticket];
+  p.job_id = job_id;
+  p.answer = std::move(answer);
+  p.timer = waker_.Schedule(deadline, [this, ticket] { RunPoll(ticket); });
+  if (job_id.empty()) {
+    heartbeat_polls_.insert(ticket);
+  } else {
+    job_polls_[job_id].insert(ticket);
+  }
+  return ticket;
+}
+
+void Coordinator::WakeLocked(uint64_t ticket) {
+  auto it = polls_.find(ticket);
+  if (it == polls_.end()) return;
+  // A failed Cancel means RunPoll is already on its way.
+  if (waker_.Cancel(it->second.timer)) {
+    it->second.timer = waker_.Schedule(absl::InfinitePast(), [this, ticket] { RunPoll(ticket); });
+  }
+}
+
+void Coordinator::WakeJobLocked(const std::string& job_id) {
+  auto it = job_polls_.find(job_id);
+  if (it == job_polls_.end()) return;
+  for (uint64_t ticket : it->second) WakeLocked(ticket);
+}
+
+void Coordinator::ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) {
+  if (it->second.job_id.empty()) {
+    heartbeat_polls_.erase(it->first);
+  } else if (auto j = job_polls_.find(it->second.job_id); j != job_polls_.end()) {
+    j->second.erase(it->first);
+    if (j->second.empty()) job_polls_.erase(j);
+  }
+  polls_.erase(it);
+}
+
+void Coordinator::RunPoll(uint64_t ticket) {
+  std::function<void()> answer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = polls_.find(ticket);
+    if (it == polls_.end()) return;  // withdrawn
+    answer = std::move(it->second.answer);
+    ForgetPollLocked(it);
+    ++answering_;
+  }
+  answer();
+  absl::MutexLock lock(&mu_);
+  --answering_;
+}
+
+bool Coordinator::CancelWait(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = polls_.find(ticket);
+  if (it == polls_.end()) return false;
+  waker_.Cancel(it->second.timer);  // or RunPoll finds nothing
+  ForgetPollLocked(it);
+  return true;
+}
+
+uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, absl::Duration timeout,
+                                   JobCallback done) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  const bool now = version == 0 || shutdown_ || it == jobs_.end() || it->second.version != version;
+  return ParkLocked(job_id, now ? absl::InfinitePast() : absl::Now() + timeout,
+                    [this, job_id, done = std::move(done)] {
+                      absl::StatusOr<v1::Job> job;
+                      uint64_t at = 0;
+                      {
+                        absl::MutexLock lock(&mu_);
+                        auto j = jobs_.find(job_id);
+                        if (shutdown_) {
+                          job = absl::UnavailableError("coordinator is shutting down");
+                        } else if (j == jobs_.end()) {
+                          job = absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+                        } else {
+                          job = j->second.job;
+                          at = j->second.version;
+                        }
+                      }
+                      done(std::move(job), at);
+                    });
 }
 
 // ---------------------------------------------------------------- job API
@@ -536,20 +633,6 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
   RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not cancelled"), cancel));
   FLOG(INFO) << "job " << job_id << " cancelled";
   return r.job;
-}
-
-absl::StatusOr<v1::Job> Coordinator::WaitJob(const std::string& job_id, uint64_t* version,
-                                             absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
-  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = jobs_.find(job_id);
-    return shutdown_ || it == jobs_.end() || it->second.version != *version;
-  };
-  if (*version != 0) mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  *version = it->second.version;
-  return it->second.job;
 }
 
 void Coordinator::SetStateLocked(JobRecord& r, v1::JobState state, const std::string& type,
@@ -766,8 +849,15 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
     return StoreUnavailableLocked(absl::StrCat(info.role() == v1::SERVER ? "server" : "worker", " at ",
                                                info.hostname(), " pid ", info.pid(), " not registered"));
   }
-  if (info.role() == v1::SERVER) installed_.erase(info.address());  // a new process: install the map again
-  BumpGenerationLocked();
+  if (info.role() == v1::SERVER) {
+    installed_.erase(info.address());  // a new process: install the map again
+    BumpGenerationLocked();
+  } else {
+    // Only the scheduler has news for a new worker (its first heartbeat is
+    // answered at once): waking every node's heartbeat for each worker that
+    // registers made a cluster of N workers coming up answer N^2 of them.
+    kick_ = true;
+  }
   std::vector<std::string> devices;
   for (const auto& d : info.devices()) devices.push_back(absl::StrCat(d.kind(), ":", d.ordinal(), " ", d.name()));
   FLOG(INFO) << "registered " << info.node_id() << " (" << info.hostname() << " pid " << info.pid()
@@ -802,24 +892,37 @@ std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& 
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+  std::promise<absl::StatusOr<v1::HeartbeatResponse>> answer;
+  auto got = answer.get_future();
+  HeartbeatAsync(req, [&answer](absl::StatusOr<v1::HeartbeatResponse> r) { answer.set_value(std::move(r)); });
+  return got.get();
+}
+
+uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatCallback done) {
   absl::MutexLock lock(&mu_);
+  absl::Status refused;
   auto it = nodes_.find(req.node_id());
   if (it == nodes_.end()) {
-    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered; register again"));
-  }
-  if (!it->second.alive) {
+    refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered; register again"));
+  } else if (!it->second.alive) {
     // Declared dead (a long pause): its work has moved; it starts over.
-    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+    refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+  } else {
+    it->second.Heard();
   }
-  it->second.Heard();
-  const uint64_t seen = req.generation();
-  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || generation_ != seen; };
-  const absl::Duration wait =
-      std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
-  if (req.generation() != 0) mu_.AwaitWithTimeout(absl::Condition(&changed), wait);
-  it = nodes_.find(req.node_id());
+  const bool now = !refused.ok() || shutdown_ || req.generation() == 0 || req.generation() != generation_;
+  const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
+  return ParkLocked("", now ? absl::InfinitePast() : absl::Now() + wait,
+                    [this, node_id = req.node_id(), refused, done = std::move(done)] {
+                      done(refused.ok() ? HeartbeatAnswer(node_id) : refused);
+                    });
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswer(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
   if (it == nodes_.end() || !it->second.alive) {
-    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+    return absl::NotFoundError(absl::StrCat("node '", node_id, "' was declared dead; register again"));
   }
   // last_heartbeat is not touched again here: the caller may have died
   // during the wait, and a server restarted at its address wakes this call
@@ -830,7 +933,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   r.set_generation(generation_);
   if (shard_map_) *r.mutable_shard_map() = *shard_map_;
   if (it->second.info.role() == v1::WORKER) {
-    for (v1::Assignment& a : AssignmentsOfLocked(req.node_id())) *r.add_assignments() = std::move(a);
+    for (v1::Assignment& a : AssignmentsOfLocked(node_id)) *r.add_assignments() = std::move(a);
   }
   return r;
 }
@@ -1110,7 +1213,9 @@ void Coordinator::Tick() {
       }
       FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
       const std::string key = kJobPrefix + r.job.id();
+      const std::string forgotten = r.job.id();
       it = jobs_.erase(it);
+      WakeJobLocked(forgotten);  // its watchers learn it is gone
       WriteKeyLocked(key, false);  // deletes it (ValueOfLocked)
       continue;
     }
@@ -1932,6 +2037,10 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   out->Gauge("fulcrum_coordinator_store_unsaved_records",
              "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
              static_cast<double>(unsaved_.size()));
+  out->Gauge("fulcrum_coordinator_long_polls", "Heartbeats and WatchJob streams waiting for a change, by call",
+             {{"call", "heartbeat"}}, static_cast<double>(heartbeat_polls_.size()));
+  out->Gauge("fulcrum_coordinator_long_polls", "Heartbeats and WatchJob streams waiting for a change, by call",
+             {{"call", "watch_job"}}, static_cast<double>(polls_.size() - heartbeat_polls_.size()));
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},
                static_cast<double>(reassignments_));

@@ -14,7 +14,9 @@
 //   - releases finished jobs: drops their tables on every server and frees
 //     their workers.
 // Nodes learn of changes through Heartbeat, a long poll that returns as soon
-// as anything they should know changed. Thread-safe.
+// as anything they should know changed; users follow a job the same way
+// (WaitJobAsync, behind WatchJob). A parked long poll holds no thread: one
+// wake-up thread answers them all. Thread-safe.
 #ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
 #define FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
 
@@ -31,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/deadline_timer.h"
 #include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
@@ -125,9 +128,23 @@ class Coordinator {
   absl::StatusOr<JobPage> ListJobs(int page_size, const std::string& page_token,
                                    const std::function<bool(const v1::Job&)>& visible) const;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
-  // Waits up to `timeout` for the job to change after `*version` (0: return
-  // at once); returns the job and sets *version.
-  absl::StatusOr<v1::Job> WaitJob(const std::string& job_id, uint64_t* version, absl::Duration timeout) const;
+
+  // ---- long polls (WatchJob, Heartbeat), parked without a thread
+  // `done` runs exactly once, never inside the call that parks it: on the
+  // wake-up thread, as soon as there is something to answer, at the timeout
+  // or at Shutdown. It must not block. The returned ticket withdraws the
+  // poll (CancelWait).
+  using JobCallback = std::function<void(absl::StatusOr<v1::Job> job, uint64_t version)>;
+  // Answers with the job and its version once the version differs from
+  // `version` (at once for 0), or unchanged at the timeout; NOT_FOUND once
+  // the job is gone, UNAVAILABLE when the coordinator shuts down.
+  uint64_t WaitJobAsync(const std::string& job_id, uint64_t version, absl::Duration timeout, JobCallback done);
+  using HeartbeatCallback = std::function<void(absl::StatusOr<v1::HeartbeatResponse>)>;
+  // Heartbeat below, answered through `done`.
+  uint64_t HeartbeatAsync(const v1::HeartbeatRequest& request, HeartbeatCallback done);
+  // Withdraws a parked poll: true when its `done` will not run, false when
+  // it has run or is about to.
+  bool CancelWait(uint64_t ticket);
 
   // ---- checkpoints (docs/checkpoints.md)
   // Takes a cut of a running job now; returns once it is committed.
@@ -143,6 +160,9 @@ class Coordinator {
 
   // ---- cluster API
   absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::NodeInfo& node);
+  // Marks the node heard, then answers once the generation differs from the
+  // request's (at once for 0) or after min(wait_ms, heartbeat_interval).
+  // Blocks; the gRPC service uses HeartbeatAsync.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(const v1::ReportProgressRequest& request);
   v1::ClusterState GetCluster() const;
@@ -273,6 +293,23 @@ class Coordinator {
   bool MapInstalledLocked(const std::vector<std::string>& live) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Long polls. A parked poll is in polls_ until RunPoll takes it (to
+  // answer) or CancelWait drops it: whoever removes it decides whether its
+  // answer runs. Its timer entry in waker_ runs RunPoll at its deadline;
+  // a wake moves that entry to now.
+  struct Poll {
+    std::string job_id;  // empty: a heartbeat, woken by generation_ changes
+    uint64_t timer = 0;
+    std::function<void()> answer;  // takes mu_ itself
+  };
+  uint64_t ParkLocked(const std::string& job_id, absl::Time deadline, std::function<void()> answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunPoll(uint64_t ticket);
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswer(const std::string& node_id);
+
   // Checkpoints. Starts the cuts and restores due now (on threads of their own).
   void ScheduleCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, const std::set<std::string>& live,
@@ -348,6 +385,14 @@ class Coordinator {
   uint64_t store_write_failures_ ABSL_GUARDED_BY(mu_) = 0;  // since this coordinator started
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
+
+  std::map<uint64_t, Poll> polls_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> heartbeat_polls_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_poll_ ABSL_GUARDED_BY(mu_) = 1;
+  int answering_ ABSL_GUARDED_BY(mu_) = 0;  // answers taken by RunPoll, not yet delivered
+  // Last: its thread stops first, while everything its answers use is alive.
+  DeadlineTimer waker_;
 };
 
 }  // namespace fulcrum

@@ -4,7 +4,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/config/job_spec.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
@@ -12,7 +15,148 @@
 
 namespace fulcrum {
 
-class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
+namespace {
+
+// A WatchJob refused before it started.
+class RefusedWatch : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  void OnDone() override { delete this; }
+};
+
+// One WatchJob stream: a parked Coordinator::WaitJobAsync between events,
+// so an open watch holds no thread. At any time the stream is doing one of:
+// waiting for the job to change (parked_), writing an event (a write in
+// flight), or finishing (finished_). gRPC calls are made outside mu_: the
+// last one (Finish) may delete the reactor.
+class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  WatchReactor(Coordinator* c, std::string job_id) : c_(c), job_id_(std::move(job_id)) {
+    absl::MutexLock lock(&mu_);
+    ParkLocked();
+  }
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok || cancelled_) {
+        finish = grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+      } else if (config::JobEnded(last_state_)) {
+        finish = grpc::Status::OK;
+      } else {
+        ParkLocked();
+      }
+      if (finish) finished_ = true;
+    }
+    if (finish) Finish(*finish);
+  }
+  void OnCancel() override {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      // Else a write is in flight (OnWriteDone follows) or the answer is on
+      // its way (OnJob sees cancelled_).
+      if (!finished_ && parked_ && c_->CancelWait(ticket_)) {
+        parked_ = false;
+        finish = finished_ = true;
+      }
+    }
+    if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void ParkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    parked_ = true;
+    ticket_ = c_->WaitJobAsync(job_id_, version_, absl::InfiniteDuration(),
+                               [this](absl::StatusOr<v1::Job> job, uint64_t version) { OnJob(std::move(job), version); });
+  }
+  void OnJob(absl::StatusOr<v1::Job> job, uint64_t version) {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      parked_ = false;
+      if (cancelled_) {
+        finish = grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+      } else if (!job.ok()) {
+        finish = ToGrpcStatus(job.status());
+      } else {
+        event_.Clear();
+        if (version_ == 0) {
+          event_.set_kind("snapshot");
+        } else if (job->status().state() != last_state_) {
+          event_.set_kind("state");
+        } else if (static_cast<size_t>(job->status().epochs_size()) != last_epochs_) {
+          event_.set_kind("epoch");
+        } else {
+          event_.set_kind("progress");
+        }
+        version_ = version;
+        last_state_ = job->status().state();
+        last_epochs_ = job->status().epochs_size();
+        *event_.mutable_job() = *std::move(job);
+      }
+      if (finish) finished_ = true;
+    }
+    if (finish) {
+      Finish(*finish);
+    } else {
+      StartWrite(&event_);
+    }
+  }
+
+  Coordinator* const c_;
+  const std::string job_id_;
+  absl::Mutex mu_;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // of the last event written; 0: none yet
+  v1::JobState last_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_UNSPECIFIED;
+  size_t last_epochs_ ABSL_GUARDED_BY(mu_) = 0;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  v1::JobEvent event_;  // written by OnJob, read by gRPC until OnWriteDone
+};
+
+// One Heartbeat call, parked in Coordinator::HeartbeatAsync without a
+// thread. Finish is called once: by the answer, or by OnCancel when it
+// withdrew the poll before the answer came.
+class HeartbeatReactor : public grpc::ServerUnaryReactor {
+ public:
+  HeartbeatReactor(Coordinator* c, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) : c_(c) {
+    absl::MutexLock lock(&mu_);  // the answer waits until ticket_ is set
+    ticket_ = c_->HeartbeatAsync(req, [this, resp](absl::StatusOr<v1::HeartbeatResponse> r) {
+      {
+        absl::MutexLock lock(&mu_);
+        answered_ = true;
+      }
+      if (r.ok()) *resp = *std::move(r);
+      Finish(ToGrpcStatus(r.status()));
+    });
+  }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (answered_ || !c_->CancelWait(ticket_)) return;
+      answered_ = true;
+    }
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat cancelled"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const c_;
+  absl::Mutex mu_;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+// The job API is synchronous but for WatchJob, whose streams stay open for
+// as long as a job runs: each is a reactor over a parked poll, not a thread.
+class CoordinatorGrpcServer::JobImpl final
+    : public v1::JobService::WithCallbackMethod_WatchJob<v1::JobService::Service> {
  public:
   JobImpl(Coordinator* c, std::shared_ptr<TokenAuthenticator> tokens) : c_(c), tokens_(std::move(tokens)) {}
 
@@ -48,29 +192,13 @@ class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
     *resp = *std::move(j);
     return grpc::Status::OK;
   }
-  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::JobRef* req,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override {
-    if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
-    uint64_t version = 0;
-    v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
-    size_t last_epochs = 0;
-    for (bool first = true;; first = false) {
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
-      const uint64_t before = version;
-      auto j = c_->WaitJob(req->job_id(), &version, absl::Seconds(1));
-      if (!j.ok()) return ToGrpcStatus(j.status());
-      if (!first && version == before) continue;  // nothing new; check the client is still there
-      v1::JobEvent e;
-      if (first) e.set_kind("snapshot");
-      else if (j->status().state() != last_state) e.set_kind("state");
-      else if (static_cast<size_t>(j->status().epochs_size()) != last_epochs) e.set_kind("epoch");
-      else e.set_kind("progress");
-      last_state = j->status().state();
-      last_epochs = j->status().epochs_size();
-      *e.mutable_job() = *std::move(j);
-      if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
-      if (config::JobEnded(last_state)) return grpc::Status::OK;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* ctx, const v1::JobRef* req) override {
+    if (auto a = Access(*ctx, req->job_id()); !a.ok()) {
+      auto* refused = new RefusedWatch();
+      refused->Finish(ToGrpcStatus(a.status()));
+      return refused;
     }
+    return new WatchReactor(c_, req->job_id());
   }
   grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::CheckpointInfo* resp) override {
     if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
@@ -123,7 +251,9 @@ class CoordinatorGrpcServer::JobImpl final : public v1::JobService::Service {
   std::shared_ptr<TokenAuthenticator> tokens_;
 };
 
-class CoordinatorGrpcServer::ClusterImpl final : public v1::ClusterService::Service {
+// Likewise Heartbeat: every node keeps one parked here.
+class CoordinatorGrpcServer::ClusterImpl final
+    : public v1::ClusterService::WithCallbackMethod_Heartbeat<v1::ClusterService::Service> {
  public:
   ClusterImpl(Coordinator* c, JobImpl* jobs) : c_(c), jobs_(jobs) {}
 
@@ -143,16 +273,15 @@ class CoordinatorGrpcServer::ClusterImpl final : public v1::ClusterService::Serv
     *resp = *std::move(r);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override {
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override {
     if (auto s = security::RequireRole(*ctx, {security::Role::kServer, security::Role::kWorker}, "Heartbeat");
         !s.ok()) {
-      return ToGrpcStatus(s);
+      auto* reactor = ctx->DefaultReactor();
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
     }
-    auto r = c_->Heartbeat(*req);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = *std::move(r);
-    return grpc::Status::OK;
+    return new HeartbeatReactor(c_, *req, resp);
   }
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ReportProgressRequest* req,
                               v1::ReportProgressResponse* resp) override {

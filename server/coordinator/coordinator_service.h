@@ -1,6 +1,7 @@
-// gRPC front end of a Coordinator: JobService and ClusterService (sync API;
-// WatchJob and Heartbeat are long polls, one thread each), plus the standard
-// health service and server reflection.
+// gRPC front end of a Coordinator: JobService and ClusterService, plus the
+// standard health service and server reflection. Unary calls use the sync
+// API; the long polls (WatchJob, Heartbeat) are callback reactors over the
+// coordinator's parked polls, so open ones hold no thread.
 #ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 

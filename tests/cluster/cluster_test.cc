@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -1532,6 +1533,176 @@ TEST_CASE("a cut still in flight when its job rolls back is never committed", "[
         absl::StrCat("checkpoint ", in_flight, ": the job rolled back while the cut was taken"));
   for (const auto& c : j.status().checkpoints()) CHECK(c.cut_id() != in_flight);
   Cancel(cluster.jobs(), id);
+}
+
+// Threads of this process, from /proc/self/status.
+int ThreadsOfThisProcess() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// A heartbeat through gRPC's callback API: no client thread waits on it.
+struct ParkedHeartbeat {
+  grpc::ClientContext ctx;
+  v1::HeartbeatRequest req;
+  v1::HeartbeatResponse resp;
+  std::promise<grpc::Status> done;
+};
+
+TEST_CASE("open WatchJob streams and heartbeats hold no coordinator thread and are released on cancel and shutdown",
+          "[cluster]") {
+  BareCoordinator bare([](CoordinatorOptions& o) {
+    o.heartbeat_interval = absl::Seconds(60);  // heartbeats stay parked
+    o.node_timeout = absl::Seconds(120);
+  });
+  Coordinator& coordinator = *bare;
+  auto server = CoordinatorGrpcServer::Start(&coordinator, "127.0.0.1:0");
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto cluster = v1::ClusterService::NewStub(channel);
+  std::string id;
+  REQUIRE(Submit(jobs.get(), DigitsSpec(), &id).ok());  // stays PENDING: no server
+  auto polls = [&](const char* call) {
+    return MetricOf(coordinator, absl::StrCat("fulcrum_coordinator_long_polls{call=\"", call, "\"}"));
+  };
+  auto settles_at = [&](const char* call, double want) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (polls(call) != want && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return polls(call) == want;
+  };
+
+  // 40 watchers, each past its first event (the snapshot), then parked.
+  const int threads_before = ThreadsOfThisProcess();
+  std::vector<std::unique_ptr<grpc::ClientContext>> watch_ctx;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::JobEvent>>> watches;
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  for (int i = 0; i < 40; ++i) {
+    watch_ctx.push_back(std::make_unique<grpc::ClientContext>());
+    watches.push_back(jobs->WatchJob(watch_ctx.back().get(), ref));
+    v1::JobEvent e;
+    REQUIRE(watches.back()->Read(&e));
+    CHECK(e.kind() == "snapshot");
+  }
+  // 20 nodes, each with a heartbeat parked (the generation they send is
+  // the current one, so there is nothing to answer for 60 s).
+  std::vector<std::unique_ptr<ParkedHeartbeat>> beats;
+  for (int i = 0; i < 20; ++i) {
+    v1::RegisterNodeRequest reg;
+    reg.mutable_node()->set_role(v1::WORKER);
+    reg.mutable_node()->set_hostname(absl::StrCat("parked-", i));
+    v1::RegisterNodeResponse r;
+    REQUIRE(cluster->RegisterNode(Ctx().get(), reg, &r).ok());
+    auto hb = std::make_unique<ParkedHeartbeat>();
+    hb->req.set_node_id(r.node_id());
+    hb->req.set_generation(coordinator.GetCluster().generation());
+    hb->req.set_wait_ms(60000);
+    cluster->async()->Heartbeat(&hb->ctx, &hb->req, &hb->resp, [p = hb.get()](grpc::Status s) { p->done.set_value(s); });
+    beats.push_back(std::move(hb));
+  }
+  CHECK(settles_at("watch_job", 40));
+  CHECK(settles_at("heartbeat", 20));
+  // With a thread per open call there would be 60 more; gRPC's own pollers
+  // and executors come to a few.
+  CHECK(ThreadsOfThisProcess() - threads_before < 20);
+
+  // Watchers and nodes that hang up withdraw their polls.
+  for (int i = 0; i < 20; ++i) watch_ctx[static_cast<size_t>(i)]->TryCancel();
+  for (int i = 0; i < 10; ++i) beats[static_cast<size_t>(i)]->ctx.TryCancel();
+  CHECK(settles_at("watch_job", 20));
+  CHECK(settles_at("heartbeat", 10));
+  for (int i = 0; i < 20; ++i) {
+    v1::JobEvent e;
+    CHECK_FALSE(watches[static_cast<size_t>(i)]->Read(&e));
+    CHECK(watches[static_cast<size_t>(i)]->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  }
+  for (int i = 0; i < 10; ++i) {
+    CHECK(beats[static_cast<size_t>(i)]->done.get_future().get().error_code() == grpc::StatusCode::CANCELLED);
+  }
+
+  // The job ends: each remaining watcher gets the CANCELLED state as its
+  // last event, and the stream ends OK.
+  {
+    v1::Job j;
+    REQUIRE(jobs->CancelJob(Ctx().get(), ref, &j).ok());
+  }
+  for (int i = 20; i < 40; ++i) {
+    v1::JobEvent e, last;
+    while (watches[static_cast<size_t>(i)]->Read(&e)) last = e;
+    CHECK(last.kind() == "state");
+    CHECK(last.job().status().state() == v1::CANCELLED);
+    CHECK(watches[static_cast<size_t>(i)]->Finish().ok());
+  }
+  CHECK(settles_at("watch_job", 0));
+
+  // Shutdown with 10 heartbeats parked answers them and returns at once,
+  // not after their 60 s.
+  const absl::Time stop = absl::Now();
+  (*server)->Shutdown();
+  CHECK(absl::Now() - stop < absl::Seconds(5));
+  for (int i = 10; i < 20; ++i) {
+    auto f = beats[static_cast<size_t>(i)]->done.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+    const grpc::Status s = f.get();
+    // Answered with the new generation before the transport closed, or cut.
+    CHECK((s.ok() || s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+           s.error_code() == grpc::StatusCode::CANCELLED));
+  }
+  CHECK(polls("heartbeat") == 0);
+}
+
+TEST_CASE("watchers that hang up at random moments of a running job each end cleanly and leave no poll behind",
+          "[cluster]") {
+  InProcessCluster cluster(2, 2);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  // Progress reports change the job many times a second, so a hang-up
+  // lands while a watch is parked, while its event is being written, or
+  // while its answer is on the way.
+  constexpr int kWatchers = 24;
+  std::vector<std::thread> threads;
+  std::atomic<int> cancelled{0}, to_the_end{0}, wrong{0};
+  for (int i = 0; i < kWatchers; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      auto reader = cluster.jobs()->WatchJob(&ctx, ref);
+      const bool hang_up = i % 3 != 0;
+      const absl::Time leave = absl::Now() + absl::Milliseconds(50 * i);
+      v1::JobEvent e, last;
+      int events = 0;
+      while (reader->Read(&e)) {
+        last = e;
+        ++events;
+        if (hang_up && absl::Now() >= leave) ctx.TryCancel();
+      }
+      const grpc::Status s = reader->Finish();
+      if (s.ok() && config::JobEnded(last.job().status().state()) && events > 0) {
+        ++to_the_end;
+      } else if (hang_up && s.error_code() == grpc::StatusCode::CANCELLED) {
+        ++cancelled;
+      } else {
+        ++wrong;
+        WARN("watcher " << i << ": " << s.error_code() << " " << s.error_message() << " after " << events
+                        << " events");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(wrong == 0);
+  CHECK(to_the_end >= kWatchers / 3);  // those that never hang up
+  CHECK(cancelled >= 1);
+  CHECK(cancelled + to_the_end == kWatchers);
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  auto open = [&] { return MetricOf(cluster.coordinator(), "fulcrum_coordinator_long_polls{call=\"watch_job\"}"); };
+  while (open() != 0 && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(open() == 0);
 }
 
 }  // namespace
