@@ -434,7 +434,8 @@ void Coordinator::BumpGenerationLocked() {
 
 // ---------------------------------------------------------------- long polls
 
-uint64_t Coordinator::ParkLocked(const std::string& job_id, absl::Time deadline, std::function<void()> answer) {
+uint64_t Coordinator::ParkLocked(const std::string& job_id, absl::Time deadline,
+                                 std::function<std::function<void()>()> answer) {
   const uint64_t ticket = next_poll_++;
   Poll& p = polls_[ticket];
   p.job_id = job_id;
@@ -474,16 +475,16 @@ void Coordinator::ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) {
 }
 
 void Coordinator::RunPoll(uint64_t ticket) {
-  std::function<void()> answer;
+  std::function<void()> deliver;
   {
     absl::MutexLock lock(&mu_);
     auto it = polls_.find(ticket);
     if (it == polls_.end()) return;  // withdrawn
-    answer = std::move(it->second.answer);
+    deliver = it->second.answer();
     ForgetPollLocked(it);
     ++answering_;
   }
-  answer();
+  deliver();
   absl::MutexLock lock(&mu_);
   --answering_;
 }
@@ -497,28 +498,24 @@ bool Coordinator::CancelWait(uint64_t ticket) {
   return true;
 }
 
-uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, absl::Duration timeout,
-                                   JobCallback done) {
+uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, JobCallback done) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   const bool now = version == 0 || shutdown_ || it == jobs_.end() || it->second.version != version;
-  return ParkLocked(job_id, now ? absl::InfinitePast() : absl::Now() + timeout,
-                    [this, job_id, done = std::move(done)] {
+  return ParkLocked(job_id, now ? absl::InfinitePast() : absl::InfiniteFuture(),
+                    [this, job_id, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                       absl::StatusOr<v1::Job> job;
                       uint64_t at = 0;
-                      {
-                        absl::MutexLock lock(&mu_);
-                        auto j = jobs_.find(job_id);
-                        if (shutdown_) {
-                          job = absl::UnavailableError("coordinator is shutting down");
-                        } else if (j == jobs_.end()) {
-                          job = absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-                        } else {
-                          job = j->second.job;
-                          at = j->second.version;
-                        }
+                      auto j = jobs_.find(job_id);
+                      if (shutdown_) {
+                        job = absl::UnavailableError("coordinator is shutting down");
+                      } else if (j == jobs_.end()) {
+                        job = absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+                      } else {
+                        job = j->second.job;
+                        at = j->second.version;
                       }
-                      done(std::move(job), at);
+                      return [done, job = std::move(job), at]() mutable { done(std::move(job), at); };
                     });
 }
 
@@ -912,14 +909,15 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
   }
   const bool now = !refused.ok() || shutdown_ || req.generation() == 0 || req.generation() != generation_;
   const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
-  return ParkLocked("", now ? absl::InfinitePast() : absl::Now() + wait,
-                    [this, node_id = req.node_id(), refused, done = std::move(done)] {
-                      done(refused.ok() ? HeartbeatAnswer(node_id) : refused);
-                    });
+  auto answer = [this, node_id = req.node_id(), refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<v1::HeartbeatResponse> r =
+        refused.ok() ? HeartbeatAnswerLocked(node_id) : absl::StatusOr<v1::HeartbeatResponse>(refused);
+    return [done, r = std::move(r)]() mutable { done(std::move(r)); };
+  };
+  return ParkLocked("", now ? absl::InfinitePast() : absl::Now() + wait, std::move(answer));
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswer(const std::string& node_id) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || !it->second.alive) {
     return absl::NotFoundError(absl::StrCat("node '", node_id, "' was declared dead; register again"));

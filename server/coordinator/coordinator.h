@@ -131,14 +131,14 @@ class Coordinator {
 
   // ---- long polls (WatchJob, Heartbeat), parked without a thread
   // `done` runs exactly once, never inside the call that parks it: on the
-  // wake-up thread, as soon as there is something to answer, at the timeout
-  // or at Shutdown. It must not block. The returned ticket withdraws the
+  // wake-up thread, as soon as there is something to answer, at a
+  // heartbeat's timeout or at Shutdown. It must not block. The returned ticket withdraws the
   // poll (CancelWait).
   using JobCallback = std::function<void(absl::StatusOr<v1::Job> job, uint64_t version)>;
   // Answers with the job and its version once the version differs from
-  // `version` (at once for 0), or unchanged at the timeout; NOT_FOUND once
-  // the job is gone, UNAVAILABLE when the coordinator shuts down.
-  uint64_t WaitJobAsync(const std::string& job_id, uint64_t version, absl::Duration timeout, JobCallback done);
+  // `version` (at once for 0); NOT_FOUND once the job is gone, UNAVAILABLE
+  // when the coordinator shuts down.
+  uint64_t WaitJobAsync(const std::string& job_id, uint64_t version, JobCallback done);
   using HeartbeatCallback = std::function<void(absl::StatusOr<v1::HeartbeatResponse>)>;
   // Heartbeat below, answered through `done`.
   uint64_t HeartbeatAsync(const v1::HeartbeatRequest& request, HeartbeatCallback done);
@@ -300,15 +300,18 @@ class Coordinator {
   struct Poll {
     std::string job_id;  // empty: a heartbeat, woken by generation_ changes
     uint64_t timer = 0;
-    std::function<void()> answer;  // takes mu_ itself
+    // Called under mu_ to answer; returns what delivers the answer (runs
+    // `done`) outside the lock.
+    std::function<std::function<void()>()> answer;
   };
-  uint64_t ParkLocked(const std::string& job_id, absl::Time deadline, std::function<void()> answer)
+  uint64_t ParkLocked(const std::string& job_id, absl::Time deadline, std::function<std::function<void()>()> answer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPoll(uint64_t ticket);
-  absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswer(const std::string& node_id);
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswerLocked(const std::string& node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Checkpoints. Starts the cuts and restores due now (on threads of their own).
   void ScheduleCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -24,10 +24,10 @@ class RefusedWatch : public grpc::ServerWriteReactor<v1::JobEvent> {
 };
 
 // One WatchJob stream: a parked Coordinator::WaitJobAsync between events,
-// so an open watch holds no thread. At any time the stream is doing one of:
-// waiting for the job to change (parked_), writing an event (a write in
-// flight), or finishing (finished_). gRPC calls are made outside mu_: the
-// last one (Finish) may delete the reactor.
+// so an open watch holds no thread. At any time the stream is either
+// parked (ticket_), writing an event, or finishing; a hang-up finishes it at
+// once only while it is parked (CancelWait is true exactly then). gRPC calls
+// are made outside mu_: the last one (Finish) may delete the reactor.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(Coordinator* c, std::string job_id) : c_(c), job_id_(std::move(job_id)) {
@@ -45,7 +45,6 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
       } else {
         ParkLocked();
       }
-      if (finish) finished_ = true;
     }
     if (finish) Finish(*finish);
   }
@@ -54,12 +53,9 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
     {
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
-      // Else a write is in flight (OnWriteDone follows) or the answer is on
-      // its way (OnJob sees cancelled_).
-      if (!finished_ && parked_ && c_->CancelWait(ticket_)) {
-        parked_ = false;
-        finish = finished_ = true;
-      }
+      // Else a write is in flight (OnWriteDone follows), the answer is on
+      // its way (OnJob sees cancelled_), or the stream is finishing.
+      finish = c_->CancelWait(ticket_);
     }
     if (finish) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
   }
@@ -67,15 +63,14 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
 
  private:
   void ParkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    parked_ = true;
-    ticket_ = c_->WaitJobAsync(job_id_, version_, absl::InfiniteDuration(),
-                               [this](absl::StatusOr<v1::Job> job, uint64_t version) { OnJob(std::move(job), version); });
+    ticket_ = c_->WaitJobAsync(job_id_, version_, [this](absl::StatusOr<v1::Job> job, uint64_t version) {
+      OnJob(std::move(job), version);
+    });
   }
   void OnJob(absl::StatusOr<v1::Job> job, uint64_t version) {
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
-      parked_ = false;
       if (cancelled_) {
         finish = grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
       } else if (!job.ok()) {
@@ -96,7 +91,6 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
         last_epochs_ = job->status().epochs_size();
         *event_.mutable_job() = *std::move(job);
       }
-      if (finish) finished_ = true;
     }
     if (finish) {
       Finish(*finish);
@@ -111,44 +105,30 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // of the last event written; 0: none yet
   v1::JobState last_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_UNSPECIFIED;
   size_t last_epochs_ ABSL_GUARDED_BY(mu_) = 0;
-  bool parked_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;  // of the latest park; stale once answered
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   v1::JobEvent event_;  // written by OnJob, read by gRPC until OnWriteDone
 };
 
 // One Heartbeat call, parked in Coordinator::HeartbeatAsync without a
 // thread. Finish is called once: by the answer, or by OnCancel when it
-// withdrew the poll before the answer came.
+// withdrew the poll before the answer came (CancelWait is true then, and
+// the answer never runs). gRPC calls OnCancel only after the constructor.
 class HeartbeatReactor : public grpc::ServerUnaryReactor {
  public:
-  HeartbeatReactor(Coordinator* c, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) : c_(c) {
-    absl::MutexLock lock(&mu_);  // the answer waits until ticket_ is set
-    ticket_ = c_->HeartbeatAsync(req, [this, resp](absl::StatusOr<v1::HeartbeatResponse> r) {
-      {
-        absl::MutexLock lock(&mu_);
-        answered_ = true;
-      }
-      if (r.ok()) *resp = *std::move(r);
-      Finish(ToGrpcStatus(r.status()));
-    });
-  }
+  HeartbeatReactor(Coordinator* c, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp)
+      : c_(c), ticket_(c->HeartbeatAsync(req, [this, resp](absl::StatusOr<v1::HeartbeatResponse> r) {
+          if (r.ok()) *resp = *std::move(r);
+          Finish(ToGrpcStatus(r.status()));
+        })) {}
   void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (answered_ || !c_->CancelWait(ticket_)) return;
-      answered_ = true;
-    }
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat cancelled"));
+    if (c_->CancelWait(ticket_)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat cancelled"));
   }
   void OnDone() override { delete this; }
 
  private:
   Coordinator* const c_;
-  absl::Mutex mu_;
-  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  const uint64_t ticket_;
 };
 
 }  // namespace

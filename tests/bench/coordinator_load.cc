@@ -64,16 +64,6 @@ using Clock = std::chrono::steady_clock;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// From /proc/PID/status.
-int64_t Threads(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
-  }
-  return -1;
-}
-
 // User plus system CPU seconds of `pid`, from /proc/PID/stat.
 double CpuSeconds(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
@@ -263,8 +253,8 @@ int Run() {
   const int heartbeat_ms = 1000;
   testing::Process coordinator =
       testing::Spawn({absl::GetFlag(FLAGS_coordinator_binary), "--listen=" + address, "--data_dir=" + dir + "/state",
-                      "--metrics_addr=", "--insecure", "--min_servers=2", absl::StrCat("--heartbeat_interval_ms=", heartbeat_ms),
-                      "--node_timeout_ms=5000"},
+                      "--metrics_addr=", "--insecure", "--min_servers=2",
+                      absl::StrCat("--heartbeat_interval_ms=", heartbeat_ms), "--node_timeout_ms=5000"},
                      dir + "/coordinator.log");
   if (!testing::WaitForListening(port, 60000, coordinator.pid)) {
     std::cerr << "the coordinator does not listen on " << address << ":\n" << testing::ReadFile(coordinator.log);
@@ -323,7 +313,7 @@ int Run() {
   };
   std::vector<double> idle_ms, loaded_ms;
   get_job_ms(Clock::now() + std::chrono::seconds(2), &idle_ms);
-  const int64_t threads_idle = Threads(pid);
+  const int64_t threads_idle = testing::ThreadCount(pid);
   const int64_t rss_idle = testing::RssKiB(pid);
 
   // Register every node, then start their heartbeats.
@@ -359,7 +349,7 @@ int Run() {
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * heartbeat_ms));
 
   // The load idles: each node's call returns once a heartbeat_interval.
-  const int64_t threads_loaded = Threads(pid);
+  const int64_t threads_loaded = testing::ThreadCount(pid);
   int64_t answers_before = 0;
   for (const auto& n : nodes) answers_before += n->answers();
   const double cpu_before = CpuSeconds(pid);
@@ -492,8 +482,8 @@ int Run() {
                                term_ms);
   std::cout << absl::StrFormat("workers alive at the end: %d of %d\n", alive, nnodes);
   const int64_t growth = threads_loaded - threads_idle;
-  const bool ok = errors_before_term == 0 && all_up && nodes_heard && watchers_missed == 0 && alive == nnodes && clean_exit &&
-                  growth <= absl::GetFlag(FLAGS_max_thread_growth);
+  const bool ok = errors_before_term == 0 && all_up && nodes_heard && watchers_missed == 0 && alive == nnodes &&
+                  clean_exit && growth <= absl::GetFlag(FLAGS_max_thread_growth);
   std::cout << absl::StrFormat(
       "errors before SIGTERM: %d; watchers that missed their job's end: %d; thread growth under load: %d (at most "
       "%d)\n",

@@ -1535,14 +1535,14 @@ TEST_CASE("a cut still in flight when its job rolls back is never committed", "[
   Cancel(cluster.jobs(), id);
 }
 
-// Threads of this process, from /proc/self/status.
-int ThreadsOfThisProcess() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+// Whether fulcrum_coordinator_long_polls{call} reads `want` within 10 s.
+bool LongPollsSettle(const Coordinator& c, const char* call, double want) {
+  const std::string series = absl::StrCat("fulcrum_coordinator_long_polls{call=\"", call, "\"}");
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (MetricOf(c, series) != want && absl::Now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return -1;
+  return MetricOf(c, series) == want;
 }
 
 // A heartbeat through gRPC's callback API: no client thread waits on it.
@@ -1567,17 +1567,10 @@ TEST_CASE("open WatchJob streams and heartbeats hold no coordinator thread and a
   auto cluster = v1::ClusterService::NewStub(channel);
   std::string id;
   REQUIRE(Submit(jobs.get(), DigitsSpec(), &id).ok());  // stays PENDING: no server
-  auto polls = [&](const char* call) {
-    return MetricOf(coordinator, absl::StrCat("fulcrum_coordinator_long_polls{call=\"", call, "\"}"));
-  };
-  auto settles_at = [&](const char* call, double want) {
-    const absl::Time end = absl::Now() + absl::Seconds(10);
-    while (polls(call) != want && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return polls(call) == want;
-  };
+  auto settles_at = [&](const char* call, double want) { return LongPollsSettle(coordinator, call, want); };
 
   // 40 watchers, each past its first event (the snapshot), then parked.
-  const int threads_before = ThreadsOfThisProcess();
+  const int64_t threads_before = testing::ThreadCount(getpid());
   std::vector<std::unique_ptr<grpc::ClientContext>> watch_ctx;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::JobEvent>>> watches;
   v1::JobRef ref;
@@ -1602,14 +1595,15 @@ TEST_CASE("open WatchJob streams and heartbeats hold no coordinator thread and a
     hb->req.set_node_id(r.node_id());
     hb->req.set_generation(coordinator.GetCluster().generation());
     hb->req.set_wait_ms(60000);
-    cluster->async()->Heartbeat(&hb->ctx, &hb->req, &hb->resp, [p = hb.get()](grpc::Status s) { p->done.set_value(s); });
+    cluster->async()->Heartbeat(&hb->ctx, &hb->req, &hb->resp,
+                                [p = hb.get()](grpc::Status s) { p->done.set_value(s); });
     beats.push_back(std::move(hb));
   }
   CHECK(settles_at("watch_job", 40));
   CHECK(settles_at("heartbeat", 20));
   // With a thread per open call there would be 60 more; gRPC's own pollers
   // and executors come to a few.
-  CHECK(ThreadsOfThisProcess() - threads_before < 20);
+  CHECK(testing::ThreadCount(getpid()) - threads_before < 20);
 
   // Watchers and nodes that hang up withdraw their polls.
   for (int i = 0; i < 20; ++i) watch_ctx[static_cast<size_t>(i)]->TryCancel();
@@ -1653,7 +1647,7 @@ TEST_CASE("open WatchJob streams and heartbeats hold no coordinator thread and a
     CHECK((s.ok() || s.error_code() == grpc::StatusCode::UNAVAILABLE ||
            s.error_code() == grpc::StatusCode::CANCELLED));
   }
-  CHECK(polls("heartbeat") == 0);
+  CHECK(MetricOf(coordinator, "fulcrum_coordinator_long_polls{call=\"heartbeat\"}") == 0);
 }
 
 TEST_CASE("watchers that hang up at random moments of a running job each end cleanly and leave no poll behind",
@@ -1699,10 +1693,7 @@ TEST_CASE("watchers that hang up at random moments of a running job each end cle
   CHECK(to_the_end >= kWatchers / 3);  // those that never hang up
   CHECK(cancelled >= 1);
   CHECK(cancelled + to_the_end == kWatchers);
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  auto open = [&] { return MetricOf(cluster.coordinator(), "fulcrum_coordinator_long_polls{call=\"watch_job\"}"); };
-  while (open() != 0 && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(open() == 0);
+  CHECK(LongPollsSettle(cluster.coordinator(), "watch_job", 0));
 }
 
 }  // namespace

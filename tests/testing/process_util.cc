@@ -73,13 +73,22 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-int64_t RssKiB(pid_t pid) {
+namespace {
+
+// A number field ("VmRSS:", "Threads:") of /proc/PID/status, or -1.
+int64_t StatusField(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+    if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + field.size());
   }
   return -1;
 }
+
+}  // namespace
+
+int64_t RssKiB(pid_t pid) { return StatusField(pid, "VmRSS:"); }
+
+int64_t ThreadCount(pid_t pid) { return StatusField(pid, "Threads:"); }
 
 }  // namespace fulcrum::testing

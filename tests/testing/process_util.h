@@ -34,6 +34,8 @@ std::string MakeTempDir(const std::string& prefix);
 std::string ReadFile(const std::string& path);
 // Resident memory of process `pid` in KiB (VmRSS), or -1.
 int64_t RssKiB(pid_t pid);
+// Threads of process `pid` (/proc/PID/status), or -1.
+int64_t ThreadCount(pid_t pid);
 
 }  // namespace fulcrum::testing
 
