@@ -68,11 +68,21 @@ struct ParseError {
   int line = 0;
 };
 
+// Lists and mappings nest at most this deep (a job spec needs 4): the
+// parsers recurse once per level, and a file of 30 000 '[' must get an
+// error, not exhaust the stack.
+constexpr int kMaxNesting = 64;
+
+std::string TooDeep() {
+  return absl::StrCat("lists and mappings nest more than ", kMaxNesting, " levels deep here");
+}
+
 // ---------------------------------------------------------------- flow / JSON
 
 class FlowParser {
  public:
-  FlowParser(std::string_view text, int first_line) : s_(text), line_(first_line) {}
+  // `depth`: the levels of nesting around the text (a flow value inside block YAML).
+  FlowParser(std::string_view text, int first_line, int depth = 0) : s_(text), line_(first_line), depth_(depth) {}
 
   bool Parse(Node* out, ParseError* err) {
     if (!Value(out, err)) return false;
@@ -148,7 +158,15 @@ class FlowParser {
     if (i_ >= s_.size()) return Fail(err, "expected a value");
     const char c = s_[i_];
     if (c == '"' || c == '\'') return Quoted(out, err);
+    if ((c == '[' || c == '{') && depth_ >= kMaxNesting) return Fail(err, TooDeep());
+    // One level deeper for the list or mapping below.
+    struct Level {
+      int* depth;
+      explicit Level(int* d) : depth(d) { ++*depth; }
+      ~Level() { --*depth; }
+    };
     if (c == '[') {
+      Level level(&depth_);
       ++i_;
       out->kind = Node::Kind::kList;
       Skip();
@@ -173,6 +191,7 @@ class FlowParser {
       }
     }
     if (c == '{') {
+      Level level(&depth_);
       ++i_;
       out->kind = Node::Kind::kMap;
       Skip();
@@ -214,6 +233,7 @@ class FlowParser {
   std::string_view s_;
   size_t i_ = 0;
   int line_;
+  int depth_;
 };
 
 // ---------------------------------------------------------------- block YAML
@@ -269,7 +289,7 @@ class BlockParser {
       out->kind = Node::Kind::kMap;
       return true;
     }
-    if (!Block(lines_[0].indent, out, err)) return false;
+    if (!Block(lines_[0].indent, 0, out, err)) return false;
     if (pos_ < lines_.size()) {
       err->message = "unexpected indentation";
       err->line = lines_[pos_].number;
@@ -281,21 +301,27 @@ class BlockParser {
  private:
   static bool IsItem(const std::string& t) { return t == "-" || t.rfind("- ", 0) == 0; }
 
-  bool Scalar(std::string_view text, int line, Node* out, ParseError* err) {
+  bool Scalar(std::string_view text, int line, int depth, Node* out, ParseError* err) {
     if (!text.empty() && (text[0] == '&' || text[0] == '*' || text[0] == '!' || text[0] == '|' || text[0] == '>')) {
       err->message = absl::StrCat("'", std::string(1, text[0]),
                                   "' (anchors, aliases, tags, block scalars) is not supported in Fulcrum specs");
       err->line = line;
       return false;
     }
-    FlowParser p(text, line);
+    FlowParser p(text, line, depth);
     if (!p.Parse(out, err)) return false;
     out->line = line;
     return true;
   }
 
-  bool Block(int indent, Node* out, ParseError* err) {
+  // `depth`: the levels of lists and mappings around this block.
+  bool Block(int indent, int depth, Node* out, ParseError* err) {
     out->line = lines_[pos_].number;
+    if (depth >= kMaxNesting) {
+      err->message = TooDeep();
+      err->line = lines_[pos_].number;
+      return false;
+    }
     if (IsItem(lines_[pos_].text)) {
       out->kind = Node::Kind::kList;
       while (pos_ < lines_.size() && lines_[pos_].indent == indent && IsItem(lines_[pos_].text)) {
@@ -306,16 +332,16 @@ class BlockParser {
         if (rest.empty()) {
           ++pos_;
           if (pos_ < lines_.size() && lines_[pos_].indent > indent) {
-            if (!Block(lines_[pos_].indent, &item, err)) return false;
+            if (!Block(lines_[pos_].indent, depth + 1, &item, err)) return false;
           }
         } else if (KeyColon(rest) != std::string::npos || IsItem(rest)) {
           // "- key: value": a mapping (or nested list) whose first line starts
           // after the dash.
           l.indent = indent + static_cast<int>(l.text.size() - rest.size());
           l.text = rest;
-          if (!Block(l.indent, &item, err)) return false;
+          if (!Block(l.indent, depth + 1, &item, err)) return false;
         } else {
-          if (!Scalar(rest, l.number, &item, err)) return false;
+          if (!Scalar(rest, l.number, depth + 1, &item, err)) return false;
           ++pos_;
         }
         out->list.push_back(std::move(item));
@@ -352,10 +378,10 @@ class BlockParser {
       value.line = l.number;
       ++pos_;
       if (!rest.empty()) {
-        if (!Scalar(rest, l.number, &value, err)) return false;
+        if (!Scalar(rest, l.number, depth + 1, &value, err)) return false;
       } else if (pos_ < lines_.size() &&
                  (lines_[pos_].indent > indent || (lines_[pos_].indent == indent && IsItem(lines_[pos_].text)))) {
-        if (!Block(lines_[pos_].indent, &value, err)) return false;
+        if (!Block(lines_[pos_].indent, depth + 1, &value, err)) return false;
         value.line = l.number;
       }
       out->map.push_back({std::move(key), std::move(value)});

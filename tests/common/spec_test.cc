@@ -110,6 +110,28 @@ TEST_CASE("syntax errors name the file and line", "[spec]") {
   CHECK(ParseSpecFile("/nonexistent/spec.yaml", &s).code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("nesting past 64 levels is a syntax error in flow and block YAML and JSON not a crash", "[spec]") {
+  v1::JobSpec s;
+  const std::string deep_flow = "checkpoint: " + std::string(30000, '[');
+  std::string deep_json;
+  for (int i = 0; i < 10000; ++i) deep_json += "{\"k\": ";
+  std::string deep_items;
+  for (int i = 0; i < 15000; ++i) deep_items += "- ";
+  deep_items += "x\n";
+  std::string deep_block;
+  for (int i = 0; i < 200; ++i) deep_block += std::string(static_cast<size_t>(i), ' ') + "k:\n";
+  for (const std::string& text : {deep_flow, deep_json, deep_items, deep_block}) {
+    const absl::Status st = ParseSpecText(text, "deep.yaml", &s);
+    INFO(st.message().substr(0, 200));
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(st.message()).find("nest more than 64 levels deep") != std::string::npos);
+  }
+  // 64 levels are still fine as far as the parser goes (binding then says
+  // what the field takes).
+  const absl::Status ok_depth = ParseSpecText("name: " + std::string(63, '[') + std::string(63, ']'), "d.yaml", &s);
+  CHECK(std::string(ok_depth.message()).find("levels deep") == std::string::npos);
+}
+
 // True when one of `problems` contains `needle`.
 bool HasProblem(const std::vector<std::string>& problems, const std::string& needle) {
   for (const auto& x : problems) {
