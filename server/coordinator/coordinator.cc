@@ -434,17 +434,23 @@ void Coordinator::BumpGenerationLocked() {
 
 // ---------------------------------------------------------------- long polls
 
-uint64_t Coordinator::ParkLocked(const std::string& job_id, absl::Time deadline,
+std::map<std::string, std::set<uint64_t>>& Coordinator::PollIndexLocked(PollKind kind) {
+  return kind == PollKind::kCheckpoint ? cut_polls_ : job_polls_;
+}
+
+uint64_t Coordinator::ParkLocked(PollKind kind, const std::string& job_id, absl::Time deadline,
                                  std::function<std::function<void()>()> answer) {
   const uint64_t ticket = next_poll_++;
   Poll& p = polls_[ticket];
+  p.kind = kind;
   p.job_id = job_id;
+  p.deadline = deadline;
   p.answer = std::move(answer);
   p.timer = waker_.Schedule(deadline, [this, ticket] { RunPoll(ticket); });
-  if (job_id.empty()) {
+  if (kind == PollKind::kHeartbeat) {
     heartbeat_polls_.insert(ticket);
   } else {
-    job_polls_[job_id].insert(ticket);
+    PollIndexLocked(kind)[job_id].insert(ticket);
   }
   return ticket;
 }
@@ -459,17 +465,23 @@ void Coordinator::WakeLocked(uint64_t ticket) {
 }
 
 void Coordinator::WakeJobLocked(const std::string& job_id) {
-  auto it = job_polls_.find(job_id);
-  if (it == job_polls_.end()) return;
-  for (uint64_t ticket : it->second) WakeLocked(ticket);
+  for (PollKind kind : {PollKind::kWatch, PollKind::kCheckpoint}) {
+    auto& index = PollIndexLocked(kind);
+    auto it = index.find(job_id);
+    if (it == index.end()) continue;
+    for (uint64_t ticket : it->second) WakeLocked(ticket);
+  }
 }
 
 void Coordinator::ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) {
-  if (it->second.job_id.empty()) {
+  if (it->second.kind == PollKind::kHeartbeat) {
     heartbeat_polls_.erase(it->first);
-  } else if (auto j = job_polls_.find(it->second.job_id); j != job_polls_.end()) {
-    j->second.erase(it->first);
-    if (j->second.empty()) job_polls_.erase(j);
+  } else {
+    auto& index = PollIndexLocked(it->second.kind);
+    if (auto j = index.find(it->second.job_id); j != index.end()) {
+      j->second.erase(it->first);
+      if (j->second.empty()) index.erase(j);
+    }
   }
   polls_.erase(it);
 }
@@ -481,6 +493,11 @@ void Coordinator::RunPoll(uint64_t ticket) {
     auto it = polls_.find(ticket);
     if (it == polls_.end()) return;  // withdrawn
     deliver = it->second.answer();
+    if (!deliver) {
+      // Nothing to answer yet: parked again until the deadline or a wake.
+      it->second.timer = waker_.Schedule(it->second.deadline, [this, ticket] { RunPoll(ticket); });
+      return;
+    }
     ForgetPollLocked(it);
     ++answering_;
   }
@@ -502,7 +519,7 @@ uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, 
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   const bool now = version == 0 || shutdown_ || it == jobs_.end() || it->second.version != version;
-  return ParkLocked(job_id, now ? absl::InfinitePast() : absl::InfiniteFuture(),
+  return ParkLocked(PollKind::kWatch, job_id, now ? absl::InfinitePast() : absl::InfiniteFuture(),
                     [this, job_id, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                       absl::StatusOr<v1::Job> job;
                       uint64_t at = 0;
@@ -914,7 +931,7 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
         refused.ok() ? HeartbeatAnswerLocked(node_id) : absl::StatusOr<v1::HeartbeatResponse>(refused);
     return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
-  return ParkLocked("", now ? absl::InfinitePast() : absl::Now() + wait, std::move(answer));
+  return ParkLocked(PollKind::kHeartbeat, "", now ? absl::InfinitePast() : absl::Now() + wait, std::move(answer));
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {
@@ -1737,6 +1754,8 @@ void Coordinator::RunCut(CutTask t) {
         SucceedLocked(r, failed.ok() ? absl::StrCat("; final checkpoint ", t.cut_id)
                                      : absl::StrCat("; no final checkpoint (", failed.message(), ")"));
       }
+      // Its waiters learn the answer (a cut that came too late saves nothing).
+      WakeJobLocked(t.job_id);
     }
   }
   DeleteCuts(t.job_id, to_delete);
@@ -1904,34 +1923,57 @@ void Coordinator::DeleteCuts(const std::string& job_id,
 }
 
 absl::StatusOr<v1::CheckpointInfo> Coordinator::CheckpointJob(const std::string& job_id, absl::Duration timeout) {
+  std::promise<absl::StatusOr<v1::CheckpointInfo>> answer;
+  auto got = answer.get_future();
+  CheckpointJobAsync(job_id, timeout,
+                     [&answer](absl::StatusOr<v1::CheckpointInfo> r) { answer.set_value(std::move(r)); });
+  return got.get();
+}
+
+uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Duration timeout,
+                                         CheckpointCallback done) {
   absl::MutexLock lock(&mu_);
+  auto at_once = [&](absl::Status refused) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ParkLocked(PollKind::kCheckpoint, job_id, absl::InfinitePast(),
+                      [refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        return std::function<void()>([done, refused] { done(refused); });
+                      });
+  };
+  if (shutdown_) return at_once(absl::UnavailableError("coordinator is shutting down"));
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return at_once(absl::NotFoundError(absl::StrCat("no job '", job_id, "'")));
   const v1::JobStatus& st = it->second.job.status();
   if (st.state() != v1::RUNNING) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' is ", v1::JobState_Name(st.state()),
-                                                      "; only a running job can be checkpointed (its checkpoints: ",
-                                                      CutIds(st), ")"));
+    return at_once(absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is ", v1::JobState_Name(st.state()),
+                     "; only a running job can be checkpointed (its checkpoints: ", CutIds(st), ")")));
   }
   const uint64_t ticket = ++it->second.manual_requested;
   kick_ = true;
-  auto served = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto answer = [this, job_id, ticket, timeout, deadline, done = std::move(done)]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::function<void()> {
+    absl::StatusOr<v1::CheckpointInfo> r;
     auto j = jobs_.find(job_id);
-    return shutdown_ || j == jobs_.end() || j->second.manual_served >= ticket ||
-           (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
-            !j->second.cut_in_flight);
+    if (shutdown_) {
+      r = absl::UnavailableError("coordinator is shutting down");
+    } else if (j == jobs_.end()) {
+      r = absl::NotFoundError(absl::StrCat("job '", job_id, "' was deleted"));
+    } else if (j->second.manual_served >= ticket) {
+      r = j->second.manual_result;
+    } else if (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
+               !j->second.cut_in_flight) {
+      r = absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
+    } else if (absl::Now() >= deadline) {
+      r = absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
+          unsaved_.empty() ? std::string() : absl::StrCat("; ", StoreTroubleLocked(), ", and starts no cut until it can")));
+    } else {
+      return nullptr;  // not yet
+    }
+    return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
-  mu_.AwaitWithTimeout(absl::Condition(&served), timeout);
-  it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' was deleted"));
-  if (it->second.manual_served >= ticket) return it->second.manual_result;
-  if (config::JobEnded(it->second.job.status().state())) {
-    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
-                   unsaved_.empty() ? std::string()
-                                    : absl::StrCat("; ", StoreTroubleLocked(), ", and starts no cut until it can")));
+  return ParkLocked(PollKind::kCheckpoint, job_id, deadline, std::move(answer));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
@@ -2035,10 +2077,14 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   out->Gauge("fulcrum_coordinator_store_unsaved_records",
              "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
              static_cast<double>(unsaved_.size()));
-  out->Gauge("fulcrum_coordinator_long_polls", "Heartbeats and WatchJob streams waiting for a change, by call",
-             {{"call", "heartbeat"}}, static_cast<double>(heartbeat_polls_.size()));
-  out->Gauge("fulcrum_coordinator_long_polls", "Heartbeats and WatchJob streams waiting for a change, by call",
-             {{"call", "watch_job"}}, static_cast<double>(polls_.size() - heartbeat_polls_.size()));
+  size_t watches = 0, cuts = 0;
+  for (const auto& [job, tickets] : job_polls_) watches += tickets.size();
+  for (const auto& [job, tickets] : cut_polls_) cuts += tickets.size();
+  const char* help = "Heartbeats, WatchJob streams and CheckpointJob calls waiting for a change, by call";
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "heartbeat"}},
+             static_cast<double>(heartbeat_polls_.size()));
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "watch_job"}}, static_cast<double>(watches));
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "checkpoint_job"}}, static_cast<double>(cuts));
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},
                static_cast<double>(reassignments_));

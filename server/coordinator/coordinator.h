@@ -15,8 +15,9 @@
 //     their workers.
 // Nodes learn of changes through Heartbeat, a long poll that returns as soon
 // as anything they should know changed; users follow a job the same way
-// (WaitJobAsync, behind WatchJob). A parked long poll holds no thread: one
-// wake-up thread answers them all. Thread-safe.
+// (WaitJobAsync, behind WatchJob) and wait for the checkpoints they ask for
+// (CheckpointJobAsync). A parked long poll holds no thread: one wake-up
+// thread answers them all. Thread-safe.
 #ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
 #define FULCRUM_SERVER_COORDINATOR_COORDINATOR_H_
 
@@ -129,7 +130,7 @@ class Coordinator {
                                    const std::function<bool(const v1::Job&)>& visible) const;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
 
-  // ---- long polls (WatchJob, Heartbeat), parked without a thread
+  // ---- long polls (WatchJob, Heartbeat, CheckpointJob), parked without a thread
   // `done` runs exactly once, never inside the call that parks it: on the
   // wake-up thread, as soon as there is something to answer, at a
   // heartbeat's timeout or at Shutdown. It must not block. The returned ticket withdraws the
@@ -147,7 +148,13 @@ class Coordinator {
   bool CancelWait(uint64_t ticket);
 
   // ---- checkpoints (docs/checkpoints.md)
-  // Takes a cut of a running job now; returns once it is committed.
+  // Takes a cut of a running job now and answers once it is committed (or
+  // failed) through `done`, parked like the polls above: NOT_FOUND for an
+  // unknown or deleted job, FAILED_PRECONDITION unless it runs or when it
+  // ends first, DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE at Shutdown.
+  using CheckpointCallback = std::function<void(absl::StatusOr<v1::CheckpointInfo>)>;
+  uint64_t CheckpointJobAsync(const std::string& job_id, absl::Duration timeout, CheckpointCallback done);
+  // Blocks; the gRPC service uses CheckpointJobAsync.
   absl::StatusOr<v1::CheckpointInfo> CheckpointJob(const std::string& job_id, absl::Duration timeout);
   // Rolls the job back to committed cut `cut_id` (0: the latest) on the
   // servers live now: a running job's workers restart from it, an ended job
@@ -297,17 +304,27 @@ class Coordinator {
   // answer) or CancelWait drops it: whoever removes it decides whether its
   // answer runs. Its timer entry in waker_ runs RunPoll at its deadline;
   // a wake moves that entry to now.
+  enum class PollKind {
+    kHeartbeat,   // woken by generation_ changes
+    kWatch,       // woken by its job's changes
+    kCheckpoint,  // likewise, and when a cut of its job ends
+  };
   struct Poll {
-    std::string job_id;  // empty: a heartbeat, woken by generation_ changes
+    PollKind kind = PollKind::kHeartbeat;
+    std::string job_id;  // empty for a heartbeat
+    absl::Time deadline;
     uint64_t timer = 0;
     // Called under mu_ to answer; returns what delivers the answer (runs
-    // `done`) outside the lock.
+    // `done`) outside the lock, or nothing when there is nothing to answer
+    // yet: the poll then stays parked until its deadline or the next wake.
     std::function<std::function<void()>()> answer;
   };
-  uint64_t ParkLocked(const std::string& job_id, absl::Time deadline, std::function<std::function<void()>()> answer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t ParkLocked(PollKind kind, const std::string& job_id, absl::Time deadline,
+                      std::function<std::function<void()>()> answer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the job's watchers and checkpoint waiters.
   void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, std::set<uint64_t>>& PollIndexLocked(PollKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPoll(uint64_t ticket);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswerLocked(const std::string& node_id)
@@ -390,7 +407,8 @@ class Coordinator {
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 
   std::map<uint64_t, Poll> polls_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);  // WatchJob, by job
+  std::map<std::string, std::set<uint64_t>> cut_polls_ ABSL_GUARDED_BY(mu_);  // CheckpointJob, by job
   std::set<uint64_t> heartbeat_polls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_poll_ ABSL_GUARDED_BY(mu_) = 1;
   int answering_ ABSL_GUARDED_BY(mu_) = 0;  // answers taken by RunPoll, not yet delivered

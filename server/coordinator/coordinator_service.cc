@@ -131,12 +131,33 @@ class HeartbeatReactor : public grpc::ServerUnaryReactor {
   const uint64_t ticket_;
 };
 
+// One CheckpointJob call, parked in Coordinator::CheckpointJobAsync until
+// its cut commits (seconds to minutes): like a heartbeat, it holds no thread.
+class CheckpointReactor : public grpc::ServerUnaryReactor {
+ public:
+  CheckpointReactor(Coordinator* c, const std::string& job_id, absl::Duration timeout, v1::CheckpointInfo* resp)
+      : c_(c), ticket_(c->CheckpointJobAsync(job_id, timeout, [this, resp](absl::StatusOr<v1::CheckpointInfo> r) {
+          if (r.ok()) *resp = *std::move(r);
+          Finish(ToGrpcStatus(r.status()));
+        })) {}
+  void OnCancel() override {
+    if (c_->CancelWait(ticket_)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "checkpoint request cancelled"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const c_;
+  const uint64_t ticket_;
+};
+
 }  // namespace
 
 // The job API is synchronous but for WatchJob, whose streams stay open for
-// as long as a job runs: each is a reactor over a parked poll, not a thread.
+// as long as a job runs, and CheckpointJob, which waits for a cut to commit:
+// each is a reactor over a parked poll, not a thread.
 class CoordinatorGrpcServer::JobImpl final
-    : public v1::JobService::WithCallbackMethod_WatchJob<v1::JobService::Service> {
+    : public v1::JobService::WithCallbackMethod_CheckpointJob<
+          v1::JobService::WithCallbackMethod_WatchJob<v1::JobService::Service>> {
  public:
   JobImpl(Coordinator* c, std::shared_ptr<TokenAuthenticator> tokens) : c_(c), tokens_(std::move(tokens)) {}
 
@@ -180,17 +201,20 @@ class CoordinatorGrpcServer::JobImpl final
     }
     return new WatchReactor(c_, req->job_id());
   }
-  grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::CheckpointInfo* resp) override {
-    if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
+  grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* ctx, const v1::JobRef* req,
+                                          v1::CheckpointInfo* resp) override {
+    if (auto a = Access(*ctx, req->job_id()); !a.ok()) {
+      auto* reactor = ctx->DefaultReactor();
+      reactor->Finish(ToGrpcStatus(a.status()));
+      return reactor;
+    }
+    // At most 5 minutes, and an answer before the caller's deadline.
     absl::Duration timeout = absl::Minutes(5);
     const auto d = ctx->deadline();
     if (d < std::chrono::system_clock::now() + std::chrono::hours(24)) {
       timeout = std::min(timeout, absl::FromChrono(d) - absl::Now() - absl::Milliseconds(200));
     }
-    auto r = c_->CheckpointJob(req->job_id(), timeout);
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *resp = *std::move(r);
-    return grpc::Status::OK;
+    return new CheckpointReactor(c_, req->job_id(), timeout, resp);
   }
   grpc::Status RestoreJob(grpc::ServerContext* ctx, const v1::RestoreJobRequest* req, v1::Job* resp) override {
     if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());

@@ -1696,5 +1696,92 @@ TEST_CASE("watchers that hang up at random moments of a running job each end cle
   CHECK(LongPollsSettle(cluster.coordinator(), "watch_job", 0));
 }
 
+// A CheckpointJob through gRPC's callback API: no client thread waits on it.
+struct PendingCheckpoint {
+  grpc::ClientContext ctx;
+  v1::CheckpointInfo info;
+  std::promise<grpc::Status> done;
+  std::future<grpc::Status> result = done.get_future();
+};
+
+TEST_CASE("CheckpointJob calls wait for their cut without a coordinator thread and end on commit hang-up "
+          "timeout and shutdown",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(400);  // runs until the coordinator stops
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  REQUIRE(WaitForJob(cluster.jobs(), id, [](const v1::Job& j) { return j.status().step() >= 10; }, absl::Seconds(10))
+              .status()
+              .step() >= 10);
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  auto start = [&](absl::Duration deadline) {
+    auto p = std::make_unique<PendingCheckpoint>();
+    p->ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    cluster.jobs()->async()->CheckpointJob(&p->ctx, &ref, &p->info,
+                                           [q = p.get()](grpc::Status st) { q->done.set_value(st); });
+    return p;
+  };
+  auto settles_at = [&](double want) { return LongPollsSettle(cluster.coordinator(), "checkpoint_job", want); };
+  auto answered = [](PendingCheckpoint& p) {
+    REQUIRE(p.result.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    return p.result.get();
+  };
+
+  // The servers hold every cut, so 40 calls wait: 30 with a minute to go,
+  // 10 with 3 s.
+  Faults& faults = cluster.faults();
+  faults.hold_cuts = true;
+  const int64_t threads_before = testing::ThreadCount(getpid());
+  std::vector<std::unique_ptr<PendingCheckpoint>> calls;
+  for (int i = 0; i < 30; ++i) calls.push_back(start(absl::Seconds(60)));
+  for (int i = 0; i < 10; ++i) calls.push_back(start(absl::Seconds(3)));
+  CHECK(settles_at(40));
+  // A thread per waiting call would be 40 more.
+  CHECK(testing::ThreadCount(getpid()) - threads_before < 20);
+
+  // Callers that hang up withdraw their calls.
+  for (int i = 0; i < 10; ++i) calls[static_cast<size_t>(i)]->ctx.TryCancel();
+  for (int i = 0; i < 10; ++i) CHECK(answered(*calls[static_cast<size_t>(i)]).error_code() == grpc::StatusCode::CANCELLED);
+  // The short ones are answered before their deadline, saying what they waited for.
+  for (int i = 30; i < 40; ++i) {
+    const grpc::Status st = answered(*calls[static_cast<size_t>(i)]);
+    CHECK(st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    CHECK(st.error_message().find("not committed within") != std::string::npos);
+  }
+  CHECK(settles_at(20));
+  CHECK(faults.cuts_held.load() >= 1);
+
+  // The servers answer: every remaining call gets a committed manual cut.
+  faults.hold_cuts = false;
+  for (int i = 10; i < 30; ++i) {
+    PendingCheckpoint& p = *calls[static_cast<size_t>(i)];
+    const grpc::Status st = answered(p);
+    INFO(st.error_message());
+    CHECK(st.ok());
+    CHECK(p.info.trigger() == "manual");
+    CHECK(p.info.step() >= 10);
+    CHECK(p.info.servers_size() == 2);
+  }
+  CHECK(settles_at(0));
+
+  // Shutdown answers the calls still waiting, at once.
+  faults.hold_cuts = true;
+  std::vector<std::unique_ptr<PendingCheckpoint>> last;
+  for (int i = 0; i < 5; ++i) last.push_back(start(absl::Seconds(60)));
+  CHECK(settles_at(5));
+  const absl::Time stop_at = absl::Now();
+  std::thread stop([&] { cluster.StopCoordinator(); });  // waits for the held cut
+  for (auto& p : last) {
+    const grpc::Status st = answered(*p);
+    CHECK((st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::CANCELLED));
+  }
+  CHECK(absl::Now() - stop_at < absl::Seconds(5));
+  faults.hold_cuts = false;
+  stop.join();
+}
+
 }  // namespace
 }  // namespace fulcrum
