@@ -4,11 +4,14 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/job_spec.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
@@ -16,6 +19,60 @@
 namespace fulcrum {
 
 namespace {
+
+// Long calls (WatchJob streams, CheckpointJobs waiting for their cut) open
+// per caller, bounded by CoordinatorOptions::max_long_calls_per_user.
+class LongCallCounter {
+ public:
+  explicit LongCallCounter(uint32_t limit) : limit_(limit) {}
+
+  // Counts one more call for `who` ("user 'bob'", "caller ipv4:10.0.0.7"),
+  // or RESOURCE_EXHAUSTED at the limit.
+  absl::Status Take(const std::string& who) {
+    if (limit_ == 0) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    uint32_t& open = open_[who];
+    if (open >= limit_) {
+      const absl::Time now = absl::Now();
+      if (now - last_logged_ >= absl::Minutes(1)) {
+        last_logged_ = now;
+        FLOG(WARNING) << who << " has " << open << " WatchJob and CheckpointJob calls open, the limit "
+                      << "(--max_long_calls_per_user); refusing more (logged at most once a minute)";
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          who, " has ", open, " WatchJob and CheckpointJob calls open, the limit (--max_long_calls_per_user ", limit_,
+          "); end some first (a client that never hangs up leaks them)"));
+    }
+    ++open;
+    return absl::OkStatus();
+  }
+  void Give(const std::string& who) {
+    if (limit_ == 0) return;
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(who);
+    if (it != open_.end() && --it->second == 0) open_.erase(it);
+  }
+
+ private:
+  const uint32_t limit_;
+  absl::Mutex mu_;
+  std::map<std::string, uint32_t> open_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+// One place of a LongCallCounter, held for as long as this lives (by the
+// reactor of the call, deleted in OnDone).
+class LongCallSlot {
+ public:
+  LongCallSlot(LongCallCounter* counter, std::string who) : counter_(counter), who_(std::move(who)) {}
+  LongCallSlot(const LongCallSlot&) = delete;
+  LongCallSlot& operator=(const LongCallSlot&) = delete;
+  ~LongCallSlot() { counter_->Give(who_); }
+
+ private:
+  LongCallCounter* const counter_;
+  const std::string who_;
+};
 
 // A WatchJob refused before it started.
 class RefusedWatch : public grpc::ServerWriteReactor<v1::JobEvent> {
@@ -30,7 +87,8 @@ class RefusedWatch : public grpc::ServerWriteReactor<v1::JobEvent> {
 // are made outside mu_: the last one (Finish) may delete the reactor.
 class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  WatchReactor(Coordinator* c, std::string job_id) : c_(c), job_id_(std::move(job_id)) {
+  WatchReactor(Coordinator* c, std::string job_id, std::unique_ptr<LongCallSlot> slot)
+      : c_(c), job_id_(std::move(job_id)), slot_(std::move(slot)) {
     absl::MutexLock lock(&mu_);
     ParkLocked();
   }
@@ -101,6 +159,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
 
   Coordinator* const c_;
   const std::string job_id_;
+  const std::unique_ptr<LongCallSlot> slot_;
   absl::Mutex mu_;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // of the last event written; 0: none yet
   v1::JobState last_state_ ABSL_GUARDED_BY(mu_) = v1::JOB_STATE_UNSPECIFIED;
@@ -135,8 +194,11 @@ class HeartbeatReactor : public grpc::ServerUnaryReactor {
 // its cut commits (seconds to minutes): like a heartbeat, it holds no thread.
 class CheckpointReactor : public grpc::ServerUnaryReactor {
  public:
-  CheckpointReactor(Coordinator* c, const std::string& job_id, absl::Duration timeout, v1::CheckpointInfo* resp)
-      : c_(c), ticket_(c->CheckpointJobAsync(job_id, timeout, [this, resp](absl::StatusOr<v1::CheckpointInfo> r) {
+  CheckpointReactor(Coordinator* c, const std::string& job_id, absl::Duration timeout, v1::CheckpointInfo* resp,
+                    std::unique_ptr<LongCallSlot> slot)
+      : c_(c),
+        slot_(std::move(slot)),
+        ticket_(c->CheckpointJobAsync(job_id, timeout, [this, resp](absl::StatusOr<v1::CheckpointInfo> r) {
           if (r.ok()) *resp = *std::move(r);
           Finish(ToGrpcStatus(r.status()));
         })) {}
@@ -147,6 +209,7 @@ class CheckpointReactor : public grpc::ServerUnaryReactor {
 
  private:
   Coordinator* const c_;
+  const std::unique_ptr<LongCallSlot> slot_;  // before ticket_: held before the call parks
   const uint64_t ticket_;
 };
 
@@ -159,7 +222,8 @@ class CoordinatorGrpcServer::JobImpl final
     : public v1::JobService::WithCallbackMethod_CheckpointJob<
           v1::JobService::WithCallbackMethod_WatchJob<v1::JobService::Service>> {
  public:
-  JobImpl(Coordinator* c, std::shared_ptr<TokenAuthenticator> tokens) : c_(c), tokens_(std::move(tokens)) {}
+  JobImpl(Coordinator* c, std::shared_ptr<TokenAuthenticator> tokens)
+      : c_(c), tokens_(std::move(tokens)), long_calls_(c->options().max_long_calls_per_user) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
@@ -194,18 +258,20 @@ class CoordinatorGrpcServer::JobImpl final
     return grpc::Status::OK;
   }
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* ctx, const v1::JobRef* req) override {
-    if (auto a = Access(*ctx, req->job_id()); !a.ok()) {
+    auto slot = AccessLong(*ctx, req->job_id());
+    if (!slot.ok()) {
       auto* refused = new RefusedWatch();
-      refused->Finish(ToGrpcStatus(a.status()));
+      refused->Finish(ToGrpcStatus(slot.status()));
       return refused;
     }
-    return new WatchReactor(c_, req->job_id());
+    return new WatchReactor(c_, req->job_id(), *std::move(slot));
   }
   grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* ctx, const v1::JobRef* req,
                                           v1::CheckpointInfo* resp) override {
-    if (auto a = Access(*ctx, req->job_id()); !a.ok()) {
+    auto slot = AccessLong(*ctx, req->job_id());
+    if (!slot.ok()) {
       auto* reactor = ctx->DefaultReactor();
-      reactor->Finish(ToGrpcStatus(a.status()));
+      reactor->Finish(ToGrpcStatus(slot.status()));
       return reactor;
     }
     // At most 5 minutes, and an answer before the caller's deadline.
@@ -214,7 +280,7 @@ class CoordinatorGrpcServer::JobImpl final
     if (d < std::chrono::system_clock::now() + std::chrono::hours(24)) {
       timeout = std::min(timeout, absl::FromChrono(d) - absl::Now() - absl::Milliseconds(200));
     }
-    return new CheckpointReactor(c_, req->job_id(), timeout, resp);
+    return new CheckpointReactor(c_, req->job_id(), timeout, resp, *std::move(slot));
   }
   grpc::Status RestoreJob(grpc::ServerContext* ctx, const v1::RestoreJobRequest* req, v1::Job* resp) override {
     if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
@@ -251,8 +317,27 @@ class CoordinatorGrpcServer::JobImpl final
     return j;
   }
 
+  // Access, for a long call: also a place among the caller's long calls.
+  absl::StatusOr<std::unique_ptr<LongCallSlot>> AccessLong(const grpc::ServerContextBase& ctx,
+                                                           const std::string& job_id) {
+    if (auto a = Access(ctx, job_id); !a.ok()) return a.status();
+    auto caller = Who(ctx);
+    if (!caller.ok()) return caller.status();
+    std::string who;
+    if (caller->user.empty()) {
+      // Anonymous (no tokens): by the caller's address, without its port.
+      const std::string peer = ctx.peer();
+      who = absl::StrCat("caller ", peer.substr(0, peer.rfind(':')));
+    } else {
+      who = absl::StrCat("user '", caller->user, "'");
+    }
+    RETURN_IF_ERROR(long_calls_.Take(who));
+    return std::make_unique<LongCallSlot>(&long_calls_, std::move(who));
+  }
+
   Coordinator* c_;
   std::shared_ptr<TokenAuthenticator> tokens_;
+  LongCallCounter long_calls_;
 };
 
 // Likewise Heartbeat: every node keeps one parked here.

@@ -1,7 +1,9 @@
 // gRPC front end of a Coordinator: JobService and ClusterService, plus the
 // standard health service and server reflection. Unary calls use the sync
-// API; the long polls (WatchJob, Heartbeat) are callback reactors over the
-// coordinator's parked polls, so open ones hold no thread.
+// API; the long polls (WatchJob, Heartbeat, CheckpointJob) are callback
+// reactors over the coordinator's parked polls, so open ones hold no thread.
+// A user's open WatchJobs and CheckpointJobs are bounded by
+// CoordinatorOptions::max_long_calls_per_user.
 #ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, token_file, "",
           "users' bearer tokens (Kubernetes static token file: token,user,uid[,\"groups\"]; group fulcrum:admins "
           "sees every job); required unless --insecure, re-read when it changes");
 ABSL_FLAG(uint32_t, max_active_jobs_per_user, 16, "jobs a user may have pending or running at once (0: no limit)");
+ABSL_FLAG(uint32_t, max_long_calls_per_user, 1024,
+          "open WatchJob streams and waiting CheckpointJob calls a user (or, without --token_file, a client address) "
+          "may hold at once (0: no limit)");
 ABSL_FLAG(int32_t, restore_timeout_s, 300,
           "how long a job rolling back to a checkpoint waits for the servers holding it, or keeps retrying a "
           "restore that fails, before it fails");
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
   }
   fulcrum::CoordinatorOptions options;
   options.max_active_jobs_per_user = absl::GetFlag(FLAGS_max_active_jobs_per_user);
+  options.max_long_calls_per_user = absl::GetFlag(FLAGS_max_long_calls_per_user);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.min_servers = absl::GetFlag(FLAGS_min_servers);
   options.virtual_shards = absl::GetFlag(FLAGS_virtual_shards);

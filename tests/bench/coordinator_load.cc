@@ -254,7 +254,9 @@ int Run() {
   testing::Process coordinator =
       testing::Spawn({absl::GetFlag(FLAGS_coordinator_binary), "--listen=" + address, "--data_dir=" + dir + "/state",
                       "--metrics_addr=", "--insecure", "--min_servers=2",
-                      absl::StrCat("--heartbeat_interval_ms=", heartbeat_ms), "--node_timeout_ms=5000"},
+                      // Every watcher comes from 127.0.0.1: no per-client limit on them.
+                      "--max_long_calls_per_user=0", absl::StrCat("--heartbeat_interval_ms=", heartbeat_ms),
+                      "--node_timeout_ms=5000"},
                      dir + "/coordinator.log");
   if (!testing::WaitForListening(port, 60000, coordinator.pid)) {
     std::cerr << "the coordinator does not listen on " << address << ":\n" << testing::ReadFile(coordinator.log);

@@ -1696,6 +1696,48 @@ TEST_CASE("watchers that hang up at random moments of a running job each end cle
   CHECK(LongPollsSettle(cluster.coordinator(), "watch_job", 0));
 }
 
+TEST_CASE("without tokens each client address may hold max_long_calls_per_user watches", "[cluster]") {
+  BareCoordinator bare([](CoordinatorOptions& o) { o.max_long_calls_per_user = 2; });
+  auto server = CoordinatorGrpcServer::Start(&*bare, "127.0.0.1:0");
+  REQUIRE(server.ok());
+  auto jobs = v1::JobService::NewStub(grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  std::string id;
+  REQUIRE(Submit(jobs.get(), DigitsSpec(), &id).ok());  // stays PENDING: no server
+  v1::JobRef ref;
+  ref.set_job_id(id);
+  grpc::ClientContext first_ctx, second_ctx;
+  auto first = jobs->WatchJob(&first_ctx, ref);
+  auto second = jobs->WatchJob(&second_ctx, ref);
+  v1::JobEvent e;
+  REQUIRE(first->Read(&e));
+  REQUIRE(second->Read(&e));
+  grpc::ClientContext third_ctx;
+  auto third = jobs->WatchJob(&third_ctx, ref);
+  CHECK_FALSE(third->Read(&e));
+  const grpc::Status refused = third->Finish();
+  CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(refused.error_message().find("caller ipv4:127.0.0.1 has 2 WatchJob and CheckpointJob calls open") !=
+        std::string::npos);
+  v1::CheckpointInfo info;
+  CHECK(jobs->CheckpointJob(Ctx().get(), ref, &info).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Once a watcher hangs up, the address may watch again.
+  first_ctx.TryCancel();
+  CHECK(first->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  bool watching = false;
+  for (int tries = 0; tries < 500 && !watching; ++tries) {
+    grpc::ClientContext ctx;
+    auto again = jobs->WatchJob(&ctx, ref);
+    watching = again->Read(&e);
+    ctx.TryCancel();
+    (void)again->Finish();
+    if (!watching) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(watching);
+  second_ctx.TryCancel();
+  (void)second->Finish();
+  (*server)->Shutdown();
+}
+
 // A CheckpointJob through gRPC's callback API: no client thread waits on it.
 struct PendingCheckpoint {
   grpc::ClientContext ctx;

@@ -322,6 +322,36 @@ class CoordinatorClient {
     v1::ClusterState resp;
     return Call(cluster_.get(), &v1::ClusterService::Stub::GetCluster, v1::GetClusterRequest(), &resp);
   }
+  // A WatchJob stream past its first event; the error it ended with otherwise.
+  struct Watch {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+    bool finished = false;
+    ~Watch() {
+      if (finished) return;
+      ctx.TryCancel();
+      (void)reader->Finish();
+    }
+  };
+  absl::StatusOr<std::unique_ptr<Watch>> OpenWatch(const std::string& id) {
+    auto w = std::make_unique<Watch>();
+    if (!token_.empty()) w->ctx.AddMetadata("authorization", "Bearer " + token_);
+    v1::JobRef ref;
+    ref.set_job_id(id);
+    w->reader = jobs_->WatchJob(&w->ctx, ref);
+    v1::JobEvent e;
+    if (!w->reader->Read(&e)) {
+      w->finished = true;
+      return FromGrpcStatus(w->reader->Finish());
+    }
+    return w;
+  }
+  absl::Status Checkpoint(const std::string& id) {
+    v1::JobRef ref;
+    ref.set_job_id(id);
+    v1::CheckpointInfo info;
+    return Call(jobs_.get(), &v1::JobService::Stub::CheckpointJob, ref, &info);
+  }
 
  private:
   static inline int next_index_ = 2000;
@@ -330,18 +360,71 @@ class CoordinatorClient {
   std::unique_ptr<v1::ClusterService::Stub> cluster_;
 };
 
+// A coordinator with the test PKI's certificate and its users' bearer
+// tokens, on a free port; callers then configure their side's TLS.
+std::unique_ptr<CoordinatorGrpcServer> StartSecureCoordinator(const Pki& pki, const std::string& name,
+                                                              const std::function<void(CoordinatorOptions&)>& tweak,
+                                                              std::unique_ptr<Coordinator>* coordinator) {
+  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "coordinator")).status());
+  CoordinatorOptions o;
+  o.data_dir = testing::MakeTempDir(name);
+  tweak(o);
+  REQUIRE_OK_AND_ASSIGN(*coordinator, Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(5))));
+  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<TokenAuthenticator> tokens, TokenAuthenticator::Open(pki.a + "/tokens.csv"));
+  REQUIRE_OK_AND_ASSIGN(auto server, CoordinatorGrpcServer::Start(coordinator->get(), "127.0.0.1:0", tokens));
+  return server;
+}
+
+TEST_CASE("the coordinator bounds each user's open WatchJob streams and CheckpointJob calls", "[security][grpc]") {
+  const Pki& pki = Certs();
+  ResetTransport reset;
+  std::unique_ptr<Coordinator> coordinator;
+  auto server = StartSecureCoordinator(
+      pki, "fulcrum-coord-long-calls", [](CoordinatorOptions& o) { o.max_long_calls_per_user = 3; }, &coordinator);
+  REQUIRE_OK(security::ConfigureClientTls(pki.a + "/ca.crt"));
+  CoordinatorClient demo(server->address(), Token(pki.a, "demo")), bob(server->address(), Token(pki.a, "bob"));
+  REQUIRE_OK_AND_ASSIGN(std::string id, demo.Submit(DigitsSpec()));  // stays pending: no server
+  REQUIRE_OK_AND_ASSIGN(std::string bob_id, bob.Submit(DigitsSpec()));
+
+  std::vector<std::unique_ptr<CoordinatorClient::Watch>> open;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE_OK_AND_ASSIGN(auto w, demo.OpenWatch(id));
+    open.push_back(std::move(w));
+  }
+  absl::Status s = demo.OpenWatch(id).status();
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(s.message().find("user 'demo' has 3 WatchJob and CheckpointJob calls open, the limit "
+                           "(--max_long_calls_per_user 3)") != std::string::npos);
+  // A CheckpointJob draws from the same count: refused before it is asked
+  // whether the job runs (it would be FAILED_PRECONDITION).
+  REQUIRE(demo.Checkpoint(id).code() == absl::StatusCode::kResourceExhausted);
+  // Bob's count is his own.
+  REQUIRE_OK_AND_ASSIGN(auto bobs, bob.OpenWatch(bob_id));
+  REQUIRE(bob.Checkpoint(bob_id).code() == absl::StatusCode::kFailedPrecondition);
+  // A stream that ends gives its place back.
+  open.pop_back();
+  absl::StatusOr<std::unique_ptr<CoordinatorClient::Watch>> again;
+  for (int tries = 0; tries < 500; ++tries) {
+    again = demo.OpenWatch(id);
+    if (again.ok()) break;
+    REQUIRE(again.status().code() == absl::StatusCode::kResourceExhausted);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE_OK(again.status());
+  open.clear();
+  bobs.reset();
+  again->reset();
+  server->Shutdown();
+}
+
 TEST_CASE("the coordinator: bearer tokens on the job API, users see only their own jobs, member certificates on "
           "the cluster API, and a per-user job limit",
           "[security][grpc]") {
   const Pki& pki = Certs();
   ResetTransport reset;
-  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "coordinator")).status());
-  CoordinatorOptions o;
-  o.data_dir = testing::MakeTempDir("fulcrum-coord-auth");
-  o.max_active_jobs_per_user = 2;
-  REQUIRE_OK_AND_ASSIGN(auto coordinator, Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(5))));
-  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<TokenAuthenticator> tokens, TokenAuthenticator::Open(pki.a + "/tokens.csv"));
-  REQUIRE_OK_AND_ASSIGN(auto server, CoordinatorGrpcServer::Start(coordinator.get(), "127.0.0.1:0", tokens));
+  std::unique_ptr<Coordinator> coordinator;
+  auto server = StartSecureCoordinator(
+      pki, "fulcrum-coord-auth", [](CoordinatorOptions& o) { o.max_active_jobs_per_user = 2; }, &coordinator);
   const std::string addr = server->address();
 
   // Users: TLS that checks the coordinator against the CA, no certificate.
