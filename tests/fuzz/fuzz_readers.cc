@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -15,13 +16,19 @@
 
 namespace {
 
-std::string Dir() {
-  static const std::string dir = [] {
-    std::string d = "/tmp/fulcrum-fuzz-readers-" + std::to_string(getpid());
-    mkdir(d.c_str(), 0700);
-    return d;
-  }();
-  return dir;
+// Made on first use, removed with its files when the fuzzer exits.
+struct TempDir {
+  std::string path = "/tmp/fulcrum-fuzz-readers-" + std::to_string(getpid());
+  TempDir() { mkdir(path.c_str(), 0700); }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+const std::string& Dir() {
+  static const TempDir dir;
+  return dir.path;
 }
 
 std::string Write(const std::string& name, const uint8_t* data, size_t size) {

@@ -5,10 +5,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -59,10 +62,37 @@ Process Spawn(std::vector<std::string> args, const std::string& log) {
   return p;
 }
 
+namespace {
+
+// The directories MakeTempDir made, removed when static objects are
+// destroyed at exit (spawned processes are exec'd, never forked copies that
+// could exit with this list).
+class TempDirs {
+ public:
+  ~TempDirs() {
+    for (const std::string& d : dirs_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(d, ignored);
+    }
+  }
+  void Add(std::string dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(std::move(dir));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& prefix) {
+  static TempDirs made;
   std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
   const char* dir = mkdtemp(tmpl.data());
   REQUIRE(dir != nullptr);
+  made.Add(dir);
   return dir;
 }
 

@@ -29,7 +29,9 @@ struct Process {
 // Starts args[0] (a path) with args, its output going to `log`.
 Process Spawn(std::vector<std::string> args, const std::string& log);
 
-// A fresh directory under /tmp named after `prefix`.
+// A fresh directory under /tmp named after `prefix`, removed with all it
+// holds when the test process exits normally (a crashed run leaves it for
+// a look).
 std::string MakeTempDir(const std::string& prefix);
 std::string ReadFile(const std::string& path);
 // Resident memory of process `pid` in KiB (VmRSS), or -1.
