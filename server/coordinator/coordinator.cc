@@ -434,11 +434,7 @@ void Coordinator::BumpGenerationLocked() {
 
 // ---------------------------------------------------------------- long polls
 
-std::map<std::string, std::set<uint64_t>>& Coordinator::PollIndexLocked(PollKind kind) {
-  return kind == PollKind::kCheckpoint ? cut_polls_ : job_polls_;
-}
-
-uint64_t Coordinator::ParkLocked(PollKind kind, const std::string& job_id, absl::Time deadline,
+uint64_t Coordinator::ParkLocked(PollKind kind, const std::string& job_id, bool now, absl::Time deadline,
                                  std::function<std::function<void()>()> answer) {
   const uint64_t ticket = next_poll_++;
   Poll& p = polls_[ticket];
@@ -446,11 +442,11 @@ uint64_t Coordinator::ParkLocked(PollKind kind, const std::string& job_id, absl:
   p.job_id = job_id;
   p.deadline = deadline;
   p.answer = std::move(answer);
-  p.timer = waker_.Schedule(deadline, [this, ticket] { RunPoll(ticket); });
+  p.timer = waker_.Schedule(now ? absl::InfinitePast() : deadline, [this, ticket] { RunPoll(ticket); });
   if (kind == PollKind::kHeartbeat) {
     heartbeat_polls_.insert(ticket);
   } else {
-    PollIndexLocked(kind)[job_id].insert(ticket);
+    job_polls_[job_id].insert(ticket);
   }
   return ticket;
 }
@@ -465,23 +461,17 @@ void Coordinator::WakeLocked(uint64_t ticket) {
 }
 
 void Coordinator::WakeJobLocked(const std::string& job_id) {
-  for (PollKind kind : {PollKind::kWatch, PollKind::kCheckpoint}) {
-    auto& index = PollIndexLocked(kind);
-    auto it = index.find(job_id);
-    if (it == index.end()) continue;
-    for (uint64_t ticket : it->second) WakeLocked(ticket);
-  }
+  auto it = job_polls_.find(job_id);
+  if (it == job_polls_.end()) return;
+  for (uint64_t ticket : it->second) WakeLocked(ticket);
 }
 
 void Coordinator::ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) {
   if (it->second.kind == PollKind::kHeartbeat) {
     heartbeat_polls_.erase(it->first);
-  } else {
-    auto& index = PollIndexLocked(it->second.kind);
-    if (auto j = index.find(it->second.job_id); j != index.end()) {
-      j->second.erase(it->first);
-      if (j->second.empty()) index.erase(j);
-    }
+  } else if (auto j = job_polls_.find(it->second.job_id); j != job_polls_.end()) {
+    j->second.erase(it->first);
+    if (j->second.empty()) job_polls_.erase(j);
   }
   polls_.erase(it);
 }
@@ -519,8 +509,9 @@ uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, 
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   const bool now = version == 0 || shutdown_ || it == jobs_.end() || it->second.version != version;
-  return ParkLocked(PollKind::kWatch, job_id, now ? absl::InfinitePast() : absl::InfiniteFuture(),
-                    [this, job_id, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  return ParkLocked(PollKind::kWatch, job_id, now, absl::InfiniteFuture(),
+                    [this, job_id, version, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                        mu_) -> std::function<void()> {
                       absl::StatusOr<v1::Job> job;
                       uint64_t at = 0;
                       auto j = jobs_.find(job_id);
@@ -528,6 +519,8 @@ uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, 
                         job = absl::UnavailableError("coordinator is shutting down");
                       } else if (j == jobs_.end()) {
                         job = absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+                      } else if (version != 0 && j->second.version == version) {
+                        return nullptr;  // woken for its job's cut waiters: nothing new
                       } else {
                         job = j->second.job;
                         at = j->second.version;
@@ -931,7 +924,7 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
         refused.ok() ? HeartbeatAnswerLocked(node_id) : absl::StatusOr<v1::HeartbeatResponse>(refused);
     return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
-  return ParkLocked(PollKind::kHeartbeat, "", now ? absl::InfinitePast() : absl::Now() + wait, std::move(answer));
+  return ParkLocked(PollKind::kHeartbeat, "", now, absl::Now() + wait, std::move(answer));
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {
@@ -1922,19 +1915,11 @@ void Coordinator::DeleteCuts(const std::string& job_id,
   }
 }
 
-absl::StatusOr<v1::CheckpointInfo> Coordinator::CheckpointJob(const std::string& job_id, absl::Duration timeout) {
-  std::promise<absl::StatusOr<v1::CheckpointInfo>> answer;
-  auto got = answer.get_future();
-  CheckpointJobAsync(job_id, timeout,
-                     [&answer](absl::StatusOr<v1::CheckpointInfo> r) { answer.set_value(std::move(r)); });
-  return got.get();
-}
-
 uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Duration timeout,
                                          CheckpointCallback done) {
   absl::MutexLock lock(&mu_);
   auto at_once = [&](absl::Status refused) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ParkLocked(PollKind::kCheckpoint, job_id, absl::InfinitePast(),
+    return ParkLocked(PollKind::kCheckpoint, job_id, true, absl::InfinitePast(),
                       [refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                         return std::function<void()>([done, refused] { done(refused); });
                       });
@@ -1973,7 +1958,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
     }
     return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
-  return ParkLocked(PollKind::kCheckpoint, job_id, deadline, std::move(answer));
+  return ParkLocked(PollKind::kCheckpoint, job_id, false, deadline, std::move(answer));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
@@ -2078,8 +2063,10 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
              "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
              static_cast<double>(unsaved_.size()));
   size_t watches = 0, cuts = 0;
-  for (const auto& [job, tickets] : job_polls_) watches += tickets.size();
-  for (const auto& [job, tickets] : cut_polls_) cuts += tickets.size();
+  for (const auto& [ticket, poll] : polls_) {
+    watches += poll.kind == PollKind::kWatch;
+    cuts += poll.kind == PollKind::kCheckpoint;
+  }
   const char* help = "Heartbeats, WatchJob streams and CheckpointJob calls waiting for a change, by call";
   out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "heartbeat"}},
              static_cast<double>(heartbeat_polls_.size()));

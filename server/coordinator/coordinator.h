@@ -160,8 +160,6 @@ class Coordinator {
   // ends first, DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE at Shutdown.
   using CheckpointCallback = std::function<void(absl::StatusOr<v1::CheckpointInfo>)>;
   uint64_t CheckpointJobAsync(const std::string& job_id, absl::Duration timeout, CheckpointCallback done);
-  // Blocks; the gRPC service uses CheckpointJobAsync.
-  absl::StatusOr<v1::CheckpointInfo> CheckpointJob(const std::string& job_id, absl::Duration timeout);
   // Rolls the job back to committed cut `cut_id` (0: the latest) on the
   // servers live now: a running job's workers restart from it, an ended job
   // runs again from it.
@@ -312,8 +310,8 @@ class Coordinator {
   // a wake moves that entry to now.
   enum class PollKind {
     kHeartbeat,   // woken by generation_ changes
-    kWatch,       // woken by its job's changes
-    kCheckpoint,  // likewise, and when a cut of its job ends
+    kWatch,       // woken by its job's changes and cut ends (WakeJobLocked)
+    kCheckpoint,  // likewise
   };
   struct Poll {
     PollKind kind = PollKind::kHeartbeat;
@@ -325,12 +323,14 @@ class Coordinator {
     // yet: the poll then stays parked until its deadline or the next wake.
     std::function<std::function<void()>()> answer;
   };
-  uint64_t ParkLocked(PollKind kind, const std::string& job_id, absl::Time deadline,
+  // Parks a poll answered by `deadline` at the latest. With `now` its
+  // answer is asked for right away (it stays parked if it has none yet).
+  uint64_t ParkLocked(PollKind kind, const std::string& job_id, bool now, absl::Time deadline,
                       std::function<std::function<void()>()> answer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes the job's watchers and checkpoint waiters.
+  // Wakes the job's watchers and checkpoint waiters; each answers only if
+  // there is news for it.
   void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::map<std::string, std::set<uint64_t>>& PollIndexLocked(PollKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPoll(uint64_t ticket);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswerLocked(const std::string& node_id)
@@ -413,8 +413,7 @@ class Coordinator {
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 
   std::map<uint64_t, Poll> polls_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);  // WatchJob, by job
-  std::map<std::string, std::set<uint64_t>> cut_polls_ ABSL_GUARDED_BY(mu_);  // CheckpointJob, by job
+  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);  // WatchJob, CheckpointJob
   std::set<uint64_t> heartbeat_polls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_poll_ ABSL_GUARDED_BY(mu_) = 1;
   int answering_ ABSL_GUARDED_BY(mu_) = 0;  // answers taken by RunPoll, not yet delivered

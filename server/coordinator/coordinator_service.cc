@@ -169,46 +169,32 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::JobEvent> {
   v1::JobEvent event_;  // written by OnJob, read by gRPC until OnWriteDone
 };
 
-// One Heartbeat call, parked in Coordinator::HeartbeatAsync without a
-// thread. Finish is called once: by the answer, or by OnCancel when it
-// withdrew the poll before the answer came (CancelWait is true then, and
-// the answer never runs). gRPC calls OnCancel only after the constructor.
-class HeartbeatReactor : public grpc::ServerUnaryReactor {
+// A unary call answered by a parked poll of the coordinator (Heartbeat,
+// CheckpointJob), so a waiting one holds no thread. Finish is called once:
+// by the answer, or by OnCancel when it withdrew the poll before the answer
+// came (CancelWait is true then, and the answer never runs). gRPC calls
+// OnCancel only after the constructor.
+template <typename Resp>
+class ParkedUnaryReactor : public grpc::ServerUnaryReactor {
  public:
-  HeartbeatReactor(Coordinator* c, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp)
-      : c_(c), ticket_(c->HeartbeatAsync(req, [this, resp](absl::StatusOr<v1::HeartbeatResponse> r) {
+  using Done = std::function<void(absl::StatusOr<Resp>)>;
+  // `park` parks the poll answered through the Done it is given and returns
+  // its ticket; `what` names the call in the CANCELLED status; `slot`, if
+  // any, is held until the call ends.
+  ParkedUnaryReactor(Coordinator* c, Resp* resp, const char* what, const std::function<uint64_t(Done)>& park,
+                     std::unique_ptr<LongCallSlot> slot = nullptr)
+      : c_(c), what_(what), slot_(std::move(slot)), ticket_(park([this, resp](absl::StatusOr<Resp> r) {
           if (r.ok()) *resp = *std::move(r);
           Finish(ToGrpcStatus(r.status()));
         })) {}
   void OnCancel() override {
-    if (c_->CancelWait(ticket_)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat cancelled"));
+    if (c_->CancelWait(ticket_)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, absl::StrCat(what_, " cancelled")));
   }
   void OnDone() override { delete this; }
 
  private:
   Coordinator* const c_;
-  const uint64_t ticket_;
-};
-
-// One CheckpointJob call, parked in Coordinator::CheckpointJobAsync until
-// its cut commits (seconds to minutes): like a heartbeat, it holds no thread.
-class CheckpointReactor : public grpc::ServerUnaryReactor {
- public:
-  CheckpointReactor(Coordinator* c, const std::string& job_id, absl::Duration timeout, v1::CheckpointInfo* resp,
-                    std::unique_ptr<LongCallSlot> slot)
-      : c_(c),
-        slot_(std::move(slot)),
-        ticket_(c->CheckpointJobAsync(job_id, timeout, [this, resp](absl::StatusOr<v1::CheckpointInfo> r) {
-          if (r.ok()) *resp = *std::move(r);
-          Finish(ToGrpcStatus(r.status()));
-        })) {}
-  void OnCancel() override {
-    if (c_->CancelWait(ticket_)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "checkpoint request cancelled"));
-  }
-  void OnDone() override { delete this; }
-
- private:
-  Coordinator* const c_;
+  const char* const what_;
   const std::unique_ptr<LongCallSlot> slot_;  // before ticket_: held before the call parks
   const uint64_t ticket_;
 };
@@ -280,7 +266,9 @@ class CoordinatorGrpcServer::JobImpl final
     if (d < std::chrono::system_clock::now() + std::chrono::hours(24)) {
       timeout = std::min(timeout, absl::FromChrono(d) - absl::Now() - absl::Milliseconds(200));
     }
-    return new CheckpointReactor(c_, req->job_id(), timeout, resp, *std::move(slot));
+    return new ParkedUnaryReactor<v1::CheckpointInfo>(
+        c_, resp, "checkpoint request",
+        [&](auto done) { return c_->CheckpointJobAsync(req->job_id(), timeout, std::move(done)); }, *std::move(slot));
   }
   grpc::Status RestoreJob(grpc::ServerContext* ctx, const v1::RestoreJobRequest* req, v1::Job* resp) override {
     if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
@@ -311,18 +299,21 @@ class CoordinatorGrpcServer::JobImpl final
   absl::StatusOr<v1::Job> Access(const grpc::ServerContextBase& ctx, const std::string& job_id) {
     auto caller = Who(ctx);
     if (!caller.ok()) return caller.status();
+    return AccessAs(*caller, job_id);
+  }
+  absl::StatusOr<v1::Job> AccessAs(const Caller& caller, const std::string& job_id) {
     auto j = c_->GetJob(job_id);
     if (!j.ok()) return j.status();
-    if (auto s = CheckJobAccess(*caller, job_id, j->owner()); !s.ok()) return s;
+    if (auto s = CheckJobAccess(caller, job_id, j->owner()); !s.ok()) return s;
     return j;
   }
 
   // Access, for a long call: also a place among the caller's long calls.
   absl::StatusOr<std::unique_ptr<LongCallSlot>> AccessLong(const grpc::ServerContextBase& ctx,
                                                            const std::string& job_id) {
-    if (auto a = Access(ctx, job_id); !a.ok()) return a.status();
     auto caller = Who(ctx);
     if (!caller.ok()) return caller.status();
+    if (auto a = AccessAs(*caller, job_id); !a.ok()) return a.status();
     std::string who;
     if (caller->user.empty()) {
       // Anonymous (no tokens): by the caller's address, without its port.
@@ -370,7 +361,8 @@ class CoordinatorGrpcServer::ClusterImpl final
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
-    return new HeartbeatReactor(c_, *req, resp);
+    return new ParkedUnaryReactor<v1::HeartbeatResponse>(
+        c_, resp, "heartbeat", [&](auto done) { return c_->HeartbeatAsync(*req, std::move(done)); });
   }
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ReportProgressRequest* req,
                               v1::ReportProgressResponse* resp) override {
