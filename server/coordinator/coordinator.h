@@ -70,10 +70,11 @@ struct CoordinatorOptions {
   // to authenticated users; the anonymous user of a coordinator without
   // tokens is not limited.
   uint32_t max_active_jobs_per_user = 16;
-  // Long calls (open WatchJob streams, CheckpointJob calls waiting for their
-  // cut) a user may hold at once (0: no limit); anonymous callers of a
-  // coordinator without tokens count by their address. Each costs the
-  // coordinator ~20 KB, so a client that never hangs up is bounded.
+  // Long calls (open WatchJob and ExportCheckpoint streams, CheckpointJob
+  // calls waiting for their cut) a user may hold at once (0: no limit);
+  // anonymous callers of a coordinator without tokens count by their address.
+  // Each costs the coordinator ~20 KB (an export also a thread), so a client
+  // that never hangs up is bounded.
   uint32_t max_long_calls_per_user = 1024;
   // While saving state fails (a full or failing disk), how often the
   // scheduler tries again (docs/operations.md, "When the coordinator's disk

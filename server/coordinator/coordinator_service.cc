@@ -20,10 +20,11 @@ namespace fulcrum {
 
 namespace {
 
-// Long calls (WatchJob streams, CheckpointJobs waiting for their cut) open
-// per caller, bounded by CoordinatorOptions::max_long_calls_per_user.
+// Long calls (WatchJob streams, CheckpointJobs waiting for their cut,
+// ExportCheckpoint streams) open per caller, bounded by CoordinatorOptions::max_long_calls_per_user.
 class LongCallCounter {
  public:
+  static constexpr const char* kLongCalls = "WatchJob, CheckpointJob and ExportCheckpoint calls";
   explicit LongCallCounter(uint32_t limit) : limit_(limit) {}
 
   // Counts one more call for `who` ("user 'bob'", "caller ipv4:10.0.0.7"),
@@ -36,12 +37,12 @@ class LongCallCounter {
       const absl::Time now = absl::Now();
       if (now - last_logged_ >= absl::Minutes(1)) {
         last_logged_ = now;
-        FLOG(WARNING) << who << " has " << open << " WatchJob and CheckpointJob calls open, the limit "
+        FLOG(WARNING) << who << " has " << open << " " << kLongCalls << " open, the limit "
                       << "(--max_long_calls_per_user); refusing more (logged at most once a minute)";
       }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          who, " has ", open, " WatchJob and CheckpointJob calls open, the limit (--max_long_calls_per_user ", limit_,
-          "); end some first (a client that never hangs up leaks them)"));
+      return absl::ResourceExhaustedError(absl::StrCat(who, " has ", open, " ", kLongCalls,
+                                                       " open, the limit (--max_long_calls_per_user ", limit_,
+                                                       "); end some first (a client that never hangs up leaks them)"));
     }
     ++open;
     return absl::OkStatus();
@@ -279,7 +280,10 @@ class CoordinatorGrpcServer::JobImpl final
   }
   grpc::Status ExportCheckpoint(grpc::ServerContext* ctx, const v1::ExportCheckpointRequest* req,
                                 grpc::ServerWriter<v1::ExportCheckpointChunk>* writer) override {
-    if (auto a = Access(*ctx, req->job_id()); !a.ok()) return ToGrpcStatus(a.status());
+    // An export holds a thread of the synchronous pool while it streams:
+    // it takes a place among the caller's long calls.
+    auto slot = AccessLong(*ctx, req->job_id());
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
     return ToGrpcStatus(c_->ExportCheckpoint(req->job_id(), req->cut_id(), [&](const v1::ExportCheckpointChunk& c) {
       return !ctx->IsCancelled() && writer->Write(c);
     }));

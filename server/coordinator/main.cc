@@ -39,8 +39,8 @@ ABSL_FLAG(std::string, token_file, "",
           "sees every job); required unless --insecure, re-read when it changes");
 ABSL_FLAG(uint32_t, max_active_jobs_per_user, 16, "jobs a user may have pending or running at once (0: no limit)");
 ABSL_FLAG(uint32_t, max_long_calls_per_user, 1024,
-          "open WatchJob streams and waiting CheckpointJob calls a user (or, without --token_file, a client address) "
-          "may hold at once (0: no limit)");
+          "open WatchJob and ExportCheckpoint streams and waiting CheckpointJob calls a user (or, without "
+          "--token_file, a client address) may hold at once (0: no limit)");
 ABSL_FLAG(int32_t, restore_timeout_s, 300,
           "how long a job rolling back to a checkpoint waits for the servers holding it, or keeps retrying a "
           "restore that fails, before it fails");

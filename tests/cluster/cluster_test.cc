@@ -1716,8 +1716,8 @@ TEST_CASE("without tokens each client address may hold max_long_calls_per_user w
   CHECK_FALSE(third->Read(&e));
   const grpc::Status refused = third->Finish();
   CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(refused.error_message().find("caller ipv4:127.0.0.1 has 2 WatchJob and CheckpointJob calls open") !=
-        std::string::npos);
+  CHECK(refused.error_message().find(
+            "caller ipv4:127.0.0.1 has 2 WatchJob, CheckpointJob and ExportCheckpoint calls open") != std::string::npos);
   v1::CheckpointInfo info;
   CHECK(jobs->CheckpointJob(Ctx().get(), ref, &info).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Once a watcher hangs up, the address may watch again.

@@ -352,6 +352,19 @@ class CoordinatorClient {
     v1::CheckpointInfo info;
     return Call(jobs_.get(), &v1::JobService::Stub::CheckpointJob, ref, &info);
   }
+  // How an ExportCheckpoint stream of the job's latest cut ends.
+  absl::Status Export(const std::string& id) {
+    grpc::ClientContext ctx;
+    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ExportCheckpointRequest req;
+    req.set_job_id(id);
+    auto reader = jobs_->ExportCheckpoint(&ctx, req);
+    v1::ExportCheckpointChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return FromGrpcStatus(reader->Finish());
+  }
 
  private:
   static inline int next_index_ = 2000;
@@ -375,7 +388,8 @@ std::unique_ptr<CoordinatorGrpcServer> StartSecureCoordinator(const Pki& pki, co
   return server;
 }
 
-TEST_CASE("the coordinator bounds each user's open WatchJob streams and CheckpointJob calls", "[security][grpc]") {
+TEST_CASE("the coordinator bounds each user's open WatchJob streams and CheckpointJob and ExportCheckpoint calls",
+          "[security][grpc]") {
   const Pki& pki = Certs();
   ResetTransport reset;
   std::unique_ptr<Coordinator> coordinator;
@@ -393,14 +407,21 @@ TEST_CASE("the coordinator bounds each user's open WatchJob streams and Checkpoi
   }
   absl::Status s = demo.OpenWatch(id).status();
   REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
-  REQUIRE(s.message().find("user 'demo' has 3 WatchJob and CheckpointJob calls open, the limit "
-                           "(--max_long_calls_per_user 3)") != std::string::npos);
-  // A CheckpointJob draws from the same count: refused before it is asked
-  // whether the job runs (it would be FAILED_PRECONDITION).
+  REQUIRE(s.message().find("user 'demo' has 3 WatchJob, CheckpointJob and ExportCheckpoint calls open, "
+                           "the limit (--max_long_calls_per_user 3)") != std::string::npos);
+  // A CheckpointJob and an ExportCheckpoint draw from the same count:
+  // refused before they are asked whether the job runs or has a cut (they
+  // would be FAILED_PRECONDITION and NOT_FOUND).
   REQUIRE(demo.Checkpoint(id).code() == absl::StatusCode::kResourceExhausted);
+  s = demo.Export(id);
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(s.message().find("user 'demo' has 3 ") != std::string::npos);
   // Bob's count is his own.
   REQUIRE_OK_AND_ASSIGN(auto bobs, bob.OpenWatch(bob_id));
   REQUIRE(bob.Checkpoint(bob_id).code() == absl::StatusCode::kFailedPrecondition);
+  s = bob.Export(bob_id);
+  REQUIRE(s.code() == absl::StatusCode::kNotFound);
+  REQUIRE(s.message().find("has no committed checkpoint") != std::string::npos);
   // A stream that ends gives its place back.
   open.pop_back();
   absl::StatusOr<std::unique_ptr<CoordinatorClient::Watch>> again;
