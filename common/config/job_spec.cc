@@ -145,8 +145,8 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   }
   if (c.staleness() > 1000) p.push_back("consistency.staleness: at most 1000");
   // schedule
-  if (spec.num_workers() < 1 || spec.num_workers() > 1024) {
-    p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to 1024"));
+  if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
+    p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to ", kMaxWorkers));
   }
   if (spec.batch_size() < 1 || spec.batch_size() > 65536) {
     p.push_back(absl::StrCat("batch_size: ", spec.batch_size(), " must be 1 to 65536 (examples per worker per step)"));

@@ -4,6 +4,7 @@
 #ifndef FULCRUM_COMMON_CONFIG_JOB_SPEC_H_
 #define FULCRUM_COMMON_CONFIG_JOB_SPEC_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ inline bool JobEnded(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAI
 inline bool CarriesResult(const v1::ReportProgressRequest& r) {
   return r.has_epoch_done() || r.finished() || !r.error().empty();
 }
+
+// The most workers (ranks) a job may have.
+inline constexpr uint32_t kMaxWorkers = 1024;
 
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec);
 // OK, or INVALID_ARGUMENT listing JobSpecProblems one per line.

@@ -255,7 +255,13 @@ absl::Status Coordinator::Load() {
     if (!m.ParseFromString(meta_bytes)) return absl::DataLossError("coordinator meta record is corrupt");
     next_job_ = m.next_job();
     next_node_ = m.next_node();
-    if (m.has_shard_map()) shard_map_ = m.shard_map();
+    if (m.has_shard_map()) {
+      if (auto map = ShardMap::FromProto(m.shard_map()); !map.ok()) {
+        return absl::DataLossError(
+            absl::StrCat("coordinator meta record is corrupt: its shard map: ", map.status().message()));
+      }
+      shard_map_ = m.shard_map();
+    }
   } else if (!s.IsNotFound()) {
     return FromRocks(s, "reading coordinator meta");
   }
@@ -268,9 +274,30 @@ absl::Status Coordinator::Load() {
       if (!r.job.ParseFromString(it->value().ToString())) {
         return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
       }
+      // A record that parses can still be damaged (or written by hand):
+      // what the rest of the coordinator relies on is checked here.
+      if (key != kJobPrefix + r.job.id()) {
+        return absl::DataLossError(
+            absl::StrCat("coordinator record '", key, "' is corrupt: it holds job '", r.job.id(), "'"));
+      }
+      if (r.job.spec().num_workers() < 1 || r.job.spec().num_workers() > config::kMaxWorkers) {
+        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: num_workers ",
+                                                r.job.spec().num_workers(), " is not 1 to ", config::kMaxWorkers));
+      }
+      // One progress entry per rank, in rank order, as SubmitJob made them.
+      const auto& workers = r.job.status().workers();
+      for (int i = 0; i < workers.size(); ++i) {
+        if (workers[i].rank() != static_cast<uint32_t>(i)) {
+          return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: worker entry ", i,
+                                                  " is for rank ", workers[i].rank()));
+        }
+      }
+      if (static_cast<uint32_t>(workers.size()) != r.job.spec().num_workers()) {
+        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: ", workers.size(),
+                                                " worker entries for num_workers ", r.job.spec().num_workers()));
+      }
       r.ranks.resize(r.job.spec().num_workers());
-      for (const v1::WorkerProgress& w : r.job.status().workers()) {
-        if (w.rank() >= r.ranks.size()) continue;
+      for (const v1::WorkerProgress& w : workers) {
         RankSlot& slot = r.ranks[w.rank()];
         slot.incarnation = w.incarnation();
         slot.finished = w.state() == "finished";
@@ -294,6 +321,10 @@ absl::Status Coordinator::Load() {
       NodeRecord n;
       if (!n.info.ParseFromString(it->value().ToString())) {
         return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
+      }
+      if (key != kNodePrefix + n.info.node_id()) {
+        return absl::DataLossError(
+            absl::StrCat("coordinator record '", key, "' is corrupt: it holds node '", n.info.node_id(), "'"));
       }
       n.last_heartbeat = now;  // a grace period to heartbeat again
       n.heard = false;

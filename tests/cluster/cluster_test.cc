@@ -649,6 +649,65 @@ TEST_CASE("a coordinator whose RocksDB state is damaged refuses to start and nam
   fs::remove_all(dir);
 }
 
+TEST_CASE("a coordinator refuses to start on a record that parses but is damaged and names it", "[cluster]") {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-odd-record-coordinator-", getpid());
+  CoordinatorOptions o;
+  o.data_dir = dir.string();
+  // Each case: the record a good coordinator wrote, with protobuf bytes
+  // appended (they merge into the message), and what the error must say.
+  struct Case {
+    std::string key, appended, says;
+  };
+  const std::vector<Case> cases = {
+      // spec { num_workers: 4294967295 }: every rank would get a slot.
+      {"job/digits-1", std::string("\x12\x06\x30\xff\xff\xff\xff\x0f", 8),
+       "coordinator record 'job/digits-1' is corrupt: num_workers 4294967295 is not 1 to 1024"},
+      // status { workers { rank: 5 } }: a third entry for a job of 2 ranks.
+      {"job/digits-1", std::string("\x1a\x05\x8a\x01\x02\x08\x05", 7),
+       "coordinator record 'job/digits-1' is corrupt: worker entry 2 is for rank 5"},
+      // status { workers { rank: 2 } }: in order, but one too many.
+      {"job/digits-1", std::string("\x1a\x05\x8a\x01\x02\x08\x02", 7),
+       "coordinator record 'job/digits-1' is corrupt: 3 worker entries for num_workers 2"},
+      // id: "digits-9"
+      {"job/digits-1", std::string("\x0a\x08") + "digits-9",
+       "coordinator record 'job/digits-1' is corrupt: it holds job 'digits-9'"},
+      // shard_map { servers: "a" }: a map with no virtual shards.
+      {"meta", std::string("\x1a\x03\x1a\x01") + "a",
+       "coordinator meta record is corrupt: its shard map: shard map has num_virtual_shards = 0"},
+      // node_id: "worker-7"
+      {"node/worker-0", std::string("\x0a\x08") + "worker-7",
+       "coordinator record 'node/worker-0' is corrupt: it holds node 'worker-7'"},
+  };
+  for (const Case& k : cases) {
+    fs::remove_all(dir);
+    {
+      auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+      REQUIRE(c.ok());
+      REQUIRE((*c)->SubmitJob(DigitsSpec(), false).ok());
+      v1::NodeInfo worker;
+      worker.set_role(v1::WORKER);
+      worker.set_hostname("test");
+      auto r = (*c)->RegisterNode(worker);
+      REQUIRE(r.ok());
+      REQUIRE(r->node_id() == "worker-0");
+    }
+    {
+      rocksdb::DB* raw = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), o.data_dir, &raw).ok());
+      std::unique_ptr<rocksdb::DB> db(raw);
+      std::string value;
+      REQUIRE(db->Get(rocksdb::ReadOptions(), k.key, &value).ok());
+      REQUIRE(db->Put(rocksdb::WriteOptions(), k.key, value + k.appended).ok());
+    }
+    auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
+    REQUIRE(!c.ok());
+    INFO(c.status().ToString());
+    CHECK(c.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(c.status().message() == k.says);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a server restarted at its address retires the old entry at once even while its heartbeat is parked",
           "[cluster]") {
   BareCoordinator bare([](CoordinatorOptions& o) {
