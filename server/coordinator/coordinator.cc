@@ -41,6 +41,26 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 // Job ids ("name-N") and node ids ("server-N", "worker-N") end in the
 // coordinator's counter: N orders jobs by submission and nodes by
 // registration, across restarts.
+// What is wrong with a job record that parsed, or "": a record can still be
+// damaged (or written by hand), and the rest of the coordinator relies on
+// these holding.
+std::string JobRecordProblem(const std::string& key, const v1::Job& job) {
+  if (key != kJobPrefix + job.id()) return absl::StrCat("it holds job '", job.id(), "'");
+  const uint32_t n = job.spec().num_workers();
+  if (n < 1 || n > config::kMaxWorkers) return absl::StrCat("num_workers ", n, " is not 1 to ", config::kMaxWorkers);
+  // One progress entry per rank, in rank order, as SubmitJob made them.
+  const auto& workers = job.status().workers();
+  for (int i = 0; i < workers.size(); ++i) {
+    if (workers[i].rank() != static_cast<uint32_t>(i)) {
+      return absl::StrCat("worker entry ", i, " is for rank ", workers[i].rank());
+    }
+  }
+  if (static_cast<uint32_t>(workers.size()) != n) {
+    return absl::StrCat(workers.size(), " worker entries for num_workers ", n);
+  }
+  return "";
+}
+
 uint64_t Serial(const std::string& id) {
   const size_t dash = id.rfind('-');
   return dash == std::string::npos ? 0 : std::strtoull(id.c_str() + dash + 1, nullptr, 10);
@@ -269,35 +289,16 @@ absl::Status Coordinator::Load() {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     const std::string key = it->key().ToString();
+    auto corrupt = [&key](absl::string_view why) {
+      return absl::DataLossError(
+          absl::StrCat("coordinator record '", key, "' is corrupt", why.empty() ? "" : ": ", why));
+    };
     if (absl::StartsWith(key, kJobPrefix)) {
       JobRecord r;
-      if (!r.job.ParseFromString(it->value().ToString())) {
-        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
-      }
-      // A record that parses can still be damaged (or written by hand):
-      // what the rest of the coordinator relies on is checked here.
-      if (key != kJobPrefix + r.job.id()) {
-        return absl::DataLossError(
-            absl::StrCat("coordinator record '", key, "' is corrupt: it holds job '", r.job.id(), "'"));
-      }
-      if (r.job.spec().num_workers() < 1 || r.job.spec().num_workers() > config::kMaxWorkers) {
-        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: num_workers ",
-                                                r.job.spec().num_workers(), " is not 1 to ", config::kMaxWorkers));
-      }
-      // One progress entry per rank, in rank order, as SubmitJob made them.
-      const auto& workers = r.job.status().workers();
-      for (int i = 0; i < workers.size(); ++i) {
-        if (workers[i].rank() != static_cast<uint32_t>(i)) {
-          return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: worker entry ", i,
-                                                  " is for rank ", workers[i].rank()));
-        }
-      }
-      if (static_cast<uint32_t>(workers.size()) != r.job.spec().num_workers()) {
-        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt: ", workers.size(),
-                                                " worker entries for num_workers ", r.job.spec().num_workers()));
-      }
+      if (!r.job.ParseFromString(it->value().ToString())) return corrupt("");
+      if (const std::string why = JobRecordProblem(key, r.job); !why.empty()) return corrupt(why);
       r.ranks.resize(r.job.spec().num_workers());
-      for (const v1::WorkerProgress& w : workers) {
+      for (const v1::WorkerProgress& w : r.job.status().workers()) {
         RankSlot& slot = r.ranks[w.rank()];
         slot.incarnation = w.incarnation();
         slot.finished = w.state() == "finished";
@@ -319,13 +320,8 @@ absl::Status Coordinator::Load() {
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
       NodeRecord n;
-      if (!n.info.ParseFromString(it->value().ToString())) {
-        return absl::DataLossError(absl::StrCat("coordinator record '", key, "' is corrupt"));
-      }
-      if (key != kNodePrefix + n.info.node_id()) {
-        return absl::DataLossError(
-            absl::StrCat("coordinator record '", key, "' is corrupt: it holds node '", n.info.node_id(), "'"));
-      }
+      if (!n.info.ParseFromString(it->value().ToString())) return corrupt("");
+      if (key != kNodePrefix + n.info.node_id()) return corrupt(absl::StrCat("it holds node '", n.info.node_id(), "'"));
       n.last_heartbeat = now;  // a grace period to heartbeat again
       n.heard = false;
       next_node_ = std::max(next_node_, Serial(n.info.node_id()) + 1);

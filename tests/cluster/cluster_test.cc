@@ -650,9 +650,6 @@ TEST_CASE("a coordinator whose RocksDB state is damaged refuses to start and nam
 }
 
 TEST_CASE("a coordinator refuses to start on a record that parses but is damaged and names it", "[cluster]") {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("fulcrum-odd-record-coordinator-", getpid());
-  CoordinatorOptions o;
-  o.data_dir = dir.string();
   // Each case: the record a good coordinator wrote, with protobuf bytes
   // appended (they merge into the message), and what the error must say.
   struct Case {
@@ -679,7 +676,8 @@ TEST_CASE("a coordinator refuses to start on a record that parses but is damaged
        "coordinator record 'node/worker-0' is corrupt: it holds node 'worker-7'"},
   };
   for (const Case& k : cases) {
-    fs::remove_all(dir);
+    CoordinatorOptions o;
+    o.data_dir = testing::MakeTempDir("fulcrum-odd-record-coordinator");
     {
       auto c = Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(1)));
       REQUIRE(c.ok());
@@ -705,7 +703,6 @@ TEST_CASE("a coordinator refuses to start on a record that parses but is damaged
     CHECK(c.status().code() == absl::StatusCode::kDataLoss);
     CHECK(c.status().message() == k.says);
   }
-  fs::remove_all(dir);
 }
 
 TEST_CASE("a server restarted at its address retires the old entry at once even while its heartbeat is parked",
@@ -1775,8 +1772,8 @@ TEST_CASE("without tokens each client address may hold max_long_calls_per_user w
   CHECK_FALSE(third->Read(&e));
   const grpc::Status refused = third->Finish();
   CHECK(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(refused.error_message().find(
-            "caller ipv4:127.0.0.1 has 2 WatchJob, CheckpointJob and ExportCheckpoint calls open") != std::string::npos);
+  CHECK_THAT(refused.error_message(),
+             Catch::Contains("caller ipv4:127.0.0.1 has 2 WatchJob, CheckpointJob and ExportCheckpoint calls open"));
   v1::CheckpointInfo info;
   CHECK(jobs->CheckpointJob(Ctx().get(), ref, &info).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Once a watcher hangs up, the address may watch again.
