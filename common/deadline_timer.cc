@@ -60,6 +60,9 @@ void DeadlineTimer::Loop() {
     queue_.erase(it);
     mu_.Unlock();
     fn();
+    // Whatever the closure holds goes here, outside the lock: its
+    // destructors may schedule or cancel (a deadlock under mu_).
+    fn = nullptr;
     mu_.Lock();
   }
 }
