@@ -45,6 +45,8 @@ ABSL_FLAG(std::string, advertise, "",
           "address workers reach this server at (default: --listen, with this host's name "
           "for a wildcard host)");
 ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consistency model");
+ABSL_FLAG(bool, shared_memory, true,
+          "offer workers on this host shared memory for pushes and pulls");
 ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(std::string, data_dir, "",
@@ -117,14 +119,19 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-server: " << ps.status() << "\n";
     return 2;
   }
-  auto server = fulcrum::PsGrpcServer::Start(ps->get(), listen);
+  fulcrum::PsGrpcServer::Options grpc_options;
+  grpc_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  auto server = fulcrum::PsGrpcServer::Start(ps->get(), listen, grpc_options);
   if (!server.ok()) {
     std::cerr << "fulcrum-server: " << server.status() << "\n";
     return 1;
   }
   // Declared after the server so it stops first: no scrape outlives it.
   auto metrics = fulcrum::metrics::ServeMetrics(absl::GetFlag(FLAGS_metrics_addr), "server",
-                                                [ps = ps->get()](fulcrum::metrics::Scrape* out) { ps->CollectMetrics(out); },
+                                                [ps = ps->get(), grpc = server->get()](fulcrum::metrics::Scrape* out) {
+                                                  ps->CollectMetrics(out);
+                                                  grpc->CollectMetrics(out);
+                                                },
                                                 fulcrum::security::MetricsSecurityFromFlags());
   if (!metrics.ok()) {
     std::cerr << "fulcrum-server: " << metrics.status() << "\n";
@@ -150,6 +157,9 @@ int main(int argc, char** argv) {
                << " for all jobs";
     agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   }
+  FLOG(INFO) << (grpc_options.shared_memory
+                     ? "workers on this host get shared memory for pushes and pulls"
+                     : "shared memory off (--shared_memory=false): every push and pull comes over gRPC");
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";
   if (agent) agent->Stop();

@@ -115,6 +115,18 @@ grpc::ByteBuffer Writer::Finish() {
   return out;
 }
 
+size_t Writer::FinishInto(uint8_t* dst) {
+  FlushSmall();
+  size_t n = 0;
+  for (const grpc::Slice& s : slices_) {
+    std::memcpy(dst + n, s.begin(), s.size());
+    n += s.size();
+  }
+  slices_.clear();
+  size_ = 0;
+  return n;
+}
+
 Reader::Reader(const Payload& payload) : pieces_(payload.pieces()), remaining_(payload.size()) {}
 
 absl::Status Reader::Byte(uint8_t* b) {

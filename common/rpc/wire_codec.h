@@ -38,6 +38,9 @@ class Writer {
   void Message(uint32_t field, Writer&& inner);
   size_t size() const { return size_; }
   grpc::ByteBuffer Finish();
+  // Finishes the message into `dst` (room for size() bytes) instead of a
+  // ByteBuffer, e.g. a shared-memory slot; returns the bytes written.
+  size_t FinishInto(uint8_t* dst);
 
  private:
   void Tag(uint32_t field, uint32_t wire_type);

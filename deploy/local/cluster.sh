@@ -5,7 +5,7 @@
 #
 #   cluster.sh start [--servers N] [--workers M] [--dir RUN_DIR] [--port BASE]
 #                    [--metrics-port MBASE] [--bin BUILD_DIR] [--data DATA_DIR] [--slots S]
-#                    [--insecure]
+#                    [--insecure] [--no-shared-memory]
 #   cluster.sh stop  [--dir RUN_DIR]
 #   cluster.sh status [--dir RUN_DIR]
 #   cluster.sh targets [--dir RUN_DIR]
@@ -30,6 +30,10 @@
 # RocksDB state), server-N/ (each server's checkpoints), pids and `env`,
 # which fulcrumctl users source.
 #
+# Workers reach the servers on this host through shared memory, with gRPC
+# only to set it up (docs/wire-protocol.md, "Shared memory");
+# --no-shared-memory sends everything over gRPC, as between hosts.
+#
 # Secure by default: on the first start RUN_DIR/tls/ gets a cluster CA, a
 # certificate for every process and a token file (deploy/tls/gen-certs.sh);
 # every gRPC endpoint then speaks mutual TLS and the job API takes bearer
@@ -43,7 +47,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 cmd=${1:-}
 shift || true
-servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 mport=9400 bin="$root/build" slots=1 insecure=0
+servers=2 workers=2 dir=/tmp/fulcrum-cluster port=7070 mport=9400 bin="$root/build" slots=1 insecure=0 shm=true
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 while (($#)); do
   case "$1" in
@@ -56,6 +60,7 @@ while (($#)); do
     --data) data=$2; shift 2 ;;
     --slots) slots=$2; shift 2 ;;
     --insecure) insecure=1; shift ;;
+    --no-shared-memory) shm=false; shift ;;
     *) echo "cluster.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -173,7 +178,7 @@ case "$cmd" in
       # shellcheck disable=SC2046
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
-        --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
+        --shared_memory="$shm" --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done
     printf '%s\n' "FULCRUM_COORDINATOR=$coord" "${ctl_env[@]}" >"$dir/env"

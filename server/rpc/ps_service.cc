@@ -1,6 +1,11 @@
 #include "server/rpc/ps_service.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -9,12 +14,17 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/errors.h"
+#include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/security.h"
+#include "common/rpc/shared_memory.h"
 #include "common/rpc/wire_codec.h"
 #include "common/status_macros.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
@@ -22,7 +32,8 @@
 namespace fulcrum {
 namespace {
 
-using ServiceBase = v1::ParameterService::WithCallbackMethod_ReadCheckpoint<
+using ServiceBase = v1::ParameterService::WithCallbackMethod_OpenSharedMemory<
+    v1::ParameterService::WithCallbackMethod_ReadCheckpoint<
     v1::ParameterService::WithCallbackMethod_Checkpoint<
     v1::ParameterService::WithCallbackMethod_ListCheckpoints<
     v1::ParameterService::WithCallbackMethod_Restore<
@@ -35,7 +46,7 @@ using ServiceBase = v1::ParameterService::WithCallbackMethod_ReadCheckpoint<
                     v1::ParameterService::WithRawCallbackMethod_Push<
                         v1::ParameterService::WithRawCallbackMethod_Pull<
                             v1::ParameterService::WithRawCallbackMethod_Stream<
-                                v1::ParameterService::Service>>>>>>>>>>>>>;
+                                v1::ParameterService::Service>>>>>>>>>>>>>>;
 
 absl::Time DeadlineOf(const grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
@@ -56,6 +67,46 @@ absl::Status DecodePullBuffer(const grpc::ByteBuffer& buf, PullMessage* m) {
   Payload p;
   RETURN_IF_ERROR(wire::ViewByteBuffer(buf, &p, &m->keepalive));
   return wire::DecodePull(p, m);
+}
+
+using Responder = std::function<void(uint64_t id, const absl::Status& s, bool is_push, wire::Writer body)>;
+
+// Decodes one StreamRequest (from a Stream call or a shared-memory slot) and
+// answers it through `respond`: at once for a push or an error, when the
+// wait ends for a pull.
+void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<const void> keepalive,
+                         Responder respond) {
+  wire::StreamRequestView req;
+  absl::Status s = wire::DecodeStreamRequest(p, &req);
+  if (s.ok() && !req.has_body) s = absl::InvalidArgumentError("stream request has neither push nor pull");
+  if (!s.ok()) {
+    respond(req.id, s, false, wire::Writer());
+    return;
+  }
+  if (req.is_push) {
+    PushMessage m;
+    m.keepalive = std::move(keepalive);
+    PushResult result;
+    s = wire::DecodePush(req.body, &m);
+    if (s.ok()) s = ps->Push(m, &result);
+    respond(req.id, s, true, wire::EncodePushResult(result));
+    return;
+  }
+  auto m = std::make_shared<PullMessage>();
+  m->keepalive = std::move(keepalive);
+  s = wire::DecodePull(req.body, m.get());
+  if (!s.ok()) {
+    respond(req.id, s, false, wire::Writer());
+    return;
+  }
+  const uint64_t id = req.id;
+  ps->Pull(std::move(m), absl::InfiniteFuture(), [respond = std::move(respond), id](absl::StatusOr<PullResult> r) {
+    if (!r.ok()) {
+      respond(id, r.status(), false, wire::Writer());
+    } else {
+      respond(id, absl::OkStatus(), false, wire::EncodePullResult(*std::move(r)));
+    }
+  });
 }
 
 // One Stream call. Requests are handled as they arrive; responses are queued
@@ -117,38 +168,15 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Handle(const grpc::ByteBuffer& buf) {
     Payload p;
     std::shared_ptr<const void> keepalive;
-    wire::StreamRequestView req;
     absl::Status s = wire::ViewByteBuffer(buf, &p, &keepalive);
-    if (s.ok()) s = wire::DecodeStreamRequest(p, &req);
-    if (s.ok() && !req.has_body) s = absl::InvalidArgumentError("stream request has neither push nor pull");
     if (!s.ok()) {
-      Respond(req.id, s, false, wire::Writer());
+      Respond(0, s, false, wire::Writer());
       return;
     }
-    if (req.is_push) {
-      PushMessage m;
-      m.keepalive = keepalive;
-      PushResult result;
-      s = wire::DecodePush(req.body, &m);
-      if (s.ok()) s = ps_->Push(m, &result);
-      Respond(req.id, s, true, wire::EncodePushResult(result));
-      return;
-    }
-    auto m = std::make_shared<PullMessage>();
-    m->keepalive = keepalive;
-    s = wire::DecodePull(req.body, m.get());
-    if (!s.ok()) {
-      Respond(req.id, s, false, wire::Writer());
-      return;
-    }
-    const uint64_t id = req.id;
-    ps_->Pull(std::move(m), absl::InfiniteFuture(), [this, id](absl::StatusOr<PullResult> r) {
-      if (!r.ok()) {
-        Respond(id, r.status(), false, wire::Writer());
-      } else {
-        Respond(id, absl::OkStatus(), false, wire::EncodePullResult(*std::move(r)));
-      }
-    });
+    HandleStreamRequest(ps_, p, std::move(keepalive),
+                        [this](uint64_t id, const absl::Status& st, bool is_push, wire::Writer body) {
+                          Respond(id, st, is_push, std::move(body));
+                        });
   }
 
   void Respond(uint64_t id, const absl::Status& s, bool is_push, wire::Writer body) {
@@ -191,6 +219,186 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A shared-memory session with a worker on this host: a thread that takes
+// requests from the segment's slots and answers into them.
+class ShmSession {
+ public:
+  // Counts requests in `*served` too (every session's, for the metrics).
+  ShmSession(ParameterServer* ps, std::shared_ptr<shm::Segment> seg, std::atomic<uint64_t>* served)
+      : ps_(ps), seg_(std::move(seg)), served_(served) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~ShmSession() {
+    stop_.store(true);
+    shm::Ring(seg_->server_bell());
+    thread_.join();
+  }
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+
+ private:
+  void Loop() {
+    while (!stop_.load()) {
+      const uint32_t seen = seg_->server_bell().count.load(std::memory_order_acquire);
+      bool any = false;
+      for (uint32_t i = 0; i < seg_->slots(); ++i) {
+        uint32_t expect = shm::kRequest;
+        if (seg_->slot(i).state.compare_exchange_strong(expect, shm::kBusy, std::memory_order_acq_rel)) {
+          Take(i);
+          any = true;
+        }
+      }
+      if (!any) shm::Wait(seg_->server_bell(), seen, absl::Milliseconds(50), stop_);
+    }
+  }
+
+  // Copies request `i` out of the slot (the worker can still write there)
+  // and handles it as a Stream request.
+  void Take(uint32_t i) {
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    served_->fetch_add(1, std::memory_order_relaxed);
+    const uint64_t n = seg_->slot(i).request_bytes.load(std::memory_order_acquire);
+    std::shared_ptr<shm::Segment> seg = seg_;
+    Responder respond = [seg, i](uint64_t id, const absl::Status& st, bool is_push, wire::Writer body) {
+      Answer(*seg, i, id, st, is_push, std::move(body));
+    };
+    if (n > seg_->slot_bytes()) {
+      respond(0, absl::InvalidArgumentError(absl::StrCat("shared-memory request of ", n, " bytes in a slot of ",
+                                                         seg_->slot_bytes())),
+              false, wire::Writer());
+      return;
+    }
+    std::shared_ptr<uint8_t[]> copy(new uint8_t[n]);
+    std::memcpy(copy.get(), seg_->request(i), n);
+    const Payload p(copy.get(), n);
+    HandleStreamRequest(ps_, p, std::move(copy), std::move(respond));
+  }
+
+  static void Answer(const shm::Segment& seg, uint32_t i, uint64_t id, const absl::Status& s, bool is_push,
+                     wire::Writer body) {
+    wire::Writer w = wire::EncodeStreamResponse(id, s, WrongShardVersion(s).value_or(0), is_push, std::move(body));
+    if (w.size() > seg.slot_bytes()) {
+      w = wire::EncodeStreamResponse(
+          id,
+          absl::InternalError(absl::StrCat("response of ", w.size(), " bytes does not fit the shared-memory slot of ",
+                                           seg.slot_bytes(), " bytes")),
+          0, is_push, wire::Writer());
+    }
+    const size_t n = w.FinishInto(seg.response(i));
+    seg.slot(i).response_bytes.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+    seg.slot(i).state.store(shm::kResponse, std::memory_order_release);
+    shm::Ring(seg.client_bell());
+  }
+
+  ParameterServer* const ps_;
+  const std::shared_ptr<shm::Segment> seg_;
+  std::atomic<uint64_t>* const served_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> requests_{0};
+  std::thread thread_;
+};
+
+class ShmReactor;
+
+// The open shared-memory calls, so shutdown can end them at once.
+struct ShmRegistry {
+  absl::Mutex mu;
+  absl::flat_hash_set<ShmReactor*> open ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  std::atomic<uint64_t> requests{0};  // served by every session so far
+};
+
+// One OpenSharedMemory call: describes the segment in one event, then stays
+// open until the worker ends it or the server shuts down.
+class ShmReactor final : public grpc::ServerWriteReactor<v1::SharedMemoryEvent> {
+ public:
+  // Refuses with `refused` when that is not OK.
+  ShmReactor(ParameterServer* ps, ShmRegistry* registry, const std::string& peer,
+             const v1::OpenSharedMemoryRequest& req, const absl::Status& refused = absl::OkStatus())
+      : registry_(registry), peer_(peer) {
+    absl::Status s = refused.ok() ? Open(ps, req) : refused;
+    if (!s.ok()) {
+      FLOG(INFO) << "shared memory refused to " << peer_ << ": " << s;
+      End(ToGrpcStatus(s));
+      return;
+    }
+    StartWrite(&event_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+  }
+  void OnCancel() override { End(grpc::Status(grpc::StatusCode::CANCELLED, "shared memory closed")); }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&registry_->mu);
+      registry_->open.erase(this);
+    }
+    StopSession();
+    delete this;
+  }
+
+  // Stops the session's thread, once no request is being handled; then no
+  // request reaches the parameter server through this call.
+  void StopSession() {
+    std::unique_ptr<ShmSession> session;
+    {
+      absl::MutexLock lock(&mu_);
+      session = std::move(session_);
+    }
+    if (session == nullptr) return;
+    const uint64_t served = session->requests();
+    session.reset();
+    FLOG(INFO) << "shared memory with " << peer_ << " closed after " << served << " requests";
+  }
+
+  // Ends the call (idempotent).
+  void End(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+ private:
+  absl::Status Open(ParameterServer* ps, const v1::OpenSharedMemoryRequest& req) {
+    if (!shm::PeerOnThisHost(peer_)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shared memory is for workers on this host; ", peer_, " is not an address of this host"));
+    }
+    const uint32_t slots = std::clamp<uint32_t>(req.slots(), 1, shm::kMaxSlots);
+    const uint64_t slot_bytes = std::clamp<uint64_t>(req.slot_bytes(), 4096, shm::kMaxSlotBytes);
+    {
+      absl::MutexLock lock(&registry_->mu);
+      if (registry_->closed) return absl::UnavailableError("server shutting down");
+      if (registry_->open.size() >= kMaxSessions) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("this server already has ", kMaxSessions, " shared-memory sessions"));
+      }
+      registry_->open.insert(this);
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<shm::Segment> seg, shm::Segment::Create(slots, slot_bytes));
+    event_.set_pid(static_cast<uint32_t>(getpid()));
+    event_.set_fd(seg->fd());
+    event_.set_nonce(seg->nonce());
+    event_.set_slots(seg->slots());
+    event_.set_slot_bytes(seg->slot_bytes());
+    event_.set_file_bytes(seg->file_bytes());
+    FLOG(INFO) << "shared memory with " << peer_ << ": " << seg->slots() << " slots of "
+               << HumanBytes(seg->slot_bytes()) << " (fd " << seg->fd() << ")";
+    absl::MutexLock lock(&mu_);
+    session_ = std::make_unique<ShmSession>(ps, std::move(seg), &registry_->requests);
+    return absl::OkStatus();
+  }
+
+  static constexpr size_t kMaxSessions = 64;
+  ShmRegistry* const registry_;
+  const std::string peer_;
+  v1::SharedMemoryEvent event_;
+  absl::Mutex mu_;
+  std::unique_ptr<ShmSession> session_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -338,6 +546,35 @@ class PsGrpcServer::Service final : public ServiceBase {
     return new StreamReactor(ps_);
   }
 
+  grpc::ServerWriteReactor<v1::SharedMemoryEvent>* OpenSharedMemory(grpc::CallbackServerContext* ctx,
+                                                                    const v1::OpenSharedMemoryRequest* req) override {
+    absl::Status allowed =
+        shared_memory_ ? security::RequireRole(*ctx, {security::Role::kCoordinator, security::Role::kServer,
+                                                      security::Role::kWorker},
+                                               "ParameterService.OpenSharedMemory")
+                       : absl::FailedPreconditionError("this server runs with --shared_memory=false");
+    return new ShmReactor(ps_, &shm_, ctx->peer(), *req, allowed);
+  }
+
+  void set_shared_memory(bool on) { shared_memory_ = on; }
+  size_t shared_memory_sessions() {
+    absl::MutexLock lock(&shm_.mu);
+    return shm_.open.size();
+  }
+  uint64_t shared_memory_requests() const { return shm_.requests.load(std::memory_order_relaxed); }
+
+  // Ends every shared-memory call (their workers go on over gRPC), stops
+  // their threads and refuses new ones. A reactor leaves `open` only in
+  // OnDone, under the lock held here, so none is deleted meanwhile.
+  void EndSharedMemory() {
+    absl::MutexLock lock(&shm_.mu);
+    shm_.closed = true;
+    for (ShmReactor* r : shm_.open) {
+      r->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+      r->StopSession();
+    }
+  }
+
  private:
   // Deleting jobs, shard maps and checkpoints are the coordinator's; peer
   // servers read checkpoints (Restore from another server's cut). Workers,
@@ -400,15 +637,18 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
   ParameterServer* const ps_;
+  bool shared_memory_ = true;
+  ShmRegistry shm_;
   absl::Mutex blocking_mu_;
   int blocking_ ABSL_GUARDED_BY(blocking_mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
-    ParameterServer* ps, const std::string& listen_address) {
+    ParameterServer* ps, const std::string& listen_address, const Options& options) {
   std::unique_ptr<PsGrpcServer> s(new PsGrpcServer());
   s->ps_ = ps;
   s->service_ = std::make_unique<Service>(ps);
+  s->service_->set_shared_memory(options.shared_memory);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -430,6 +670,15 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
 
 PsGrpcServer::~PsGrpcServer() { Shutdown(); }
 
+size_t PsGrpcServer::shared_memory_sessions() const { return service_->shared_memory_sessions(); }
+
+void PsGrpcServer::CollectMetrics(metrics::Scrape* out) const {
+  out->Gauge("fulcrum_server_shared_memory_sessions", "Workers on this host talking to this server through shared memory",
+             {}, static_cast<double>(service_->shared_memory_sessions()));
+  out->Counter("fulcrum_server_shared_memory_requests_total", "Pushes and pulls that came through shared memory", {},
+               static_cast<double>(service_->shared_memory_requests()));
+}
+
 void PsGrpcServer::Shutdown() {
   // A server that never started (its address was taken) has nothing to stop.
   if (shut_down_ || server_ == nullptr) return;
@@ -438,6 +687,7 @@ void PsGrpcServer::Shutdown() {
   // Kubernetes stop routing here while pulls drain.
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
   ps_->Drain();
+  service_->EndSharedMemory();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

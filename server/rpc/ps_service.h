@@ -1,5 +1,5 @@
 // gRPC front end of a ParameterServer: the ParameterService over the callback
-// API. Push, Pull and Stream are served raw (grpc::ByteBuffer) through
+// API. Push, Pull, Stream and shared-memory slots are served raw (grpc::ByteBuffer) through
 // common/rpc/wire_codec so tensor bytes are not copied into protobuf objects.
 #ifndef FULCRUM_SERVER_RPC_PS_SERVICE_H_
 #define FULCRUM_SERVER_RPC_PS_SERVICE_H_
@@ -13,18 +13,34 @@
 #include "server/parameter_server.h"
 
 namespace fulcrum {
+namespace metrics {
+class Scrape;
+}
 
 class PsGrpcServer {
  public:
+  struct Options {
+    // Offer workers on this host shared memory (OpenSharedMemory).
+    bool shared_memory = true;
+  };
   // Serves `ps` (not owned; must outlive this) on `listen_address`, e.g.
   // "127.0.0.1:0" for any free port. Enables health checking and reflection.
   static absl::StatusOr<std::unique_ptr<PsGrpcServer>> Start(ParameterServer* ps,
-                                                             const std::string& listen_address);
+                                                             const std::string& listen_address,
+                                                             const Options& options);
+  static absl::StatusOr<std::unique_ptr<PsGrpcServer>> Start(ParameterServer* ps,
+                                                             const std::string& listen_address) {
+    return Start(ps, listen_address, Options());
+  }
   ~PsGrpcServer();
 
   int port() const { return port_; }
   // "host:port" with the bound port.
   const std::string& address() const { return address_; }
+  // Shared-memory sessions open now.
+  size_t shared_memory_sessions() const;
+  // This transport's metrics (shared-memory sessions and requests).
+  void CollectMetrics(metrics::Scrape* out) const;
   // Drains the parameter server's waits, then stops the transport. Idempotent.
   void Shutdown();
   void Wait();

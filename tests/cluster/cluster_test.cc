@@ -1309,7 +1309,8 @@ TEST_CASE("cuts taken every second and on demand are committed on every server, 
   v1::JobSpec spec = DigitsSpec();
   // Several seconds of steps: BSP cuts are aimed about a second of steps
   // ahead, and none is taken within a second of the end (the final one is).
-  spec.set_epochs(400);
+  // (400 epochs took 4 s once workers used shared memory: too few cuts.)
+  spec.set_epochs(1000);
   spec.mutable_checkpoint()->set_every_seconds(1);
   spec.mutable_checkpoint()->set_keep(3);
   std::string id;
@@ -1807,7 +1808,7 @@ TEST_CASE("CheckpointJob calls wait for their cut without a coordinator thread a
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
   v1::JobSpec spec = DigitsSpec();
-  spec.set_epochs(400);  // runs until the coordinator stops
+  spec.set_epochs(4000);  // runs until the coordinator stops
   std::string id;
   REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
   REQUIRE(WaitForJob(cluster.jobs(), id, [](const v1::Job& j) { return j.status().step() >= 10; }, absl::Seconds(10))

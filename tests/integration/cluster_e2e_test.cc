@@ -515,7 +515,9 @@ TEST_CASE("fulcrumctl reports bad specs and flags with exit code 2 and says why 
 // every `every` steps.
 v1::JobSpec Checkpointed(uint32_t every, uint32_t keep) {
   v1::JobSpec s = Spec("mnist-mlp.yaml");
-  s.set_epochs(2);
+  // Long enough for periodic cuts, kills and restarts mid-job: 2 epochs
+  // last about a second once workers use shared memory.
+  s.set_epochs(6);
   s.mutable_checkpoint()->set_every_steps(every);
   s.mutable_checkpoint()->set_keep(keep);
   return s;

@@ -140,7 +140,7 @@ def main():
             f.write("name: digits-ssp\nmodel: {type: softmax}\n"
                     "data:\n  train: {format: csv, path: digits/digits.csv.gz, scale: 0.0625}\n  test_fraction: 0.2\n"
                     "optimizer: {kind: sgd, learning_rate: 0.05}\nconsistency: {model: ssp, staleness: 2}\n"
-                    "num_workers: 2\nbatch_size: 8\nepochs: 60\ncheckpoint: {every_seconds: 3}\n")
+                    "num_workers: 2\nbatch_size: 8\nepochs: 1000\ncheckpoint: {every_seconds: 3}\n")
         ctl = os.path.join(BUILD, "server/fulcrumctl")
         coord = f"--coordinator=127.0.0.1:{base}"
         ids = []

@@ -17,7 +17,9 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     if (!options.data_dir.empty()) po.data_dir = absl::StrCat(options.data_dir, "/server-", i);
     auto ps = ParameterServer::Create(po);
     REQUIRE(ps.ok());
-    auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0");
+    PsGrpcServer::Options go;
+    go.shared_memory = options.shared_memory;
+    auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0", go);
     REQUIRE(grpc.ok());
     c->servers_.push_back(*std::move(ps));
     c->grpc_.push_back(*std::move(grpc));

@@ -61,6 +61,7 @@ class TestCluster {
     // Servers listed in the initial map (0: all of them); the others own
     // nothing until a map lists them.
     int mapped_servers = 0;
+    bool shared_memory = true;  // servers offer OpenSharedMemory
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }
@@ -69,6 +70,7 @@ class TestCluster {
   size_t size() const { return servers_.size(); }
   ParameterServer* server(size_t i) { return servers_[i].get(); }
   const std::string& address(size_t i) const { return grpc_[i]->address(); }
+  PsGrpcServer* grpc(size_t i) { return grpc_[i].get(); }
   const v1::ShardMap& shard_map() const { return map_; }
   // Installs `map` on every server.
   void SetShardMap(const v1::ShardMap& map);

@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9402",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
+ABSL_FLAG(bool, shared_memory, true,
+          "talk to servers on this host through shared memory; gRPC otherwise");
 
 int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum worker");
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   o.device = absl::GetFlag(FLAGS_device);
   o.slots = absl::GetFlag(FLAGS_slots);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
   o.data_roots = absl::GetFlag(FLAGS_data_roots);

@@ -369,6 +369,9 @@ class WorkerDaemon::Runner {
     // each pay for a new call (+6-24% samples/s on the MNIST MLP cluster
     // bench, docs/benchmarks.md).
     po.transport = GrpcPsClientOptions::Transport::kStream;
+    // With a server on this host, shared memory in front of the stream: no
+    // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
+    po.shared_memory = options_.shared_memory;
     ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(po));
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
                                                  a_.world_size());

@@ -40,6 +40,7 @@ struct WorkerDaemonOptions {
   std::string device = "auto"; // auto | cpu | cuda:N
   uint32_t slots = 1;          // assignments run at once
   int cpu_threads = 0;         // CPU backend threads per assignment; 0: cores / slots
+  bool shared_memory = true;   // with servers on this host (GrpcPsClientOptions)
   absl::Duration progress_interval = absl::Milliseconds(500);
 };
 

@@ -18,7 +18,9 @@
 #include "common/rpc/wire_codec.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
+#include "common/logging.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
+#include "worker/rpc/shm_conn.h"
 
 namespace fulcrum {
 namespace {
@@ -186,6 +188,11 @@ struct ServerConn {
   absl::Mutex mu;
   // One stream per channel (so per TCP connection), opened on first use.
   std::vector<std::shared_ptr<StreamConn>> streams ABSL_GUARDED_BY(mu);
+  // Shared memory with a server on this host, opened on first use; after a
+  // refusal, not asked again before shm_retry_at.
+  std::shared_ptr<ShmConn> shm ABSL_GUARDED_BY(mu);
+  absl::Time shm_retry_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  bool shm_logged ABSL_GUARDED_BY(mu) = false;
 };
 
 struct TableInfo {
@@ -370,6 +377,7 @@ class GrpcPsClient::Impl {
     for (auto& [addr, conn] : conns_) {
       absl::MutexLock conn_lock(&conn->mu);
       conn->streams.clear();
+      conn->shm.reset();
     }
   }
 
@@ -500,10 +508,47 @@ class GrpcPsClient::Impl {
 
   // ---------------------------------------------------------------- sending
 
-  // Sends one encoded request to `address` and calls back with the body.
-  void Send(const std::string& address, bool is_push, wire::Writer body, absl::Duration timeout,
-            ResponseCallback cb) {
+  // The shared-memory session with `conn`'s server: opened on first use,
+  // reopened after it ended; null while the server refuses it.
+  std::shared_ptr<ShmConn> SharedMemory(ServerConn& conn) {
+    absl::MutexLock lock(&conn.mu);
+    if (conn.shm != nullptr && !conn.shm->dead()) return conn.shm;
+    if (conn.shm != nullptr) {
+      // Not destroyed here: this may be one of its own threads, calling back.
+      timer_.Schedule(absl::Now(), [old = std::move(conn.shm)] {});
+    }
+    if (absl::Now() < conn.shm_retry_at) return nullptr;
+    auto opened = ShmConn::Open(conn.admin.get(), &timer_, options_.shared_memory_slots,
+                                options_.max_payload_bytes + (64 << 10), absl::Seconds(5));
+    if (!opened.ok()) {
+      if (!conn.shm_logged) {
+        FLOG(INFO) << "no shared memory with " << conn.address << " (" << opened.status() << "); using gRPC";
+      }
+      conn.shm_logged = true;
+      conn.shm_retry_at = absl::Now() + absl::Seconds(30);
+      return nullptr;
+    }
+    if (!conn.shm_logged) {
+      FLOG(INFO) << "shared memory with " << conn.address << ": " << options_.shared_memory_slots << " slots of "
+                 << HumanBytes((*opened)->slot_bytes());
+    }
+    conn.shm_logged = true;
+    conn.shm = *std::move(opened);
+    return conn.shm;
+  }
+
+  // Sends one encoded request to `address` and calls back with the body,
+  // whose encoding takes at most `max_response_bytes`.
+  void Send(const std::string& address, bool is_push, wire::Writer body, size_t max_response_bytes,
+            absl::Duration timeout, ResponseCallback cb) {
     auto conn = Conn(address);
+    if (options_.shared_memory) {
+      std::shared_ptr<ShmConn> shm = SharedMemory(*conn);
+      if (shm != nullptr && shm->TrySend(is_push, &body, max_response_bytes, absl::Now() + timeout, &cb)) {
+        shm_requests_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
     const uint32_t i = conn->next.fetch_add(1, std::memory_order_relaxed) % conn->stubs.size();
     if (options_.transport == GrpcPsClientOptions::Transport::kStream) {
       std::shared_ptr<StreamConn> stream;
@@ -704,7 +749,7 @@ class GrpcPsClient::Impl {
       msg.sparse.push_back(std::move(v));
     }
     const std::string address = m->servers()[server];
-    Send(address, true, wire::EncodePush(msg), options_.rpc_timeout,
+    Send(address, true, wire::EncodePush(msg), kPushResponseBytes, options_.rpc_timeout,
          [=, this](absl::Status s, Payload body, std::shared_ptr<const void>) {
            (void)encoded;  // held until the response arrives
            if (s.ok()) {
@@ -902,7 +947,17 @@ class GrpcPsClient::Impl {
     }
     const std::string address = m->servers()[server];
     const DType dtype = options_.wire_dtype;
-    Send(address, false, wire::EncodePull(msg), options_.pull_wait_timeout + options_.rpc_timeout,
+    // The response's size, bounded from above: each slice's values, its
+    // table's name and ~30 bytes of tags, lengths and numbers.
+    size_t response_bytes = 256;
+    const size_t esize = DTypeSize(dtype);
+    for (const PullPart::Dense& d : part->dense) {
+      response_bytes += d.table->name.size() + 32 + size_t{d.table->ChunkLength(d.chunk)} * esize;
+    }
+    for (const PullPart::Sparse& sp : part->sparse) {
+      response_bytes += sp.table->name.size() + 32 + sp.keys.size() * sp.table->dim * esize;
+    }
+    Send(address, false, wire::EncodePull(msg), response_bytes, options_.pull_wait_timeout + options_.rpc_timeout,
          [=, this](absl::Status s, Payload body, std::shared_ptr<const void> keepalive) {
            if (s.ok()) {
              // `body` views the response slices `keepalive` owns until we return.
@@ -939,8 +994,15 @@ class GrpcPsClient::Impl {
   }
 
  private:
+  // A PushResponse: a few numbers, and an error message when one fails.
+  static constexpr size_t kPushResponseBytes = 8 << 10;
+
   GrpcPsClientOptions options_;
   std::atomic<uint64_t> next_seq_{1};
+ public:
+  std::atomic<uint64_t> shm_requests_{0};
+
+ private:
   absl::Mutex refresh_mu_;
   absl::Mutex mu_;
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
@@ -981,5 +1043,8 @@ absl::StatusOr<v1::GetJobResponse> GrpcPsClient::GetJobStats(const std::string& 
   return impl_->GetJobStats(job_id, server);
 }
 uint64_t GrpcPsClient::shard_map_version() const { return impl_->map()->version(); }
+uint64_t GrpcPsClient::shared_memory_requests() const {
+  return impl_->shm_requests_.load(std::memory_order_relaxed);
+}
 
 }  // namespace fulcrum

@@ -5,7 +5,8 @@
 // most max_payload_bytes (1 MiB by default) and spread over
 // `channels_per_server` TCP connections, so a big tensor moves over several
 // connections at once. Transport is unary calls, or long-lived bidirectional
-// streams (one per connection) to each server.
+// streams (one per connection) to each server, with shared memory in front
+// of either for servers on the same host.
 //
 // Retries: UNAVAILABLE is retried with backoff (a push keeps its (worker_id,
 // seq), so the server applies it once). A shard-map mismatch (ABORTED with
@@ -42,6 +43,11 @@ struct GrpcPsClientOptions {
   int channels_per_server = 4;
   enum class Transport { kUnary, kStream };
   Transport transport = Transport::kUnary;
+  // With a server on this host, send requests
+  // through shared memory (docs/wire-protocol.md, "Shared memory"); a
+  // request that does not fit, or finds the slots busy, takes `transport`.
+  bool shared_memory = false;
+  uint32_t shared_memory_slots = 8;
   absl::Duration rpc_timeout = absl::Seconds(60);
   // How long a pull may wait for the consistency model (sent to the server).
   absl::Duration pull_wait_timeout = absl::Minutes(5);
@@ -66,6 +72,8 @@ class GrpcPsClient final : public PsClient {
   // Job statistics from one server (for tools and tests).
   absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server);
   uint64_t shard_map_version() const;
+  // Requests sent through shared memory so far (for tests and tools).
+  uint64_t shared_memory_requests() const;
 
   class Impl;
 

@@ -1,0 +1,76 @@
+// ShmConn: the worker's end of a shared-memory session with a server on the
+// same host (common/rpc/shared_memory.h, docs/wire-protocol.md "Shared
+// memory"). Requests go into free slots of the server's memory file and
+// responses come back in the same slots; an OpenSharedMemory call stays open
+// for the session's life, so either side notices when the other goes away.
+//
+// A request that does not fit a slot, or finds every slot busy, is not
+// taken: the caller sends it over gRPC instead, so a full set of slots
+// never holds up a push behind parked pulls.
+#ifndef FULCRUM_WORKER_RPC_SHM_CONN_H_
+#define FULCRUM_WORKER_RPC_SHM_CONN_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deadline_timer.h"
+#include "common/payload.h"
+#include "common/rpc/shared_memory.h"
+#include "common/rpc/wire_codec.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
+
+namespace fulcrum {
+
+class ShmConn {
+ public:
+  using Callback = std::function<void(absl::Status, Payload body, std::shared_ptr<const void> keepalive)>;
+
+  // Opens a session through `stub`'s server. An error when the server
+  // refuses (not on this host, --shared_memory=false, too many sessions) or
+  // its memory file cannot be opened from here.
+  static absl::StatusOr<std::unique_ptr<ShmConn>> Open(v1::ParameterService::Stub* stub, DeadlineTimer* timer,
+                                                       uint32_t slots, uint64_t slot_bytes, absl::Duration timeout);
+  // Ends the call and fails what is still pending UNAVAILABLE.
+  ~ShmConn();
+
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  uint64_t slot_bytes() const { return seg_->slot_bytes(); }
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+
+  // Sends `body` through a free slot and returns true; `cb` runs with the
+  // response. Returns false, leaving `body` and `cb` alone, when the session
+  // is dead, every slot is busy, or the request or a response of
+  // `max_response_bytes` would not fit a slot.
+  bool TrySend(bool is_push, wire::Writer* body, size_t max_response_bytes, absl::Time deadline, Callback* cb);
+
+ private:
+  struct Slots;
+  ShmConn() = default;
+  void Dispatch();
+  void Deliver(uint32_t i);
+  void Expire(uint32_t i, uint64_t id, absl::Time deadline);
+  void Die(const absl::Status& why);
+
+  std::shared_ptr<shm::Segment> seg_;
+  std::shared_ptr<Slots> slots_;
+  DeadlineTimer* timer_ = nullptr;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::SharedMemoryEvent>> reader_;
+  std::thread reader_thread_;
+  std::thread dispatcher_;
+  std::atomic<bool> dead_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> requests_{0};
+};
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_WORKER_RPC_SHM_CONN_H_
