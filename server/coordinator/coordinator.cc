@@ -1026,23 +1026,25 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
       sum->set_epoch(e.epoch());
     }
     // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
-    // Each rank counts once (see EpochSummary.reported_ranks).
-    if (!absl::c_linear_search(sum->reported_ranks(), req.rank())) {
+    // Each rank counts once (see EpochSummary.reported_ranks). A report of
+    // an evaluation only fills in test figures the epoch lacks.
+    const bool first = !absl::c_linear_search(sum->reported_ranks(), req.rank());
+    if (first && !e.evaluation_only()) {
       sum->add_reported_ranks(req.rank());
       const int k = sum->reported_ranks_size();
       sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
       sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
       sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
       sum->set_seconds(std::max(sum->seconds(), e.seconds()));
-      if (req.rank() == 0) {
-        sum->set_test_loss(e.test_loss());
-        sum->set_test_accuracy(e.test_accuracy());
-        sum->set_test_rmse(e.test_rmse());
-        sum->set_tested(e.tested());
-        st->set_test_loss(e.test_loss());
-        st->set_test_accuracy(e.test_accuracy());
-        st->set_test_rmse(e.test_rmse());
-      }
+    }
+    if (req.rank() == 0 && (e.evaluation_only() ? e.tested() && !sum->tested() : first)) {
+      sum->set_test_loss(e.test_loss());
+      sum->set_test_accuracy(e.test_accuracy());
+      sum->set_test_rmse(e.test_rmse());
+      sum->set_tested(e.tested());
+      st->set_test_loss(e.test_loss());
+      st->set_test_accuracy(e.test_accuracy());
+      st->set_test_rmse(e.test_rmse());
     }
     sync = true;
   }

@@ -948,6 +948,60 @@ class FakeNodes {
   std::thread heartbeats_;
 };
 
+// Rank 0's evaluation of the final weights, as a replacement that resumed
+// after the last step sends it.
+grpc::Status ReportEvaluation(const std::string& coordinator, const v1::Job& j, uint32_t epoch, double accuracy) {
+  v1::ReportProgressResponse resp;
+  return ReportAsRank(
+      coordinator, j, 0,
+      [&](v1::ReportProgressRequest& req) {
+        req.mutable_progress()->set_state("running");
+        v1::EpochSummary* e = req.mutable_epoch_done();
+        e->set_epoch(epoch);
+        e->set_evaluation_only(true);
+        e->set_tested(true);
+        e->set_test_accuracy(accuracy);
+      },
+      &resp);
+}
+
+TEST_CASE("an evaluation-only report fills in test figures an epoch lacks and changes nothing else", "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeNodes fakes(cluster.address(), 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(3);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  const v1::Job running = WaitForJob(
+      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
+  REQUIRE(running.status().state() == v1::RUNNING);
+  // Epoch 0 was reported with its test figures: an evaluation does not replace them.
+  REQUIRE(ReportEpoch(cluster.address(), running, 0, 0, 1.0, 100).ok());
+  REQUIRE(ReportEvaluation(cluster.address(), running, 0, 0.5).ok());
+  v1::Job j = Get(cluster.jobs(), id);
+  CHECK(j.status().epochs(0).test_accuracy() == 0.75);
+  CHECK(j.status().test_accuracy() == 0.75);
+  // The last epoch was trained by an incarnation whose reports were never
+  // taken (only rank 1's came): the evaluation supplies its test figures and
+  // does not count as rank 0's training.
+  REQUIRE(ReportEpoch(cluster.address(), running, 1, 2, 3.0, 50).ok());
+  REQUIRE(ReportEvaluation(cluster.address(), running, 2, 0.9).ok());
+  j = Get(cluster.jobs(), id);
+  REQUIRE(j.status().epochs_size() == 2);
+  const v1::EpochSummary& last = j.status().epochs(1);
+  CHECK(last.epoch() == 2);
+  CHECK(last.tested());
+  CHECK(last.test_accuracy() == 0.9);
+  CHECK(last.train_loss() == 3.0);
+  CHECK(last.samples_per_second() == 50);
+  CHECK(std::vector<uint32_t>(last.reported_ranks().begin(), last.reported_ranks().end()) == std::vector<uint32_t>{1});
+  CHECK(j.status().test_accuracy() == 0.9);
+  // Only once: a second evaluation of the same epoch changes nothing.
+  REQUIRE(ReportEvaluation(cluster.address(), running, 2, 0.1).ok());
+  CHECK(Get(cluster.jobs(), id).status().test_accuracy() == 0.9);
+  Cancel(cluster.jobs(), id);
+}
+
 TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
           "[cluster]") {
   InProcessCluster cluster(1, 0);

@@ -464,6 +464,26 @@ class WorkerDaemon::Runner {
       r.set_total_steps(total_steps_);
       Report(r);
     }
+    if (a_.rank() == 0 && test && start >= total_steps_) {
+      // A replacement that resumed after the last step trained nothing; the
+      // incarnation it replaced may have finished the last epoch without its
+      // evaluation being taken. Evaluate the final weights.
+      SendProgress("evaluating");
+      ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(*test));
+      v1::EpochSummary sum;
+      sum.set_epoch(spec.epochs() - 1);
+      sum.set_evaluation_only(true);
+      sum.set_test_loss(t.loss);
+      sum.set_test_accuracy(t.accuracy);
+      sum.set_test_rmse(t.rmse);
+      sum.set_tested(true);
+      FLOG(INFO) << tag << ": resumed after the last step; test accuracy of the final weights " << t.accuracy;
+      v1::ReportProgressRequest er = Base();
+      *er.mutable_progress() = progress_;
+      *er.mutable_epoch_done() = sum;
+      er.set_total_steps(total_steps_);
+      Report(er);
+    }
     v1::ReportProgressRequest r = Base();
     if (a_.rank() == 0) {
       ASSIGN_OR_RETURN(std::string fp, trainer.DenseFingerprint());
