@@ -10,7 +10,10 @@
 # answers it at once and the push completes in the background, under BSP the
 # server holds it until the step is applied);
 # clusters run with plaintext gRPC (--insecure) and with mutual TLS (the
-# local cluster's default), and SSP once more with bf16 on the wire.
+# local cluster's default), and SSP once more with bf16 on the wire; each
+# over gRPC alone (cluster.sh --no-shared-memory, as between hosts) and with
+# shared memory between the worker and the servers on this host (the local
+# cluster's default).
 # Every trainer uses the same compute settings: one compute thread (the
 # local cluster's default, deploy/local/cluster.sh). Each figure is the best
 # of EPOCHS epochs (default 3) of one run, as this machine's speed swings by
@@ -55,12 +58,15 @@ local_run() {  # local_run SPEC -> best samples/s over the epochs
     sed -n 's/^epoch [0-9]*: \([0-9]*\) samples.*/\1/p' | sort -n | tail -1
 }
 
-# cluster_run PORT SERVERS WORKERS SPEC tls|plain -> best samples/s over the
-# epochs, all workers together. tls is the local cluster's default (mutual
-# TLS and a token); plain starts it with --insecure.
+# cluster_run PORT SERVERS WORKERS SPEC tls|plain grpc|shm -> best
+# samples/s over the epochs, all workers together. tls is the local
+# cluster's default (mutual TLS and a token); plain starts it with
+# --insecure. grpc sends pushes and pulls over gRPC only; shm through shared
+# memory (the default).
 cluster_run() {
   local port=$1 servers=$2 workers=$3 spec=$4 dir=$tmp/c$1 security=()
   [[ "$5" == plain ]] && security=(--insecure)
+  [[ "$6" == grpc ]] && security+=(--no-shared-memory)
   "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" --dir "$dir" \
     --port "$port" --bin "$build" --data "$data" "${security[@]}" >/dev/null
   # The address and credentials cluster.sh wrote.
@@ -79,15 +85,19 @@ cluster_run() {
 # the ratios divide by the median: this machine's speed drifts by 20-40%
 # within minutes, and one baseline run can land on a fast or a slow patch.
 base1=$(local_run "$tmp/bsp1.yaml")
-one=$(cluster_run 7170 1 1 "$tmp/bsp1.yaml" plain)
-one_tls=$(cluster_run 7180 1 1 "$tmp/bsp1.yaml" tls)
-two=$(cluster_run 7190 2 2 "$tmp/bsp2.yaml" plain)
-two_tls=$(cluster_run 7200 2 2 "$tmp/bsp2.yaml" tls)
+one=$(cluster_run 7170 1 1 "$tmp/bsp1.yaml" plain grpc)
+one_tls=$(cluster_run 7180 1 1 "$tmp/bsp1.yaml" tls grpc)
+one_shm=$(cluster_run 7240 1 1 "$tmp/bsp1.yaml" plain shm)
+one_tls_shm=$(cluster_run 7250 1 1 "$tmp/bsp1.yaml" tls shm)
+two=$(cluster_run 7190 2 2 "$tmp/bsp2.yaml" plain grpc)
+two_tls=$(cluster_run 7200 2 2 "$tmp/bsp2.yaml" tls grpc)
+two_shm=$(cluster_run 7260 2 2 "$tmp/bsp2.yaml" plain shm)
 base2=$(local_run "$tmp/bsp1.yaml")
 sbase=$(local_run "$tmp/ssp1.yaml")
-sone=$(cluster_run 7210 1 1 "$tmp/ssp1.yaml" plain)
-sone_tls=$(cluster_run 7220 1 1 "$tmp/ssp1.yaml" tls)
-sone_bf=$(cluster_run 7230 1 1 "$tmp/ssp1bf.yaml" plain)
+sone=$(cluster_run 7210 1 1 "$tmp/ssp1.yaml" plain grpc)
+sone_tls=$(cluster_run 7220 1 1 "$tmp/ssp1.yaml" tls grpc)
+sone_bf=$(cluster_run 7230 1 1 "$tmp/ssp1bf.yaml" plain grpc)
+sone_shm=$(cluster_run 7270 1 1 "$tmp/ssp1.yaml" plain shm)
 base3=$(local_run "$tmp/bsp1.yaml")
 base=$(printf '%s\n' "$base1" "$base2" "$base3" | sort -n | sed -n 2p)
 # This machine's loopback throughput and the cost of one gRPC round trip,
@@ -100,14 +110,18 @@ row() { printf '| %s | %s | %s |\n' "$1" "$2" "$(ratio "$2" "$base")"; }
 echo "| setup | samples/s | vs. BSP baseline |"
 echo "| --- | ---: | ---: |"
 row "BSP: one process, no parameter-server network (median of $base1, $base2, $base3)" "$base"
-row "BSP: cluster, 1 server + 1 worker, plaintext" "$one"
-row "BSP: cluster, 1 server + 1 worker, mutual TLS" "$one_tls"
-row "BSP: cluster, 2 servers + 2 workers, plaintext" "$two"
-row "BSP: cluster, 2 servers + 2 workers, mutual TLS" "$two_tls"
+row "BSP: cluster, 1 server + 1 worker, plaintext, gRPC only" "$one"
+row "BSP: cluster, 1 server + 1 worker, mutual TLS, gRPC only" "$one_tls"
+row "BSP: cluster, 1 server + 1 worker, plaintext, shared memory" "$one_shm"
+row "BSP: cluster, 1 server + 1 worker, mutual TLS, shared memory" "$one_tls_shm"
+row "BSP: cluster, 2 servers + 2 workers, plaintext, gRPC only" "$two"
+row "BSP: cluster, 2 servers + 2 workers, mutual TLS, gRPC only" "$two_tls"
+row "BSP: cluster, 2 servers + 2 workers, plaintext, shared memory" "$two_shm"
 row "SSP(1): one process" "$sbase"
-row "SSP(1): cluster, 1 server + 1 worker, plaintext" "$sone"
-row "SSP(1): cluster, 1 server + 1 worker, mutual TLS" "$sone_tls"
-row "SSP(1): cluster, 1 server + 1 worker, plaintext, bf16 on the wire" "$sone_bf"
+row "SSP(1): cluster, 1 server + 1 worker, plaintext, gRPC only" "$sone"
+row "SSP(1): cluster, 1 server + 1 worker, mutual TLS, gRPC only" "$sone_tls"
+row "SSP(1): cluster, 1 server + 1 worker, plaintext, gRPC only, bf16 on the wire" "$sone_bf"
+row "SSP(1): cluster, 1 server + 1 worker, plaintext, shared memory" "$sone_shm"
 # The BSP ceiling, estimated from its parts. A 1 server + 1 worker step
 # takes the baseline's step (the same compute and the same Adam), plus one
 # round trip (step s+1's pull is sent with step s's push and answered once
@@ -128,7 +142,7 @@ floor = step + rtt_us * 1e-6 + wire
 print(f"\nBSP 1 server + 1 worker, estimated ceiling on this machine: {step * 1e3:.2f} ms baseline step "
       f"+ {rtt_us / 1e3:.2f} ms gRPC round trip + {wire * 1e3:.2f} ms for {2 * params * 4 / 1e6:.2f} MB at "
       f"{gbps:.2f} GB/s = {floor * 1e3:.2f} ms a step, {step / floor:.2f} of the baseline; "
-      f"measured {one / base:.2f} (plaintext), {one / base / (step / floor):.2f} of the estimate")
+      f"measured {one / base:.2f} (plaintext, gRPC only), {one / base / (step / floor):.2f} of the estimate")
 PY
 else
   echo "BSP ceiling: not estimated (fulcrum-bench --bounds_only printed no loopback bound or round trip)"

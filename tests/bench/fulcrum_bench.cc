@@ -69,6 +69,7 @@ int g_dtype_filter = 0;  // 0: fp32 and bf16
 int g_pattern_filter = 0;  // 0: both; 1: serial; 2: worker (see Pattern)
 bool g_bounds_only = false;  // loopback throughput and round trips only (tests/bench/cluster_bench.sh)
 bool g_stream = false;
+bool g_shm = false;  // shared memory in front of the transport (--transport=shm)
 std::string g_tls_dir;  // certificates from deploy/tls/gen-certs.sh: mutual TLS
 // Tensors pushed and pulled concurrently, one thread each; 0: 1, and 4 for
 // tensors of 1 MiB and up (a worker sends all of a model's tensors at once).
@@ -316,6 +317,7 @@ std::unique_ptr<GrpcPsClient> Client(const Cluster& c, DType dtype) {
   o.channels_per_server = g_channels;
   o.max_payload_bytes = g_message_bytes;
   o.transport = g_stream ? GrpcPsClientOptions::Transport::kStream : GrpcPsClientOptions::Transport::kUnary;
+  o.shared_memory = g_shm;
   return *GrpcPsClient::Create(o);
 }
 
@@ -488,6 +490,7 @@ int main(int argc, char** argv) {
     else if (a == "--dtype=fp32") g_dtype_filter = 1;
     else if (a == "--transport=stream") g_stream = true;
     else if (a == "--transport=unary") g_stream = false;
+    else if (a == "--transport=shm") g_shm = true;
     else if (a == "--dtype=bf16") g_dtype_filter = 3;
     else if (a == "--pattern=serial") g_pattern_filter = 1;
     else if (a == "--pattern=worker") g_pattern_filter = 2;
@@ -502,7 +505,7 @@ int main(int argc, char** argv) {
     else if (a.rfind("--max_mib=", 0) == 0) g_max_bytes = std::stoul(a.substr(10)) << 20;
     else {
       std::fprintf(stderr, "usage: fulcrum-bench [--quick] [--dense_only|--bounds_only] [--dtype=fp32|bf16] [--pattern=serial|worker] "
-                           "[--transport=unary|stream] [--chunk_kib=N] "
+                           "[--transport=unary|stream|shm] [--chunk_kib=N] "
                            "[--message_kib=N] [--channels=N] [--inflight=N] [--tls_dir=DIR] [--server_binary=PATH] "
                            "[--netns=NAME --server_host=IP] [--max_mib=N]\n");
       return 2;
