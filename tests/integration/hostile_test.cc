@@ -162,7 +162,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
 
   v1::JobSpec spec;
   REQUIRE(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/digits-softmax.yaml", &spec).ok());
-  int epochs = 200;  // 15-30 s of training on 2 cores; FULCRUM_HOSTILE_EPOCHS for longer runs
+  int epochs = 600;  // 15-30 s of training on 2 cores; FULCRUM_HOSTILE_EPOCHS for longer runs
   if (const char* env = std::getenv("FULCRUM_HOSTILE_EPOCHS"); env != nullptr) REQUIRE(absl::SimpleAtoi(env, &epochs));
   spec.set_epochs(static_cast<uint32_t>(epochs));
   std::string job;
