@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "common/status_macros.h"
 
 namespace fulcrum::wire {
@@ -560,6 +561,12 @@ absl::Status DecodeStreamResponse(const Payload& p, StreamResponseView* out) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status StatusOf(const StreamResponseView& r) {
+  if (r.code == 0) return absl::OkStatus();
+  if (r.shard_map_version != 0) return WrongShardError(r.message, r.shard_map_version);
+  return absl::Status(static_cast<absl::StatusCode>(r.code), r.message);
 }
 
 }  // namespace fulcrum::wire

@@ -110,6 +110,9 @@ struct StreamResponseView {
   Payload body;
 };
 absl::Status DecodeStreamResponse(const Payload& p, StreamResponseView* r);
+// The status a decoded StreamResponse carries (a shard-map mismatch as
+// WrongShardError, so callers can re-route).
+absl::Status StatusOf(const StreamResponseView& r);
 
 }  // namespace fulcrum::wire
 

@@ -119,13 +119,7 @@ class StreamConn final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     Pending done;
     if (!Take(resp.id, &done)) return;  // expired
     timer_->Cancel(done.timer);
-    ResponseCallback& cb = done.cb;
-    absl::Status status;
-    if (resp.code != 0) {
-      status = absl::Status(static_cast<absl::StatusCode>(resp.code), resp.message);
-      if (resp.shard_map_version != 0) status = WrongShardError(resp.message, resp.shard_map_version);
-    }
-    cb(status, resp.body, keepalive);
+    done.cb(wire::StatusOf(resp), resp.body, keepalive);
   }
 
   void OnDone(const grpc::Status& s) override {

@@ -177,12 +177,7 @@ void ShmConn::Deliver(uint32_t i) {
     cb(s, Payload(), nullptr);
     return;
   }
-  absl::Status status;
-  if (resp.code != 0) {
-    status = absl::Status(static_cast<absl::StatusCode>(resp.code), resp.message);
-    if (resp.shard_map_version != 0) status = WrongShardError(resp.message, resp.shard_map_version);
-  }
-  cb(status, resp.body, std::move(keepalive));
+  cb(wire::StatusOf(resp), resp.body, std::move(keepalive));
 }
 
 void ShmConn::Die(const absl::Status& why) {
