@@ -1,9 +1,20 @@
 // Future<T>: the result of an asynchronous call, completed once by a Promise.
 // Wait() blocks on a condition variable; Then() runs a callback on completion
 // (on the completing thread, or inline when already complete). Thread-safe.
+//
+// A promise may carry a helper: a function that completes pending work
+// without blocking (ShmConn::Poll reads answers out of shared memory).
+// Wait() first calls it in a loop, for at most the helper's time, so the
+// waiting thread takes the answer itself the moment it lands instead of
+// sleeping until another thread wakes it (a wake-up costs tens of
+// microseconds on a virtual machine's idle core).
 #ifndef FULCRUM_COMMON_FUTURE_H_
 #define FULCRUM_COMMON_FUTURE_H_
 
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,6 +34,13 @@ class Promise {
  public:
   Promise() : state_(std::make_shared<State>()) {}
   Future<T> future() const { return Future<T>(state_); }
+  // Before the future is handed out: Wait() calls `helper` until the value
+  // is set or `spin` has passed, then blocks. `helper` returns whether it
+  // made progress; it must not block.
+  void SetHelper(std::function<bool()> helper, absl::Duration spin) const {
+    state_->helper = std::move(helper);
+    state_->spin = absl::ToChronoNanoseconds(spin);
+  }
   // Completes the future; later calls are ignored.
   void Set(T value) const {
     std::vector<std::function<void(const T&)>> callbacks;
@@ -31,6 +49,7 @@ class Promise {
       absl::MutexLock lock(&state_->mu);
       if (state_->value.has_value()) return;
       set = &state_->value.emplace(std::move(value));
+      state_->ready.store(true, std::memory_order_release);
       callbacks.swap(state_->callbacks);
     }
     for (auto& cb : callbacks) cb(*set);
@@ -42,6 +61,9 @@ class Promise {
     absl::Mutex mu;
     std::optional<T> value ABSL_GUARDED_BY(mu);
     std::vector<std::function<void(const T&)>> callbacks ABSL_GUARDED_BY(mu);
+    std::atomic<bool> ready{false};   // value is set
+    std::function<bool()> helper;     // set before the future is shared
+    std::chrono::nanoseconds spin{0};
   };
   std::shared_ptr<State> state_;
 };
@@ -57,6 +79,7 @@ class Future {
   }
   // Blocks until complete; the value stays owned by the future.
   const T& Wait() const {
+    Help();
     absl::MutexLock lock(&state_->mu);
     state_->mu.Await(absl::Condition(
         +[](std::optional<T>* v) { return v->has_value(); }, &state_->value));
@@ -82,6 +105,24 @@ class Future {
 
  private:
   friend class Promise<T>;
+  void Help() const {
+    const auto& st = *state_;
+    if (!st.helper || st.ready.load(std::memory_order_acquire)) return;
+    // The helper's polling yields the core to any thread that wants it
+    // (with several workers on few cores, another's compute), so it only
+    // takes time nobody else needed.
+    const auto until = std::chrono::steady_clock::now() + st.spin;
+    for (uint32_t n = 1; !st.ready.load(std::memory_order_acquire); ++n) {
+      if (st.helper()) continue;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (n % 16 == 0) {
+        sched_yield();
+        if (std::chrono::steady_clock::now() >= until) return;
+      }
+    }
+  }
   explicit Future(std::shared_ptr<typename Promise<T>::State> s) : state_(std::move(s)) {}
   std::shared_ptr<typename Promise<T>::State> state_;
 };

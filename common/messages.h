@@ -58,6 +58,9 @@ struct PushMessage {
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;
   std::shared_ptr<const void> keepalive;  // owns the bytes the payloads view
+  // The payloads lie in memory the sender can still write (a shared-memory
+  // slot): every gradient is copied out before it is checked or applied.
+  bool volatile_payload = false;
 };
 
 struct PushResult {

@@ -209,7 +209,10 @@ absl::Status Job::CheckOwned(uint32_t vshard, const std::string& what, const Sha
 absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out) {
   const std::string from = absl::StrCat(" in push from ", Who(m.worker_id, m.rank));
   // Pass 1: validate shapes and ownership, size the fp32 buffer (BSP keeps
-  // dense gradients to combine later; elsewhere they are read in place).
+  // dense gradients to combine later, and gradients the sender can still
+  // change must be copied before the NaN check; elsewhere they are read in
+  // place).
+  const bool copy_dense = model_ == Model::kBsp || m.volatile_payload;
   size_t total = 0;
   for (const DenseSliceView& d : m.dense) {
     ASSIGN_OR_RETURN(Table * table, FindTable(d.table, true));
@@ -228,7 +231,7 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     RETURN_IF_ERROR(CheckOwned(VShardOfChunk(t->name_hash(), d.chunk, num_virtual_shards_),
                                absl::StrCat("table '", d.table, "' chunk ", d.chunk), map, self,
                                m.shard_map_version));
-    if (model_ == Model::kBsp) total += t->ChunkLength(d.chunk);
+    if (copy_dense) total += t->ChunkLength(d.chunk);
   }
   size_t push_keys = 0;
   for (const SparseSliceView& s : m.sparse) push_keys += s.keys.size() / 8;
@@ -259,7 +262,7 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
   for (const DenseSliceView& d : m.dense) {
     auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
     const size_t n = t->ChunkLength(d.chunk);
-    if (model_ != Model::kBsp) {
+    if (!copy_dense) {
       out->dense.push_back({t, d.chunk, nullptr, &d.data, d.dtype});
       continue;
     }

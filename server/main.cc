@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -47,6 +48,9 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(int32_t, max_wait_seconds, 600, "longest a pull may wait for the consistency model");
 ABSL_FLAG(bool, shared_memory, true,
           "offer workers on this host shared memory for pushes and pulls");
+ABSL_FLAG(absl::Duration, shared_memory_poll, absl::Microseconds(500),
+          "how long a shared-memory session polls for a push its worker announced before it sleeps "
+          "(0: never poll; polling yields the core to any thread that wants it)");
 ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(std::string, data_dir, "",
@@ -121,6 +125,12 @@ int main(int argc, char** argv) {
   }
   fulcrum::PsGrpcServer::Options grpc_options;
   grpc_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  grpc_options.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
+  if (grpc_options.shared_memory_poll < absl::ZeroDuration() || grpc_options.shared_memory_poll > absl::Seconds(1)) {
+    std::cerr << "fulcrum-server: --shared_memory_poll must be between 0 and 1s, got "
+              << absl::FormatDuration(grpc_options.shared_memory_poll) << "\n";
+    return 2;
+  }
   auto server = fulcrum::PsGrpcServer::Start(ps->get(), listen, grpc_options);
   if (!server.ok()) {
     std::cerr << "fulcrum-server: " << server.status() << "\n";
@@ -158,8 +168,9 @@ int main(int argc, char** argv) {
     agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   }
   FLOG(INFO) << (grpc_options.shared_memory
-                     ? "workers on this host get shared memory for pushes and pulls"
-                     : "shared memory off (--shared_memory=false): every push and pull comes over gRPC");
+                     ? absl::StrCat("workers on this host get shared memory for pushes and pulls (polling ",
+                                    absl::FormatDuration(grpc_options.shared_memory_poll), " for announced pushes)")
+                     : std::string("shared memory off (--shared_memory=false): every push and pull comes over gRPC"));
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";
   if (agent) agent->Stop();

@@ -82,6 +82,10 @@ class PsClient {
 
   virtual Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) = 0;
   virtual Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) = 0;
+  // A hint that a push follows shortly (the worker's backward pass has
+  // begun): a transport whose servers sleep between requests may wake them
+  // now, so the push finds them awake. Optional; does nothing by default.
+  virtual void ExpectPush() {}
 
   absl::Status Push(const std::string& job_id, const PushBatch& batch) {
     return PushAsync(job_id, batch).Wait();

@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -194,12 +195,29 @@ void Ring(Doorbell& bell) {
   }
 }
 
-void Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::atomic<bool>& stop) {
+Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::atomic<bool>& stop,
+            absl::Duration poll) {
   // A short spin catches the answer to a request just sent without a
   // sleep and a wake-up; longer would take the core the other side needs.
+  auto rung = [&] {
+    return bell.count.load(std::memory_order_acquire) != seen || stop.load(std::memory_order_relaxed);
+  };
   for (int i = 0; i < 64; ++i) {
-    if (bell.count.load(std::memory_order_acquire) != seen || stop.load(std::memory_order_relaxed)) return;
+    if (rung()) return Waited::kSpinning;
     Pause();
+  }
+  if (poll > absl::ZeroDuration()) {
+    // Polling gives the core up whenever another thread can use it
+    // (sched_yield), so it only ever takes time nobody else wanted.
+    const absl::Time until = absl::Now() + poll;
+    for (uint32_t i = 1;; ++i) {
+      if (rung()) return Waited::kPolling;
+      Pause();
+      if (i % 16 == 0) {
+        sched_yield();
+        if (absl::Now() >= until) break;
+      }
+    }
   }
   bell.sleeping.store(1, std::memory_order_seq_cst);
   if (bell.count.load(std::memory_order_seq_cst) == seen && !stop.load(std::memory_order_relaxed)) {
@@ -207,6 +225,7 @@ void Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::atom
     syscall(SYS_futex, FutexWord(bell.count), FUTEX_WAIT, seen, &ts, nullptr, 0);
   }
   bell.sleeping.store(0, std::memory_order_relaxed);
+  return Waited::kSleeping;
 }
 
 }  // namespace fulcrum::shm

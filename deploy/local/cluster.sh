@@ -33,6 +33,8 @@
 # Workers reach the servers on this host through shared memory, with gRPC
 # only to set it up (docs/wire-protocol.md, "Shared memory");
 # --no-shared-memory sends everything over gRPC, as between hosts.
+# FULCRUM_SHM_POLL (default 500us) sets how long each side polls for the
+# other's next message before it sleeps (--shared_memory_poll; 0 never).
 #
 # Secure by default: on the first start RUN_DIR/tls/ gets a cluster CA, a
 # certificate for every process and a token file (deploy/tls/gen-certs.sh);
@@ -167,6 +169,7 @@ case "$cmd" in
       # shellcheck disable=SC2046
       supervise "server-$i" "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
         --data_dir="$dir/server-$i" --metrics_addr="$(metrics_addr $((1 + i)))" $(tls "server-$i") \
+        --shared_memory_poll="${FULCRUM_SHM_POLL:-500us}" \
         2>>"$dir/logs/supervisors.log" &
       echo "$! server-$i" >>"$dir/pids"
     done
@@ -178,7 +181,8 @@ case "$cmd" in
       # shellcheck disable=SC2046
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
-        --shared_memory="$shm" --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
+        --shared_memory="$shm" --shared_memory_poll="${FULCRUM_SHM_POLL:-500us}" \
+        --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done
     printf '%s\n' "FULCRUM_COORDINATOR=$coord" "${ctl_env[@]}" >"$dir/env"

@@ -10,6 +10,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/parameter_server.h"
 
 namespace fulcrum {
@@ -22,6 +23,9 @@ class PsGrpcServer {
   struct Options {
     // Offer workers on this host shared memory (OpenSharedMemory).
     bool shared_memory = true;
+    // How long a session's thread polls for a push the worker announced
+    // (GrpcPsClient::ExpectPush) before it sleeps again; zero never polls.
+    absl::Duration shared_memory_poll = absl::Microseconds(500);
   };
   // Serves `ps` (not owned; must outlive this) on `listen_address`, e.g.
   // "127.0.0.1:0" for any free port. Enables health checking and reflection.
@@ -39,6 +43,8 @@ class PsGrpcServer {
   const std::string& address() const { return address_; }
   // Shared-memory sessions open now.
   size_t shared_memory_sessions() const;
+  // Shared-memory requests found polling for a push the worker announced.
+  uint64_t shared_memory_polled() const;
   // This transport's metrics (shared-memory sessions and requests).
   void CollectMetrics(metrics::Scrape* out) const;
   // Drains the parameter server's waits, then stops the transport. Idempotent.

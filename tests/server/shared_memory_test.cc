@@ -45,14 +45,17 @@ GrpcPsClientOptions ShmOptions(bool on) {
   return o;
 }
 
-// Runs 20 BSP steps of SGD (lr 0.5) on a dense and a sparse table with
-// gradients that depend on the step, and returns the final weights and rows.
-std::vector<float> Train(TestCluster& cluster, const std::string& job, GrpcPsClientOptions o, uint64_t* shm_requests) {
+// Runs 20 steps of SGD (lr 0.5; Adam for the dense table under ASP and SSP)
+// on a dense and a sparse table with gradients that depend on the step, and
+// returns the final weights and rows.
+std::vector<float> Train(TestCluster& cluster, const std::string& job, GrpcPsClientOptions o, uint64_t* shm_requests,
+                         v1::ConsistencySpec::Model model = v1::ConsistencySpec::BSP, uint64_t* shm_polled = nullptr) {
   auto c = cluster.Client(0, o);
   constexpr size_t n = 70000;  // several chunks of 16384 on each server
-  REQUIRE_OK(c->CreateJob(JobSpec(job, {DenseTableSpec("w", n, 0.5f, v1::OptimizerSpec::SGD, 16384),
+  const auto dense_kind = model == v1::ConsistencySpec::BSP ? v1::OptimizerSpec::SGD : v1::OptimizerSpec::ADAM;
+  REQUIRE_OK(c->CreateJob(JobSpec(job, {DenseTableSpec("w", n, 0.5f, dense_kind, 16384),
                                         SparseTableSpec("emb", 8, 0.5f)},
-                                  1, v1::ConsistencySpec::BSP)));
+                                  1, model, model == v1::ConsistencySpec::SSP ? 2 : 0)));
   std::vector<float> w(n), g(n);
   std::vector<uint64_t> keys = {3, 17, 99, 1000003, 42, 7};
   std::vector<float> rows(keys.size() * 8), sg(keys.size() * 8);
@@ -64,6 +67,7 @@ std::vector<float> Train(TestCluster& cluster, const std::string& job, GrpcPsCli
   }
   REQUIRE_OK(c->Pull(job, {20, {{"w", w.data(), n}}, {{"emb", keys.data(), keys.size(), rows.data()}}}));
   *shm_requests = c->shared_memory_requests();
+  if (shm_polled != nullptr) *shm_polled = c->shared_memory_polled();
   w.insert(w.end(), rows.begin(), rows.end());
   return w;
 }
@@ -81,6 +85,71 @@ TEST_CASE("pushes and pulls through shared memory give the weights gRPC gives, b
   REQUIRE(a.size() == b.size());
   REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   REQUIRE(WaitForSessions(cluster->grpc(0), 0) == 0);  // each client closed its session on the way out
+}
+
+TEST_CASE("under ASP and SSP too, pushes decoded in place in shared memory give gRPC's weights", "[shm]") {
+  // The server reads pushes where they lie in the slot, copying each
+  // gradient out before its NaN check; under ASP and SSP it otherwise
+  // applies gradients straight from the request (PushMessage::volatile_payload).
+  auto cluster = TestCluster::Start();
+  for (auto model : {v1::ConsistencySpec::ASP, v1::ConsistencySpec::SSP}) {
+    const std::string name = v1::ConsistencySpec::Model_Name(model);
+    INFO(name);
+    uint64_t over_shm = 0, over_grpc = 0;
+    const std::vector<float> a = Train(*cluster, "shm-" + name, ShmOptions(true), &over_shm, model);
+    const std::vector<float> b = Train(*cluster, "grpc-" + name, ShmOptions(false), &over_grpc, model);
+    CHECK(over_shm >= 2 * 20 + 21);
+    CHECK(over_grpc == 0);
+    REQUIRE(a.size() == b.size());
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("a thread waiting for an answer reads it out of shared memory itself, unless told not to poll", "[shm]") {
+  auto cluster = TestCluster::Start();
+  uint64_t requests = 0, polled = 0;
+  GrpcPsClientOptions o = ShmOptions(true);
+  o.shared_memory_poll = absl::Seconds(1);
+  const std::vector<float> a = Train(*cluster, "poll", o, &requests, v1::ConsistencySpec::BSP, &polled);
+  // Every Push and Pull here is synchronous: its thread waits, polling, so
+  // nearly every response is read by it (the dispatcher may win a race).
+  CHECK(polled > 0);
+  CHECK(polled <= requests);
+  o.shared_memory_poll = absl::ZeroDuration();
+  uint64_t requests_off = 0, polled_off = 0;
+  const std::vector<float> b = Train(*cluster, "no-poll", o, &requests_off, v1::ConsistencySpec::BSP, &polled_off);
+  CHECK(requests_off == requests);
+  CHECK(polled_off == 0);
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Announces a push, gives the session threads time to wake, pushes, and
+// returns how many pushes server 0 found polling.
+uint64_t AnnouncedPush(absl::Duration server_poll) {
+  TestCluster::Options co;
+  co.shared_memory_poll = server_poll;
+  auto cluster = TestCluster::Start(co);
+  auto c = cluster->Client(0, ShmOptions(true));
+  constexpr size_t n = 1000;
+  REQUIRE_OK(c->CreateJob(JobSpec("announce", {DenseTableSpec("w", n, 1.0f)}, 1, v1::ConsistencySpec::ASP)));
+  std::vector<float> w(n), g(n, 0.25f);
+  REQUIRE_OK(c->Pull("announce", {0, {{"w", w.data(), n}}, {}}));  // opens the sessions
+  REQUIRE(WaitForSessions(cluster->grpc(0), 1) == 1);
+  const uint64_t before = cluster->grpc(0)->shared_memory_polled();
+  absl::SleepFor(absl::Milliseconds(100));  // the session threads sleep again
+  c->ExpectPush();
+  absl::SleepFor(absl::Milliseconds(100));  // and wake to poll
+  REQUIRE_OK(c->Push("announce", {0, {{"w", g.data(), n}}, {}}));
+  REQUIRE_OK(c->Pull("announce", {1, {{"w", w.data(), n}}, {}}));
+  CHECK(w[0] == -0.25f);
+  return cluster->grpc(0)->shared_memory_polled() - before;
+}
+
+TEST_CASE("a server polls for a push its worker announced, and only when told to", "[shm]") {
+  // The session thread polls for up to a second after the announcement, so
+  // the push 100 ms later finds it polling, not asleep.
+  CHECK(AnnouncedPush(absl::Seconds(1)) == 1);
+  CHECK(AnnouncedPush(absl::ZeroDuration()) == 0);
 }
 
 // This host's non-loopback IPv4 addresses.

@@ -19,6 +19,7 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     REQUIRE(ps.ok());
     PsGrpcServer::Options go;
     go.shared_memory = options.shared_memory;
+    go.shared_memory_poll = options.shared_memory_poll;
     auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0", go);
     REQUIRE(grpc.ok());
     c->servers_.push_back(*std::move(ps));

@@ -62,6 +62,7 @@ class TestCluster {
     // nothing until a map lists them.
     int mapped_servers = 0;
     bool shared_memory = true;  // servers offer OpenSharedMemory
+    absl::Duration shared_memory_poll = absl::Microseconds(500);  // PsGrpcServer::Options
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }

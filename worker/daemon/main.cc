@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/time/time.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -31,6 +32,9 @@ ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 ABSL_FLAG(bool, shared_memory, true,
           "talk to servers on this host through shared memory; gRPC otherwise");
+ABSL_FLAG(absl::Duration, shared_memory_poll, absl::Microseconds(500),
+          "how long the training thread polls shared memory for an answer before it sleeps "
+          "(0: never poll; polling yields the core to any thread that wants it)");
 
 int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum worker");
@@ -48,6 +52,12 @@ int main(int argc, char** argv) {
   o.slots = absl::GetFlag(FLAGS_slots);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  o.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
+  if (o.shared_memory_poll < absl::ZeroDuration() || o.shared_memory_poll > absl::Seconds(1)) {
+    std::cerr << "fulcrum-worker: --shared_memory_poll must be between 0 and 1s, got "
+              << absl::FormatDuration(o.shared_memory_poll) << "\n";
+    return 2;
+  }
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.data_dir.empty()) o.data_dir = fulcrum::DefaultDataDir();
   o.data_roots = absl::GetFlag(FLAGS_data_roots);

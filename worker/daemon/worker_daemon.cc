@@ -372,6 +372,7 @@ class WorkerDaemon::Runner {
     // With a server on this host, shared memory in front of the stream: no
     // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
     po.shared_memory = options_.shared_memory;
+    po.shared_memory_poll = options_.shared_memory_poll;
     ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(po));
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
                                                  a_.world_size());

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/node_agent.h"
 #include "fulcrum/v1/cluster.pb.h"
@@ -41,6 +42,7 @@ struct WorkerDaemonOptions {
   uint32_t slots = 1;          // assignments run at once
   int cpu_threads = 0;         // CPU backend threads per assignment; 0: cores / slots
   bool shared_memory = true;   // with servers on this host (GrpcPsClientOptions)
+  absl::Duration shared_memory_poll = absl::Microseconds(500);  // GrpcPsClientOptions
   absl::Duration progress_interval = absl::Milliseconds(500);
 };
 

@@ -9,6 +9,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -232,6 +233,36 @@ absl::StatusOr<std::shared_ptr<const JobInfo>> MakeJobInfo(const v1::PsJobSpec& 
   return std::shared_ptr<const JobInfo>(std::move(info));
 }
 
+// The open shared-memory sessions, for the helper of every future
+// (Promise::SetHelper): the thread waiting for a push or pull reads the
+// answers out of shared memory itself. Shared with the futures, which may
+// outlive the client.
+struct ShmSessions {
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<ShmConn>> open ABSL_GUARDED_BY(mu);
+  std::atomic<uint64_t> polled{0};  // responses a waiting thread took itself
+
+  bool Poll() {
+    // Copied so a callback that opens a session does not wait on `mu`; a
+    // session is polled only from threads that are not its own (Poll), so
+    // the last copy may go here.
+    absl::InlinedVector<std::shared_ptr<ShmConn>, 4> conns;
+    {
+      absl::MutexLock lock(&mu);
+      conns.assign(open.begin(), open.end());
+    }
+    uint64_t n = 0;
+    for (const auto& c : conns) n += c->Poll();
+    if (n != 0) polled.fetch_add(n, std::memory_order_relaxed);
+    return n != 0;
+  }
+
+  void Expect() {
+    absl::MutexLock lock(&mu);
+    for (const auto& c : open) c->Expect();
+  }
+};
+
 // Tracks one PushAsync/PullAsync: completes its future when every message
 // (including re-routed ones) is answered; keeps the first error.
 struct Op {
@@ -367,12 +398,28 @@ class GrpcPsClient::Impl {
           +[](int* n) { return *n == 0; }, &calls_in_flight_));
     }
     // Streams cancel in their destructors and wait for gRPC to let go.
+    {
+      absl::MutexLock lock(&shm_sessions_->mu);
+      shm_sessions_->open.clear();
+    }
     absl::MutexLock lock(&mu_);
     for (auto& [addr, conn] : conns_) {
       absl::MutexLock conn_lock(&conn->mu);
       conn->streams.clear();
       conn->shm.reset();
     }
+  }
+
+  void ExpectPush() { shm_sessions_->Expect(); }
+  uint64_t shm_polled() const { return shm_sessions_->polled.load(std::memory_order_relaxed); }
+
+  // An Op whose waiter polls shared memory for a while before it sleeps.
+  std::shared_ptr<Op> NewOp() {
+    auto op = std::make_shared<Op>();
+    if (options_.shared_memory && options_.shared_memory_poll > absl::ZeroDuration()) {
+      op->promise.SetHelper([s = shm_sessions_] { return s->Poll(); }, options_.shared_memory_poll);
+    }
+    return op;
   }
 
   std::shared_ptr<const ShardMap> map() {
@@ -508,6 +555,10 @@ class GrpcPsClient::Impl {
     absl::MutexLock lock(&conn.mu);
     if (conn.shm != nullptr && !conn.shm->dead()) return conn.shm;
     if (conn.shm != nullptr) {
+      {
+        absl::MutexLock lock(&shm_sessions_->mu);
+        std::erase(shm_sessions_->open, conn.shm);
+      }
       // Not destroyed here: this may be one of its own threads, calling back.
       timer_.Schedule(absl::Now(), [old = std::move(conn.shm)] {});
     }
@@ -528,6 +579,8 @@ class GrpcPsClient::Impl {
     }
     conn.shm_logged = true;
     conn.shm = *std::move(opened);
+    absl::MutexLock sessions_lock(&shm_sessions_->mu);
+    shm_sessions_->open.push_back(conn.shm);
     return conn.shm;
   }
 
@@ -658,7 +711,7 @@ class GrpcPsClient::Impl {
   }
 
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) {
-    auto op = std::make_shared<Op>();
+    auto op = NewOp();
     op->retry_until = absl::Now() + options_.retry_budget;
     Future<absl::Status> f = op->promise.future();
     auto job = Job(job_id);
@@ -825,7 +878,7 @@ class GrpcPsClient::Impl {
   }
 
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) {
-    auto op = std::make_shared<Op>();
+    auto op = NewOp();
     op->retry_until = absl::Now() + options_.retry_budget + options_.pull_wait_timeout;
     Future<absl::Status> f = op->promise.future();
     auto job = Job(job_id);
@@ -997,6 +1050,7 @@ class GrpcPsClient::Impl {
   std::atomic<uint64_t> shm_requests_{0};
 
  private:
+  const std::shared_ptr<ShmSessions> shm_sessions_ = std::make_shared<ShmSessions>();
   absl::Mutex refresh_mu_;
   absl::Mutex mu_;
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
@@ -1037,6 +1091,10 @@ absl::StatusOr<v1::GetJobResponse> GrpcPsClient::GetJobStats(const std::string& 
   return impl_->GetJobStats(job_id, server);
 }
 uint64_t GrpcPsClient::shard_map_version() const { return impl_->map()->version(); }
+void GrpcPsClient::ExpectPush() { impl_->ExpectPush(); }
+
+uint64_t GrpcPsClient::shared_memory_polled() const { return impl_->shm_polled(); }
+
 uint64_t GrpcPsClient::shared_memory_requests() const {
   return impl_->shm_requests_.load(std::memory_order_relaxed);
 }

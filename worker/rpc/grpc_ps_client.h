@@ -48,6 +48,10 @@ struct GrpcPsClientOptions {
   // request that does not fit, or finds the slots busy, takes `transport`.
   bool shared_memory = false;
   uint32_t shared_memory_slots = 8;
+  // How long a thread waiting for a push or pull polls shared memory for
+  // the answer before it sleeps until the client's dispatcher wakes it
+  // (polling yields the core to any thread that wants it); zero never polls.
+  absl::Duration shared_memory_poll = absl::Microseconds(500);
   absl::Duration rpc_timeout = absl::Seconds(60);
   // How long a pull may wait for the consistency model (sent to the server).
   absl::Duration pull_wait_timeout = absl::Minutes(5);
@@ -68,12 +72,17 @@ class GrpcPsClient final : public PsClient {
   absl::Status DeleteJob(const std::string& job_id) override;
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override;
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override;
+  // Rings the servers this worker shares memory with (their session
+  // threads then poll for the push: PsGrpcServer::Options::shared_memory_poll).
+  void ExpectPush() override;
 
   // Job statistics from one server (for tools and tests).
   absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server);
   uint64_t shard_map_version() const;
   // Requests sent through shared memory so far (for tests and tools).
   uint64_t shared_memory_requests() const;
+  // Of their responses, those the waiting thread read itself (polling).
+  uint64_t shared_memory_polled() const;
 
   class Impl;
 

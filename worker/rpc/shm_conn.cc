@@ -131,23 +131,42 @@ void ShmConn::Dispatch() {
   while (!stop_.load()) {
     const uint32_t seen = seg_->client_bell().count.load(std::memory_order_acquire);
     for (uint32_t i = 0; i < seg_->slots(); ++i) {
-      bool awaiting;
-      {
-        absl::MutexLock lock(&slots_->mu);
-        awaiting = slots_->pending[i].id != 0;
-      }
-      if (awaiting && seg_->slot(i).state.load(std::memory_order_acquire) == shm::kResponse) Deliver(i);
+      if (seg_->slot(i).state.load(std::memory_order_acquire) == shm::kResponse) Deliver(i);
     }
     shm::Wait(seg_->client_bell(), seen, absl::Milliseconds(50), stop_);
   }
 }
 
-void ShmConn::Deliver(uint32_t i) {
+bool ShmConn::OwnThread() const {
+  const std::thread::id me = std::this_thread::get_id();
+  return me == dispatcher_.get_id() || me == reader_thread_.get_id();
+}
+
+uint32_t ShmConn::Poll() {
+  if (dead() || OwnThread()) return 0;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < seg_->slots(); ++i) {
+    if (seg_->slot(i).state.load(std::memory_order_acquire) == shm::kResponse && Deliver(i)) ++n;
+  }
+  return n;
+}
+
+void ShmConn::Expect() {
+  if (!dead()) shm::Ring(seg_->server_bell());
+}
+
+bool ShmConn::Deliver(uint32_t i) {
   Callback cb;
   uint64_t id;
   {
+    // Whoever clears the pending id first delivers the response. Checked
+    // again under the lock: by now another thread may have delivered it,
+    // let it go and sent a new request through the slot (the id is then
+    // that request's, and the state is no longer RESPONSE until the server
+    // answers it).
     absl::MutexLock lock(&slots_->mu);
     Slots::Pending& p = slots_->pending[i];
+    if (p.id == 0 || seg_->slot(i).state.load(std::memory_order_acquire) != shm::kResponse) return false;
     id = p.id;
     p.id = 0;
     cb = std::move(p.cb);
@@ -161,7 +180,7 @@ void ShmConn::Deliver(uint32_t i) {
     absl::MutexLock lock(&slots->mu);
     slots->pending[i].in_use = false;
   });
-  if (!cb) return;  // expired or failed already
+  if (!cb) return true;  // expired or failed already
   const uint64_t n = seg_->slot(i).response_bytes.load(std::memory_order_relaxed);
   absl::Status s;
   wire::StreamResponseView resp;
@@ -175,9 +194,10 @@ void ShmConn::Deliver(uint32_t i) {
   }
   if (!s.ok()) {
     cb(s, Payload(), nullptr);
-    return;
+    return true;
   }
   cb(wire::StatusOf(resp), resp.body, std::move(keepalive));
+  return true;
 }
 
 void ShmConn::Die(const absl::Status& why) {

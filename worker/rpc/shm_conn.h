@@ -51,11 +51,22 @@ class ShmConn {
   // `max_response_bytes` would not fit a slot.
   bool TrySend(bool is_push, wire::Writer* body, size_t max_response_bytes, absl::Time deadline, Callback* cb);
 
+  // Delivers the responses that have landed, on the calling thread, and
+  // returns how many: a thread waiting for an answer polls
+  // instead of sleeping until the dispatcher wakes it (Promise::SetHelper).
+  // Never blocks; does nothing on the session's own threads.
+  uint32_t Poll();
+  // Rings the server without a request: its session thread wakes and polls
+  // for the request this announces (PsGrpcServer::Options::shared_memory_poll).
+  void Expect();
+
  private:
   struct Slots;
   ShmConn() = default;
   void Dispatch();
-  void Deliver(uint32_t i);
+  // Runs slot `i`'s callback unless another thread took the response first.
+  bool Deliver(uint32_t i);
+  bool OwnThread() const;
   void Expire(uint32_t i, uint64_t id, absl::Time deadline);
   void Die(const absl::Status& why);
 

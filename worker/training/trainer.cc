@@ -223,8 +223,15 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   size_t ready_bytes = 0;
   // With clipping the scale is known once backward ends: one group after it.
   const bool clip = options_.clip_global_norm > 0;
-  if (!clip) {
-    model_->set_on_gradient([&](size_t i) -> absl::Status {
+  bool announced = false;
+  model_->set_on_gradient([&](size_t i) -> absl::Status {
+    // Backward has begun: the step's push follows within it (PsClient::
+    // ExpectPush lets servers that sleep between requests wake meanwhile).
+    if (!announced) {
+      announced = true;
+      client_->ExpectPush();
+    }
+    if (!clip) {
       if (i >= tables.size() || pushed[i] || tables[i].sparse) return absl::OkStatus();
       ready.push_back(i);
       ready_bytes += tables[i].elements * 4;
@@ -235,8 +242,9 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
       ready.clear();
       ready_bytes = 0;
       return s;
-    });
-  }
+    }
+    return absl::OkStatus();
+  });
   absl::StatusOr<models::Metrics> m = model_->Run(batch, /*train=*/true);
   model_->set_on_gradient(nullptr);
   if (!m.ok()) return m.status();
