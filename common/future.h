@@ -4,10 +4,11 @@
 //
 // A promise may carry a helper: a function that completes pending work
 // without blocking (ShmConn::Poll reads answers out of shared memory).
-// Wait() first calls it in a loop, for at most the helper's time, so the
-// waiting thread takes the answer itself the moment it lands instead of
-// sleeping until another thread wakes it (a wake-up costs tens of
-// microseconds on a virtual machine's idle core).
+// Wait() first calls it in a loop, for at most the helper's time and only
+// while the host has a core to spare (common/spare_core.h), so the waiting
+// thread takes the answer itself the moment it lands instead of sleeping
+// until another thread wakes it (a wake-up costs tens of microseconds on a
+// virtual machine's idle core).
 #ifndef FULCRUM_COMMON_FUTURE_H_
 #define FULCRUM_COMMON_FUTURE_H_
 
@@ -23,6 +24,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/spare_core.h"
 
 namespace fulcrum {
 
@@ -108,9 +110,10 @@ class Future {
   void Help() const {
     const auto& st = *state_;
     if (!st.helper || st.ready.load(std::memory_order_acquire)) return;
-    // The helper's polling yields the core to any thread that wants it
-    // (with several workers on few cores, another's compute), so it only
-    // takes time nobody else needed.
+    // Polls only while the host has a core to spare (SpareCore), checked
+    // at the start and every 256 rounds, and yields the core every 16: with
+    // more runnable threads than cores the helper gives up and Wait sleeps.
+    if (!SpareCore()) return;
     const auto until = std::chrono::steady_clock::now() + st.spin;
     for (uint32_t n = 1; !st.ready.load(std::memory_order_acquire); ++n) {
       if (st.helper()) continue;
@@ -120,6 +123,7 @@ class Future {
       if (n % 16 == 0) {
         sched_yield();
         if (std::chrono::steady_clock::now() >= until) return;
+        if (n % 256 == 0 && !SpareCore()) return;
       }
     }
   }

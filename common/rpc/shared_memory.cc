@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/spare_core.h"
 
 namespace fulcrum::shm {
 namespace {
@@ -206,16 +207,17 @@ Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::at
     if (rung()) return Waited::kSpinning;
     Pause();
   }
-  if (poll > absl::ZeroDuration()) {
-    // Polling gives the core up whenever another thread can use it
-    // (sched_yield), so it only ever takes time nobody else wanted.
+  if (poll > absl::ZeroDuration() && SpareCore()) {
+    // Polling yields the core every 16 rounds and stops as soon as the host
+    // has more runnable threads than cores (SpareCore, every 256 rounds), so
+    // it only takes time nobody else wants.
     const absl::Time until = absl::Now() + poll;
     for (uint32_t i = 1;; ++i) {
       if (rung()) return Waited::kPolling;
       Pause();
       if (i % 16 == 0) {
         sched_yield();
-        if (absl::Now() >= until) break;
+        if (absl::Now() >= until || (i % 256 == 0 && !SpareCore())) break;
       }
     }
   }

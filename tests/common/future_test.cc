@@ -2,15 +2,25 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "absl/time/clock.h"
+#include "common/spare_core.h"
 
 namespace fulcrum {
 namespace {
 
+// Helpers run only while the host has a core to spare: the tests of what a
+// helper does pretend it has (the last test checks SpareCore itself).
+struct SpareCoreForTest {
+  SpareCoreForTest() { ForceSpareCoreForTesting(true); }
+  ~SpareCoreForTest() { ForceSpareCoreForTesting(std::nullopt); }
+};
+
 TEST_CASE("Future::Wait lets the promise's helper complete the value on the waiting thread", "[future]") {
+  SpareCoreForTest spare;
   Promise<int> p;
   std::atomic<int> calls{0};
   std::thread::id helped_on;
@@ -31,6 +41,7 @@ TEST_CASE("Future::Wait lets the promise's helper complete the value on the wait
 }
 
 TEST_CASE("Future::Wait stops helping after the helper's time and sleeps until the value comes", "[future]") {
+  SpareCoreForTest spare;
   Promise<int> p;
   std::atomic<int> calls{0};
   p.SetHelper([&] { return ++calls, false; }, absl::Milliseconds(20));
@@ -52,6 +63,7 @@ TEST_CASE("Future::Wait stops helping after the helper's time and sleeps until t
 }
 
 TEST_CASE("Future::Wait without a helper, or once the value is set, never calls one", "[future]") {
+  SpareCoreForTest spare;
   Promise<int> plain;
   plain.Set(1);
   CHECK(plain.future().Wait() == 1);
@@ -61,6 +73,41 @@ TEST_CASE("Future::Wait without a helper, or once the value is set, never calls 
   p.SetHelper([&] { return ++calls, false; }, absl::Seconds(10));
   p.Set(3);
   CHECK(p.future().Wait() == 3);
+  CHECK(calls.load() == 0);
+}
+
+TEST_CASE("SpareCore reads the host's runnable threads and says no while they outnumber the cores", "[future]") {
+  CHECK(RunnableFromLoadavg("0.52 0.58 0.59 3/345 12345\n") == 3u);
+  CHECK(RunnableFromLoadavg("0.00 0.01 0.05 1/80 7") == 1u);
+  CHECK_FALSE(RunnableFromLoadavg("0.52 0.58 0.59").has_value());
+  CHECK_FALSE(RunnableFromLoadavg("0.52 0.58 0.59 x/345 1").has_value());
+  CHECK_FALSE(RunnableFromLoadavg("").has_value());
+  REQUIRE(UsableCores() >= 1);
+  // Twice as many spinning threads as cores: all runnable, so no core is
+  // spare, and a helper gives up at once.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (uint32_t i = 0; i < 2 * UsableCores() + 1; ++i) {
+    spinners.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  int spare = 0;
+  for (int i = 0; i < 20; ++i) spare += SpareCore() ? 1 : 0;
+  Promise<int> p;
+  std::atomic<int> calls{0};
+  p.SetHelper([&] { return ++calls, false; }, absl::Seconds(10));
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    p.Set(5);
+  });
+  CHECK(p.future().Wait() == 5);
+  setter.join();
+  stop.store(true);
+  for (std::thread& t : spinners) t.join();
+  CHECK(spare == 0);
   CHECK(calls.load() == 0);
 }
 

@@ -19,6 +19,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/rpc/shared_memory.h"
 #include "common/rpc/wire_codec.h"
+#include "common/spare_core.h"
 #include "common/shard_map.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/test_util.h"
@@ -105,7 +106,15 @@ TEST_CASE("under ASP and SSP too, pushes decoded in place in shared memory give 
   }
 }
 
+// Polling happens only while the host has a core to spare; these tests of
+// what polling does pretend it always has (common/spare_core.h has its own).
+struct SpareCoreForTest {
+  SpareCoreForTest() { ForceSpareCoreForTesting(true); }
+  ~SpareCoreForTest() { ForceSpareCoreForTesting(std::nullopt); }
+};
+
 TEST_CASE("a thread waiting for an answer reads it out of shared memory itself, unless told not to poll", "[shm]") {
+  SpareCoreForTest spare;
   auto cluster = TestCluster::Start();
   uint64_t requests = 0, polled = 0;
   GrpcPsClientOptions o = ShmOptions(true);
@@ -146,10 +155,14 @@ uint64_t AnnouncedPush(absl::Duration server_poll) {
 }
 
 TEST_CASE("a server polls for a push its worker announced, and only when told to", "[shm]") {
+  SpareCoreForTest spare;
   // The session thread polls for up to a second after the announcement, so
   // the push 100 ms later finds it polling, not asleep.
   CHECK(AnnouncedPush(absl::Seconds(1)) == 1);
   CHECK(AnnouncedPush(absl::ZeroDuration()) == 0);
+  // Nor on a host without a core to spare.
+  ForceSpareCoreForTesting(false);
+  CHECK(AnnouncedPush(absl::Seconds(1)) == 0);
 }
 
 // This host's non-loopback IPv4 addresses.

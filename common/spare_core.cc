@@ -1,0 +1,59 @@
+#include "common/spare_core.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace fulcrum {
+
+std::optional<uint32_t> RunnableFromLoadavg(absl::string_view line) {
+  // Fields: three load averages, "running/total", the last pid.
+  std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (fields.size() < 4) return std::nullopt;
+  const size_t slash = fields[3].find('/');
+  if (slash == absl::string_view::npos) return std::nullopt;
+  uint32_t running = 0;
+  if (!absl::SimpleAtoi(fields[3].substr(0, slash), &running)) return std::nullopt;
+  return running;
+}
+
+uint32_t UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<uint32_t>(n);
+  }
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<uint32_t>(n) : 1;
+}
+
+namespace {
+std::atomic<int> forced{-1};  // -1 measure, 0 no, 1 yes
+}  // namespace
+
+void ForceSpareCoreForTesting(std::optional<bool> answer) {
+  forced.store(answer.has_value() ? (*answer ? 1 : 0) : -1, std::memory_order_relaxed);
+}
+
+bool SpareCore() {
+  if (const int f = forced.load(std::memory_order_relaxed); f >= 0) return f == 1;
+  // Opened once and kept: /proc files regenerate on a read from offset 0.
+  static const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  static const uint32_t cores = UsableCores();
+  if (fd < 0) return false;
+  char buf[128];
+  const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return false;
+  const std::optional<uint32_t> running = RunnableFromLoadavg(absl::string_view(buf, static_cast<size_t>(n)));
+  return running.has_value() && *running <= cores;
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,39 @@
+// SpareCore: whether this host has a core that no runnable thread is using
+// right now, so a thread may poll for a message instead of sleeping without
+// taking time another thread needs.
+//
+// Polling saves the wake-up of a sleeping thread (50-100 us on a virtual
+// machine, whose idle virtual CPUs halt), but a poller on a busy machine
+// takes a share of a core from real work however often it yields: several
+// pollers yield to one another. So the pollers (Future::Wait's helper,
+// shm::Wait) ask this first and again while they poll, and sleep as soon as
+// the answer is no.
+#ifndef FULCRUM_COMMON_SPARE_CORE_H_
+#define FULCRUM_COMMON_SPARE_CORE_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/strings/string_view.h"
+
+namespace fulcrum {
+
+// True when the host's runnable threads (the calling one included) are no
+// more than this process's usable cores. From /proc/loadavg's running count,
+// read with one pread (about a microsecond); false when it cannot be read.
+bool SpareCore();
+
+// Makes SpareCore() answer `answer` (nullopt: measure again), so tests of
+// polling do not depend on how busy the test machine is.
+void ForceSpareCoreForTesting(std::optional<bool> answer);
+
+// The running count in a /proc/loadavg line ("0.52 0.58 0.59 3/345 12345"
+// -> 3); nullopt when the line has no such field. Exposed for tests.
+std::optional<uint32_t> RunnableFromLoadavg(absl::string_view line);
+
+// Cores this process may run on (its affinity mask; at least 1).
+uint32_t UsableCores();
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_COMMON_SPARE_CORE_H_
