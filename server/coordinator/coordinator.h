@@ -185,6 +185,10 @@ class Coordinator {
   // Renders the coordinator's series (docs/metrics.md) into a scrape.
   void CollectMetrics(metrics::Scrape* out) const;
 
+  // Holds the coordinator's lock for `d`, as a write stuck on a slow disk
+  // would: heartbeats and the scheduler wait behind it (tests).
+  void StallForTesting(absl::Duration d);
+
  private:
   struct RankSlot {
     std::string node_id;  // empty: waiting for a worker
@@ -378,6 +382,7 @@ class Coordinator {
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);  // null after a failed reopen
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
+  absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::Now();  // the scheduler's last liveness check
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_node_ ABSL_GUARDED_BY(mu_) = 0;

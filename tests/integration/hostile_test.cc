@@ -450,6 +450,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
   const std::string report = tally.Report(&wrong);
   WARN("hostile requests: " << tally.total() << " while the job trained\n"
                              << report << "job " << job << " " << v1::JobState_Name(final_job.status().state())
+                             << " (" << final_job.status().message() << ")"
                              << ", test accuracy " << final_job.status().test_accuracy() << "; server RSS "
                              << rss_before[0] << " -> " << rss_after[0] << " KiB and " << rss_before[1] << " -> "
                              << rss_after[1] << " KiB");
