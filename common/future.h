@@ -12,8 +12,6 @@
 #ifndef FULCRUM_COMMON_FUTURE_H_
 #define FULCRUM_COMMON_FUTURE_H_
 
-#include <sched.h>
-
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -110,22 +108,11 @@ class Future {
   void Help() const {
     const auto& st = *state_;
     if (!st.helper || st.ready.load(std::memory_order_acquire)) return;
-    // Polls only while the host has a core to spare (SpareCore), checked
-    // at the start and every 256 rounds, and yields the core every 16: with
-    // more runnable threads than cores the helper gives up and Wait sleeps.
-    if (!SpareCore()) return;
-    const auto until = std::chrono::steady_clock::now() + st.spin;
-    for (uint32_t n = 1; !st.ready.load(std::memory_order_acquire); ++n) {
-      if (st.helper()) continue;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      if (n % 16 == 0) {
-        sched_yield();
-        if (std::chrono::steady_clock::now() >= until) return;
-        if (n % 256 == 0 && !SpareCore()) return;
-      }
-    }
+    // Only while the host has a core to spare (common/spare_core.h).
+    PollWhileSpare(st.spin, [&st] {
+      st.helper();
+      return st.ready.load(std::memory_order_acquire);
+    });
   }
   explicit Future(std::shared_ptr<typename Promise<T>::State> s) : state_(std::move(s)) {}
   std::shared_ptr<typename Promise<T>::State> state_;

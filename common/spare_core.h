@@ -11,6 +11,9 @@
 #ifndef FULCRUM_COMMON_SPARE_CORE_H_
 #define FULCRUM_COMMON_SPARE_CORE_H_
 
+#include <sched.h>
+
+#include <chrono>
 #include <cstdint>
 #include <optional>
 
@@ -33,6 +36,26 @@ std::optional<uint32_t> RunnableFromLoadavg(absl::string_view line);
 
 // Cores this process may run on (its affinity mask; at least 1).
 uint32_t UsableCores();
+
+// Calls `done()` until it returns true (then true), `spin` passes or the
+// host has no core to spare (then false). Yields the core every 16 calls
+// and asks SpareCore before starting and every 256 calls, so a poller only
+// takes time no other thread wants.
+template <typename Done>
+bool PollWhileSpare(std::chrono::nanoseconds spin, Done done) {
+  if (!SpareCore()) return false;
+  const auto until = std::chrono::steady_clock::now() + spin;
+  for (uint32_t i = 1;; ++i) {
+    if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 16 == 0) {
+      sched_yield();
+      if (std::chrono::steady_clock::now() >= until || (i % 256 == 0 && !SpareCore())) return false;
+    }
+  }
+}
 
 }  // namespace fulcrum
 

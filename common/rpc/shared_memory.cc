@@ -5,7 +5,6 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -207,19 +206,9 @@ Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::at
     if (rung()) return Waited::kSpinning;
     Pause();
   }
-  if (poll > absl::ZeroDuration() && SpareCore()) {
-    // Polling yields the core every 16 rounds and stops as soon as the host
-    // has more runnable threads than cores (SpareCore, every 256 rounds), so
-    // it only takes time nobody else wants.
-    const absl::Time until = absl::Now() + poll;
-    for (uint32_t i = 1;; ++i) {
-      if (rung()) return Waited::kPolling;
-      Pause();
-      if (i % 16 == 0) {
-        sched_yield();
-        if (absl::Now() >= until || (i % 256 == 0 && !SpareCore())) break;
-      }
-    }
+  // Polling only takes time no other thread wants (PollWhileSpare).
+  if (poll > absl::ZeroDuration() && PollWhileSpare(absl::ToChronoNanoseconds(poll), rung)) {
+    return Waited::kPolling;
   }
   bell.sleeping.store(1, std::memory_order_seq_cst);
   if (bell.count.load(std::memory_order_seq_cst) == seen && !stop.load(std::memory_order_relaxed)) {

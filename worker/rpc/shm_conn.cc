@@ -130,9 +130,7 @@ bool ShmConn::TrySend(bool is_push, wire::Writer* body, size_t max_response_byte
 void ShmConn::Dispatch() {
   while (!stop_.load()) {
     const uint32_t seen = seg_->client_bell().count.load(std::memory_order_acquire);
-    for (uint32_t i = 0; i < seg_->slots(); ++i) {
-      if (seg_->slot(i).state.load(std::memory_order_acquire) == shm::kResponse) Deliver(i);
-    }
+    DeliverLanded();
     shm::Wait(seg_->client_bell(), seen, absl::Milliseconds(50), stop_);
   }
 }
@@ -142,8 +140,9 @@ bool ShmConn::OwnThread() const {
   return me == dispatcher_.get_id() || me == reader_thread_.get_id();
 }
 
-uint32_t ShmConn::Poll() {
-  if (dead() || OwnThread()) return 0;
+uint32_t ShmConn::Poll() { return dead() || OwnThread() ? 0 : DeliverLanded(); }
+
+uint32_t ShmConn::DeliverLanded() {
   uint32_t n = 0;
   for (uint32_t i = 0; i < seg_->slots(); ++i) {
     if (seg_->slot(i).state.load(std::memory_order_acquire) == shm::kResponse && Deliver(i)) ++n;

@@ -66,6 +66,8 @@ class ShmConn {
   void Dispatch();
   // Runs slot `i`'s callback unless another thread took the response first.
   bool Deliver(uint32_t i);
+  // Delivers every response that has landed; returns how many.
+  uint32_t DeliverLanded();
   bool OwnThread() const;
   void Expire(uint32_t i, uint64_t id, absl::Time deadline);
   void Die(const absl::Status& why);
