@@ -7,7 +7,11 @@
 //     iperf3's throughput gives a floor for one tensor at a time: a push
 //     and then a pull wait for two calls (one in the worker's pattern), so
 //     no client of these calls beats
-//     calls x (empty call) + (bytes on the wire) / (iperf3 throughput).
+//     calls x (empty call) + (bytes on the wire) / (iperf3 throughput);
+//   - a bare push+pull over one TCP connection with no RPC layer, fp32 and
+//     bf16 (the same conversions and SGD update the servers run): its
+//     bf16 / fp32 ratio is what halving the bytes can buy on this machine,
+//     next to which the bf16 rows' own ratio is printed.
 // Servers run in this process on 127.0.0.1 ports (gRPC over real TCP), or
 // as fulcrum-server processes with --server_binary.
 //
@@ -41,6 +45,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/rpc/grpc_util.h"
@@ -150,20 +155,29 @@ double Median(std::vector<double>& v) {
   return v[v.size() / 2];
 }
 
+// A TCP socket listening on an ephemeral port of 127.0.0.1, whose address
+// goes to *addr; -1 on failure.
+int LoopbackListener(sockaddr_in* addr, socklen_t* len) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  addr->sin_family = AF_INET;
+  addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  *len = sizeof(*addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(addr), *len) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(addr), len) != 0 || listen(listener, 1) != 0) {
+    if (listener >= 0) close(listener);
+    return -1;
+  }
+  return listener;
+}
+
 // Median microseconds of a 1-byte TCP round trip between two threads over
 // 127.0.0.1 (TCP_NODELAY): what the kernel and the scheduler cost per
 // request and response before any RPC layer. 0 when sockets fail.
 double TcpRoundTripUs(int rounds) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, 1) != 0) {
-    if (listener >= 0) close(listener);
-    return 0;
-  }
+  const int listener = LoopbackListener(&addr, &len);
+  if (listener < 0) return 0;
   const int one = 1;
   std::thread echo([&] {
     const int c = accept(listener, nullptr, nullptr);
@@ -226,6 +240,129 @@ double AdamGBps(size_t n, int threads, int reps) {
       ApplyOptimizer(*config, blocks[c].data(), kChunk, g.data() + c * kChunk, r + 1);
     }
   });
+}
+
+// Sends or receives all `len` bytes on a blocking socket; false on error.
+bool SendAll(int fd, const void* data, size_t len) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    const ssize_t k = send(fd, p, len, MSG_NOSIGNAL);
+    if (k <= 0) return false;
+    p += k;
+    len -= static_cast<size_t>(k);
+  }
+  return true;
+}
+bool RecvAll(int fd, void* data, size_t len) {
+  char* p = static_cast<char*>(data);
+  while (len > 0) {
+    const ssize_t k = recv(fd, p, len, 0);
+    if (k <= 0) return false;
+    p += k;
+    len -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// Million parameters per second (pushed plus pulled), over one window of
+// `seconds`, of the least work a parameter server's dense push+pull can do
+// over one TCP connection on 127.0.0.1, with no RPC layer: the client sends
+// the gradient in pieces of `piece` parameters; the server receives each
+// piece and applies SGD to its fp32 weights; it then sends the weights back
+// and the client receives them into its tensor. fp32 sends straight from
+// the gradient and receives straight into the tensor. bf16 adds the
+// conversions no bf16 wire can avoid: the client encodes each piece of the
+// gradient, the server widens each piece in L1-sized blocks inside the
+// update and encodes the weights it sends, the client decodes them. With the
+// conversion and optimizer routines the servers use, bf16 / fp32 of this
+// measures how many more parameters per second halving the bytes can buy
+// on this machine. 0 when sockets fail.
+double BarePushPullMParams(size_t n, DType dtype, size_t piece, double seconds) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  const int listener = LoopbackListener(&addr, &len);
+  if (listener < 0) return 0;
+  const int one = 1;
+  const size_t elem = DTypeSize(dtype);
+  v1::OptimizerSpec spec;
+  spec.set_kind(v1::OptimizerSpec::SGD);
+  spec.set_learning_rate(0.001f);
+  const auto config = *OptimizerConfigFromProto(spec, "bare");
+  std::thread server([&] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<float> w(n, 0.1f);
+    std::vector<char> buffer(piece * 4);
+    std::vector<float> block(kDecodeBlock);
+    for (;;) {
+      for (size_t b = 0; b < n; b += piece) {  // the push, applied piece by piece
+        const size_t m = std::min(piece, n - b);
+        if (!RecvAll(c, buffer.data(), m * elem)) {
+          close(c);
+          return;
+        }
+        if (dtype == DType::kFp32) {
+          ApplyOptimizerRange(config, w.data() + b, m, 0, m, reinterpret_cast<const float*>(buffer.data()), 1);
+          continue;
+        }
+        for (size_t i = 0; i < m; i += kDecodeBlock) {
+          const size_t k = std::min(kDecodeBlock, m - i);
+          DecodeFloats(buffer.data() + i * elem, k, dtype, block.data());
+          ApplyOptimizerRange(config, w.data() + b + i, k, 0, k, block.data(), 1);
+        }
+      }
+      for (size_t b = 0; b < n; b += piece) {  // the pull
+        const size_t m = std::min(piece, n - b);
+        const void* out = w.data() + b;
+        if (dtype != DType::kFp32) {
+          EncodeFloats(w.data() + b, m, dtype, buffer.data());
+          out = buffer.data();
+        }
+        if (!SendAll(c, out, m * elem)) {
+          close(c);
+          return;
+        }
+      }
+    }
+  });
+  const int c = socket(AF_INET, SOCK_STREAM, 0);
+  double rate = 0;
+  if (c >= 0 && connect(c, reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<float> g(n, 0.5f), w(n);
+    std::vector<char> buffer(piece * 4);
+    bool ok = true;
+    int iters = 0;
+    const auto t0 = Clock::now();
+    do {
+      for (size_t b = 0; ok && b < n; b += piece) {
+        const size_t m = std::min(piece, n - b);
+        const void* out = g.data() + b;
+        if (dtype != DType::kFp32) {
+          EncodeFloats(g.data() + b, m, dtype, buffer.data());
+          out = buffer.data();
+        }
+        ok = SendAll(c, out, m * elem);
+      }
+      for (size_t b = 0; ok && b < n; b += piece) {
+        const size_t m = std::min(piece, n - b);
+        if (dtype == DType::kFp32) {
+          ok = RecvAll(c, w.data() + b, m * 4);
+        } else if ((ok = RecvAll(c, buffer.data(), m * elem))) {
+          DecodeFloats(buffer.data(), m, dtype, w.data() + b);
+        }
+      }
+      ++iters;
+    } while (ok && Seconds(t0, Clock::now()) < seconds);
+    if (ok) rate = 2.0 * n * iters / Seconds(t0, Clock::now()) / 1e6;
+    if (w[n / 2] == 0) std::printf("?");  // keep the received weights observable
+  }
+  if (c >= 0) close(c);           // ends the server thread's receive
+  shutdown(listener, SHUT_RDWR);  // or its accept, when connect failed
+  server.join();
+  close(listener);
+  return rate;
 }
 
 // ------------------------------------------------------------------ cluster
@@ -323,18 +460,6 @@ std::unique_ptr<GrpcPsClient> Client(const Cluster& c, DType dtype) {
 
 int g_job = 0;
 
-// Dense push+pull of one tensor of `bytes` (fp32 size): GB/s on the wire and
-// parameters/s, best of a few windows.
-// Returns the table row without its last column, and the wire GB/s.
-struct DenseResult {
-  std::string row;
-  int inflight = 0;
-  double per_second = 0;   // push+pull pairs per second, all threads
-  double wire_bytes = 0;   // payload bytes of one push plus one pull
-  int calls = 2;           // round trips one push+pull waits for
-  double wire_gbps() const { return wire_bytes * per_second / 1e9; }
-};
-
 // How a tensor's push and pull follow each other.
 enum class Pattern {
   // ASP: push, wait for its answer, pull, wait: two calls one after the other.
@@ -344,6 +469,24 @@ enum class Pattern {
   // the thread that applied step s, so a push+pull costs one round trip.
   kWorker,
 };
+
+// Dense push+pull of one tensor of `bytes` (fp32 size): GB/s on the wire and
+// parameters/s, best of a few windows.
+// Returns the table row without its last column, and the wire GB/s.
+struct DenseResult {
+  std::string row;
+  int inflight = 0;
+  double per_second = 0;   // push+pull pairs per second, all threads
+  double wire_bytes = 0;   // payload bytes of one push plus one pull
+  int calls = 2;           // round trips one push+pull waits for
+  size_t servers = 0;
+  size_t bytes = 0;        // the tensor's fp32 size
+  DType dtype = DType::kFp32;
+  Pattern pattern = Pattern::kSerial;
+  double mparams() const { return 2.0 * bytes / 4 * per_second / 1e6; }
+  double wire_gbps() const { return wire_bytes * per_second / 1e9; }
+};
+
 
 DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int inflight, Pattern pattern) {
   const size_t n = bytes / 4;
@@ -418,7 +561,7 @@ DenseResult DensePushPull(const Cluster& c, size_t bytes, DType dtype, int infli
     if (!error.ok()) return {absl::StrCat("| dense | error: ", error.ToString())};
     best = std::max(best, iters.load() / Seconds(t0, Clock::now()));
   }
-  DenseResult result{"", inflight, best, 2.0 * n * DTypeSize(dtype), worker ? 1 : 2};
+  DenseResult result{"", inflight, best, 2.0 * n * DTypeSize(dtype), worker ? 1 : 2, c.size(), bytes, dtype, pattern};
   const double params = 2.0 * n * best / 1e6;
   char size[32];
   if (bytes >= (1 << 20)) std::snprintf(size, sizeof(size), "%zu MiB", bytes >> 20);
@@ -563,6 +706,32 @@ int main(int argc, char** argv) {
   double grpc_us = 0;
   std::vector<DenseResult> rows;
   if (g_bounds_only) sizes.clear();
+  // What halving the bytes can buy here: a bare push+pull (no RPC layer)
+  // per tensor size of 1 MiB and up, fp32 and bf16, back to back.
+  struct Bare {
+    size_t bytes;
+    double fp32, bf16;
+  };
+  std::vector<Bare> bare;
+  if (g_netns.empty() && g_dtype_filter == 0) {
+    for (size_t bytes : sizes) {
+      if (bytes < (1 << 20)) continue;
+      // fp32 and bf16 windows alternate, so a swing of this machine's speed
+      // hits both; pieces of 64 Ki and 256 Ki parameters (the best piece
+      // size differs from run to run); the best window of each dtype.
+      Bare b{bytes, 0, 0};
+      for (int rep = 0; rep < (g_quick ? 1 : 3); ++rep) {
+        for (size_t piece : {size_t{65536}, size_t{262144}}) {
+          const double window_s = g_quick ? 0.05 : 0.3;
+          b.fp32 = std::max(b.fp32, BarePushPullMParams(bytes / 4, DType::kFp32, piece, window_s));
+          b.bf16 = std::max(b.bf16, BarePushPullMParams(bytes / 4, DType::kBf16, piece, window_s));
+        }
+      }
+      bare.push_back(b);
+      std::printf("bare TCP push+pull (no RPC layer), %zu MiB: fp32 %.0f, bf16 %.0f M params/s = %.2fx\n",
+                  bytes >> 20, b.fp32, b.bf16, b.fp32 > 0 ? b.bf16 / b.fp32 : 0.0);
+    }
+  }
   for (int servers : {1, 2}) {
     if (g_bounds_only && servers > 1) break;
     auto cluster = StartCluster(servers);
@@ -607,6 +776,26 @@ int main(int argc, char** argv) {
                   r.wire_bytes / floor_s / (iperf * 1e9));
     } else {
       std::printf(" - | - | - |\n");
+    }
+  }
+  if (!bare.empty()) {
+    // Each bf16 row against the fp32 row of the same shape, and that ratio
+    // against what the bare push+pull of the same size reached.
+    std::printf("\nbf16 against fp32, parameters per second; \"bare\" is the bare TCP push+pull above:\n\n"
+                "| servers | in flight | pattern | tensor | bf16 / fp32 | bare bf16 / fp32 | x bare |\n"
+                "|---|---|---|---|---|---|---|\n");
+    for (const DenseResult& b : rows) {
+      if (b.dtype != DType::kBf16 || b.per_second <= 0) continue;
+      const auto f = std::find_if(rows.begin(), rows.end(), [&](const DenseResult& r) {
+        return r.dtype == DType::kFp32 && r.servers == b.servers && r.inflight == b.inflight &&
+               r.bytes == b.bytes && r.pattern == b.pattern && r.per_second > 0;
+      });
+      const auto bb = std::find_if(bare.begin(), bare.end(), [&](const Bare& x) { return x.bytes == b.bytes; });
+      if (f == rows.end() || bb == bare.end() || bb->fp32 <= 0) continue;
+      const double ratio = b.mparams() / f->mparams(), bare_ratio = bb->bf16 / bb->fp32;
+      std::printf("| %zu | %d | %s | %zu MiB | %.2f | %.2f | %.2f |\n", b.servers, b.inflight,
+                  b.pattern == Pattern::kWorker ? "worker" : "serial", b.bytes >> 20, ratio, bare_ratio,
+                  ratio / bare_ratio);
     }
   }
   if (g_only_dense) return 0;
