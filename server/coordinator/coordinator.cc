@@ -1006,10 +1006,17 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   }
   auto node = nodes_.find(req.node_id());
   if (node != nodes_.end()) node->second.Heard();
+  // A rank that finished stays finished. Periodic progress sent before the
+  // end can arrive after it (a worker sends its results first); taken, it
+  // would turn the rank back to "training", and the job would end with the
+  // rank "stopped" and one succeeded worker short.
+  const bool rank_finished = r.ranks[req.rank()].finished;
+  if (rank_finished && !config::CarriesResult(req)) return resp;
   v1::JobStatus* st = r.job.mutable_status();
   v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
   const std::string prev_state = w->state();
   *w = req.progress();
+  if (rank_finished) w->set_state("finished");  // a result sent again
   w->set_rank(req.rank());
   w->set_worker_id(req.node_id());
   w->set_incarnation(req.incarnation());

@@ -246,6 +246,15 @@ v1::Job WaitForJob(v1::JobService::Stub* stub, const std::string& id, const std:
   }
 }
 
+// Submits `spec` and waits (at most 20 s) until it runs; returns that snapshot.
+v1::Job SubmitRunning(v1::JobService::Stub* stub, const v1::JobSpec& spec, std::string* id) {
+  REQUIRE(Submit(stub, spec, id).ok());
+  const v1::Job running = WaitForJob(
+      stub, *id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
+  REQUIRE(running.status().state() == v1::RUNNING);
+  return running;
+}
+
 // A progress report for `rank` of `j`, from the worker and incarnation that
 // run it; `fill` adds what it reports. Sent as the worker would.
 grpc::Status ReportAsRank(const std::string& coordinator, const v1::Job& j, uint32_t rank,
@@ -1000,10 +1009,7 @@ TEST_CASE("an evaluation-only report fills in test figures an epoch lacks and ch
   v1::JobSpec spec = DigitsSpec();
   spec.set_epochs(3);
   std::string id;
-  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
-  const v1::Job running = WaitForJob(
-      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
-  REQUIRE(running.status().state() == v1::RUNNING);
+  const v1::Job running = SubmitRunning(cluster.jobs(), spec, &id);
   // Epoch 0 was reported with its test figures: an evaluation does not replace them.
   REQUIRE(ReportEpoch(cluster.address(), running, 0, 0, 1.0, 100).ok());
   REQUIRE(ReportEvaluation(cluster.address(), running, 0, 0.5).ok());
@@ -1031,15 +1037,62 @@ TEST_CASE("an evaluation-only report fills in test figures an epoch lacks and ch
   Cancel(cluster.jobs(), id);
 }
 
+TEST_CASE("a rank that finished stays finished when older progress arrives after its end", "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeNodes fakes(cluster.address(), 2);
+  std::string id;
+  const v1::Job running = SubmitRunning(cluster.jobs(), DigitsSpec(), &id);
+  auto progress = [&](const std::string& state, uint64_t step, bool finished) {
+    v1::ReportProgressResponse resp;
+    const grpc::Status s = ReportAsRank(
+        cluster.address(), running, 1,
+        [&](v1::ReportProgressRequest& req) {
+          req.mutable_progress()->set_state(state);
+          req.mutable_progress()->set_step(step);
+          req.set_finished(finished);
+        },
+        &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  };
+  progress("finished", 450, true);
+  // Periodic progress from before the end, delivered after it (as when the
+  // worker sent its result first), then the end sent again.
+  progress("training", 440, false);
+  v1::Job j = Get(cluster.jobs(), id);
+  CHECK(j.status().workers(1).state() == "finished");
+  CHECK(j.status().workers(1).step() == 450);
+  CHECK(j.status().succeeded_workers() == 1);
+  progress("finished", 450, true);
+  j = Get(cluster.jobs(), id);
+  CHECK(j.status().workers(1).state() == "finished");
+  CHECK(j.status().succeeded_workers() == 1);
+  // Rank 0 has not finished: its periodic progress is still taken.
+  v1::ReportProgressResponse resp;
+  REQUIRE(ReportAsRank(
+              cluster.address(), running, 0,
+              [](v1::ReportProgressRequest& req) {
+                req.mutable_progress()->set_state("training");
+                req.mutable_progress()->set_step(300);
+              },
+              &resp)
+              .ok());
+  j = Get(cluster.jobs(), id);
+  CHECK(j.status().workers(0).state() == "training");
+  CHECK(j.status().workers(0).step() == 300);
+  Cancel(cluster.jobs(), id);
+  // Cancelling does not undo the finished rank either.
+  j = Get(cluster.jobs(), id);
+  CHECK(j.status().workers(1).state() == "finished");
+  CHECK(j.status().workers(0).state() == "cancelled");
+}
+
 TEST_CASE("an epoch's metrics count each rank once, across a resent report and a coordinator restart",
           "[cluster]") {
   InProcessCluster cluster(1, 0);
   FakeNodes fakes(cluster.address(), 2);
   std::string id;
-  REQUIRE(Submit(cluster.jobs(), DigitsSpec(), &id).ok());
-  const v1::Job running = WaitForJob(
-      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
-  REQUIRE(running.status().state() == v1::RUNNING);
+  const v1::Job running = SubmitRunning(cluster.jobs(), DigitsSpec(), &id);
 
   // Rank 0's report, sent twice as a worker does when the answer is lost.
   REQUIRE(ReportEpoch(cluster.address(), running, 0, 0, 1.0, 100).ok());
@@ -1327,10 +1380,7 @@ TEST_CASE("progress reports with oversized strings or impossible speeds are refu
   v1::JobSpec spec = DigitsSpec();
   spec.set_num_workers(1);
   std::string id;
-  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
-  const v1::Job running = WaitForJob(
-      cluster.jobs(), id, [](const v1::Job& j) { return j.status().state() == v1::RUNNING; }, absl::Seconds(20));
-  REQUIRE(running.status().state() == v1::RUNNING);
+  const v1::Job running = SubmitRunning(cluster.jobs(), spec, &id);
   const v1::Job before = Get(cluster.jobs(), id);
 
   using Fill = std::function<void(v1::ReportProgressRequest&)>;

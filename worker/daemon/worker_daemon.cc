@@ -223,12 +223,15 @@ class WorkerDaemon::Runner {
   // metrics, the end, a failure) waits in the outbox and is sent again until
   // the coordinator takes it, for as long as that takes: the job cannot end
   // without it. Of periodic progress only the latest waits, sent when no
-  // result is queued, and dropped if that one send fails.
+  // result is queued, and dropped if that one send fails. A result carries
+  // the progress of its moment, so it replaces any older periodic report
+  // still waiting, which would otherwise reach the coordinator after it.
   void Report(const v1::ReportProgressRequest& r) {
     const bool must_deliver = config::CarriesResult(r);
     absl::MutexLock lock(&out_mu_);
     if (must_deliver) {
       outbox_.push_back(r);
+      latest_.reset();
     } else {
       latest_ = r;
     }
