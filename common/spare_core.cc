@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -38,6 +39,12 @@ uint32_t UsableCores() {
 namespace {
 std::atomic<int> forced{-1};  // -1 measure, 0 no, 1 yes
 }  // namespace
+
+absl::Status CheckPollFlag(absl::Duration poll) {
+  if (poll >= absl::ZeroDuration() && poll <= absl::Seconds(1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--shared_memory_poll must be between 0 and 1s, got ", absl::FormatDuration(poll)));
+}
 
 void ForceSpareCoreForTesting(std::optional<bool> answer) {
   forced.store(answer.has_value() ? (*answer ? 1 : 0) : -1, std::memory_order_relaxed);

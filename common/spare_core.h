@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace fulcrum {
 
@@ -37,6 +39,18 @@ std::optional<uint32_t> RunnableFromLoadavg(absl::string_view line);
 // Cores this process may run on (its affinity mask; at least 1).
 uint32_t UsableCores();
 
+// The CPU's spin-wait hint (x86 PAUSE): eases a busy-wait loop on the core
+// and its hyperthread sibling.
+inline void CpuPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// The check both daemons make of --shared_memory_poll: from 0 (never poll)
+// to 1 s. INVALID_ARGUMENT naming the flag and the value otherwise.
+absl::Status CheckPollFlag(absl::Duration poll);
+
 // Calls `done()` until it returns true (then true), `spin` passes or the
 // host has no core to spare (then false). Yields the core every 16 calls
 // and asks SpareCore before starting and every 256 calls, so a poller only
@@ -47,9 +61,7 @@ bool PollWhileSpare(std::chrono::nanoseconds spin, Done done) {
   const auto until = std::chrono::steady_clock::now() + spin;
   for (uint32_t i = 1;; ++i) {
     if (done()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    CpuPause();
     if (i % 16 == 0) {
       sched_yield();
       if (std::chrono::steady_clock::now() >= until || (i % 256 == 0 && !SpareCore())) return false;

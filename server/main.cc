@@ -25,6 +25,7 @@
 #include "common/process.h"
 #include "common/rpc/security_flags.h"
 #include "common/rpc/node_agent.h"
+#include "common/spare_core.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 #include "server/rpc/server_agent.h"
@@ -126,9 +127,8 @@ int main(int argc, char** argv) {
   fulcrum::PsGrpcServer::Options grpc_options;
   grpc_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   grpc_options.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
-  if (grpc_options.shared_memory_poll < absl::ZeroDuration() || grpc_options.shared_memory_poll > absl::Seconds(1)) {
-    std::cerr << "fulcrum-server: --shared_memory_poll must be between 0 and 1s, got "
-              << absl::FormatDuration(grpc_options.shared_memory_poll) << "\n";
+  if (absl::Status s = fulcrum::CheckPollFlag(grpc_options.shared_memory_poll); !s.ok()) {
+    std::cerr << "fulcrum-server: " << s.message() << "\n";
     return 2;
   }
   auto server = fulcrum::PsGrpcServer::Start(ps->get(), listen, grpc_options);

@@ -51,12 +51,6 @@ absl::Status Errno(absl::string_view what) {
 
 uint32_t* FutexWord(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
 
-void Pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 }  // namespace
 
 uint64_t Segment::FileBytes(uint32_t slots, uint64_t slot_bytes) {
@@ -204,7 +198,7 @@ Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::at
   };
   for (int i = 0; i < 64; ++i) {
     if (rung()) return Waited::kSpinning;
-    Pause();
+    CpuPause();
   }
   // Polling only takes time no other thread wants (PollWhileSpare).
   if (poll > absl::ZeroDuration() && PollWhileSpare(absl::ToChronoNanoseconds(poll), rung)) {

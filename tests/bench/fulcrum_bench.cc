@@ -264,6 +264,21 @@ bool RecvAll(int fd, void* data, size_t len) {
   return true;
 }
 
+// Sends n floats from `src` in pieces of `piece`, encoded into `buffer`
+// (room for a piece in fp32) unless the wire is fp32; false on error.
+bool SendPieces(int fd, const float* src, size_t n, DType dtype, size_t piece, char* buffer) {
+  for (size_t b = 0; b < n; b += piece) {
+    const size_t m = std::min(piece, n - b);
+    const void* out = src + b;
+    if (dtype != DType::kFp32) {
+      EncodeFloats(src + b, m, dtype, buffer);
+      out = buffer;
+    }
+    if (!SendAll(fd, out, m * DTypeSize(dtype))) return false;
+  }
+  return true;
+}
+
 // Million parameters per second (pushed plus pulled), over one window of
 // `seconds`, of the least work a parameter server's dense push+pull can do
 // over one TCP connection on 127.0.0.1, with no RPC layer: the client sends
@@ -312,17 +327,9 @@ double BarePushPullMParams(size_t n, DType dtype, size_t piece, double seconds) 
           ApplyOptimizerRange(config, w.data() + b + i, k, 0, k, block.data(), 1);
         }
       }
-      for (size_t b = 0; b < n; b += piece) {  // the pull
-        const size_t m = std::min(piece, n - b);
-        const void* out = w.data() + b;
-        if (dtype != DType::kFp32) {
-          EncodeFloats(w.data() + b, m, dtype, buffer.data());
-          out = buffer.data();
-        }
-        if (!SendAll(c, out, m * elem)) {
-          close(c);
-          return;
-        }
+      if (!SendPieces(c, w.data(), n, dtype, piece, buffer.data())) {  // the pull
+        close(c);
+        return;
       }
     }
   });
@@ -336,15 +343,7 @@ double BarePushPullMParams(size_t n, DType dtype, size_t piece, double seconds) 
     int iters = 0;
     const auto t0 = Clock::now();
     do {
-      for (size_t b = 0; ok && b < n; b += piece) {
-        const size_t m = std::min(piece, n - b);
-        const void* out = g.data() + b;
-        if (dtype != DType::kFp32) {
-          EncodeFloats(g.data() + b, m, dtype, buffer.data());
-          out = buffer.data();
-        }
-        ok = SendAll(c, out, m * elem);
-      }
+      ok = SendPieces(c, g.data(), n, dtype, piece, buffer.data());
       for (size_t b = 0; ok && b < n; b += piece) {
         const size_t m = std::min(piece, n - b);
         if (dtype == DType::kFp32) {

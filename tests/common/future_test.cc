@@ -111,5 +111,15 @@ TEST_CASE("SpareCore reads the host's runnable threads and says no while they ou
   CHECK(calls.load() == 0);
 }
 
+TEST_CASE("CheckPollFlag takes 0 to 1s and names the flag and the value otherwise", "[future]") {
+  CHECK(CheckPollFlag(absl::ZeroDuration()).ok());
+  CHECK(CheckPollFlag(absl::Microseconds(500)).ok());
+  CHECK(CheckPollFlag(absl::Seconds(1)).ok());
+  const absl::Status too_long = CheckPollFlag(absl::Seconds(2));
+  CHECK(too_long.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(too_long.message() == "--shared_memory_poll must be between 0 and 1s, got 2s");
+  CHECK(CheckPollFlag(absl::Milliseconds(-1)).message() == "--shared_memory_poll must be between 0 and 1s, got -1ms");
+}
+
 }  // namespace
 }  // namespace fulcrum

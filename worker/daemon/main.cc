@@ -16,6 +16,7 @@
 #include "common/metrics/metrics.h"
 #include "common/process.h"
 #include "common/rpc/security_flags.h"
+#include "common/spare_core.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
 
@@ -53,9 +54,8 @@ int main(int argc, char** argv) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   o.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
-  if (o.shared_memory_poll < absl::ZeroDuration() || o.shared_memory_poll > absl::Seconds(1)) {
-    std::cerr << "fulcrum-worker: --shared_memory_poll must be between 0 and 1s, got "
-              << absl::FormatDuration(o.shared_memory_poll) << "\n";
+  if (absl::Status s = fulcrum::CheckPollFlag(o.shared_memory_poll); !s.ok()) {
+    std::cerr << "fulcrum-worker: " << s.message() << "\n";
     return 2;
   }
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
