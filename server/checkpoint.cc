@@ -9,7 +9,9 @@
 #include <map>
 #include <set>
 
+#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/sst_file_writer.h>
 
@@ -100,6 +102,21 @@ absl::Status CheckpointStore::OpenDbLocked() {
   // Float tensors barely compress; compressing them costs more than the
   // bytes it saves on this machine's disk.
   options.compression = rocksdb::kNoCompression;
+  // Open files stay bounded however many cuts and jobs the store holds
+  // (RocksDB's default keeps every table file open): the table cache opens
+  // the rest on demand. A cut is one file, so this covers 64 cuts read at
+  // once without reopening.
+  options.max_open_files = kMaxOpenFiles;
+  // RocksDB's info log starts a new file on each open; keep a few.
+  options.keep_log_file_num = 4;
+  options.max_log_file_size = 1 << 20;
+  // The store's own writes are small (a cut's meta, a deletion's
+  // tombstones): a small memtable flushes, and so ends its log file, every
+  // few thousand cuts; the manifest (one edit per ingest and deletion)
+  // starts afresh past a few MiB. Both stay bounded on a server that runs
+  // for months.
+  options.write_buffer_size = 4 << 20;
+  options.max_manifest_file_size = 4 << 20;
   rocksdb::DB* db = nullptr;
   db_.reset();  // RocksDB's lock on the directory goes with it
   RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir_, &db), absl::StrCat("opening checkpoints in ", dir_)));
@@ -154,6 +171,7 @@ absl::Status CheckpointStore::CollectGarbageLocked(bool files) {
     RETURN_IF_ERROR(FromRocks(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix,
                                                PrefixEnd(prefix)),
                               absl::StrCat("deleting the uncommitted cut ", prefix)));
+    RETURN_IF_ERROR(ReclaimLocked(prefix));
   }
   if (!files) return absl::OkStatus();
   // Ingest files of writes that never finished.
@@ -464,8 +482,52 @@ absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id)
   absl::ReaderMutexLock lock(&db_mu_);
   RETURN_IF_ERROR(CheckOpenLocked());
   RETURN_IF_ERROR(Wrote(db_->Delete(sync, prefix + "meta"), "uncommitting " + prefix));
-  return Wrote(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix, PrefixEnd(prefix)),
-               "deleting " + prefix);
+  RETURN_IF_ERROR(Wrote(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix,
+                                         PrefixEnd(prefix)),
+                        "deleting " + prefix));
+  return ReclaimLocked(prefix);
+}
+
+absl::Status CheckpointStore::ReclaimLocked(const std::string& prefix) {
+  // A range tombstone hides the records but frees nothing: each cut was
+  // ingested as its own file at the bottom level, where no compaction ever
+  // looks unless told to. The cut's file holds only its keys, so it goes
+  // whole; a file that also holds other keys (a compaction merged it with
+  // its neighbours) is compacted over the range, which drops the records.
+  const std::string end = PrefixEnd(prefix);
+  const rocksdb::Slice begin_slice(prefix), end_slice(end);
+  RETURN_IF_ERROR(Wrote(rocksdb::DeleteFilesInRange(db_.get(), db_->DefaultColumnFamily(), &begin_slice, &end_slice,
+                                                    /*include_end=*/false),
+                        "freeing the files of " + prefix));
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db_->GetLiveFilesMetaData(&files);
+  bool shared = false;
+  for (const rocksdb::LiveFileMetaData& f : files) {
+    // [smallest, largest] meets [prefix, end).
+    shared = shared || (f.smallestkey < end && f.largestkey >= prefix);
+  }
+  if (!shared) return absl::OkStatus();
+  rocksdb::CompactRangeOptions compact;
+  compact.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+  return Wrote(db_->CompactRange(compact, &begin_slice, &end_slice), "compacting away " + prefix);
+}
+
+absl::StatusOr<CheckpointStore::DiskUse> CheckpointStore::Disk() const {
+  DiskUse use;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir_, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    ++use.files;
+    use.bytes += e.file_size(ec);
+  }
+  if (ec) return absl::InternalError(absl::StrCat("listing ", dir_, ": ", ec.message()));
+  absl::ReaderMutexLock lock(&db_mu_);
+  if (db_ != nullptr) {
+    std::vector<rocksdb::LiveFileMetaData> files;
+    db_->GetLiveFilesMetaData(&files);
+    use.table_files = files.size();
+  }
+  return use;
 }
 
 std::vector<std::pair<std::string, uint64_t>> CheckpointStore::Properties() const {

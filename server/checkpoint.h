@@ -74,8 +74,20 @@ class CheckpointStore {
       const v1::ReadCheckpointRequest& req,
       const std::function<bool(std::string_view table, uint32_t index, bool dense)>& keep) const;
 
-  // Deletes a cut (its meta first, so a crash leaves it uncommitted).
+  // Deletes a cut (its meta first, so a crash leaves it uncommitted) and
+  // gives its disk space back before returning: the cut's table file is
+  // removed (or, shared with other cuts after a compaction, compacted).
   absl::Status Delete(const std::string& job_id, uint64_t cut_id);
+
+  // What the store's directory holds now: every file (tables, logs,
+  // manifests), their bytes, and the table files RocksDB tracks.
+  struct DiskUse {
+    uint64_t files = 0, bytes = 0, table_files = 0;
+  };
+  absl::StatusOr<DiskUse> Disk() const;
+
+  // Table files RocksDB keeps open at most (options.max_open_files).
+  static constexpr int kMaxOpenFiles = 64;
 
   // RocksDB's integer properties for metrics: (name without "rocksdb.",
   // value) for live SST bytes, memtable bytes, estimated keys, pending
@@ -90,6 +102,8 @@ class CheckpointStore {
   // Deletes the records of uncommitted cuts; `files`: and the ingest files
   // of writes that never finished (only when no write can be running).
   absl::Status CollectGarbageLocked(bool files) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // Frees the disk of the deleted records under `prefix`.
+  absl::Status ReclaimLocked(const std::string& prefix) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // After a failed write: reopens RocksDB.
   absl::Status RecoverIfStuck() ABSL_LOCKS_EXCLUDED(db_mu_);
   // UNAVAILABLE while the database is closed (a reopen failed).

@@ -1,8 +1,10 @@
 // Checkpoint write and restore throughput of one server's shards against
 // this machine's sequential disk bandwidth, measured in the same run, and
-// the training pause a cut costs (issue #5's benchmark).
+// the training pause a cut costs (issue #5's benchmark); and, with
+// --soak_cuts, the store's disk use over many cuts under keep 3.
 //
 //   fulcrum-checkpoint-bench [--gib=1] [--dir=/tmp] [--quick]
+//   fulcrum-checkpoint-bench --soak_cuts=1000 [--soak_mib=1]
 //
 // Disk bounds: a file of the same size written with 1 MiB writes and
 // fdatasync, then read back after its pages are dropped from the page cache
@@ -34,6 +36,10 @@
 ABSL_FLAG(double, gib, 1.0, "parameter bytes to checkpoint, in GiB");
 ABSL_FLAG(std::string, dir, "/tmp", "directory (on the disk to measure) for the bench's files");
 ABSL_FLAG(bool, quick, false, "64 MiB, for the smoke test");
+ABSL_FLAG(int, soak_cuts, 0,
+          "instead: the store soak, this many cuts of a job that keeps 3 (as checkpoint.keep does), reporting the "
+          "store's disk bytes, files and the process's open descriptors as it goes");
+ABSL_FLAG(double, soak_mib, 1.0, "the soak's dense table, in MiB");
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -96,6 +102,90 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
+size_t OpenFds() {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc/self/fd", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  return n;
+}
+
+// The store soak: `cuts` cuts of one job, each followed by the deletion of
+// the cut `keep` before it, as the coordinator does under checkpoint.keep.
+// The disk must stay flat, under the documented bound (docs/checkpoints.md,
+// "Disk"): (keep + 1) cuts (the one being written lands before the oldest
+// goes) plus RocksDB's own files, at most 16 MiB.
+int Soak(const fs::path& root, int cuts, double mib) {
+  constexpr int kKeep = 3;
+  constexpr uint64_t kSlack = 16 << 20;
+  const size_t elements = static_cast<size_t>(mib * (1 << 20) / 4);
+  auto map = fulcrum::ShardMap::RoundRobin(1, 64, {"in-process"});
+  Check(map.status(), "shard map");
+  fulcrum::ParameterServerOptions o;
+  o.shard_map = map->ToProto();
+  o.data_dir = (root / "server").string();
+  auto created = fulcrum::ParameterServer::Create(std::move(o));
+  Check(created.status(), "server");
+  std::shared_ptr<fulcrum::ParameterServer> ps = std::move(*created);
+  fulcrum::v1::PsJobSpec spec;
+  spec.set_job_id("soak");
+  spec.set_num_workers(1);
+  spec.mutable_consistency()->set_model(fulcrum::v1::ConsistencySpec::BSP);
+  auto* t = spec.add_tables();
+  t->set_name("w");
+  t->set_kind(fulcrum::v1::TableSpec::DENSE);
+  t->add_shape(static_cast<int64_t>(elements));
+  t->mutable_optimizer()->set_kind(fulcrum::v1::OptimizerSpec::ADAM);
+  t->mutable_optimizer()->set_learning_rate(0.001f);
+  fulcrum::LocalPsClient client(ps, "soak");
+  Check(client.CreateJob(spec), "create job");
+  std::vector<float> g(elements, 0.001f);
+  const auto t0 = Clock::now();
+  std::printf("store soak: %d cuts of a %.2f MiB Adam table, keep %d, in %s\n", cuts, mib, kKeep, root.c_str());
+  std::printf("| cuts | disk MiB | files | table files | open fds | s |\n|---|---|---|---|---|---|\n");
+  uint64_t cut_bytes = 0, most_bytes = 0, settled_bytes = 0;
+  size_t most_files = 0, least_fds = SIZE_MAX, most_fds = 0, settled_files = 0;
+  for (int cut = 1; cut <= cuts; ++cut) {
+    Check(client.Push("soak", {static_cast<uint64_t>(cut - 1), {{"w", g.data(), elements}}, {}}), "push");
+    auto meta = ps->Checkpoint("soak", cut, cut, absl::Seconds(60));
+    Check(meta.status(), "checkpoint");
+    cut_bytes = meta->bytes();
+    if (cut > kKeep) Check(ps->DeleteCut("soak", cut - kKeep), "delete cut");
+    auto disk = ps->checkpoints()->Disk();
+    Check(disk.status(), "disk use");
+    const size_t fds = OpenFds();
+    most_bytes = std::max(most_bytes, disk->bytes);
+    most_files = std::max<size_t>(most_files, disk->files);
+    if (cut >= cuts / 10) {  // after the store has settled
+      least_fds = std::min(least_fds, fds);
+      most_fds = std::max(most_fds, fds);
+      if (cut == cuts / 10) {
+        settled_bytes = disk->bytes;
+        settled_files = disk->files;
+      }
+    }
+    if (cut % std::max(1, cuts / 10) == 0 || cut == 1) {
+      std::printf("| %d | %.2f | %llu | %llu | %zu | %.1f |\n", cut, disk->bytes / 1048576.0,
+                  static_cast<unsigned long long>(disk->files), static_cast<unsigned long long>(disk->table_files),
+                  fds, Seconds(t0, Clock::now()));
+    }
+  }
+  auto last = ps->checkpoints()->Disk();
+  Check(last.status(), "disk use");
+  const uint64_t bound = (kKeep + 1) * cut_bytes + kSlack;
+  const double growth = static_cast<double>(last->bytes) - static_cast<double>(settled_bytes);
+  std::printf("a cut: %.2f MiB; most on disk: %.2f MiB, %zu files; bound (keep + 1) x cut + 16 MiB = %.2f MiB; "
+              "most/bound %.3f\n",
+              cut_bytes / 1048576.0, most_bytes / 1048576.0, most_files, bound / 1048576.0,
+              static_cast<double>(most_bytes) / bound);
+  std::printf("from cut %d to the end: disk %+.3f MiB (%.0f bytes a cut), files %+lld, open fds %zu-%zu\n",
+              cuts / 10, growth / 1048576.0, growth / (cuts - cuts / 10),
+              static_cast<long long>(last->files) - static_cast<long long>(settled_files),
+              least_fds, most_fds);
+  const bool held = most_bytes <= bound && most_fds - least_fds <= 2 && last->files <= settled_files + 8;
+  std::printf("disk bound %s\n", held ? "held" : "BROKEN");
+  return held ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +198,11 @@ int main(int argc, char** argv) {
   const size_t bytes = elements * 4;
   const fs::path root = fs::path(absl::GetFlag(FLAGS_dir)) / absl::StrCat("fulcrum-ckpt-bench-", getpid());
   fs::create_directories(root);
+  if (absl::GetFlag(FLAGS_soak_cuts) > 0) {
+    const int rc = Soak(root, absl::GetFlag(FLAGS_soak_cuts), absl::GetFlag(FLAGS_soak_mib));
+    fs::remove_all(root);
+    return rc;
+  }
 
   const auto [disk_write, disk_read] = DiskBounds(root / "seq.bin", bytes);
 

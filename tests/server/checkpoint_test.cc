@@ -225,6 +225,84 @@ TEST_CASE("an uncommitted cut is ignored and cleared, and a damaged record is re
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("deleted cuts give their disk back: files and bytes stay flat under keep 3, and go when the job's go",
+          "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt");
+  std::shared_ptr<ParameterServer> ps = NewServer(dir);
+  auto c = std::make_unique<LocalPsClient>(ps, "w0");
+  REQUIRE_OK(c->CreateJob(Spec("job")));
+  CheckpointStore* store = ps->checkpoints();
+  REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse empty, store->Disk());
+  // 40 cuts, keeping the last 3 as the coordinator does.
+  uint64_t cut_bytes = 0;
+  CheckpointStore::DiskUse most;
+  for (uint64_t cut = 1; cut <= 40; ++cut) {
+    Step(*c, "job", cut - 1);
+    REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("job", cut, cut, absl::Seconds(5)));
+    cut_bytes = meta.bytes();
+    if (cut > 3) REQUIRE_OK(ps->DeleteCut("job", cut - 3));
+    REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse now, store->Disk());
+    most.files = std::max(most.files, now.files);
+    most.bytes = std::max(most.bytes, now.bytes);
+    most.table_files = std::max(most.table_files, now.table_files);
+  }
+  INFO("empty: " << empty.files << " files, " << empty.bytes << " bytes; most: " << most.files << " files, "
+                 << most.bytes << " bytes, " << most.table_files << " table files; a cut is " << cut_bytes
+                 << " bytes");
+  // Without the files going, 40 cuts leave 40 table files behind.
+  CHECK(most.table_files <= 4);
+  CHECK(most.files <= empty.files + 4);
+  CHECK(most.bytes <= empty.bytes + 4 * cut_bytes + (64 << 10));
+  REQUIRE_OK_AND_ASSIGN(auto cuts, ps->ListCuts("job"));
+  REQUIRE(cuts.size() == 3);
+
+  // Deleting the job's last cuts frees their space.
+  REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse before, store->Disk());
+  for (const v1::ShardCutMeta& m : cuts) REQUIRE_OK(ps->DeleteCut("job", m.cut_id()));
+  REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse after, store->Disk());
+  INFO("before: " << before.bytes << " bytes in " << before.table_files << " tables; after: " << after.bytes
+                  << " bytes in " << after.table_files << " tables");
+  CHECK(after.table_files == 0);
+  CHECK(before.bytes - after.bytes >= 3 * cut_bytes);
+  REQUIRE_OK_AND_ASSIGN(cuts, ps->ListCuts("job"));
+  CHECK(cuts.empty());
+
+  // A cut merged with others by a compaction is compacted away instead.
+  for (uint64_t cut = 41; cut <= 43; ++cut) REQUIRE_OK(ps->Checkpoint("job", cut, 40, absl::Seconds(5)).status());
+  {
+    // Compact the whole store into one file holding all three cuts.
+    c.reset();
+    ps.reset();
+    std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
+    rocksdb::CompactRangeOptions all;
+    all.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    REQUIRE(db->CompactRange(all, nullptr, nullptr).ok());
+  }
+  ps = NewServer(dir);
+  store = ps->checkpoints();
+  REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse merged, store->Disk());
+  REQUIRE_OK(ps->DeleteCut("job", 41));
+  REQUIRE_OK(ps->DeleteCut("job", 42));
+  REQUIRE_OK_AND_ASSIGN(const CheckpointStore::DiskUse one_left, store->Disk());
+  INFO("merged: " << merged.bytes << " bytes; one cut left: " << one_left.bytes);
+  CHECK(merged.bytes - one_left.bytes >= 2 * cut_bytes - (4 << 10));
+  // The cut kept is whole.
+  size_t records = 0;
+  CheckpointVisitor count;
+  count.dense = [&](const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, const void*) {
+    ++records;
+    return absl::OkStatus();
+  };
+  count.sparse = [&](const std::string&, uint32_t, uint32_t, uint32_t, size_t, const uint64_t*, const uint32_t*,
+                     const float*) {
+    ++records;
+    return absl::OkStatus();
+  };
+  REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta kept, store->Read("job", 43, count));
+  CHECK(records == kept.records());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a disk that fails during a cut fails that cut only: the next one is written once the disk works",
           "[checkpoint]") {
   using Fault = testing::FaultFs::Fault;
