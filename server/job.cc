@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/errors.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
@@ -362,11 +363,29 @@ absl::Status Job::ApplyDecoded(Decoded& d) {
   return absl::OkStatus();
 }
 
-bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Decoded* bsp_part,
-                           absl::Status* error) {
+bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, uint32_t incarnation,
+                           Decoded* bsp_part, absl::Status* error) {
   std::vector<RankStep>& ranks = steps_[step];
   if (ranks.empty()) ranks.resize(num_workers_);
   RankStep& rs = ranks[rank];
+  if (!rs.empty() && incarnation != rs.incarnation) {
+    if (incarnation < rs.incarnation) {
+      *error = absl::FailedPreconditionError(absl::StrCat("a part of step ", step, " from rank ", rank,
+                                                          "'s incarnation ", incarnation, ", which incarnation ",
+                                                          rs.incarnation, " replaced"));
+      return false;
+    }
+    // The parts a lost worker sent before it died: its replacement sends
+    // the whole step again. Mixed with the new parts they would count one
+    // part twice and leave another out (the step's gradient would differ
+    // from an undisturbed run's).
+    superseded_parts_.fetch_add(rs.received, std::memory_order_relaxed);
+    FLOG(INFO) << "job '" << id() << "': dropping " << rs.received << " part(s) of step " << step << " from rank "
+               << rank << "'s incarnation " << rs.incarnation << "; incarnation " << incarnation
+               << " sends the step again";
+    rs = RankStep();
+  }
+  rs.incarnation = incarnation;
   if (num_parts != 0 && rs.num_parts != 0 && rs.num_parts != num_parts) {
     *error = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " announced ", rs.num_parts,
                                                      " parts for step ", step, ", then ",
@@ -529,7 +548,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   {
     absl::MutexLock lock(&mu_);
     absl::Status record;
-    const bool complete = RecordPartLocked(m.rank, m.step, num_parts,
+    const bool complete = RecordPartLocked(m.rank, m.step, num_parts, m.incarnation,
                                            model_ == Model::kBsp ? &decoded : nullptr, &record);
     if (!record.ok()) {
       dedup_.Abort(m.worker_id, m.seq);
@@ -1088,6 +1107,9 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
                static_cast<double>(pushes_applied_.load()));
   out->Counter("fulcrum_server_dedup_hits_total", "Retried pushes recognised by request id and not applied again",
                job, static_cast<double>(duplicates_.load()));
+  out->Counter("fulcrum_server_superseded_push_parts_total",
+               "Parts of a step from a rank's lost incarnation, dropped when its replacement sent the step again",
+               job, static_cast<double>(superseded_parts_.load()));
   out->Counter("fulcrum_server_nonfinite_rejected_total", "Pushes refused for a NaN or Inf gradient", job,
                static_cast<double>(rejected_nonfinite_.load()));
   out->Gauge("fulcrum_server_job_memory_bytes", "Memory the job's parameters and optimizer state use here", job,

@@ -169,6 +169,10 @@ class Job : public std::enable_shared_from_this<Job> {
   struct RankStep {
     uint32_t num_parts = 0;  // 0 until announced
     uint32_t received = 0;
+    // The rank's incarnation the parts came from. A worker that dies in the
+    // middle of a step's parts leaves some here; its replacement sends the
+    // whole step again, so a newer incarnation starts the step over.
+    uint32_t incarnation = 0;
     std::vector<Decoded> parts;  // BSP only
     bool complete() const { return num_parts != 0 && received == num_parts; }
     bool empty() const { return num_parts == 0 && received == 0; }
@@ -207,7 +211,9 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<PullResult> Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse);
 
   // Records one received part; returns true when (rank, step) became complete.
-  bool RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, Decoded* bsp_part,
+  // A part from an incarnation older than the parts held is refused
+  // (FAILED_PRECONDITION); one from a newer incarnation discards them.
+  bool RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, uint32_t incarnation, Decoded* bsp_part,
                         absl::Status* error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StepCompleteLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -260,6 +266,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::atomic<uint32_t> min_incarnation_{0};
   std::atomic<uint64_t> pushes_applied_{0};
   std::atomic<uint64_t> duplicates_{0};
+  // Parts of a step left by a rank's lost incarnation, dropped when its
+  // replacement sent the step again.
+  std::atomic<uint64_t> superseded_parts_{0};
   std::atomic<uint64_t> rejected_nonfinite_{0};
 };
 

@@ -2,9 +2,10 @@
 // deploy/local/cluster.sh (so every process runs under its supervisor, which
 // restarts it) trains one job after another while the test kills a random
 // server, worker or the coordinator with kill -9 every few seconds. Every
-// job must succeed, and afterwards every checkpoint the coordinator
-// committed must verify on disk: RocksDB opens, every shard's records are
-// present across the servers, every checksum matches.
+// job must succeed, every BSP job must end with the weights (fingerprint)
+// of the same job run undisturbed first, and afterwards every checkpoint
+// the coordinator committed must verify on disk: RocksDB opens, every
+// shard's records are present across the servers, every checksum matches.
 //
 // FULCRUM_SOAK_SECONDS (default 60) bounds the killing; FULCRUM_SOAK_SEED
 // replays a run (the seed is printed).
@@ -105,8 +106,8 @@ std::string Describe(const v1::Job& j) {
   return out;
 }
 
-TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jobs train - every job succeeds and "
-          "every committed checkpoint verifies",
+TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jobs train - every job succeeds, BSP "
+          "jobs bit-identical to an undisturbed run, every committed checkpoint verifies",
           "[e2e][soak]") {
   uint64_t seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   if (const char* s = std::getenv("FULCRUM_SOAK_SEED"); s != nullptr) REQUIRE(absl::SimpleAtoi(s, &seed));
@@ -139,6 +140,25 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   spec.mutable_checkpoint()->set_every_steps(150);
   spec.mutable_checkpoint()->set_keep(3);
   spec.mutable_run_policy()->set_backoff_limit(1000);  // this test is the failures
+
+  // The reference: the same BSP job, undisturbed. Under BSP a lost worker
+  // changes no bits, and a rollback replays the same steps: every BSP job
+  // trained under the kills must end with these weights.
+  std::string reference_fingerprint;
+  {
+    const std::string id = soak.Submit(spec);
+    std::optional<v1::Job> j;
+    for (const absl::Time limit = absl::Now() + absl::Minutes(4); absl::Now() < limit;) {
+      j = soak.Get(id);
+      REQUIRE(j.has_value());
+      if (Ended(j->status().state())) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    INFO(Describe(*j));
+    REQUIRE(j->status().state() == v1::SUCCEEDED);
+    reference_fingerprint = j->status().weights_fingerprint();
+    REQUIRE(reference_fingerprint.size() == 16);
+  }
 
   const std::vector<std::string> victims = {"coordinator", "server-0", "server-1", "worker-0", "worker-1", "worker-2"};
   std::vector<std::string> jobs;
@@ -188,8 +208,9 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   }
   WARN("kills:\n" << kills);
 
-  // Every job ends, and succeeds.
+  // Every job ends, and succeeds; BSP jobs with the reference's weights.
   std::vector<v1::Job> finished;
+  int bsp_compared = 0;
   for (const std::string& id : jobs) {
     const absl::Time limit = absl::Now() + absl::Minutes(4);
     std::optional<v1::Job> j;
@@ -202,9 +223,15 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
     INFO(Describe(*j) << "kills:\n" << kills);
     REQUIRE(j->status().state() == v1::SUCCEEDED);
     CHECK(j->status().test_accuracy() >= 0.95);
+    if (j->spec().consistency().model() == v1::ConsistencySpec::BSP) {
+      CHECK(j->status().weights_fingerprint() == reference_fingerprint);
+      ++bsp_compared;
+    }
     finished.push_back(*j);
   }
-  WARN(jobs.size() << " jobs succeeded; rollbacks: " << [&] {
+  CHECK(bsp_compared >= 1);
+  WARN(jobs.size() << " jobs succeeded, " << bsp_compared << " BSP jobs bit-identical to the undisturbed run ("
+                   << reference_fingerprint << "); rollbacks: " << [&] {
     std::string r;
     for (const auto& j : finished) absl::StrAppend(&r, j.id(), "=", j.status().rollbacks(), " ");
     return r;

@@ -169,6 +169,79 @@ TEST_CASE("BSP sums a many-chunk step in rank order and applies its chunks in pa
   REQUIRE(mismatches == 0);
 }
 
+TEST_CASE("BSP: parts of a step from a lost incarnation are dropped when its replacement sends the step again",
+          "[bsp][job]") {
+  // Two chunks, pushed as two parts. Rank 0's first incarnation delivers
+  // one part and dies; its replacement sends both. The step must apply
+  // exactly what an undisturbed run applies.
+  constexpr uint32_t kChunk = 256, kElements = 2 * kChunk;
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  auto make = [&] {
+    auto job = Job::Create(JobSpec("j", {DenseTableSpec("w", kElements, 1.0f, v1::OptimizerSpec::SGD, kChunk)}, 2), 4,
+                           1 << 20, &timer);
+    REQUIRE_OK(job.status());
+    REQUIRE_OK((*job)->MaterializeOwned(*map, 0));
+    return std::move(*job);
+  };
+  std::vector<float> a(kChunk, 1.0f), b(kChunk, 2.0f), c(kElements, 4.0f);
+  // Part `chunk` of rank 0's step 0, from `incarnation`.
+  auto part = [&](uint32_t chunk, uint32_t incarnation) {
+    PushMessage m = Header(0, 0);
+    m.worker_id = "w0/i" + std::to_string(incarnation);
+    m.seq = 10 * incarnation + chunk;
+    m.incarnation = incarnation;
+    m.num_parts = 2;
+    m.dense.push_back({"w", chunk, DType::kFp32, Payload((chunk == 0 ? a : b).data(), kChunk * 4)});
+    return m;
+  };
+  auto rank1 = [&] {
+    PushMessage m = Header(1, 0);
+    m.dense.push_back({"w", 0, DType::kFp32, Payload(c.data(), kChunk * 4)});
+    m.dense.push_back({"w", 1, DType::kFp32, Payload(c.data() + kChunk, kChunk * 4)});
+    return m;
+  };
+  auto weights = [&](Job& job) {
+    auto pull = std::make_shared<PullMessage>();
+    pull->job_id = "j";
+    pull->worker_id = "w0";
+    pull->step = 1;
+    pull->dense.push_back({"w", 0});
+    pull->dense.push_back({"w", 1});
+    absl::Notification done;
+    absl::StatusOr<PullResult> result;
+    job.Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+      result = std::move(res);
+      done.Notify();
+    });
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    REQUIRE_OK(result.status());
+    std::vector<float> w(kElements);
+    for (const PullResult::Dense& d : result->dense) {
+      std::memcpy(w.data() + size_t{d.chunk} * kChunk, d.owner ? d.shared : d.data.data.get(), kChunk * 4);
+    }
+    return w;
+  };
+  PushResult r;
+  auto clean = make();
+  REQUIRE_OK(clean->Push(part(0, 1), *map, 0, &r));
+  REQUIRE_OK(clean->Push(part(1, 1), *map, 0, &r));
+  REQUIRE_OK(clean->Push(rank1(), *map, 0, &r));
+  REQUIRE(r.applied_step == 1);
+  const std::vector<float> want = weights(*clean);
+
+  auto disturbed = make();
+  REQUIRE_OK(disturbed->Push(part(0, 1), *map, 0, &r));  // then incarnation 1 dies
+  REQUIRE_OK(disturbed->Push(part(0, 2), *map, 0, &r));
+  // A straggler of the dead incarnation, arriving late, is refused.
+  REQUIRE_STATUS(disturbed->Push(part(1, 1), *map, 0, &r), absl::StatusCode::kFailedPrecondition,
+                 "rank 0's incarnation 1, which incarnation 2 replaced");
+  REQUIRE_OK(disturbed->Push(part(1, 2), *map, 0, &r));
+  REQUIRE_OK(disturbed->Push(rank1(), *map, 0, &r));
+  REQUIRE(r.applied_step == 1);
+  CHECK(weights(*disturbed) == want);
+}
+
 TEST_CASE("pulls no worker could make are refused, and waiting pulls are bounded", "[job][limits]") {
   DeadlineTimer timer;
   auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
