@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -25,6 +26,22 @@ std::optional<uint64_t> WrongShardVersion(const absl::Status& status);
 absl::Status JobNotOnServerError(const std::string& job_id);
 // Whether `status` is that answer, possibly with context added in front.
 bool IsJobNotOnServer(const absl::Status& status);
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
+// points past U+10FFFF), as proto3 string fields must be.
+bool IsValidUtf8(std::string_view s);
+
+// Outside input as an error message may quote it: in single quotes, bytes
+// that are not printable ASCII escaped (\xff), cut to `max` bytes of input
+// with the full length said. Never echo raw input: a proto3 string with
+// invalid UTF-8 breaks the client's decoder, and a long one its metadata.
+std::string QuoteInput(std::string_view s, size_t max = 64);
+
+// The most bytes of a status message sent to a client.
+inline constexpr size_t kMaxStatusMessageBytes = 2048;
+// `message` as it may go on the wire: valid UTF-8 (invalid bytes escaped)
+// and at most kMaxStatusMessageBytes (cut at a character, saying how much).
+std::string SafeStatusMessage(std::string_view message);
 
 // Adds context in front of a status message, keeping code and payloads.
 absl::Status Annotate(const absl::Status& status, const std::string& context);

@@ -47,4 +47,20 @@ std::string HumanBytes(uint64_t n) {
   return absl::StrFormat("%.1f GiB", n / 1073741824.0);
 }
 
+bool LogLimiter::Allow(absl::Time now, uint64_t* dropped) {
+  absl::MutexLock lock(&mu_);
+  if (now - window_start_ >= window_) {
+    window_start_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= burst_) {
+    ++dropped_;
+    return false;
+  }
+  ++in_window_;
+  *dropped = dropped_;
+  dropped_ = 0;
+  return true;
+}
+
 }  // namespace fulcrum

@@ -7,6 +7,10 @@
 #include <sstream>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
 namespace fulcrum {
 
 enum class LogSeverity { kInfo, kWarning, kError };
@@ -24,6 +28,23 @@ class LogMessage {
 
 // Messages below this severity are dropped (tests raise it to kWarning).
 void SetMinLogSeverity(LogSeverity severity);
+
+// Lets at most `burst` events through per `window`; counts the rest.
+// Thread-safe. Allow() says whether this one may be logged, and in
+// *dropped how many were held back since the last one let through.
+class LogLimiter {
+ public:
+  LogLimiter(int burst, absl::Duration window) : burst_(burst), window_(window) {}
+  bool Allow(absl::Time now, uint64_t* dropped);
+
+ private:
+  const int burst_;
+  const absl::Duration window_;
+  absl::Mutex mu_;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // A size for people, in binary units: "812 B", "30.7 KiB", "9.5 MiB", "8.0 GiB".
 std::string HumanBytes(uint64_t n);

@@ -9,15 +9,56 @@
 #include <cstdio>
 #include <cstring>
 
+#include <google/protobuf/stubs/logging.h>
+
+#include <thread>
+
 #include "absl/debugging/symbolize.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/errors.h"
+#include "common/logging.h"
 #include "absl/synchronization/mutex.h"
 
 namespace fulcrum {
 
-void InitServingProcess() {
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+namespace {
+
+// protobuf's own log lines (a request that does not parse, a string that is
+// not UTF-8) come once per bad request: a flood of them, from callers with no
+// credentials too, would flood the log. At most kBurst a minute get through,
+// each saying how many were dropped since the last.
+void LimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  static LogLimiter* limiter = new LogLimiter(/*burst=*/10, absl::Minutes(1));
+  uint64_t dropped = 0;
+  if (!limiter->Allow(absl::Now(), &dropped)) return;
+  LogMessage(level >= google::protobuf::LOGLEVEL_ERROR ? LogSeverity::kError : LogSeverity::kWarning, file, line)
+          .stream()
+      << "protobuf: " << SafeStatusMessage(message)
+      << (dropped > 0 ? absl::StrCat(" (", dropped, " more protobuf messages dropped before this one)") : "");
+}
+
+}  // namespace
+
+void InitServingProcess(const ServingProcessOptions& options) {
+  if (options.pin_malloc_thresholds) {
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  }
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  google::protobuf::SetLogHandler(&LimitedProtobufLog);
+  if (options.trim_every > absl::ZeroDuration()) {
+    // Freed memory goes back to the system every so often: a flood of large
+    // messages (refused or not) leaves the heap as big as at its peak
+    // otherwise, with the thresholds pinned. A buffer in use is not touched;
+    // one freed just before costs its page faults once more.
+    std::thread([every = options.trim_every] {
+      for (;;) {
+        absl::SleepFor(every);
+        malloc_trim(0);
+      }
+    }).detach();
+  }
 }
 
 namespace {

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "absl/time/time.h"
+
 namespace fulcrum {
 
 // Set-up for a serving binary (server, bench):
@@ -12,7 +14,17 @@ namespace fulcrum {
 //   the thresholds are pinned so freed buffers are reused from the heap;
 // - Debian's Abseil is built with mutex deadlock detection on, which costs
 //   about 1% of a busy server's CPU: it is turned off (tests keep it).
-void InitServingProcess();
+// - protobuf's log lines are rate-limited (at most 10 a minute, with counts
+//   of those dropped);
+// - every `trim_every`, freed heap memory is returned to the system
+//   (malloc_trim), so memory taken by a burst comes back.
+// The coordinator passes pin_malloc_thresholds = false: its messages are
+// small, and a refused flood must not stay in its heap.
+struct ServingProcessOptions {
+  bool pin_malloc_thresholds = true;
+  absl::Duration trim_every = absl::Seconds(10);
+};
+void InitServingProcess(const ServingProcessOptions& options = {});
 
 // For the daemons: when the process dies of SIGSEGV, SIGABRT (glibc's heap
 // checks, failed assertions), SIGBUS, SIGFPE, SIGILL or SIGTRAP, prints the

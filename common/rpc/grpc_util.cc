@@ -18,11 +18,12 @@ constexpr char kShardMapDetailPrefix[] = "fulcrum-shard-map-version:";
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   const auto code = static_cast<grpc::StatusCode>(status.code());
+  // Messages may quote what a client sent: bounded, valid UTF-8.
+  std::string message = SafeStatusMessage(std::string_view(status.message().data(), status.message().size()));
   if (auto version = WrongShardVersion(status)) {
-    return grpc::Status(code, std::string(status.message()),
-                        absl::StrCat(kShardMapDetailPrefix, *version));
+    return grpc::Status(code, std::move(message), absl::StrCat(kShardMapDetailPrefix, *version));
   }
-  return grpc::Status(code, std::string(status.message()));
+  return grpc::Status(code, std::move(message));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -96,6 +97,12 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   auto set_int = [&](const char* key, int value) { builder.AddChannelArgument(key, value); };
   SetTransportArgs(set_int);
+}
+
+void ServeHealthOf(grpc::Server* server, std::initializer_list<const char*> services) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  for (const char* name : services) health->SetServingStatus(name, true);
 }
 
 }  // namespace fulcrum

@@ -2,10 +2,13 @@
 #ifndef FULCRUM_COMMON_RPC_GRPC_UTIL_H_
 #define FULCRUM_COMMON_RPC_GRPC_UTIL_H_
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/status.h>
 
@@ -36,6 +39,12 @@ std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target
 
 // Applies Fulcrum's limits and channel args to a server builder.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);
+
+// Registers each of `services` (full names, "fulcrum.v1.JobService") with
+// the started server's standard health service as SERVING, so per-service
+// probes answer as the empty name does. SetServingStatus(false) at drain
+// turns them all to NOT_SERVING.
+void ServeHealthOf(grpc::Server* server, std::initializer_list<const char*> services);
 
 }  // namespace fulcrum
 

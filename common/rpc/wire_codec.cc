@@ -235,7 +235,10 @@ absl::Status ReadU64(Reader& r, uint32_t wt, const char* name, uint64_t* out) {
 
 absl::Status ReadStr(Reader& r, uint32_t wt, const char* name, std::string* out) {
   EXPECT_WIRE(kLen, name);
-  return r.String(out);
+  RETURN_IF_ERROR(r.String(out));
+  // As protobuf's parsers refuse it in a proto3 string.
+  if (!IsValidUtf8(*out)) return Malformed(absl::StrCat("field '", name, "' is not valid UTF-8"));
+  return absl::OkStatus();
 }
 
 absl::Status ReadPayload(Reader& r, uint32_t wt, const char* name, Payload* out) {
@@ -532,7 +535,7 @@ Writer EncodeStreamResponse(uint64_t id, const absl::Status& status, uint64_t sh
   Writer w;
   w.Varint(1, id);
   w.Varint(2, static_cast<uint64_t>(status.code()));
-  w.String(3, std::string_view(status.message().data(), status.message().size()));
+  w.String(3, SafeStatusMessage(std::string_view(status.message().data(), status.message().size())));
   w.Varint(4, shard_map_version);
   if (status.ok()) w.Message(is_push ? 5 : 6, std::move(body));
   return w;

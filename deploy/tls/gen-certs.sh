@@ -87,7 +87,9 @@ add_user() {
   grep -q "^[^,]*,$user," "$dir/tokens.csv" && return 0
   token=$(openssl rand -hex 32)
   echo "$token,$user,$user${groups:+,\"$groups\"}" >>"$dir/tokens.csv"
-  echo "$token" >"$dir/token-$user"
+  # No newline: gRPC clients send the file as a metadata value, and grpcio
+  # refuses one that ends in a newline.
+  printf %s "$token" >"$dir/token-$user"
 }
 add_user admin fulcrum:admins
 for u in "${users[@]}"; do add_user "$u" ""; done

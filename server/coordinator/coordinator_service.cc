@@ -7,12 +7,15 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/job_spec.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/malformed.h"
+#include "common/rpc/reflection.h"
 #include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 
@@ -408,10 +411,27 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
   builder.AddListeningPort(listen_address, security::ServerCredentials(security::ClientCerts::kOptional), &port);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->cluster_.get());
+  // A request that does not parse: its caller's credentials first, then
+  // INVALID_ARGUMENT (common/rpc/malformed.h).
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  JobImpl* jobs = s->jobs_.get();
+  interceptors.push_back(
+      NewMalformedRequestInterceptor([jobs](const std::string& method, grpc::ServerContextBase& ctx) -> absl::Status {
+        // Members present certificates; users (and fulcrumctl cluster) tokens.
+        const bool member = security::TlsEnabled() && security::PeerOf(ctx).role != security::Role::kUnknown;
+        if (absl::StartsWith(method, "/fulcrum.v1.ClusterService/") && member) return absl::OkStatus();
+        if (absl::StartsWith(method, "/fulcrum.v1.")) return jobs->Who(ctx).status();
+        return absl::OkStatus();
+      }));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  s->reflection_v1_ =
+      NewReflectionV1Service({v1::JobService::service_full_name(), v1::ClusterService::service_full_name()});
+  builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address, " (address in use or invalid)"));
   }
+  ServeHealthOf(s->server_.get(), {v1::JobService::service_full_name(), v1::ClusterService::service_full_name()});
   const size_t colon = listen_address.rfind(':');
   s->address_ = absl::StrCat(colon == std::string::npos ? listen_address : listen_address.substr(0, colon), ":", port);
   return s;

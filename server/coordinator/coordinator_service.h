@@ -39,6 +39,7 @@ class CoordinatorGrpcServer {
   Coordinator* coordinator_ = nullptr;
   std::unique_ptr<JobImpl> jobs_;
   std::unique_ptr<ClusterImpl> cluster_;
+  std::unique_ptr<grpc::Service> reflection_v1_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   bool shut_down_ = false;

@@ -48,7 +48,8 @@ ABSL_FLAG(int32_t, restore_timeout_s, 300,
 int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum coordinator");
   absl::ParseCommandLine(argc, argv);
-  fulcrum::InitServingProcess();
+  // Small messages only: a refused flood of large ones must not stay in the heap.
+  fulcrum::InitServingProcess({.pin_malloc_thresholds = false});
   fulcrum::InstallCrashHandler(argv[0]);
   fulcrum::BlockTerminationSignals();
   if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);

@@ -23,6 +23,8 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
+#include "common/rpc/malformed.h"
+#include "common/rpc/reflection.h"
 #include "common/rpc/security.h"
 #include "common/rpc/shared_memory.h"
 #include "common/rpc/wire_codec.h"
@@ -694,11 +696,19 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
   // Mutual TLS: every caller holds a certificate from the cluster's CA.
   builder.AddListeningPort(listen_address, security::ServerCredentials(security::ClientCerts::kRequired), &s->port_);
   builder.RegisterService(s->service_.get());
+  // Callers passed mutual TLS already: a request that does not parse is
+  // INVALID_ARGUMENT (common/rpc/malformed.h).
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewMalformedRequestInterceptor(nullptr));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  s->reflection_v1_ = NewReflectionV1Service({v1::ParameterService::service_full_name()});
+  builder.RegisterService(s->reflection_v1_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address,
                                                " (address in use or invalid)"));
   }
+  ServeHealthOf(s->server_.get(), {v1::ParameterService::service_full_name()});
   absl::string_view host = listen_address;
   const size_t colon = host.rfind(':');
   if (colon != absl::string_view::npos) host = host.substr(0, colon);

@@ -56,6 +56,7 @@ class PsGrpcServer {
   PsGrpcServer() = default;
   ParameterServer* ps_ = nullptr;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> reflection_v1_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string address_;

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/errors.h"
 #include "common/rpc/wire_codec.h"
 #include "fulcrum/v1/ps.pb.h"
 
@@ -123,6 +124,23 @@ TEST_CASE("malformed messages are rejected with a reason", "[wire]") {
   // Field number 0.
   const unsigned char zero[] = {0x00, 0x01};
   REQUIRE_FALSE(wire::DecodePush(Payload(zero, sizeof(zero)), &m).ok());
+  // A job id that is not UTF-8, as protobuf's own parsers refuse it.
+  const unsigned char bad_utf8[] = {0x0a, 6, 'j', 'o', 'b', '-', 0xff, 0xfe};
+  s = wire::DecodePush(Payload(bad_utf8, sizeof(bad_utf8)), &m);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(s.message()).find("field 'job_id' is not valid UTF-8") != std::string::npos);
+}
+
+TEST_CASE("a stream response never carries invalid UTF-8 or an unbounded message", "[wire]") {
+  const std::string id = "job-\xff\xfe" + std::string(20000, 'x');
+  grpc::ByteBuffer buf =
+      wire::EncodeStreamResponse(7, absl::NotFoundError("no job '" + id + "'"), 0, true, wire::Writer()).Finish();
+  const std::string bytes = Flatten(buf);
+  // protobuf's generated parser, as a Python or Go client's would, takes it.
+  v1::StreamResponse r;
+  REQUIRE(r.ParseFromString(bytes));
+  CHECK(r.message().size() < kMaxStatusMessageBytes + 40);
+  CHECK(r.message().find("job-\\xff\\xfe") != std::string::npos);
 }
 
 }  // namespace

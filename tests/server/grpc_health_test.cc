@@ -1,15 +1,21 @@
 // Both gRPC servers (parameter server, coordinator) answer the standard
-// health service (grpc.health.v1.Health/Check) and server reflection
-// (grpc.reflection.v1alpha), over 127.0.0.1, called as generic byte-level
-// RPCs so the test depends on nothing but the wire format.
+// health service (grpc.health.v1.Health/Check, per service too) and server
+// reflection (grpc.reflection.v1alpha and v1), over 127.0.0.1; health and
+// v1alpha are called as generic byte-level RPCs so the test depends on
+// nothing but the wire format.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <google/protobuf/descriptor.pb.h>
 
 #include "absl/synchronization/notification.h"
 
 #include "common/rpc/grpc_util.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_service.h"
 #include "tests/testing/process_util.h"
@@ -29,6 +35,38 @@ std::string ToString(const grpc::ByteBuffer& b) {
 grpc::ByteBuffer FromString(const std::string& s) {
   grpc::Slice slice(s);
   return grpc::ByteBuffer(&slice, 1);
+}
+
+// A unary call of raw bytes to `method`.
+grpc::Status RawCall(const std::string& address, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::ByteBuffer request = FromString(bytes);
+  grpc::ByteBuffer resp;
+  grpc::Status st;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &resp, [&](grpc::Status s) {
+    st = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return st;
+}
+
+// Requests whose bytes do not parse: INVALID_ARGUMENT naming the method,
+// not gRPC's bare UNIMPLEMENTED or INTERNAL.
+// By default: a truncated tag, and a field 1 string (a job_id) that is not
+// UTF-8.
+void ExpectMalformedRefused(const std::string& address, const std::string& method,
+                            std::vector<std::string> requests = {std::string("\xff\xff\xff"),
+                                                                 std::string("\x0a\x02\xff\xfe", 4)}) {
+  for (const std::string& bytes : requests) {
+    const grpc::Status st = RawCall(address, method, bytes);
+    INFO(method << ": code " << st.error_code() << " " << st.error_message());
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(st.error_message().find("the request to " + method + " does not parse") != std::string::npos);
+  }
 }
 
 // grpc.health.v1.Health/Check for `service` ("" = the whole server):
@@ -86,6 +124,38 @@ std::string ReflectionListServices(const std::string& address) {
   return ToString(resp);
 }
 
+// Reflection v1: the service names, and the file defining `symbol` (its
+// name, then its imports).
+std::pair<std::string, std::vector<std::string>> ReflectionV1(const std::string& address, const std::string& symbol) {
+  auto stub = grpc::reflection::v1::ServerReflection::NewStub(CreateFulcrumChannel(address, 0));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1::ServerReflectionRequest req;
+  grpc::reflection::v1::ServerReflectionResponse resp;
+  req.set_list_services("*");
+  REQUIRE(stream->Write(req));
+  REQUIRE(stream->Read(&resp));
+  std::string names;
+  for (const auto& s : resp.list_services_response().service()) names += s.name() + "\n";
+  req.set_file_containing_symbol(symbol);
+  REQUIRE(stream->Write(req));
+  REQUIRE(stream->Read(&resp));
+  std::vector<std::string> files;
+  for (const std::string& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+    google::protobuf::FileDescriptorProto f;
+    REQUIRE(f.ParseFromString(bytes));
+    files.push_back(f.name());
+  }
+  req.set_file_containing_symbol("no.such.Thing");
+  REQUIRE(stream->Write(req));
+  REQUIRE(stream->Read(&resp));
+  CHECK(resp.error_response().error_code() == static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  REQUIRE(stream->WritesDone());
+  REQUIRE(stream->Finish().ok());
+  return {names, files};
+}
+
 TEST_CASE("the parameter server answers gRPC health checks and reflection", "[grpc]") {
   testing::TestCluster::Options o;
   o.num_servers = 1;
@@ -93,10 +163,20 @@ TEST_CASE("the parameter server answers gRPC health checks and reflection", "[gr
   const std::string addr = cluster->address(0);
   REQUIRE(HealthCheck(addr, "") == 1);
   REQUIRE(HealthCheck(addr, "no.such.Service") == -static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  REQUIRE(HealthCheck(addr, "fulcrum.v1.ParameterService") == 1);  // per-service probes
   const std::string services = ReflectionListServices(addr);
   INFO(services);
   REQUIRE(services.find("fulcrum.v1.ParameterService") != std::string::npos);
   REQUIRE(services.find("grpc.health.v1.Health") != std::string::npos);
+  const auto [v1_services, files] = ReflectionV1(addr, "fulcrum.v1.ParameterService.Push");
+  INFO(v1_services);
+  CHECK(v1_services.find("fulcrum.v1.ParameterService\n") != std::string::npos);
+  CHECK(v1_services.find("grpc.reflection.v1.ServerReflection\n") != std::string::npos);
+  REQUIRE(files.size() == 2);  // ps.proto, then what it imports
+  CHECK(files[0] == "fulcrum/v1/ps.proto");
+  CHECK(files[1] == "fulcrum/v1/common.proto");
+  ExpectMalformedRefused(addr, "/fulcrum.v1.ParameterService/GetJob");
+  ExpectMalformedRefused(addr, "/fulcrum.v1.ParameterService/CreateJob");
 }
 
 TEST_CASE("the coordinator answers gRPC health checks and reflection", "[grpc]") {
@@ -106,10 +186,20 @@ TEST_CASE("the coordinator answers gRPC health checks and reflection", "[grpc]")
   REQUIRE_OK_AND_ASSIGN(auto server, CoordinatorGrpcServer::Start(coordinator.get(), "127.0.0.1:0"));
   const std::string addr = server->address();
   REQUIRE(HealthCheck(addr, "") == 1);
+  REQUIRE(HealthCheck(addr, "fulcrum.v1.JobService") == 1);
+  REQUIRE(HealthCheck(addr, "fulcrum.v1.ClusterService") == 1);
   const std::string services = ReflectionListServices(addr);
   INFO(services);
   REQUIRE(services.find("fulcrum.v1.JobService") != std::string::npos);
   REQUIRE(services.find("fulcrum.v1.ClusterService") != std::string::npos);
+  const auto [v1_services, files] = ReflectionV1(addr, "fulcrum.v1.JobSpec");
+  CHECK(v1_services.find("fulcrum.v1.JobService\n") != std::string::npos);
+  CHECK(v1_services.find("fulcrum.v1.ClusterService\n") != std::string::npos);
+  REQUIRE_FALSE(files.empty());
+  CHECK(files[0] == "fulcrum/v1/cluster.proto");
+  ExpectMalformedRefused(addr, "/fulcrum.v1.JobService/GetJob");        // callback unary
+  // A sync unary method (its request has no fields: only broken framing fails).
+  ExpectMalformedRefused(addr, "/fulcrum.v1.ClusterService/GetCluster", {std::string("\xff\xff\xff")});
   server->Shutdown();
 }
 

@@ -47,8 +47,13 @@ TlsFiles Files(const std::string& dir, const std::string& name) {
   return {dir + "/ca.crt", dir + "/" + name + ".crt", dir + "/" + name + ".key", ""};
 }
 
+// A user's token file as gen-certs.sh writes it: the token alone, with no
+// newline (grpcio refuses a metadata value that ends in one).
 std::string Token(const std::string& dir, const std::string& user) {
-  return std::string(absl::StripAsciiWhitespace(testing::ReadFile(dir + "/token-" + user)));
+  const std::string raw = testing::ReadFile(dir + "/token-" + user);
+  REQUIRE(raw.size() == 64);
+  REQUIRE(std::string(absl::StripAsciiWhitespace(raw)) == raw);
+  return raw;
 }
 
 // One CA ("a") with a coordinator, one server and one worker, and an
