@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <algorithm>
 #include <memory>
 
 #include "absl/flags/flag.h"
@@ -40,7 +41,12 @@ ABSL_FLAG(uint64_t, default_quota_bytes, uint64_t{8} << 30,
           "per-job parameter memory quota on this server when a job names none");
 ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
           "parameter memory all jobs together may hold on this server, whatever their quotas "
-          "(0: 80% of physical memory, or of the cgroup's memory limit when lower)");
+          "(0: 80% of physical memory, or of the cgroup's memory limit when lower, divided by "
+          "--servers_per_host)");
+ABSL_FLAG(uint32_t, servers_per_host, 1,
+          "parameter servers sharing this host's memory: the default --memory_limit_bytes is their share");
+ABSL_FLAG(int32_t, unadmitted_grace_seconds, 60,
+          "with --coordinator: a job the coordinator stops listing is dropped after this long");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of fulcrum-coordinator; the shard map then comes from it");
 ABSL_FLAG(std::string, advertise, "",
@@ -80,6 +86,14 @@ int main(int argc, char** argv) {
   fulcrum::ParameterServerOptions options;
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+  if (absl::GetFlag(FLAGS_servers_per_host) == 0) {
+    std::cerr << "fulcrum-server: --servers_per_host must be >= 1\n";
+    return 2;
+  }
+  options.servers_per_host = absl::GetFlag(FLAGS_servers_per_host);
+  // Servers registered with a coordinator hold only the jobs it admits.
+  options.require_admission = !coordinator.empty();
+  options.unadmitted_grace = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_unadmitted_grace_seconds)));
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
   if (options.max_wait <= absl::ZeroDuration()) {
     std::cerr << "fulcrum-server: --max_wait_seconds must be > 0, got " << absl::GetFlag(FLAGS_max_wait_seconds)

@@ -73,7 +73,8 @@ uint64_t DefaultMemoryLimit() {
 ParameterServer::ParameterServer(ParameterServerOptions options)
     : options_(std::move(options)),
       memory_(std::make_shared<MemoryQuota>(
-          "", options_.memory_limit_bytes != 0 ? options_.memory_limit_bytes : DefaultMemoryLimit())) {}
+          "", options_.memory_limit_bytes != 0 ? options_.memory_limit_bytes
+                                               : DefaultMemoryLimit() / std::max(1u, options_.servers_per_host))) {}
 
 ParameterServer::~ParameterServer() {
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs;
@@ -142,6 +143,55 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string&
 }
 
 absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJobSpec& spec) {
+  if (spec.quota_bytes() > memory_->limit()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", QuoteInput(spec.job_id()), ": quota_bytes ", spec.quota_bytes(), " exceeds this server's memory limit of ",
+        memory_->limit(), " bytes (--memory_limit_bytes, shared by every job on it)"));
+  }
+  if (options_.require_admission) {
+    absl::MutexLock lock(&mu_);
+    auto it = admitted_.find(spec.job_id());
+    if (it == admitted_.end()) {
+      return absl::UnavailableError(absl::StrCat(
+          "job ", QuoteInput(spec.job_id()),
+          " is not admitted by the coordinator (yet): servers hold only the jobs it runs, and learn of a new one "
+          "with its next heartbeat"));
+    }
+    if (it->second != spec.quota_bytes()) {
+      return absl::PermissionDeniedError(absl::StrCat("job ", QuoteInput(spec.job_id()), " asks for quota_bytes ",
+                                                      spec.quota_bytes(), "; the coordinator granted ", it->second));
+    }
+  }
+  return CreateJobUnchecked(spec);
+}
+
+std::vector<std::string> ParameterServer::SetAdmittedJobs(const std::vector<std::pair<std::string, uint64_t>>& jobs,
+                                                          absl::Time now) {
+  std::vector<std::string> reclaim;
+  {
+    absl::MutexLock lock(&mu_);
+    admitted_.clear();
+    for (const auto& [id, quota] : jobs) admitted_[id] = quota;
+    for (auto it = unadmitted_since_.begin(); it != unadmitted_since_.end();) {
+      auto next = std::next(it);
+      if (!jobs_.contains(it->first) || admitted_.contains(it->first)) unadmitted_since_.erase(it);
+      it = next;
+    }
+    for (const auto& [id, job] : jobs_) {
+      if (admitted_.contains(id)) continue;
+      const absl::Time since = unadmitted_since_.emplace(id, now).first->second;
+      if (now - since >= options_.unadmitted_grace) reclaim.push_back(id);
+    }
+  }
+  for (const std::string& id : reclaim) {
+    FLOG(WARNING) << "dropping job " << QuoteInput(id) << ": the coordinator has not listed it for "
+                  << absl::FormatDuration(options_.unadmitted_grace) << " (a job it does not run, or one it ended)";
+    (void)DeleteJob(id);
+  }
+  return reclaim;
+}
+
+absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJobUnchecked(const v1::PsJobSpec& spec) {
   ASSIGN_OR_RETURN(MapRef ref, Map());
   const std::shared_ptr<const ShardMap>& map = ref.map;
   {
@@ -302,7 +352,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
                                             cut.spec().job_id(), "'"));
   }
   if (FindJob(job_id).ok()) RETURN_IF_ERROR(DeleteJob(job_id).status());
-  RETURN_IF_ERROR(CreateJob(cut.spec()).status());
+  RETURN_IF_ERROR(CreateJobUnchecked(cut.spec()).status());
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   job->set_min_incarnation(min_incarnation);
   std::atomic<uint64_t> skipped{0}, restored{0};
@@ -516,6 +566,12 @@ void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
     out->Counter("fulcrum_server_checkpoint_store_reopens_total",
                  "Times the checkpoint store reopened RocksDB after a failed write (a full or failing disk)", {},
                  static_cast<double>(store_->reopens()));
+    if (absl::StatusOr<CheckpointStore::DiskUse> disk = store_->Disk(); disk.ok()) {
+      out->Gauge("fulcrum_server_checkpoint_store_bytes", "Bytes of every file in the checkpoint store's directory",
+                 {}, static_cast<double>(disk->bytes));
+      out->Gauge("fulcrum_server_checkpoint_store_files", "Files in the checkpoint store's directory", {},
+                 static_cast<double>(disk->files));
+    }
     for (const auto& [name, value] : store_->Properties()) {
       std::string metric = "fulcrum_server_rocksdb_" + name;
       for (char& c : metric) c = c == '-' ? '_' : c;

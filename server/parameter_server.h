@@ -41,6 +41,9 @@ struct ParameterServerOptions {
   // memory, or of its cgroup's memory limit when that is lower
   // (memory_limit_bytes() says what was chosen).
   uint64_t memory_limit_bytes = 0;
+  // Servers on one host share its memory: the default limit is divided
+  // among them (deploy/local/cluster.sh passes its server count).
+  uint32_t servers_per_host = 1;
   // Longest a pull may wait for the consistency model.
   absl::Duration max_wait = absl::Minutes(10);
   // Checkpoints live in <data_dir>/checkpoints (a RocksDB database); empty:
@@ -49,6 +52,11 @@ struct ParameterServerOptions {
   // The environment the checkpoint store's RocksDB works through (nullptr:
   // the default). Tests give one whose writes fail on demand.
   rocksdb::Env* checkpoint_env = nullptr;
+  // With a coordinator: CreateJob takes only jobs the coordinator admitted
+  // (SetAdmittedJobs), with the quota it granted, and a job it stops
+  // listing is dropped after `unadmitted_grace`.
+  bool require_admission = false;
+  absl::Duration unadmitted_grace = absl::Seconds(60);
 };
 
 class ParameterServer {
@@ -57,7 +65,15 @@ class ParameterServer {
   ~ParameterServer();
 
   // Idempotent for an identical spec; ALREADY_EXISTS for a different one.
+  // INVALID_ARGUMENT for a quota_bytes above this server's memory limit.
+  // With require_admission: UNAVAILABLE for a job the coordinator has not
+  // (yet) admitted, PERMISSION_DENIED for another quota than it granted.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::PsJobSpec& spec);
+
+  // The jobs the coordinator admits now (job id -> quota_bytes), from its
+  // heartbeat answer at `now`. Jobs held here that it has not listed for
+  // unadmitted_grace are deleted (returns their ids).
+  std::vector<std::string> SetAdmittedJobs(const std::vector<std::pair<std::string, uint64_t>>& jobs, absl::Time now);
   // NOT_FOUND for an unknown job. Returns bytes freed; waiting pulls fail ABORTED.
   absl::StatusOr<uint64_t> DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id) const;
@@ -148,6 +164,13 @@ class ParameterServer {
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(mu_);
   uint32_t self_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // require_admission: what the coordinator admits (id -> quota), and since
+  // when each job held here has been missing from that list.
+  absl::flat_hash_map<std::string, uint64_t> admitted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> unadmitted_since_ ABSL_GUARDED_BY(mu_);
+  // CreateJob without the admission and quota checks (Restore, which the
+  // coordinator drives).
+  absl::StatusOr<v1::CreateJobResponse> CreateJobUnchecked(const v1::PsJobSpec& spec);
 };
 
 }  // namespace fulcrum

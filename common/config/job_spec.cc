@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
@@ -57,7 +58,13 @@ void CheckSource(const v1::DataSource& s, const std::string& path, const std::st
   if (!s.label_kind().empty() && !OneOf(s.label_kind(), {"class", "binary", "real"})) {
     p->push_back(absl::StrCat(path, ".label_kind: '", s.label_kind(), "' is not one of: class, binary, real"));
   }
-  if (s.label_column() < 0) p->push_back(absl::StrCat(path, ".label_column: must be >= 0"));
+  if (s.has_label_column() && s.format() != "csv") {
+    p->push_back(absl::StrCat(path, ".label_column: only csv data has a label column (format is '", s.format(), "')"));
+  }
+  if (s.label_column() < -1) {
+    p->push_back(absl::StrCat(path, ".label_column: ", s.label_column(),
+                              " is not a column: columns are counted from 0 (the first), -1 is the last"));
+  }
 }
 
 void CheckUnit(float v, const std::string& path, std::vector<std::string>* p) {
@@ -65,6 +72,26 @@ void CheckUnit(float v, const std::string& path, std::vector<std::string>* p) {
 }
 
 }  // namespace
+
+std::string DataSummaryLine(const v1::DataSummary& d) {
+  return absl::StrCat(d.source(), ": ", d.examples(), " examples, ", d.features(), " features, ", d.label_kind(),
+                      " labels", d.label_kind() == "class" ? absl::StrCat(" (", d.classes(), " classes)") : "",
+                      d.label_column() >= 0 ? absl::StrCat(" from column ", d.label_column(), " (counted from 0)")
+                                            : "");
+}
+
+void NormalizeJobSpec(v1::JobSpec* spec) {
+  auto lower = [](std::string* s) { absl::AsciiStrToLower(s); };
+  lower(spec->mutable_model()->mutable_type());
+  lower(spec->mutable_model()->mutable_activation());
+  // Touching an absent source would create it (has_test means "test data").
+  auto source = [&](v1::DataSource* d) {
+    lower(d->mutable_format());
+    lower(d->mutable_label_kind());
+  };
+  if (spec->data().has_train()) source(spec->mutable_data()->mutable_train());
+  if (spec->data().has_test()) source(spec->mutable_data()->mutable_test());
+}
 
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   std::vector<std::string> p;

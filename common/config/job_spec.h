@@ -26,6 +26,16 @@ inline bool CarriesResult(const v1::ReportProgressRequest& r) {
 // The most workers (ranks) a job may have.
 inline constexpr uint32_t kMaxWorkers = 1024;
 
+// What a worker read, for logs and fulcrumctl: "digits.csv.gz: 1438
+// examples, 64 features, class labels (10 classes) from column 64 (counted
+// from 0)".
+std::string DataSummaryLine(const v1::DataSummary& d);
+
+// Spells the spec's names as Fulcrum stores them: the words users may write
+// in any case (model.type, model.activation, data formats and label kinds,
+// as enum values) in lower case. Run before JobSpecProblems.
+void NormalizeJobSpec(v1::JobSpec* spec);
+
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec);
 // OK, or INVALID_ARGUMENT listing JobSpecProblems one per line.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);

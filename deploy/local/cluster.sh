@@ -169,6 +169,7 @@ case "$cmd" in
       # shellcheck disable=SC2046
       supervise "server-$i" "$bin/server/fulcrum-server" --listen="$addr" --coordinator="$coord" \
         --data_dir="$dir/server-$i" --metrics_addr="$(metrics_addr $((1 + i)))" $(tls "server-$i") \
+        --servers_per_host="$servers" \
         --shared_memory_poll="${FULCRUM_SHM_POLL:-500us}" \
         2>>"$dir/logs/supervisors.log" &
       echo "$! server-$i" >>"$dir/pids"

@@ -561,9 +561,10 @@ uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, 
 
 absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, bool validate_only,
                                                    const std::string& owner) {
-  RETURN_IF_ERROR(config::ValidateJobSpec(spec_in));
-  if (validate_only) return std::string();
   v1::JobSpec spec = spec_in;
+  config::NormalizeJobSpec(&spec);
+  RETURN_IF_ERROR(config::ValidateJobSpec(spec));
+  if (validate_only) return std::string();
   if (spec.seed() == 0) spec.set_seed(1);
   if (spec.consistency().model() == v1::ConsistencySpec::MODEL_UNSPECIFIED) {
     spec.mutable_consistency()->set_model(v1::ConsistencySpec::BSP);
@@ -716,7 +717,9 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
     if (w.state() == "finished") ++succeeded;
     else if (w.state() == "failed") ++failed;
     else if (!r.ranks.empty() && w.rank() < r.ranks.size() && !r.ranks[w.rank()].node_id.empty()) ++active;
-    if (w.state() == "training" || w.state() == "evaluating") {
+    // Ranks that just (re)started have no figures yet: averaging their
+    // zeros in would halve the job's accuracy after every rollback.
+    if ((w.state() == "training" || w.state() == "evaluating") && w.has_metrics()) {
       loss += w.loss();
       acc += w.train_accuracy();
       sps += w.samples_per_second();
@@ -970,6 +973,16 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const s
   if (shard_map_) *r.mutable_shard_map() = *shard_map_;
   if (it->second.info.role() == v1::WORKER) {
     for (v1::Assignment& a : AssignmentsOfLocked(node_id)) *r.add_assignments() = std::move(a);
+  } else {
+    // The jobs a server may hold: those running (restoring included), with
+    // the quota their spec grants.
+    r.set_admitted_jobs_set(true);
+    for (const auto& [id, job] : jobs_) {
+      if (job.job.status().state() != v1::RUNNING) continue;
+      v1::AdmittedJob* a = r.add_admitted_jobs();
+      a->set_job_id(id);
+      a->set_quota_bytes(job.job.spec().quota_bytes());
+    }
   }
   return r;
 }
@@ -1023,6 +1036,15 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   w->set_updated_unix_ms(NowMs());
   if (req.total_steps() > 0) st->set_total_steps(req.total_steps());
   bool sync = w->state() != prev_state;
+  // What the workers read, at the job's level: rank 0's, or the first to come.
+  if (req.progress().has_train_data() && (req.rank() == 0 || !st->has_train_data())) {
+    sync = sync || !st->has_train_data();
+    *st->mutable_train_data() = req.progress().train_data();
+  }
+  if (req.progress().has_test_data() && (req.rank() == 0 || !st->has_test_data())) {
+    sync = sync || !st->has_test_data();
+    *st->mutable_test_data() = req.progress().test_data();
+  }
   if (req.has_epoch_done()) {
     const v1::EpochSummary& e = req.epoch_done();
     v1::EpochSummary* sum = nullptr;
@@ -1245,19 +1267,8 @@ void Coordinator::Tick() {
         RankSlot& s = r.ranks[rank];
         if (s.node_id != id || s.finished) continue;
         s.node_id.clear();
-        v1::JobStatus* st = r.job.mutable_status();
-        st->set_restarts(st->restarts() + 1);
-        ++reassignments_;
-        st->mutable_workers(static_cast<int>(rank))->set_state("lost");
-        const uint32_t limit = r.job.spec().run_policy().backoff_limit() == 0
-                                   ? 6
-                                   : r.job.spec().run_policy().backoff_limit();
-        if (st->restarts() > limit) {
-          FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
-                       absl::StrCat("worker ", id, " (rank ", rank, ") lost; ", st->restarts(),
-                                    " replacements exceed the backoff limit of ", limit));
-          break;
-        }
+        r.job.mutable_status()->mutable_workers(static_cast<int>(rank))->set_state("lost");
+        if (CountFailureLocked(r, absl::StrCat("worker ", id, " (rank ", rank, ") lost"))) break;
         SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
                        absl::StrCat("worker ", id, " running rank ", rank,
                                     " stopped heartbeating; its rank moves to another worker"));
@@ -1382,13 +1393,20 @@ void Coordinator::Tick() {
       ++s.incarnation;
       in_job.insert(node);
       v1::WorkerProgress* w = r->job.mutable_status()->mutable_workers(static_cast<int>(rank));
+      // After a rollback every rank starts again, most on the worker they
+      // had: only a rank that moved had its worker replaced.
+      const bool moved = !w->worker_id().empty() && w->worker_id() != node;
       w->set_worker_id(node);
       w->set_incarnation(s.incarnation);
       w->set_state("assigned");
-      FLOG(INFO) << "job " << r->job.id() << ": rank " << rank << " moves to " << node << " (incarnation "
-                 << s.incarnation << ")";
-      SetStateLocked(*r, v1::RUNNING, "Running", "WorkerReplaced",
-                     absl::StrCat("rank ", rank, " resumed on ", node));
+      w->set_has_metrics(false);
+      FLOG(INFO) << "job " << r->job.id() << ": rank " << rank << (moved ? " moves to " : " starts on ") << node
+                 << " (incarnation " << s.incarnation << ")";
+      if (moved) {
+        SetStateLocked(*r, v1::RUNNING, "Running", "WorkerReplaced", absl::StrCat("rank ", rank, " resumed on ", node));
+      } else if (s.incarnation > 1) {
+        r->job.mutable_status()->set_message(absl::StrCat("rank ", rank, " resumed on ", node));
+      }
       changed = true;
     }
     if (changed) {
@@ -1534,23 +1552,30 @@ void Coordinator::SucceedLocked(JobRecord& r, const std::string& note) {
              << " steps per rank" << note;
 }
 
+bool Coordinator::CountFailureLocked(JobRecord& r, const std::string& message) {
+  v1::JobStatus* st = r.job.mutable_status();
+  st->set_restarts(st->restarts() + 1);
+  ++reassignments_;
+  // Progress since the last failure starts the count again.
+  if (st->failures_in_a_row() > 0 && st->step() > st->step_at_last_failure()) st->set_failures_in_a_row(0);
+  st->set_failures_in_a_row(st->failures_in_a_row() + 1);
+  st->set_step_at_last_failure(std::max(st->step_at_last_failure(), st->step()));
+  const uint32_t limit =
+      r.job.spec().run_policy().backoff_limit() == 0 ? 6 : r.job.spec().run_policy().backoff_limit();
+  if (st->failures_in_a_row() <= limit) return false;
+  FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
+               absl::StrCat(message, "; ", st->failures_in_a_row(), " failures in a row without progress (stuck at "
+                            "step ", st->step_at_last_failure(), ") exceed the backoff limit of ", limit));
+  return true;
+}
+
 bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason,
                                       const std::string& message, bool counts_as_restart) {
   v1::JobStatus* st = r.job.mutable_status();
   const v1::CheckpointInfo* cut = FindCut(*st, cut_id);
   if (cut == nullptr) return false;
   const uint64_t id = cut->cut_id(), step = cut->step();
-  if (counts_as_restart) {
-    st->set_restarts(st->restarts() + 1);
-    ++reassignments_;
-    const uint32_t limit =
-        r.job.spec().run_policy().backoff_limit() == 0 ? 6 : r.job.spec().run_policy().backoff_limit();
-    if (st->restarts() > limit) {
-      FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
-                   absl::StrCat(message, "; ", st->restarts(), " restarts exceed the backoff limit of ", limit));
-      return true;
-    }
-  }
+  if (counts_as_restart && CountFailureLocked(r, message)) return true;
   st->set_restoring_cut(id);
   st->set_rollbacks(st->rollbacks() + 1);
   st->set_end_time_unix_ms(0);

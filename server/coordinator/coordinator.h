@@ -354,6 +354,10 @@ class Coordinator {
   void RunRestore(RestoreTask task);
   // Rolls a running job back to its latest committed cut (or `cut_id`);
   // false when it has none to roll back to.
+  // Counts a worker replacement or rollback against run_policy.backoff_limit
+  // (failures in a row without progress); FAILS the job with
+  // BackoffLimitExceeded and returns true when that passes the limit.
+  bool CountFailureLocked(JobRecord& r, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason, const std::string& message,
                            bool counts_as_restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes cuts on servers, best effort (outside the lock).

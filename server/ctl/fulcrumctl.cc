@@ -268,6 +268,8 @@ void PrintStatus(const Job& j) {
             << j.spec().batch_size() << ", " << j.spec().epochs() << " epochs, "
             << fulcrum::v1::ConsistencySpec::Model_Name(j.spec().consistency().model()) << "\n"
             << "  progress:  " << JobLine(j) << "\n";
+  if (s.has_train_data()) std::cout << "  train data: " << fulcrum::config::DataSummaryLine(s.train_data()) << "\n";
+  if (s.has_test_data()) std::cout << "  test data:  " << fulcrum::config::DataSummaryLine(s.test_data()) << "\n";
   for (const auto& l : WorkerLines(j)) std::cout << l << "\n";
   for (const auto& e : s.epochs()) {
     std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f, %s, %.1fs\n", e.epoch() + 1, e.train_loss(),
@@ -791,6 +793,7 @@ int main(int argc, char** argv) {
     }
     fulcrum::v1::SubmitJobRequest req;
     absl::Status parsed = fulcrum::config::ParseSpecFile(file, req.mutable_spec());
+    fulcrum::config::NormalizeJobSpec(req.mutable_spec());
     if (parsed.ok()) parsed = fulcrum::config::ValidateJobSpec(req.spec());
     if (!parsed.ok()) {
       std::cerr << "fulcrumctl: " << parsed.message() << "\n";

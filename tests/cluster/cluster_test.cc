@@ -351,6 +351,14 @@ TEST_CASE("an in-process cluster trains softmax regression on digits to >= 0.90 
   CHECK(j.status().samples_per_second() > 0);  // the last speed, kept once every rank finished
   CHECK(events >= 3);  // snapshot, running, ..., succeeded
   for (const auto& w : j.status().workers()) CHECK(w.state() == "finished");
+  // What the workers read, in the job's status: digits.csv, label last.
+  const v1::DataSummary& d = j.status().train_data();
+  CHECK(d.features() == 64);
+  CHECK(d.classes() == 10);
+  CHECK(d.label_column() == 64);
+  CHECK(d.label_kind() == "class");
+  CHECK(d.examples() + j.status().test_data().examples() == 1797);
+  CHECK(j.status().test_data().examples() > 0);
   // Both servers held a share and dropped it when the job ended.
   ExpectNoJobOnServers(cluster);
 }
@@ -590,6 +598,25 @@ TEST_CASE("a job whose data is missing fails with the reason and the file", "[cl
   CHECK(j.status().state() == v1::FAILED);
   CHECK(j.status().reason() == "BadData");
   CHECK(j.status().message().find("digits/nope.csv") != std::string::npos);
+}
+
+TEST_CASE("a model whose classes disagree with the data's fails as BadData, naming the label column",
+          "[cluster]") {
+  InProcessCluster cluster(1, 1);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  spec.mutable_model()->set_num_classes(26);  // digits have 10
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  int events = 0;
+  v1::Job j = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::FAILED);
+  CHECK(j.status().reason() == "BadData");
+  CHECK(j.status().message().find("labels in column 64 counted from 0) has labels 0 to 9 (10 classes), but "
+                                  "model.num_classes is 26") != std::string::npos);
+  CHECK(j.status().restarts() == 0);  // bad data fails the same way every time: no rollback
+  CHECK(j.status().train_data().classes() == 10);
 }
 
 // A coordinator alone on a fresh state directory, with no servers behind
@@ -1537,12 +1564,14 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   CHECK(absl::Now() - asked >= absl::Seconds(2));
 }
 
-TEST_CASE("a rank's ServerLost rolls the job back without counting against its backoff limit and other errors count",
+TEST_CASE("a rank's ServerLost rolls the job back without counting against its backoff limit, other errors count "
+          "until the job makes progress",
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
   v1::JobSpec spec = DigitsSpec();
   spec.set_epochs(400);
   spec.mutable_checkpoint()->set_every_steps(50);
+  spec.mutable_run_policy()->set_backoff_limit(1);
   std::string id;
   REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
   // Reports rank 0's failure once the rank is training (again) after a
@@ -1571,13 +1600,74 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   j = fail_rank0("WorkerError", 1);
   CHECK(j.status().rollbacks() == 2);
   CHECK(j.status().restarts() == 1);
+  CHECK(j.status().failures_in_a_row() == 1);
+  const uint64_t stuck_at = j.status().step_at_last_failure();
+  CHECK(stuck_at > 0);
+  // Once the job trains past where it failed, the next failure starts the
+  // count again: with backoff_limit 1, a second failure in a row would end
+  // the job; after progress it does not (a supervisor's restarts go on).
+  WaitForJob(
+      cluster.jobs(), id, [&](const v1::Job& x) { return x.status().step() > stuck_at + 5; }, absl::Seconds(60));
+  j = fail_rank0("WorkerError", 2);
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::RUNNING);
+  CHECK(j.status().rollbacks() == 3);
+  CHECK(j.status().restarts() == 2);
+  CHECK(j.status().failures_in_a_row() == 1);
+  CHECK(j.status().step_at_last_failure() > stuck_at);
+  Cancel(cluster.jobs(), id);
+}
+
+TEST_CASE("after a rollback, ranks back on their own worker are not 'replaced', and ranks without figures are not "
+          "averaged in",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(1, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(5000);  // still running when the test cancels it
+  spec.mutable_checkpoint()->set_every_steps(50);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  v1::Job j = WaitForJob(
+      cluster.jobs(), id,
+      [](const v1::Job& j) {
+        if (j.status().workers_size() < 2 || j.status().checkpoints_size() == 0) return false;
+        for (const auto& w : j.status().workers()) {
+          if (w.state() != "training" || !w.has_metrics()) return false;
+        }
+        return true;
+      },
+      absl::Seconds(30));
+  REQUIRE(j.status().state() == v1::RUNNING);
+  const double accuracy = j.status().train_accuracy();
+  CHECK(accuracy > 0.3);
+  const std::string before[2] = {j.status().workers(0).worker_id(), j.status().workers(1).worker_id()};
+  REQUIRE(FailRank0(cluster.address(), j, "WorkerError", "injected").stop());
+  // Both ranks start again, each on either worker.
+  j = WaitForJob(
+      cluster.jobs(), id,
+      [](const v1::Job& j) {
+        return j.status().restoring_cut() == 0 && j.status().workers(0).incarnation() >= 2 &&
+               j.status().workers(1).incarnation() >= 2;
+      },
+      absl::Seconds(30));
+  int replaced = 0, moved = 0;
+  for (const auto& c : j.status().conditions()) replaced += c.reason() == "WorkerReplaced";
+  for (int i = 0; i < 2; ++i) moved += j.status().workers(i).worker_id() != before[i];
+  // Only a rank that moved to another worker had its worker replaced.
+  CHECK(replaced == moved);
+  // Until a rank reports figures of its own, the job keeps those it had.
+  for (const auto& w : j.status().workers()) {
+    if (!w.has_metrics()) CHECK(w.train_accuracy() == 0);
+  }
+  CHECK(j.status().train_accuracy() >= 0.7 * accuracy);
+  INFO(v1::JobState_Name(j.status().state()) << ": " << j.status().message());
   Cancel(cluster.jobs(), id);
 }
 
 TEST_CASE("an SSP job with every_steps takes one cut per boundary", "[cluster][checkpoint]") {
   InProcessCluster cluster(1, 2);
   v1::JobSpec spec = DigitsSpec();
-  spec.set_epochs(400);  // 45 steps each
+  spec.set_epochs(5000);  // still running when the test cancels it  // 45 steps each
   spec.mutable_consistency()->set_model(v1::ConsistencySpec::SSP);
   spec.mutable_consistency()->set_staleness(2);
   // Several seconds of steps apart: the coordinator's ticks (heartbeats and

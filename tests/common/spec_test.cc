@@ -201,6 +201,53 @@ TEST_CASE("every example spec in deploy/examples parses and validates", "[spec]"
   REQUIRE(examples >= 5);
 }
 
+TEST_CASE("label_column counts from 0, keeps an explicit 0, and -1 is the last column", "[spec]") {
+  auto parse = [](const std::string& column) {
+    v1::JobSpec s;
+    const std::string text = "name: x\nnum_workers: 1\nbatch_size: 8\nepochs: 1\nmodel: {type: softmax}\n"
+                             "optimizer: {kind: sgd, learning_rate: 0.1}\n"
+                             "data: {train: {format: csv, path: a.csv" +
+                             (column.empty() ? std::string() : ", label_column: " + column) + "}}\n";
+    REQUIRE(ParseSpecText(text, "l.yaml", &s).ok());
+    return s;
+  };
+  v1::JobSpec first = parse("0");
+  CHECK(first.data().train().has_label_column());  // 0 is a column, not "unset"
+  CHECK(first.data().train().label_column() == 0);
+  CHECK(ValidateJobSpec(first).ok());
+  // Presence survives the wire (the coordinator stores specs serialized).
+  v1::JobSpec copy;
+  REQUIRE(copy.ParseFromString(first.SerializeAsString()));
+  CHECK(copy.data().train().has_label_column());
+  CHECK_FALSE(parse("").data().train().has_label_column());
+  CHECK(ValidateJobSpec(parse("-1")).ok());
+  const std::vector<std::string> p = JobSpecProblems(parse("-2"));
+  CHECK(HasProblem(p, "data.train.label_column: -2 is not a column: columns are counted from 0 (the first), -1 is "
+                      "the last"));
+  v1::JobSpec idx = parse("3");
+  idx.mutable_data()->mutable_train()->set_format("idx");
+  idx.mutable_data()->mutable_train()->set_labels("l");
+  CHECK(HasProblem(JobSpecProblems(idx), "data.train.label_column: only csv data has a label column"));
+}
+
+TEST_CASE("model types and other names are accepted in any case, as enum values are", "[spec]") {
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText("name: x\nnum_workers: 1\nbatch_size: 8\nepochs: 1\n"
+                        "model: {type: MLP, hidden: [4], activation: GeLU}\n"
+                        "optimizer: {kind: SGD, learning_rate: 0.1}\n"
+                        "data: {train: {format: CSV, path: a.csv, label_kind: Class}}\n",
+                        "c.yaml", &s)
+              .ok());
+  CHECK_FALSE(ValidateJobSpec(s).ok());  // as written
+  NormalizeJobSpec(&s);
+  CHECK(ValidateJobSpec(s).ok());
+  CHECK(s.model().type() == "mlp");
+  CHECK(s.model().activation() == "gelu");
+  CHECK(s.data().train().format() == "csv");
+  CHECK(s.data().train().label_kind() == "class");
+  CHECK_FALSE(s.data().has_test());  // normalizing adds no test data
+}
+
 TEST_CASE("a sparse model with dense data is refused", "[spec]") {
   v1::JobSpec s;
   REQUIRE(ParseSpecText("name: s\nmodel: {type: sparse_lr}\n"

@@ -75,10 +75,14 @@ TEST_CASE("two fulcrum-server processes serve a BSP job and stop cleanly on SIGT
     REQUIRE_OK(clients[0]->Pull("e2e", {step + 1, {{"w", w.data(), w.size()}}, {}}));
     for (float x : w) REQUIRE(x == -0.5f * static_cast<float>(step + 1));
   }
-  // 40 MB of parameters, about half of them on server 0, past its limit
-  // whatever the job's own quota.
+  // A quota past the server's memory limit is refused outright.
   auto huge = testing::JobSpec("huge", {testing::DenseTableSpec("w", 10'000'000, 0.5f)}, 1);
   huge.set_quota_bytes(uint64_t{1} << 40);
+  REQUIRE_STATUS(clients[0]->CreateJob(huge), absl::StatusCode::kInvalidArgument,
+                 "job 'huge': quota_bytes 1099511627776 exceeds this server's memory limit of 10000000 bytes");
+  // 40 MB of parameters, about half of them on server 0, past its limit
+  // within the job's own quota.
+  huge.set_quota_bytes(10'000'000);
   REQUIRE_STATUS(clients[0]->CreateJob(huge), absl::StatusCode::kResourceExhausted,
                  "this server's parameter memory limit of 10000000 bytes (--memory_limit_bytes) is reached: job 'huge'");
   clients.clear();

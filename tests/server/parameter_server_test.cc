@@ -961,11 +961,15 @@ TEST_CASE("jobs whose quotas add up to more than the server's memory limit are R
   auto c = cluster->Client(0);
   // 1.92 MB of weights and Adam state fit; a second such job does not.
   constexpr uint64_t kJobBytes = 160000 * 3 * 4;
-  auto Spec = [](const std::string& id) {
+  auto Spec = [](const std::string& id, uint64_t quota = 3 << 20) {
     auto s = JobSpec(id, {DenseTableSpec("w", 160000, 0.1f, v1::OptimizerSpec::ADAM)}, 1);
-    s.set_quota_bytes(uint64_t{1} << 40);  // asks for far more than the server has
+    s.set_quota_bytes(quota);
     return s;
   };
+  // A quota beyond what the server has is refused outright.
+  REQUIRE_STATUS(c->CreateJob(Spec("a", uint64_t{1} << 40)), absl::StatusCode::kInvalidArgument,
+                 "job 'a': quota_bytes 1099511627776 exceeds this server's memory limit of 3145728 bytes");
+  REQUIRE(ps->GetJob("a").status().code() == absl::StatusCode::kNotFound);
   REQUIRE_OK(c->CreateJob(Spec("a")));
   REQUIRE(ps->memory_used_bytes() == kJobBytes);
   REQUIRE_STATUS(c->CreateJob(Spec("b")), absl::StatusCode::kResourceExhausted,
@@ -995,6 +999,60 @@ TEST_CASE("jobs whose quotas add up to more than the server's memory limit are R
   }
   CHECK(gauges["fulcrum_server_memory_limit_bytes"] == 3145728.0);
   CHECK(gauges["fulcrum_server_memory_used_bytes"] == static_cast<double>(kJobBytes));
+}
+
+TEST_CASE("with a coordinator, a server creates only the jobs it admits and drops the others after a grace period",
+          "[errors][quota]") {
+  auto map = ShardMap::RoundRobin(1, 4, {"in-process"});
+  REQUIRE_OK(map.status());
+  ParameterServerOptions o;
+  o.shard_map = map->ToProto();
+  o.require_admission = true;
+  o.unadmitted_grace = absl::Seconds(60);
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(std::move(o)));
+  auto spec = JobSpec("train-1", {DenseTableSpec("w", 1000, 0.1f, v1::OptimizerSpec::SGD)}, 1);
+  // Not admitted (yet): a worker retries UNAVAILABLE until its server hears.
+  REQUIRE_STATUS(ps->CreateJob(spec).status(), absl::StatusCode::kUnavailable,
+                 "job 'train-1' is not admitted by the coordinator (yet)");
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  CHECK(ps->SetAdmittedJobs({{"train-1", 0}}, t0).empty());
+  REQUIRE_OK(ps->CreateJob(spec).status());
+  // Another quota than the coordinator granted.
+  auto greedy = spec;
+  greedy.set_job_id("train-2");
+  greedy.set_quota_bytes(1 << 20);
+  CHECK(ps->SetAdmittedJobs({{"train-1", 0}, {"train-2", 0}}, t0).empty());
+  REQUIRE_STATUS(ps->CreateJob(greedy).status(), absl::StatusCode::kPermissionDenied,
+                 "job 'train-2' asks for quota_bytes 1048576; the coordinator granted 0");
+  // The coordinator stops listing train-1 (it ended, or never ran): the job
+  // stays through the grace period, then goes.
+  CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(1)).empty());
+  CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(59)).empty());
+  REQUIRE_OK(ps->GetJob("train-1").status());
+  // Listed again within the grace period: the clock starts over.
+  CHECK(ps->SetAdmittedJobs({{"train-1", 0}}, t0 + absl::Seconds(60)).empty());
+  CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(61)).empty());
+  CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(120)).empty());
+  REQUIRE_OK(ps->GetJob("train-1").status());
+  const std::vector<std::string> dropped = ps->SetAdmittedJobs({}, t0 + absl::Seconds(121));
+  CHECK(dropped == std::vector<std::string>{"train-1"});
+  REQUIRE(ps->GetJob("train-1").status().code() == absl::StatusCode::kNotFound);
+  CHECK(ps->memory_used_bytes() == 0);
+}
+
+TEST_CASE("servers sharing a host divide its default memory limit", "[errors][quota]") {
+  auto make = [](uint32_t per_host) {
+    auto map = ShardMap::RoundRobin(1, 4, {"in-process"});
+    REQUIRE_OK(map.status());
+    ParameterServerOptions o;
+    o.shard_map = map->ToProto();
+    o.servers_per_host = per_host;
+    auto ps = ParameterServer::Create(std::move(o));
+    REQUIRE_OK(ps.status());
+    return (*ps)->memory_limit_bytes();
+  };
+  const uint64_t one = make(1), two = make(2);
+  CHECK(two == one / 2);
 }
 
 TEST_CASE("deleting a job frees its tables", "[errors][quota]") {

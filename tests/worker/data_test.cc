@@ -171,15 +171,15 @@ TEST_CASE("CSV: label column, header, scale, and bad rows") {
   REQUIRE_STATUS(ReadCsv(dir.Write("b.csv", "1,2,3\n4,5\n"), d).status(), absl::StatusCode::kInvalidArgument,
                  "b.csv: line 2: 2 columns, expected 3");
   REQUIRE_STATUS(ReadCsv(dir.Write("c.csv", "1,2,3\n4,x,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
-                 "c.csv: line 2: column 2: \"x\" is not a number");
+                 "c.csv: line 2: column 1 (counted from 0): \"x\" is not a number");
   REQUIRE_STATUS(ReadCsv(dir.Write("d.csv", "1,2,0.5\n"), d).status(), absl::StatusCode::kInvalidArgument,
-                 "d.csv: line 1, column 3: label 0.5 is not a non-negative integer class");
+                 "d.csv: line 1, column 2 (counted from 0): label 0.5 is not a non-negative integer class");
   d.num_classes = 2;
   REQUIRE_STATUS(ReadCsv(dir.Write("e.csv", "1,2,1\n1,2,2\n"), d).status(), absl::StatusCode::kInvalidArgument,
-                 "e.csv: line 2, column 3: label 2 is outside [0, 2)");
+                 "e.csv: line 2, column 2 (counted from 0): label 2 is outside [0, 2)");
   d.label_column = 5;
   REQUIRE_STATUS(ReadCsv(dir.Write("f.csv", "1,2,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
-                 "label column 5 does not exist");
+                 "label_column 5 does not exist: rows have 3 columns, 0 to 2");
 }
 
 TEST_CASE("readers refuse numbers that would overflow a class count or fp32 (found by fuzz_readers)") {
@@ -189,7 +189,7 @@ TEST_CASE("readers refuse numbers that would overflow a class count or fp32 (fou
   REQUIRE_STATUS(ReadCsv(dir.Write("g.csv", "0,99999999999999999999999999999999999999999999999913\n"), d).status(),
                  absl::StatusCode::kInvalidArgument, "is beyond the largest class id supported (1048575)");
   REQUIRE_STATUS(ReadCsv(dir.Write("h.csv", "1e39,1\n"), d).status(), absl::StatusCode::kInvalidArgument,
-                 "h.csv: line 1: column 1 is not a finite fp32 number");
+                 "h.csv: line 1: column 0 (counted from 0) is not a finite fp32 number");
   d.labels = LabelKind::kValue;
   REQUIRE_STATUS(ReadCsv(dir.Write("i.csv", "1,1e300\n"), d).status(), absl::StatusCode::kInvalidArgument,
                  "label 1e+300 is outside the fp32 range");

@@ -127,7 +127,8 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
     data::CsvOptions o;
     o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kClass);
     o.header = s.header();
-    if (s.label_column() > 0) o.label_column = s.label_column();
+    // Counted from 0; unset and -1 name the last column.
+    if (s.has_label_column()) o.label_column = s.label_column();
     if (s.scale() > 0) o.scale = s.scale();
     return data::ReadCsv(path, o);
   }
@@ -152,6 +153,48 @@ absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, cons
   mc.precision = DTypeOf(spec.precision());
   mc.seed = spec.seed();
   return mc;
+}
+
+v1::DataSummary SummarizeData(const v1::DataSource& s, const data::Dataset& d) {
+  v1::DataSummary out;
+  out.set_source(d.source());
+  out.set_examples(d.size());
+  out.set_features(static_cast<uint32_t>(d.num_features()));
+  const data::LabelKind kind =
+      LabelKindOf(s.label_kind(), s.format() == "libsvm" ? data::LabelKind::kBinary : data::LabelKind::kClass);
+  out.set_label_kind(kind == data::LabelKind::kClass ? "class" : kind == data::LabelKind::kBinary ? "binary" : "real");
+  out.set_classes(kind == data::LabelKind::kClass ? static_cast<uint32_t>(d.num_classes()) : 0);
+  // A CSV row is the features and the label: the last column is number
+  // num_features, counted from 0.
+  int32_t column = -1;
+  if (s.format() == "csv") column = s.has_label_column() && s.label_column() >= 0 ? s.label_column() : d.num_features();
+  out.set_label_column(column);
+  return out;
+}
+
+absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
+                          const v1::DataSummary* test) {
+  if (model.type != "softmax" && model.type != "mlp") return absl::OkStatus();
+  auto where = [](const char* field, const v1::DataSummary& d) {
+    return absl::StrCat(field, " (", d.source(),
+                        d.label_column() >= 0 ? absl::StrCat(", labels in column ", d.label_column(), " counted from 0")
+                                              : std::string(),
+                        ")");
+  };
+  const std::string fix = "; check data.train.label_column (counted from 0; -1 or unset: the last column) "
+                          "and model.num_classes (0: from the training data)";
+  if (train.label_kind() == "class" && spec.model().num_classes() > 0 &&
+      train.classes() != static_cast<uint32_t>(model.num_classes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where("data.train", train), " has labels 0 to ",
+                                                   train.classes() - 1, " (", train.classes(),
+                                                   " classes), but model.num_classes is ", model.num_classes, fix));
+  }
+  if (test != nullptr && test->label_kind() == "class" && test->classes() > static_cast<uint32_t>(model.num_classes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where("data.test", *test), " has labels up to ",
+                                                   test->classes() - 1, ", beyond the model's ", model.num_classes,
+                                                   " classes (0 to ", model.num_classes - 1, ")", fix));
+  }
+  return absl::OkStatus();
 }
 
 // One assignment, on its own thread.
@@ -349,12 +392,22 @@ class WorkerDaemon::Runner {
       return absl::InvalidArgumentError(absl::StrCat("test data has ", test->num_features(), " features, train data ",
                                                      train->num_features()));
     }
+    // What was read, where a user sees it: this log, and the job's status.
+    *progress_.mutable_train_data() = SummarizeData(spec.data().train(), *train);
+    if (test) *progress_.mutable_test_data() = SummarizeData(spec.data().has_test() ? spec.data().test()
+                                                                                    : spec.data().train(),
+                                                            *test);
+    FLOG(INFO) << tag << ": train data " << config::DataSummaryLine(progress_.train_data());
+    if (test) FLOG(INFO) << tag << ": test data " << config::DataSummaryLine(progress_.test_data());
     reason_ = "BadSpec";
     std::string why;
     ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
                      compute::CreateBackend(options_.device, &why, cpu_threads()));
     progress_.set_device(backend->name());
     ASSIGN_OR_RETURN(models::ModelConfig mc, ModelConfigFor(spec, *train));
+    reason_ = "BadData";
+    RETURN_IF_ERROR(CheckClasses(spec, mc, progress_.train_data(), test ? &progress_.test_data() : nullptr));
+    reason_ = "BadSpec";
     ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
 
     reason_ = "ParameterServerError";
@@ -447,6 +500,7 @@ class WorkerDaemon::Runner {
       // Until the next in-epoch report, the live figures are this epoch's.
       progress_.set_loss(e.train.loss);
       progress_.set_train_accuracy(e.train.accuracy);
+      progress_.set_has_metrics(e.steps > 0);
       progress_.set_samples_per_second(e.samples_per_second);
       if (a_.rank() == 0 && test) {
         SendProgress("evaluating");
@@ -528,6 +582,7 @@ class WorkerDaemon::Runner {
     if (epoch_examples_ > 0) {
       progress_.set_loss(epoch_loss_ / epoch_examples_);
       progress_.set_train_accuracy(static_cast<double>(epoch_correct_) / epoch_examples_);
+      progress_.set_has_metrics(true);
     }
     progress_.set_samples_per_second(secs > 0 ? epoch_examples_ / secs : 0);
     SendProgress("training");

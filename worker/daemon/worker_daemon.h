@@ -95,6 +95,16 @@ absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std:
 // The model a job spec asks for, completed from the training data.
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
 
+// What a worker read from `source`: examples, features, classes, the label
+// column (counted from 0), for its log and the job's status.
+v1::DataSummary SummarizeData(const v1::DataSource& source, const data::Dataset& data);
+// INVALID_ARGUMENT when the classes in the data disagree with the model's:
+// training labels that span another count than model.num_classes (when the
+// spec sets it), or test labels beyond the model's classes. The message
+// names the label column and how to fix the spec.
+absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
+                          const v1::DataSummary* test);
+
 }  // namespace fulcrum
 
 #endif  // FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_

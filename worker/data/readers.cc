@@ -380,6 +380,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path, con
   return std::unique_ptr<Dataset>(std::move(ds));
 }
 
+namespace {
+// Columns are named as the spec's label_column counts them: from 0.
+std::string Column(size_t c) { return absl::StrCat("column ", c, " (counted from 0)"); }
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const CsvOptions& options) {
   ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGz(path));
   std::vector<float> features, labels;
@@ -399,7 +404,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
       const std::string_view cell = line.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
       double v;
       if (!ParseDouble(cell, &v)) {
-        return FileError(path, where, absl::StrCat("column ", fields.size() + 1, ": \"", A(cell), "\" is not a number"));
+        return FileError(path, where, absl::StrCat(Column(fields.size()), ": \"", A(cell), "\" is not a number"));
       }
       fields.push_back(v);
       if (end == std::string_view::npos) break;
@@ -410,7 +415,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
       if (columns < 2) return FileError(path, where, "a row needs a label and at least one feature");
       const int lc = options.label_column < 0 ? columns - 1 : options.label_column;
       if (lc >= columns) {
-        return FileError(path, where, absl::StrCat("label column ", lc, " does not exist (", columns, " columns)"));
+        return FileError(path, where, absl::StrCat("label_column ", lc, " does not exist: rows have ", columns,
+                                                   " columns, 0 to ", columns - 1, " (counted from 0; -1 is the last)"));
       }
       num_features = columns - 1;
     } else if (static_cast<int>(fields.size()) != columns) {
@@ -419,12 +425,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
     const int lc = options.label_column < 0 ? columns - 1 : options.label_column;
     float stored;
     RETURN_IF_ERROR(CheckLabel(fields[lc], options.labels, options.num_classes, path,
-                               absl::StrCat(where, ", column ", lc + 1), &stored));
+                               absl::StrCat(where, ", ", Column(lc)), &stored));
     labels.push_back(stored);
     for (int c = 0; c < columns; ++c) {
       if (c == lc) continue;
       if (!std::isfinite(fields[c]) || std::fabs(fields[c] * options.scale) > std::numeric_limits<float>::max()) {
-        return FileError(path, where, absl::StrCat("column ", c + 1, " is not a finite fp32 number"));
+        return FileError(path, where, absl::StrCat(Column(c), " is not a finite fp32 number"));
       }
       features.push_back(static_cast<float>(fields[c] * options.scale));
     }

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   fulcrum::v1::JobSpec spec;
   absl::Status s = fulcrum::config::ParseSpecFile(absl::GetFlag(FLAGS_spec), &spec);
+  fulcrum::config::NormalizeJobSpec(&spec);
   if (s.ok()) s = fulcrum::config::ValidateJobSpec(spec);
   if (!s.ok()) {
     std::cerr << "fulcrum-train-local: " << s.message() << "\n";
@@ -57,6 +58,16 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return fail(backend.status());
   auto mc = fulcrum::ModelConfigFor(spec, **train);
   if (!mc.ok()) return fail(mc.status());
+  // What was read, and whether it fits the model, as fulcrum-worker says it.
+  const fulcrum::v1::DataSummary train_data = fulcrum::SummarizeData(spec.data().train(), **train);
+  std::cout << "train data " << fulcrum::config::DataSummaryLine(train_data) << "\n";
+  fulcrum::v1::DataSummary test_data;
+  if (test) {
+    test_data = fulcrum::SummarizeData(spec.data().test(), *test);
+    std::cout << "test data " << fulcrum::config::DataSummaryLine(test_data) << "\n";
+  }
+  s = fulcrum::CheckClasses(spec, *mc, train_data, test ? &test_data : nullptr);
+  if (!s.ok()) return fail(s);
   auto model = fulcrum::models::CreateModel(*mc, backend->get());
   if (!model.ok()) return fail(model.status());
   auto server = fulcrum::LocalPsClient::NewServer();

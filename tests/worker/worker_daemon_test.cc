@@ -1,0 +1,106 @@
+// What a worker makes of a job's data before it trains: the label column
+// the spec names (counted from 0, the first included), the summary it logs
+// and reports, and classes that disagree with the model.
+#include <filesystem>
+#include <fstream>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testing/process_util.h"
+#include "worker/daemon/worker_daemon.h"
+
+namespace fulcrum {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Three rows whose first column is a class of 0-3 and whose last is a class
+// of 0-1: reading the wrong one gives other labels and another class count.
+constexpr char kLabelFirst[] = "3,0.5,0.25,1\n0,0.75,0.5,0\n2,0.25,1,1\n";
+
+TEST_CASE("label_column 0 reads the first column, unset and -1 read the last", "[data]") {
+  const fs::path dir = testing::MakeTempDir("fulcrum-label-column");
+  std::ofstream(dir / "a.csv") << kLabelFirst;
+  v1::DataSource src;
+  src.set_format("csv");
+  src.set_path("a.csv");
+
+  src.set_label_column(0);
+  auto first = LoadDataSource(src, dir.string(), nullptr);
+  REQUIRE(first.ok());
+  CHECK((*first)->label(0) == 3);
+  CHECK((*first)->label(1) == 0);
+  CHECK((*first)->label(2) == 2);
+  CHECK((*first)->num_classes() == 4);
+  v1::DataSummary s = SummarizeData(src, **first);
+  CHECK(s.label_column() == 0);
+  CHECK(s.examples() == 3);
+  CHECK(s.features() == 3);
+  CHECK(s.classes() == 4);
+  CHECK(s.label_kind() == "class");
+
+  for (int column : {-2, -1}) {  // -2: the field unset
+    if (column == -2) {
+      src.clear_label_column();
+    } else {
+      src.set_label_column(column);
+    }
+    auto last = LoadDataSource(src, dir.string(), nullptr);
+    REQUIRE(last.ok());
+    CHECK((*last)->label(0) == 1);
+    CHECK((*last)->num_classes() == 2);
+    CHECK(SummarizeData(src, **last).label_column() == 3);
+  }
+
+  src.set_label_column(4);
+  auto missing = LoadDataSource(src, dir.string(), nullptr);
+  REQUIRE(missing.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(missing.status().message().find("label_column 4 does not exist: rows have 4 columns, 0 to 3") !=
+        std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("classes in the data that disagree with the model's are refused, naming the column", "[data]") {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_type("softmax");
+  models::ModelConfig mc;
+  mc.type = "softmax";
+  v1::DataSummary train;
+  train.set_source("letters.csv");
+  train.set_label_kind("class");
+  train.set_classes(16);
+  train.set_label_column(16);
+
+  // The model's count from the data: nothing to disagree with.
+  mc.num_classes = 16;
+  CHECK(CheckClasses(spec, mc, train, nullptr).ok());
+  // The spec says 26; the column read gives 16.
+  spec.mutable_model()->set_num_classes(26);
+  mc.num_classes = 26;
+  absl::Status s = CheckClasses(spec, mc, train, nullptr);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("data.train (letters.csv, labels in column 16 counted from 0) has labels 0 to 15 (16 "
+                         "classes), but model.num_classes is 26") != std::string::npos);
+  CHECK(s.message().find("data.train.label_column (counted from 0") != std::string::npos);
+  train.set_classes(26);
+  CHECK(CheckClasses(spec, mc, train, nullptr).ok());
+
+  // Test labels beyond the model's classes; fewer are fine (a small test set).
+  v1::DataSummary test = train;
+  test.set_source("letters-test.csv");
+  test.set_classes(30);
+  s = CheckClasses(spec, mc, train, &test);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("data.test (letters-test.csv, labels in column 16 counted from 0) has labels up to 29, "
+                         "beyond the model's 26 classes") != std::string::npos);
+  test.set_classes(20);
+  CHECK(CheckClasses(spec, mc, train, &test).ok());
+
+  // Models without classes are not checked.
+  mc.type = "mf";
+  test.set_classes(30);
+  CHECK(CheckClasses(spec, mc, train, &test).ok());
+}
+
+}  // namespace
+}  // namespace fulcrum
