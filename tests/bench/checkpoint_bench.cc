@@ -102,6 +102,36 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
+// One server in-process, its checkpoints under root/server; `quota`: the
+// default per-job quota (0: the server's default).
+std::shared_ptr<fulcrum::ParameterServer> StartServer(const fs::path& root, uint64_t quota) {
+  auto map = fulcrum::ShardMap::RoundRobin(1, 64, {"in-process"});
+  Check(map.status(), "shard map");
+  fulcrum::ParameterServerOptions o;
+  o.shard_map = map->ToProto();
+  o.data_dir = (root / "server").string();
+  if (quota > 0) o.default_quota_bytes = quota;
+  auto created = fulcrum::ParameterServer::Create(std::move(o));
+  Check(created.status(), "server");
+  return std::move(*created);
+}
+
+// A BSP job of one worker and one dense table "w" of `elements`.
+fulcrum::v1::PsJobSpec DenseJob(const std::string& id, size_t elements, fulcrum::v1::OptimizerSpec::Kind kind,
+                                float learning_rate) {
+  fulcrum::v1::PsJobSpec spec;
+  spec.set_job_id(id);
+  spec.set_num_workers(1);
+  spec.mutable_consistency()->set_model(fulcrum::v1::ConsistencySpec::BSP);
+  auto* t = spec.add_tables();
+  t->set_name("w");
+  t->set_kind(fulcrum::v1::TableSpec::DENSE);
+  t->add_shape(static_cast<int64_t>(elements));
+  t->mutable_optimizer()->set_kind(kind);
+  t->mutable_optimizer()->set_learning_rate(learning_rate);
+  return spec;
+}
+
 size_t OpenFds() {
   size_t n = 0;
   std::error_code ec;
@@ -118,26 +148,9 @@ int Soak(const fs::path& root, int cuts, double mib) {
   constexpr int kKeep = 3;
   constexpr uint64_t kSlack = 16 << 20;
   const size_t elements = static_cast<size_t>(mib * (1 << 20) / 4);
-  auto map = fulcrum::ShardMap::RoundRobin(1, 64, {"in-process"});
-  Check(map.status(), "shard map");
-  fulcrum::ParameterServerOptions o;
-  o.shard_map = map->ToProto();
-  o.data_dir = (root / "server").string();
-  auto created = fulcrum::ParameterServer::Create(std::move(o));
-  Check(created.status(), "server");
-  std::shared_ptr<fulcrum::ParameterServer> ps = std::move(*created);
-  fulcrum::v1::PsJobSpec spec;
-  spec.set_job_id("soak");
-  spec.set_num_workers(1);
-  spec.mutable_consistency()->set_model(fulcrum::v1::ConsistencySpec::BSP);
-  auto* t = spec.add_tables();
-  t->set_name("w");
-  t->set_kind(fulcrum::v1::TableSpec::DENSE);
-  t->add_shape(static_cast<int64_t>(elements));
-  t->mutable_optimizer()->set_kind(fulcrum::v1::OptimizerSpec::ADAM);
-  t->mutable_optimizer()->set_learning_rate(0.001f);
+  std::shared_ptr<fulcrum::ParameterServer> ps = StartServer(root, 0);
   fulcrum::LocalPsClient client(ps, "soak");
-  Check(client.CreateJob(spec), "create job");
+  Check(client.CreateJob(DenseJob("soak", elements, fulcrum::v1::OptimizerSpec::ADAM, 0.001f)), "create job");
   std::vector<float> g(elements, 0.001f);
   const auto t0 = Clock::now();
   std::printf("store soak: %d cuts of a %.2f MiB Adam table, keep %d, in %s\n", cuts, mib, kKeep, root.c_str());
@@ -206,27 +219,9 @@ int main(int argc, char** argv) {
 
   const auto [disk_write, disk_read] = DiskBounds(root / "seq.bin", bytes);
 
-  auto map = fulcrum::ShardMap::RoundRobin(1, 64, {"in-process"});
-  Check(map.status(), "shard map");
-  fulcrum::ParameterServerOptions o;
-  o.shard_map = map->ToProto();
-  o.data_dir = (root / "server").string();
-  o.default_quota_bytes = bytes * 3;
-  auto created = fulcrum::ParameterServer::Create(std::move(o));
-  Check(created.status(), "server");
-  std::shared_ptr<fulcrum::ParameterServer> ps = std::move(*created);
-  fulcrum::v1::PsJobSpec spec;
-  spec.set_job_id("bench");
-  spec.set_num_workers(1);
-  spec.mutable_consistency()->set_model(fulcrum::v1::ConsistencySpec::BSP);
-  auto* t = spec.add_tables();
-  t->set_name("w");
-  t->set_kind(fulcrum::v1::TableSpec::DENSE);
-  t->add_shape(static_cast<int64_t>(elements));
-  t->mutable_optimizer()->set_kind(fulcrum::v1::OptimizerSpec::SGD);
-  t->mutable_optimizer()->set_learning_rate(0.01f);
+  std::shared_ptr<fulcrum::ParameterServer> ps = StartServer(root, bytes * 3);
   fulcrum::LocalPsClient client(ps, "bench");
-  Check(client.CreateJob(spec), "create job");
+  Check(client.CreateJob(DenseJob("bench", elements, fulcrum::v1::OptimizerSpec::SGD, 0.01f)), "create job");
 
   std::vector<float> g(elements, 0.001f);
   auto step = [&](uint64_t s) {
