@@ -29,10 +29,12 @@ for ((i = 1; i <= runs; i++)); do
   start=$(date +%s)
   if FULCRUM_SOAK_SECONDS=$seconds "$build/tests/soak_test" >"$log" 2>&1; then result=passed; else result=FAILED; failed=1; fi
   wall=$(($(date +%s) - start))
-  seed=$(grep -aoE 'soak seed [0-9]+' "$log" | head -1 | awk '{print $3}')
-  jobs=$(grep -aoE '[0-9]+ jobs succeeded' "$log" | head -1 | awk '{print $1}')
-  same=$(grep -aoE '[0-9]+ BSP jobs bit-identical' "$log" | head -1 | awk '{print $1}')
-  rollbacks=$(grep -aoE 'rollbacks: .*' "$log" | head -1 | sed 's/rollbacks: //')
+  # A figure the log lacks (the run failed before printing it) reads '?'.
+  field() { grep -aoE "$1" "$log" | sed -n 1p | sed -E "$2" || true; }
+  seed=$(field 'soak seed [0-9]+' 's/soak seed //')
+  jobs=$(field '[0-9]+ jobs succeeded' 's/ jobs succeeded//')
+  same=$(field '[0-9]+ BSP jobs bit-identical' 's/ BSP jobs bit-identical//')
+  rollbacks=$(field 'rollbacks: .*' 's/rollbacks: //')
   kills=$(grep -acE '^ *[0-9:.]+ (coordinator|server-|worker-)' "$log" || true)
   echo "| $i | ${seed:-?} | $result | ${jobs:-?} | ${same:-?} | ${rollbacks:-?} | $kills | $wall |"
   if [[ $result == FAILED ]]; then

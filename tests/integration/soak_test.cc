@@ -61,11 +61,13 @@ class Soak {
   ~Soak() { security::ConfigureInsecure(); }
 
   // The job, asking again while the coordinator restarts; nullopt if it
-  // stays unreachable for 30 s.
+  // stays unreachable for 90 s (the supervisor waits up to 30 s before it
+  // restarts a process that keeps dying, and the kills may land on the
+  // coordinator several times in a minute).
   std::optional<v1::Job> Get(const std::string& id) {
     v1::JobRef ref;
     ref.set_job_id(id);
-    for (int tries = 0; tries < 150; ++tries) {
+    for (int tries = 0; tries < 450; ++tries) {
       grpc::ClientContext ctx;
       ctx.AddMetadata("authorization", "Bearer " + token_);
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -181,6 +183,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   absl::Time next_kill = absl::Now() + absl::Seconds(3);
   while (absl::Now() < end) {
     std::optional<v1::Job> j = soak.Get(jobs.back());
+    INFO("kills:\n" << kills);
     REQUIRE(j.has_value());
     if (Ended(j->status().state())) {
       INFO(Describe(*j) << "kills:\n" << kills);
