@@ -21,7 +21,7 @@ while (($#)); do
 done
 test -x "$build/tests/soak_test" || { echo "kill_loop.sh: $build/tests/soak_test is not built" >&2; exit 2; }
 echo "kill loop: $runs runs of $seconds s of kills, $(nproc) cores, commit $(git -C "$root" rev-parse --short HEAD)"
-echo "| run | seed | result | jobs | BSP jobs bit-identical | rollbacks | kills | wall s |"
+echo "| run | seed | result | jobs | BSP jobs bit-identical | kills | rollbacks | wall s |"
 echo "|---|---|---|---|---|---|---|---|"
 failed=0
 for ((i = 1; i <= runs; i++)); do
@@ -32,11 +32,11 @@ for ((i = 1; i <= runs; i++)); do
   # A figure the log lacks (the run failed before printing it) reads '?'.
   field() { grep -aoE "$1" "$log" | sed -n 1p | sed -E "$2" || true; }
   seed=$(field 'soak seed [0-9]+' 's/soak seed //')
-  jobs=$(field '[0-9]+ jobs succeeded' 's/ jobs succeeded//')
-  same=$(field '[0-9]+ BSP jobs bit-identical' 's/ BSP jobs bit-identical//')
-  rollbacks=$(field 'rollbacks: .*' 's/rollbacks: //')
-  kills=$(grep -acE '^ *[0-9:.]+ (coordinator|server-|worker-)' "$log" || true)
-  echo "| $i | ${seed:-?} | $result | ${jobs:-?} | ${same:-?} | ${rollbacks:-?} | $kills | $wall |"
+  jobs=$(field 'soak summary: jobs=[0-9]+' 's/.*jobs=//')
+  same=$(field 'bsp_identical=[0-9]+' 's/.*=//')
+  kills=$(field 'kills=[0-9]+' 's/.*=//')
+  rollbacks=$(field 'rollbacks=[0-9]+' 's/.*=//')
+  echo "| $i | ${seed:-?} | $result | ${jobs:-?} | ${same:-?} | ${kills:-?} | ${rollbacks:-?} | $wall |"
   if [[ $result == FAILED ]]; then
     echo "  log: $log"
     grep -aE 'FAILED|with expansion|==' "$log" | head -8 | sed 's/^/    /'

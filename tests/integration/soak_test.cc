@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -165,6 +166,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   const std::vector<std::string> victims = {"coordinator", "server-0", "server-1", "worker-0", "worker-1", "worker-2"};
   std::vector<std::string> jobs;
   std::string kills;
+  int kill_count = 0;
   // A job with no checkpoint yet fails when it loses a server (there is
   // nothing to roll back to): a new job starts only once a killed server's
   // restart has been noticed (node timeout 5 s), so the kill belongs to the
@@ -202,6 +204,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
       int pid = 0;
       if (absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) && pid > 0 && kill(pid, SIGKILL) == 0) {
         if (victim.rfind("server", 0) == 0) last_server_kill = absl::Now();
+        ++kill_count;
         absl::StrAppend(&kills, absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::UTCTimeZone()), " ", victim,
                         " (pid ", pid, ") during ", jobs.back(), " at step ", j->status().step(), "\n");
       }
@@ -233,6 +236,11 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
     finished.push_back(*j);
   }
   CHECK(bsp_compared >= 1);
+  uint32_t rollbacks = 0;
+  for (const auto& j : finished) rollbacks += j.status().rollbacks();
+  // One line for tests/bench/kill_loop.sh (Catch wraps its own messages).
+  std::printf("soak summary: jobs=%zu bsp_identical=%d kills=%d rollbacks=%u\n", finished.size(), bsp_compared,
+              kill_count, rollbacks);
   WARN(jobs.size() << " jobs succeeded, " << bsp_compared << " BSP jobs bit-identical to the undisturbed run ("
                    << reference_fingerprint << "); rollbacks: " << [&] {
     std::string r;
