@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_util.h"
 
@@ -50,20 +51,24 @@ class MalformedRequestInterceptor final : public grpc::experimental::Interceptor
 
 class Factory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit Factory(CallerCheck check) : check_(std::move(check)) {}
+  Factory(CallerCheck check, std::vector<std::string> raw_methods)
+      : check_(std::move(check)), raw_methods_(std::move(raw_methods)) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    // No interceptor at all (gRPC takes nullptr as "not this call").
+    if (info->method() != nullptr && absl::c_linear_search(raw_methods_, info->method())) return nullptr;
     return new MalformedRequestInterceptor(info, &check_);
   }
 
  private:
   const CallerCheck check_;
+  const std::vector<std::string> raw_methods_;
 };
 
 }  // namespace
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewMalformedRequestInterceptor(
-    CallerCheck check) {
-  return std::make_unique<Factory>(std::move(check));
+    CallerCheck check, std::vector<std::string> raw_methods) {
+  return std::make_unique<Factory>(std::move(check), std::move(raw_methods));
 }
 
 }  // namespace fulcrum

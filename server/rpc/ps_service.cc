@@ -699,7 +699,10 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
   // Callers passed mutual TLS already: a request that does not parse is
   // INVALID_ARGUMENT (common/rpc/malformed.h).
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(NewMalformedRequestInterceptor(nullptr));
+  // Push, Pull and Stream decode their own bytes (common/rpc/wire_codec.h).
+  interceptors.push_back(NewMalformedRequestInterceptor(
+      nullptr, {"/fulcrum.v1.ParameterService/Push", "/fulcrum.v1.ParameterService/Pull",
+                "/fulcrum.v1.ParameterService/Stream"}));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->reflection_v1_ = NewReflectionV1Service({v1::ParameterService::service_full_name()});
   builder.RegisterService(s->reflection_v1_.get());
