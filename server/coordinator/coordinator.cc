@@ -1028,7 +1028,16 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   v1::JobStatus* st = r.job.mutable_status();
   v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
   const std::string prev_state = w->state();
+  const uint64_t prev_step = w->step();
+  const uint32_t prev_epoch = w->epoch();
   *w = req.progress();
+  // A new incarnation loading its data does not know yet where its rank
+  // resumes (it reports step 0): the rank stays where it was (its last step,
+  // or the cut's after a rollback), so the job's step never drops to 0.
+  if (w->state() == "loading" || w->state() == "assigned") {
+    w->set_step(std::max(w->step(), prev_step));
+    w->set_epoch(std::max(w->epoch(), prev_epoch));
+  }
   if (rank_finished) w->set_state("finished");  // a result sent again
   w->set_rank(req.rank());
   w->set_worker_id(req.node_id());
