@@ -37,23 +37,6 @@ grpc::ByteBuffer FromString(const std::string& s) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// A unary call of raw bytes to `method`.
-grpc::Status RawCall(const std::string& address, const std::string& method, const std::string& bytes) {
-  grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  const grpc::ByteBuffer request = FromString(bytes);
-  grpc::ByteBuffer resp;
-  grpc::Status st;
-  absl::Notification done;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &resp, [&](grpc::Status s) {
-    st = s;
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return st;
-}
-
 // Requests whose bytes do not parse: INVALID_ARGUMENT naming the method,
 // not gRPC's bare UNIMPLEMENTED or INTERNAL.
 // By default: a truncated tag, and a field 1 string (a job_id) that is not
@@ -62,7 +45,8 @@ void ExpectMalformedRefused(const std::string& address, const std::string& metho
                             std::vector<std::string> requests = {std::string("\xff\xff\xff"),
                                                                  std::string("\x0a\x02\xff\xfe", 4)}) {
   for (const std::string& bytes : requests) {
-    const grpc::Status st = RawCall(address, method, bytes);
+    grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
+    const grpc::Status st = testing::RawUnaryCall(&stub, method, bytes);
     INFO(method << ": code " << st.error_code() << " " << st.error_message());
     CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(st.error_message().find("the request to " + method + " does not parse") != std::string::npos);

@@ -1,6 +1,7 @@
 #include "tests/testing/test_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 
 namespace fulcrum::testing {
@@ -60,6 +61,22 @@ std::unique_ptr<GrpcPsClient> TestCluster::Client(uint32_t rank, GrpcPsClientOpt
   auto client = GrpcPsClient::Create(base);
   REQUIRE(client.ok());
   return *std::move(client);
+}
+
+grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer req(&slice, 1);
+  grpc::ByteBuffer resp;
+  grpc::Status st;
+  absl::Notification done;
+  stub->UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
+    st = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return st;
 }
 
 }  // namespace fulcrum::testing

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -95,6 +96,10 @@ v1::PsJobSpec JobSpec(const std::string& id, std::vector<v1::TableSpec> tables,
                       uint32_t num_workers,
                       v1::ConsistencySpec::Model model = v1::ConsistencySpec::BSP,
                       uint32_t staleness = 0);
+
+// A unary call of raw bytes to `method` ("/fulcrum.v1.JobService/GetJob"),
+// with a 10 s deadline: for requests no generated stub would send.
+grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes);
 
 }  // namespace fulcrum::testing
 
