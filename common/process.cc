@@ -7,6 +7,7 @@
 #include <execinfo.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <google/protobuf/stubs/logging.h>
@@ -41,6 +42,16 @@ void LimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int 
 }  // namespace
 
 void InitServingProcess(const ServingProcessOptions& options) {
+  // One malloc arena: glibc gives memory freed at the top of a thread's own
+  // arena back only past M_TRIM_THRESHOLD, and malloc_trim does not shrink
+  // those arenas, so with the thresholds pinned a burst of big messages read
+  // by gRPC's threads stayed resident for good (servers kept 50-60 MiB of a
+  // refused 600 MB flood). In the main arena malloc_trim gives it all back.
+  // On 2 cores push+pull ran as fast or faster with one arena
+  // (docs/benchmarks.md, "Memory after a flood"). An operator may still set
+  // GLIBC_TUNABLES=glibc.malloc.arena_max=N, which is then left alone.
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables == nullptr || std::strstr(tunables, "arena_max") == nullptr) mallopt(M_ARENA_MAX, 1);
   if (options.pin_malloc_thresholds) {
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);

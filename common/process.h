@@ -17,7 +17,9 @@ namespace fulcrum {
 // - protobuf's log lines are rate-limited (at most 10 a minute, with counts
 //   of those dropped);
 // - every `trim_every`, freed heap memory is returned to the system
-//   (malloc_trim), so memory taken by a burst comes back.
+//   (malloc_trim), so memory taken by a burst comes back; for that the
+//   process allocates from one malloc arena (process.cc says why), unless
+//   GLIBC_TUNABLES sets glibc.malloc.arena_max.
 // The coordinator passes pin_malloc_thresholds = false: its messages are
 // small, and a refused flood must not stay in its heap.
 struct ServingProcessOptions {

@@ -238,14 +238,18 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(ClientCerts client_ce
 }
 
 Peer PeerOf(const grpc::ServerContextBase& ctx) {
-  Peer peer;
   auto auth = ctx.auth_context();
-  if (auth == nullptr) return peer;
+  if (auth == nullptr) return Peer();
+  return PeerOf(*auth);
+}
+
+Peer PeerOf(const grpc::AuthContext& auth) {
+  Peer peer;
   // A certificate's identity properties exist only once it verified against
   // our CA (both cert request types above verify what is sent).
   for (const char* property : {GRPC_PEER_SPIFFE_ID_PROPERTY_NAME, GRPC_PEER_URI_PROPERTY_NAME,
                                GRPC_X509_SAN_PROPERTY_NAME}) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+    for (const grpc::string_ref& v : auth.FindPropertyValues(property)) {
       std::string value(v.data(), v.size());
       if (!absl::StartsWith(value, "spiffe://")) continue;
       peer.spiffe_id = std::move(value);
@@ -253,7 +257,7 @@ Peer PeerOf(const grpc::ServerContextBase& ctx) {
     }
     if (!peer.spiffe_id.empty()) break;
   }
-  peer.verified = !auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty();
+  peer.verified = !auth.FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty();
   if (peer.verified) peer.role = RoleOfSpiffeId(peer.spiffe_id, &peer.name);
   return peer;
 }

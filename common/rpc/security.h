@@ -90,6 +90,7 @@ struct Peer {
   std::string spiffe_id;
 };
 Peer PeerOf(const grpc::ServerContextBase& ctx);
+Peer PeerOf(const grpc::AuthContext& auth);
 
 // OK when TLS is off (every caller is trusted) or the caller presented a
 // verified certificate of one of `roles`; otherwise UNAUTHENTICATED (no

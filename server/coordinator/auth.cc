@@ -9,6 +9,7 @@
 #include "common/constant_time.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/rpc/security.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -135,16 +136,60 @@ absl::StatusOr<Caller> TokenAuthenticator::AuthenticateToken(absl::string_view t
 absl::StatusOr<Caller> TokenAuthenticator::Authenticate(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
+  if (it == md.end()) return AuthenticateHeader(nullptr);
+  const absl::string_view value(it->second.data(), it->second.size());
+  return AuthenticateHeader(&value);
+}
+
+absl::StatusOr<Caller> TokenAuthenticator::AuthenticateHeader(const absl::string_view* authorization) {
+  if (authorization == nullptr) {
     return absl::UnauthenticatedError(
         "no credentials: the job API needs 'authorization: Bearer <token>' (fulcrumctl: --token_file, "
         "$FULCRUM_TOKEN or $FULCRUM_TOKEN_FILE)");
   }
-  absl::string_view value(it->second.data(), it->second.size());
+  absl::string_view value = *authorization;
   if (!absl::ConsumePrefix(&value, "Bearer ") && !absl::ConsumePrefix(&value, "bearer ")) {
     return absl::UnauthenticatedError("the authorization header is not 'Bearer <token>'");
   }
   return AuthenticateToken(absl::StripAsciiWhitespace(value));
+}
+
+namespace {
+
+class TokenCheckBeforeParse final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenCheckBeforeParse(std::shared_ptr<TokenAuthenticator> tokens) : tokens_(std::move(tokens)) {}
+
+  // A constant-time comparison under a mutex (and a re-read of the token
+  // file at most once a second): cheap enough for gRPC's own thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext* context, OutputMetadata* /*consumed*/,
+                       OutputMetadata* /*response*/) override {
+    auto path = md.find(":path");
+    if (path == md.end()) return grpc::Status::OK;  // gRPC answers a call without one itself
+    const absl::string_view method(path->second.data(), path->second.size());
+    if (absl::StartsWith(method, "/fulcrum.v1.ClusterService/")) {
+      if (context != nullptr && security::PeerOf(*context).role != security::Role::kUnknown) return grpc::Status::OK;
+    } else if (!absl::StartsWith(method, "/fulcrum.v1.JobService/")) {
+      return grpc::Status::OK;
+    }
+    auto it = md.find("authorization");
+    absl::string_view value;
+    if (it != md.end()) value = absl::string_view(it->second.data(), it->second.size());
+    const absl::StatusOr<Caller> caller = tokens_->AuthenticateHeader(it == md.end() ? nullptr : &value);
+    if (caller.ok()) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.status().message()));
+  }
+
+ private:
+  std::shared_ptr<TokenAuthenticator> tokens_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::AuthMetadataProcessor> NewTokenCheckBeforeParse(std::shared_ptr<TokenAuthenticator> tokens) {
+  return std::make_shared<TokenCheckBeforeParse>(std::move(tokens));
 }
 
 absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id, const std::string& owner) {

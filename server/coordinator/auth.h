@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/server_context.h>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +50,8 @@ class TokenAuthenticator {
   // The caller behind the request's `authorization: Bearer <token>` header:
   // UNAUTHENTICATED when it is missing, malformed or unknown.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& ctx);
+  // The same for the header's value; nullptr when the header is missing.
+  absl::StatusOr<Caller> AuthenticateHeader(const absl::string_view* authorization);
   absl::StatusOr<Caller> AuthenticateToken(absl::string_view token);
 
   size_t users() const;
@@ -64,6 +67,16 @@ class TokenAuthenticator {
   FileVersion version_ ABSL_GUARDED_BY(mu_);  // of the file last read
   absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
+
+// The job API's credentials, checked when a call's headers arrive, before
+// gRPC reads its request into a message: a caller without a valid bearer
+// token costs no parsing, and no protobuf error is logged on its behalf.
+// JobService calls need a token; ClusterService calls a member's
+// certificate or a token; other services (health, reflection) pass. The
+// handlers check again as before (they need the caller). gRPC runs such a
+// processor only on TLS ports: with --insecure the handlers' check, after
+// parsing, is the only one.
+std::shared_ptr<grpc::AuthMetadataProcessor> NewTokenCheckBeforeParse(std::shared_ptr<TokenAuthenticator> tokens);
 
 // Who may act on a job: its owner and admins; everyone when the coordinator
 // has no tokens. PERMISSION_DENIED names the job and the caller.

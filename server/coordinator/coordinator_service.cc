@@ -292,6 +292,8 @@ class CoordinatorGrpcServer::JobImpl final
     }));
   }
 
+  const std::shared_ptr<TokenAuthenticator>& tokens() const { return tokens_; }
+
   // The caller by bearer token; without a token file every caller is an
   // anonymous admin (--insecure development clusters and in-process tests).
   absl::StatusOr<Caller> Who(const grpc::ServerContextBase& ctx) {
@@ -408,7 +410,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
   int port = 0;
   // Cluster members present certificates (checked on ClusterService); users
   // come without one and present bearer tokens on JobService.
-  builder.AddListeningPort(listen_address, security::ServerCredentials(security::ClientCerts::kOptional), &port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = security::ServerCredentials(security::ClientCerts::kOptional);
+  if (s->jobs_->tokens() != nullptr && security::TlsEnabled()) {
+    // Tokens checked before a request is parsed (auth.h).
+    credentials->SetAuthMetadataProcessor(NewTokenCheckBeforeParse(s->jobs_->tokens()));
+  }
+  builder.AddListeningPort(listen_address, credentials, &port);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->cluster_.get());
   // A request that does not parse: its caller's credentials first, then

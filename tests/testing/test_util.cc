@@ -63,9 +63,11 @@ std::unique_ptr<GrpcPsClient> TestCluster::Client(uint32_t rank, GrpcPsClientOpt
   return *std::move(client);
 }
 
-grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes) {
+grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes,
+                          const std::string& bearer_token) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!bearer_token.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer_token);
   grpc::Slice slice(bytes);
   const grpc::ByteBuffer req(&slice, 1);
   grpc::ByteBuffer resp;

@@ -98,8 +98,10 @@ v1::PsJobSpec JobSpec(const std::string& id, std::vector<v1::TableSpec> tables,
                       uint32_t staleness = 0);
 
 // A unary call of raw bytes to `method` ("/fulcrum.v1.JobService/GetJob"),
-// with a 10 s deadline: for requests no generated stub would send.
-grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes);
+// with a 10 s deadline and, when given, a bearer token: for requests no
+// generated stub would send.
+grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes,
+                          const std::string& bearer_token = "");
 
 }  // namespace fulcrum::testing
 
