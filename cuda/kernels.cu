@@ -168,6 +168,17 @@ __global__ void GatherKernel(int n, int dim, const float* rows, const int32_t* i
   }
 }
 
+// One thread per output float; consecutive threads read consecutive bytes
+// of one row, so a warp's loads coalesce. The multiply is the one the host
+// decoder does (byte to float, times scale): the same bits.
+__global__ void GatherScaleU8Kernel(int n, int cols, const uint8_t* table, const int32_t* idx, float scale,
+                                    float* out) {
+  GRID_STRIDE(t, size_t{1} * n * cols) {
+    const size_t i = t / cols, k = t % cols;
+    out[t] = static_cast<float>(table[size_t{1} * idx[i] * cols + k]) * scale;
+  }
+}
+
 // Duplicate indices add up through atomics.
 __global__ void ScatterAddKernel(int n, int dim, const float* src, const int32_t* idx, float* rows) {
   GRID_STRIDE(t, size_t{1} * n * dim) {
@@ -280,6 +291,12 @@ CudaStatus Gather(int n, int dim, const float* rows, const int32_t* idx, float* 
   if (n <= 0 || dim <= 0) return CudaStatus::Ok();
   GatherKernel<<<Blocks(size_t{1} * n * dim), kThreads, 0, s>>>(n, dim, rows, idx, out);
   return Launched("GatherKernel");
+}
+CudaStatus GatherScaleU8(int n, int cols, const uint8_t* table, const int32_t* idx, float scale, float* out,
+                         cudaStream_t s) {
+  if (n <= 0 || cols <= 0) return CudaStatus::Ok();
+  GatherScaleU8Kernel<<<Blocks(size_t{1} * n * cols), kThreads, 0, s>>>(n, cols, table, idx, scale, out);
+  return Launched("GatherScaleU8Kernel");
 }
 CudaStatus ScatterAdd(int n, int dim, const float* src, const int32_t* idx, float* rows, cudaStream_t s) {
   if (n <= 0 || dim <= 0) return CudaStatus::Ok();

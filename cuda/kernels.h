@@ -38,6 +38,10 @@ CudaStatus SquaredError(int M, const float* pred, const float* target, float sca
                         float* dpred, cudaStream_t s);
 
 CudaStatus Gather(int n, int dim, const float* rows, const int32_t* idx, float* out, cudaStream_t s);
+// out[i, k] = scale * table[idx[i], k], table rows of `cols` bytes: a
+// dataset's stored pixels gathered and decoded into a batch on the device.
+CudaStatus GatherScaleU8(int n, int cols, const uint8_t* table, const int32_t* idx, float scale, float* out,
+                         cudaStream_t s);
 CudaStatus ScatterAdd(int n, int dim, const float* src, const int32_t* idx, float* rows, cudaStream_t s);
 CudaStatus EmbeddingBag(int B, int dim, const float* rows, const int32_t* offsets, const int32_t* idx,
                         const float* vals, bool square, float* out, cudaStream_t s);

@@ -7,18 +7,23 @@
 // does that).
 //
 //   fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--precision=fp32|bf16|fp16]
-//                         [--steps=N] [--mlp_step_dump=DIR]
+//                         [--steps=N] [--decode_threads=N] [--device_data=auto|on|off]
+// The dense models train on MNIST-like bytes kept on the device, batches
+// built there (--device_data=auto; off: decoded on the host). Other data is
+// decoded by --decode_threads threads (0: as fulcrum-worker chooses).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "worker/compute/backend.h"
+#include "worker/data/device_data.h"
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 
@@ -29,13 +34,14 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // MNIST-shaped dense examples with uniform pixels.
+// MNIST-like examples: pixels stored as bytes, decoded as byte / 255.
 std::unique_ptr<data::Dataset> SyntheticDense(size_t n, int features, int classes) {
-  std::vector<float> x(n * features), y(n);
+  std::vector<uint8_t> x(n * features);
+  std::vector<float> y(n);
   std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(0, 1);
-  for (auto& v : x) v = u(rng);
+  for (auto& v : x) v = static_cast<uint8_t>(rng());
   for (size_t i = 0; i < n; ++i) y[i] = static_cast<float>(i % classes);
-  return data::DenseInMemory(std::move(x), std::move(y), features, classes, "synthetic");
+  return data::BytesInMemory(x, std::move(y), features, 1.0f / 255, classes, "synthetic bytes");
 }
 
 // nnz features per example from a Zipf-ish key space (hot keys repeat), or
@@ -77,7 +83,12 @@ struct Case {
   const data::Dataset* data;
 };
 
-void RunCase(compute::Backend& be, const Case& c, int steps) {
+struct DataOptions {
+  data::DeviceDataMode device_data = data::DeviceDataMode::kAuto;
+  int decode_threads = 0;  // 0: data::DefaultDecodeThreads
+};
+
+void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& d) {
   auto model = models::CreateModel(c.config, &be);
   if (!model.ok()) {
     std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(model.status().message()).c_str());
@@ -87,6 +98,16 @@ void RunCase(compute::Backend& be, const Case& c, int steps) {
   po.batch_size = c.batch;
   po.depth = 4;
   po.drop_last = true;
+  po.threads = d.decode_threads > 0
+                   ? d.decode_threads
+                   : data::DefaultDecodeThreads(static_cast<int>(std::thread::hardware_concurrency()), be.is_gpu());
+  std::string why;
+  auto on_device = data::DeviceData::Upload(*c.data, &be, d.device_data, 0.25, &why);
+  if (!on_device.ok()) {
+    std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(on_device.status().message()).c_str());
+    return;
+  }
+  po.device = on_device->get();
   data::Prefetcher prefetch(c.data, data::ShardOrder(c.data->size(), 0, 1, 1, 0), 0, po, &be);
   // Warm-up step (allocations, cuBLAS heuristics), then the timed steps.
   int done = 0;
@@ -131,7 +152,8 @@ void RunCase(compute::Backend& be, const Case& c, int steps) {
   const uint64_t flops = be.profile().gemm_flops;
   const double wait = prefetch.wait_seconds() - wait_before;
   const double rest = std::max(0.0, total - gemm - other - copy - wait);
-  std::printf("| %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s |\n", c.name.c_str(), c.batch,
+  std::printf("| %s | %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s |\n", c.name.c_str(),
+              po.device != nullptr ? "device" : absl::StrCat("host, ", po.threads, " thread(s)").c_str(), c.batch,
               done * c.batch / total, 100 * gemm / total, 100 * other / total, 100 * copy / total,
               100 * wait / total, 100 * rest / total,
               gemm > 0 ? absl::StrCat(static_cast<int>(flops / gemm / 1e9), " GFLOP/s").c_str() : "-");
@@ -182,6 +204,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int steps = 0;
   DType precision = DType::kFp32;
+  DataOptions data_options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -190,9 +213,12 @@ int main(int argc, char** argv) {
     else if (a == "--precision=bf16") precision = DType::kBf16;
     else if (a == "--precision=fp16") precision = DType::kFp16;
     else if (a == "--precision=fp32") precision = DType::kFp32;
-    else {
+    else if (a.rfind("--decode_threads=", 0) == 0) data_options.decode_threads = std::stoi(a.substr(17));
+    else if (a.rfind("--device_data=", 0) == 0 && data::DeviceDataModeFromName(a.substr(14)).ok()) {
+      data_options.device_data = *data::DeviceDataModeFromName(a.substr(14));
+    } else {
       std::fprintf(stderr, "usage: fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--steps=N] "
-                           "[--precision=fp32|bf16|fp16]\n");
+                           "[--precision=fp32|bf16|fp16] [--decode_threads=N] [--device_data=auto|on|off]\n");
       return 2;
     }
   }
@@ -239,9 +265,9 @@ int main(int argc, char** argv) {
   add("fm k=16, 64 nnz", "fm", sparse_batch, &sparse);
   add("mf k=16", "mf", sparse_batch, &ratings);
 
-  std::printf("| model | batch | samples/s | GEMM | other kernels | copies | data wait | host (keys, launch) | GEMM speed |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  for (const Case& c : cases) RunCase(**be, c, steps);
+  std::printf("| model | batches built | batch | samples/s | GEMM | other kernels | copies | data wait | host (keys, launch) | GEMM speed |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Case& c : cases) RunCase(**be, c, steps, data_options);
   const double bound = GemmBound(**be, mlp_dims, mlp_batch, precision, quick ? 2 : (gpu ? 50 : 5));
   std::printf("\nGEMM bound: the backend's %s GEMMs alone on the MLP's shapes (batch %d): %.0f GFLOP/s\n",
               DTypeName(precision), mlp_batch, bound);

@@ -2,6 +2,7 @@
 // prefetching pipeline, and the text-to-LibSVM converter.
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,7 +11,9 @@
 #include <catch2/catch.hpp>
 
 #include "tests/testing/test_util.h"
+#include "absl/strings/match.h"
 #include "worker/data/dataset.h"
+#include "worker/data/device_data.h"
 #include "worker/data/pipeline.h"
 #include "worker/data/text_hashing.h"
 
@@ -244,6 +247,90 @@ TEST_CASE("the prefetcher delivers every batch in order, stages into host buffer
   REQUIRE(examples == 50);
   REQUIRE(p.wait_seconds() >= 0);
   REQUIRE(p.wait_seconds() < 1.0);
+}
+
+TEST_CASE("several decoding threads hand out the batches of one thread, in order") {
+  TempDir dir;
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadIdx(dir.Write("i", IdxImages(203)), dir.Write("l", IdxLabels(203))));
+  auto be = compute::NewCpuBackend(1);
+  const auto order = ShardOrder(203, 0, 1, 11, 2);
+  auto batches = [&](int threads) {
+    PrefetchOptions o;
+    o.batch_size = 10;
+    o.depth = 3;
+    o.threads = threads;
+    Prefetcher p(ds.get(), order, 2, o, be.get());
+    std::vector<std::vector<float>> out;
+    for (;;) {
+      REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+      if (!b) break;
+      REQUIRE(b->index == static_cast<int64_t>(out.size()));
+      std::vector<float> v(b->dense_data(), b->dense_data() + b->dense.size());
+      v.insert(v.end(), b->label_data(), b->label_data() + b->size);
+      out.push_back(std::move(v));
+      p.Recycle(std::move(b));
+    }
+    return out;
+  };
+  const auto one = batches(1);
+  REQUIRE(one.size() == 21);
+  REQUIRE(one.back().size() == 3 * 6 + 3);  // the short last batch
+  CHECK(batches(3) == one);
+  CHECK(batches(8) == one);
+  CHECK(batches(64) == one);  // more threads than batches
+  CHECK(DefaultDecodeThreads(16, /*gpu=*/true) == 4);
+  CHECK(DefaultDecodeThreads(2, /*gpu=*/true) == 1);
+  CHECK(DefaultDecodeThreads(16, /*gpu=*/false) == 1);
+}
+
+TEST_CASE("a dataset on the device: batches gathered there equal the host's, bit for bit") {
+  TempDir dir;
+  REQUIRE_OK_AND_ASSIGN(auto base, ReadIdx(dir.Write("i", IdxImages(60)), dir.Write("l", IdxLabels(60))));
+  // A subset (as a train/test split makes): its rows map into the base's bytes.
+  std::vector<int64_t> odd;
+  for (int64_t i = 1; i < 60; i += 2) odd.push_back(i);
+  auto ds = Subset(base.get(), odd);
+  auto be = compute::NewCpuBackend(1);
+  std::string why;
+  REQUIRE_OK_AND_ASSIGN(auto none, DeviceData::Upload(*ds, be.get(), DeviceDataMode::kOff, 0.25, &why));
+  CHECK(none == nullptr);
+  CHECK(why == "off");
+  REQUIRE_OK_AND_ASSIGN(none, DeviceData::Upload(*ds, be.get(), DeviceDataMode::kAuto, 1e-12, &why));
+  CHECK(none == nullptr);
+  CHECK(absl::StrContains(why, "does not fit"));
+  auto csv = DenseInMemory(std::vector<float>(12, 1.0f), {0, 1}, 6, 2, "generated");
+  REQUIRE_OK_AND_ASSIGN(none, DeviceData::Upload(*csv, be.get(), DeviceDataMode::kOn, 0.25, &why));
+  CHECK(none == nullptr);
+  CHECK(absl::StrContains(why, "not stored as bytes"));
+  REQUIRE_OK_AND_ASSIGN(auto on, DeviceData::Upload(*ds, be.get(), DeviceDataMode::kAuto, 0.25, &why));
+  REQUIRE(on != nullptr);
+  CHECK(on->bytes() == 60 * 6);
+
+  const auto order = ShardOrder(ds->size(), 0, 1, 4, 0);
+  PrefetchOptions host_options, device_options;
+  host_options.batch_size = device_options.batch_size = 7;
+  device_options.device = on.get();
+  device_options.threads = 2;
+  Prefetcher host(ds.get(), order, 0, host_options, be.get());
+  Prefetcher device(ds.get(), order, 0, device_options, be.get());
+  int batches = 0;
+  for (;;) {
+    REQUIRE_OK_AND_ASSIGN(auto h, host.Next());
+    REQUIRE_OK_AND_ASSIGN(auto d, device.Next());
+    REQUIRE((h == nullptr) == (d == nullptr));
+    if (!h) break;
+    REQUIRE(d->device == on.get());
+    REQUIRE(d->dense.empty());  // no features decoded on the host
+    REQUIRE(d->num_features == 6);
+    REQUIRE(d->size == h->size);
+    std::vector<float> gathered(size_t{6} * d->size);
+    REQUIRE_OK(on->Gather(*d, gathered.data()));
+    REQUIRE_OK(be->Synchronize());
+    CHECK(std::memcmp(gathered.data(), h->dense_data(), gathered.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(d->label_data(), h->label_data(), d->size * sizeof(float)) == 0);
+    ++batches;
+  }
+  CHECK(batches == 5);  // ceil(30 / 7)
 }
 
 TEST_CASE("text to hashed LibSVM: labels from folders, unit-norm rows, deterministic split") {

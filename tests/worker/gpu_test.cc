@@ -272,6 +272,24 @@ std::vector<std::vector<float>> Grads(Backend& be, const models::ModelConfig& co
   return out;
 }
 
+TEST_CASE("GPU: batches gathered and decoded from stored bytes equal the CPU's, bit for bit", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(1);
+  const int rows = 1000, cols = 784, B = 513;  // MNIST rows; a batch not a multiple of a warp
+  std::mt19937 rng(21);
+  std::vector<uint8_t> table(size_t{1} * rows * cols);
+  for (auto& b : table) b = static_cast<uint8_t>(rng());
+  std::vector<int32_t> idx(B);
+  for (auto& i : idx) i = static_cast<int32_t>(rng() % rows);  // duplicates too
+  const float scale = 1.0f / 255;
+  std::vector<float> want(size_t{1} * B * cols);
+  REQUIRE_OK(cpu->GatherScaleU8(B, cols, table.data(), idx.data(), scale, want.data()));
+  Buffer t = Up(*gpu, table), ix = Up(*gpu, idx), out = Up(*gpu, std::vector<float>(want.size(), -1.0f));
+  REQUIRE_OK(gpu->GatherScaleU8(B, cols, t.as<uint8_t>(), ix.as<int32_t>(), scale, out.as<float>()));
+  REQUIRE(Down<float>(*gpu, out, want.size()) == want);
+}
+
 TEST_CASE("GPU: every model's gradients match the CPU's, bf16 and fp16 within their precision", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;

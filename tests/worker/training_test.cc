@@ -177,6 +177,55 @@ TEST_CASE("an MLP on MNIST reaches >= 0.95 test accuracy in one epoch on the CPU
   CHECK(t.accuracy >= 0.95);
 }
 
+// MNIST batches built on the device (here the CPU backend's memory) or
+// decoded on the host by one or several threads: the same weights and test
+// figures, bit for bit. A subset of the training file, as a train/test
+// split makes, checks that rows map into the file's bytes.
+TEST_CASE("batches built on the device train the weights of host-decoded batches, bit for bit", "[data]") {
+  const std::string dir = Data("mnist");
+  REQUIRE_OK_AND_ASSIGN(auto base,
+                        data::ReadIdx(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte"));
+  REQUIRE_OK_AND_ASSIGN(auto test, data::ReadIdx(dir + "/t10k-images-idx3-ubyte", dir + "/t10k-labels-idx1-ubyte"));
+  std::vector<int64_t> thirds;
+  for (int64_t i = 0; i < 60000; i += 3) thirds.push_back(i);
+  auto train = data::Subset(base.get(), thirds);
+  struct Outcome {
+    std::vector<float> weights;
+    double loss, accuracy;
+  };
+  auto run = [&](data::DeviceDataMode mode, int threads) {
+    models::ModelConfig c;
+    c.type = "mlp";
+    c.num_features = 784;
+    c.num_classes = 10;
+    c.hidden = {32};
+    TrainerOptions o;
+    o.job_id = "device-data";
+    o.batch_size = 64;
+    o.seed = 5;
+    o.max_steps_per_epoch = 120;
+    o.device_data = mode;
+    o.decode_threads = threads;
+    Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.001f), o);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, epoch));
+      REQUIRE(e.steps == 120);
+    }
+    REQUIRE_OK_AND_ASSIGN(EvalResult t, r.trainer->Evaluate(*test));
+    return Outcome{Pull(r, "device-data", "dense0.weight", 784 * 32), t.loss, t.accuracy};
+  };
+  const Outcome host = run(data::DeviceDataMode::kOff, 1);
+  CHECK(host.accuracy >= 0.85);
+  for (const auto& [mode, threads] : {std::pair{data::DeviceDataMode::kOn, 1}, std::pair{data::DeviceDataMode::kOn, 3},
+                                      std::pair{data::DeviceDataMode::kOff, 3}}) {
+    INFO("device data " << (mode == data::DeviceDataMode::kOn) << ", " << threads << " decoding threads");
+    const Outcome other = run(mode, threads);
+    CHECK(other.weights == host.weights);
+    CHECK(other.loss == host.loss);
+    CHECK(other.accuracy == host.accuracy);
+  }
+}
+
 TEST_CASE("softmax regression reads gzipped Fashion-MNIST and learns it", "[data]") {
   const std::string dir = Data("fashion-mnist");
   REQUIRE_OK_AND_ASSIGN(auto train, data::ReadIdx(dir + "/train-images-idx3-ubyte.gz",

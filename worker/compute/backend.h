@@ -71,6 +71,8 @@ class Backend {
   // "cpu (OpenBLAS 0.3.21, 2 threads)", "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".
   virtual std::string name() const = 0;
   virtual bool is_gpu() const = 0;
+  // The device's memory in bytes (the host's for the CPU backend).
+  virtual size_t memory_bytes() const = 0;
 
   // ---- memory
   absl::StatusOr<Buffer> Allocate(size_t bytes);
@@ -132,6 +134,11 @@ class Backend {
 
   // ---- embeddings: rows is U x dim, idx index rows.
   virtual absl::Status Gather(int n, int dim, const float* rows, const int32_t* idx, float* out) = 0;
+  // out[i, k] = scale * table[idx[i], k] for rows of `cols` bytes: a
+  // dataset's stored pixels gathered and decoded on the device
+  // (data/device_data.h); bit-identical to the host decoder.
+  virtual absl::Status GatherScaleU8(int n, int cols, const uint8_t* table, const int32_t* idx, float scale,
+                                     float* out) = 0;
   // rows[idx[i]] += src[i]; duplicate indices add up.
   virtual absl::Status ScatterAdd(int n, int dim, const float* src, const int32_t* idx,
                                   float* rows) = 0;

@@ -1,6 +1,7 @@
 // The CPU backend: OpenBLAS for GEMMs, plain loops for the rest, split over
 // threads when an array is large enough to pay for it.
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -63,6 +64,10 @@ class CpuBackend final : public Backend {
     return absl::StrCat("cpu (", config ? config : "OpenBLAS", ", ", threads_, " threads)");
   }
   bool is_gpu() const override { return false; }
+  size_t memory_bytes() const override {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  }
 
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
@@ -270,6 +275,17 @@ class CpuBackend final : public Backend {
   absl::Status Gather(int n, int dim, const float* rows, const int32_t* idx, float* out) override {
     Timed t(profiling_, &profile_.other_seconds);
     for (int i = 0; i < n; ++i) std::memcpy(out + size_t{1} * i * dim, rows + size_t{1} * idx[i] * dim, dim * 4);
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherScaleU8(int n, int cols, const uint8_t* table, const int32_t* idx, float scale,
+                             float* out) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    for (int i = 0; i < n; ++i) {
+      const uint8_t* src = table + size_t{1} * idx[i] * cols;
+      float* dst = out + size_t{1} * i * cols;
+      for (int k = 0; k < cols; ++k) dst[k] = src[k] * scale;
+    }
     return absl::OkStatus();
   }
 

@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
                         ", ", info_.memory_bytes >> 20, " MiB)");
   }
   bool is_gpu() const override { return true; }
+  size_t memory_bytes() const override { return info_.memory_bytes; }
 
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     return Timed(&profile_.copy_seconds, [&] {
@@ -166,6 +167,10 @@ class CudaBackend final : public Backend {
   }
   absl::Status Gather(int n, int dim, const float* rows, const int32_t* idx, float* out) override {
     return Other([&] { return cuda::Gather(n, dim, rows, idx, out, stream_); });
+  }
+  absl::Status GatherScaleU8(int n, int cols, const uint8_t* table, const int32_t* idx, float scale,
+                             float* out) override {
+    return Other([&] { return cuda::GatherScaleU8(n, cols, table, idx, scale, out, stream_); });
   }
   absl::Status ScatterAdd(int n, int dim, const float* src, const int32_t* idx, float* rows) override {
     return Other([&] { return cuda::ScatterAdd(n, dim, src, idx, rows, stream_); });

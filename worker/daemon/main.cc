@@ -19,6 +19,7 @@
 #include "common/spare_core.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/data/device_data.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of fulcrum-coordinator");
 ABSL_FLAG(std::string, device, "auto", "compute device: auto (first GPU, else CPU), cpu, cuda:N");
@@ -31,6 +32,12 @@ ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9402",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
+ABSL_FLAG(int32_t, decode_threads, 0,
+          "threads decoding batches per assignment (0: up to 4, half the cores, on a GPU; 1 on the CPU backend)");
+ABSL_FLAG(std::string, device_data, "auto",
+          "keep datasets stored as bytes (IDX) on the device and build batches there: auto or on (when they "
+          "fit), off");
+ABSL_FLAG(double, device_data_share, 0.25, "the share of the device's memory such datasets may take");
 ABSL_FLAG(bool, shared_memory, true,
           "talk to servers on this host through shared memory; gRPC otherwise");
 ABSL_FLAG(absl::Duration, shared_memory_poll, absl::Microseconds(500),
@@ -53,6 +60,22 @@ int main(int argc, char** argv) {
   o.slots = absl::GetFlag(FLAGS_slots);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  o.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  o.device_data = absl::GetFlag(FLAGS_device_data);
+  o.device_data_share = absl::GetFlag(FLAGS_device_data_share);
+  if (o.decode_threads < 0 || o.decode_threads > 64) {
+    std::cerr << "fulcrum-worker: --decode_threads must be 0 to 64 (0: chosen for the device), got "
+              << o.decode_threads << "\n";
+    return 2;
+  }
+  if (auto m = fulcrum::data::DeviceDataModeFromName(o.device_data); !m.ok()) {
+    std::cerr << "fulcrum-worker: --device_data: " << m.status().message() << "\n";
+    return 2;
+  }
+  if (!(o.device_data_share > 0 && o.device_data_share <= 1)) {
+    std::cerr << "fulcrum-worker: --device_data_share must be in (0, 1], got " << o.device_data_share << "\n";
+    return 2;
+  }
   o.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
   if (absl::Status s = fulcrum::CheckPollFlag(o.shared_memory_poll); !s.ok()) {
     std::cerr << "fulcrum-worker: " << s.message() << "\n";

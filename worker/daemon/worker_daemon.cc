@@ -25,6 +25,7 @@
 #include "common/rpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
+#include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/rpc/grpc_ps_client.h"
 #include "worker/training/trainer.h"
@@ -447,6 +448,13 @@ class WorkerDaemon::Runner {
     to.rank = static_cast<int>(a_.rank());
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();
+    to.decode_threads = options_.decode_threads > 0
+                            ? options_.decode_threads
+                            : data::DefaultDecodeThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) /
+                                                                          std::max(1u, options_.slots)),
+                                                         model->backend()->is_gpu());
+    ASSIGN_OR_RETURN(to.device_data, data::DeviceDataModeFromName(options_.device_data));
+    to.device_data_share = options_.device_data_share;
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
     to.clip_global_norm = spec.optimizer().clip_global_norm();
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {

@@ -44,6 +44,13 @@ struct WorkerDaemonOptions {
   bool shared_memory = true;   // with servers on this host (GrpcPsClientOptions)
   absl::Duration shared_memory_poll = absl::Microseconds(500);  // GrpcPsClientOptions
   absl::Duration progress_interval = absl::Milliseconds(500);
+  // Threads decoding batches per assignment; 0: data::DefaultDecodeThreads
+  // for the device (a GPU leaves the cores to the pipeline).
+  int decode_threads = 0;
+  // Datasets on the device (data/device_data.h): auto, on or off, and the
+  // share of the device's memory they may take.
+  std::string device_data = "auto";
+  double device_data_share = 0.25;
 };
 
 class WorkerDaemon {

@@ -19,6 +19,8 @@
 
 namespace fulcrum::data {
 
+class DeviceData;
+
 // One mini-batch on the host. Dense data: `dense` is size x num_features.
 // Sparse data: CSR rows, row i's features are keys/values[offsets[i],
 // offsets[i+1]). Labels: a class index (as a float), 0/1 for binary tasks,
@@ -41,6 +43,16 @@ struct Batch {
   const float* label_data() const {
     return staged.data() ? staged.as<float>() + dense.size() : labels.data();
   }
+
+  // Set when the dataset lives on the device (device_data.h): `dense` stays
+  // empty, and the features are gathered on the device from the stored rows
+  // `rows` (staged after the labels) by device->Gather.
+  const DeviceData* device = nullptr;
+  std::vector<int32_t> rows;
+  const int32_t* row_data() const {
+    return staged.data() ? reinterpret_cast<const int32_t*>(staged.as<float>() + dense.size() + labels.size())
+                         : rows.data();
+  }
   bool sparse() const { return !offsets.empty(); }
 
   // Empties the batch for n examples: dense data sized n x num_features
@@ -53,18 +65,35 @@ struct Batch {
     offsets.assign(features == 0 ? 1 : 0, 0);
     keys.clear();
     values.clear();
+    device = nullptr;
+    rows.clear();
   }
+};
+
+// A dataset's features as stored: `rows` x `cols` bytes, decoded as
+// byte x scale (IDX pixels). What the device keeps (device_data.h).
+struct StoredBytes {
+  const uint8_t* data = nullptr;
+  size_t rows = 0;
+  int cols = 0;
+  float scale = 1;
 };
 
 class Dataset {
  public:
   virtual ~Dataset() = default;
+  // The stored bytes behind this dataset's features, or null when they are
+  // not bytes (CSV, LibSVM, generated data). A subset shares its base's.
+  virtual const StoredBytes* stored_bytes() const { return nullptr; }
+  // The row of stored_bytes() that holds example i.
+  virtual int64_t stored_row(int64_t i) const { return i; }
   virtual size_t size() const = 0;
   // Dense: features per example. Sparse: one more than the largest feature
   // index seen (for reporting; keys are not bounded by it).
   virtual int num_features() const = 0;
   virtual bool sparse() const = 0;
   // Decodes examples `indices[0..n)` into *out (resizing its vectors).
+  // Several pipeline threads call it at once, each with its own batch.
   virtual void Fill(const int64_t* indices, int n, Batch* out) const = 0;
   virtual float label(size_t i) const = 0;
 
@@ -114,6 +143,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadCsv(const std::string& path, const 
 // num_features, row-major (CSV files, synthetic data).
 std::unique_ptr<Dataset> DenseInMemory(std::vector<float> features, std::vector<float> labels, int num_features,
                                        int num_classes, std::string source);
+
+// Examples stored as bytes in memory, decoded as byte x scale, as IDX
+// files are: `pixels` is labels.size() x num_features (benchmarks).
+std::unique_ptr<Dataset> BytesInMemory(const std::vector<uint8_t>& pixels, std::vector<float> labels, int num_features,
+                                       float scale, int num_classes, std::string source);
 
 // The examples `indices` of `base` (which must outlive the subset), e.g. a
 // train/test split of one file.

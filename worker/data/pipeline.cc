@@ -40,13 +40,19 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> SplitIndices(size_t n, dou
   return {std::move(train_idx), std::move(test_idx)};
 }
 
+int DefaultDecodeThreads(int cores, bool gpu) {
+  if (!gpu) return 1;
+  return std::clamp(cores / 2, 1, 4);
+}
+
 Prefetcher::Prefetcher(const Dataset* dataset, std::vector<int64_t> order, int epoch, PrefetchOptions options,
                        compute::Backend* backend)
     : dataset_(dataset), order_(std::move(order)), epoch_(epoch), options_(options), backend_(backend) {
   const int64_t b = std::max(1, options_.batch_size);
   const int64_t n = static_cast<int64_t>(order_.size());
   num_batches_ = options_.drop_last ? n / b : (n + b - 1) / b;
-  thread_ = std::thread([this] { Run(); });
+  num_threads_ = static_cast<int>(std::clamp<int64_t>(options_.threads, 1, std::max<int64_t>(1, num_batches_)));
+  for (int t = 0; t < num_threads_; ++t) threads_.emplace_back([this, t] { Run(t); });
 }
 
 Prefetcher::~Prefetcher() {
@@ -55,16 +61,61 @@ Prefetcher::~Prefetcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  for (auto& t : threads_) t.join();
 }
 
-void Prefetcher::Run() {
+absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::unique_ptr<Batch> batch) {
   const int b = std::max(1, options_.batch_size);
-  for (int64_t i = 0; i < num_batches_; ++i) {
+  const int64_t begin = i * b;
+  const int n = static_cast<int>(std::min<int64_t>(b, static_cast<int64_t>(order_.size()) - begin));
+  const int64_t* idx = order_.data() + begin;
+  if (options_.device != nullptr) {
+    // Features stay on the device: the rows to gather, and the labels.
+    batch->Reset(n, 0);
+    batch->offsets.clear();
+    batch->num_features = dataset_->num_features();
+    batch->device = options_.device;
+    batch->rows.resize(n);
+    for (int k = 0; k < n; ++k) {
+      batch->labels[k] = dataset_->label(static_cast<size_t>(idx[k]));
+      batch->rows[k] = static_cast<int32_t>(dataset_->stored_row(idx[k]));
+    }
+  } else {
+    dataset_->Fill(idx, n, batch.get());
+  }
+  batch->epoch = epoch_;
+  batch->index = i;
+  if (backend_ == nullptr) return batch;
+  Batch& bt = *batch;
+  const size_t floats = bt.dense.size() + bt.labels.size();
+  const size_t bytes = floats * sizeof(float) + bt.rows.size() * sizeof(int32_t);
+  if (bt.staged.bytes() < bytes) {
+    bt.staged.Reset();
+    auto buf = backend_->AllocateHost(bytes);
+    if (!buf.ok()) {
+      return absl::Status(buf.status().code(), absl::StrCat("staging batch ", i, ": ", buf.status().message()));
+    }
+    bt.staged = std::move(*buf);
+  }
+  // Empty parts are skipped: memcpy from an empty vector's null data() is
+  // undefined even for 0 bytes (UBSan).
+  if (!bt.dense.empty()) std::memcpy(bt.staged.data(), bt.dense.data(), bt.dense.size() * sizeof(float));
+  if (!bt.labels.empty()) {
+    std::memcpy(bt.staged.as<float>() + bt.dense.size(), bt.labels.data(), bt.labels.size() * sizeof(float));
+  }
+  if (!bt.rows.empty()) {
+    std::memcpy(bt.staged.as<float>() + floats, bt.rows.data(), bt.rows.size() * sizeof(int32_t));
+  }
+  return batch;
+}
+
+void Prefetcher::Run(int thread) {
+  for (int64_t i = thread; i < num_batches_; i += num_threads_) {
     std::unique_ptr<Batch> batch;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || static_cast<int>(ready_.size()) < options_.depth; });
+      // At most `depth` batches decoded ahead of the consumer.
+      cv_.wait(l, [&] { return stop_ || i < consumed_ + options_.depth; });
       if (stop_) return;
       if (!free_.empty()) {
         batch = std::move(free_.back());
@@ -72,37 +123,10 @@ void Prefetcher::Run() {
       }
     }
     if (!batch) batch = std::make_unique<Batch>();
-    const int64_t begin = i * b;
-    const int n = static_cast<int>(std::min<int64_t>(b, static_cast<int64_t>(order_.size()) - begin));
-    dataset_->Fill(order_.data() + begin, n, batch.get());
-    batch->epoch = epoch_;
-    batch->index = i;
-    absl::StatusOr<std::unique_ptr<Batch>> item = std::move(batch);
-    if (backend_ != nullptr) {
-      Batch& bt = **item;
-      const size_t bytes = (bt.dense.size() + bt.labels.size()) * sizeof(float);
-      if (bt.staged.bytes() < bytes) {
-        bt.staged.Reset();
-        auto buf = backend_->AllocateHost(bytes);
-        if (!buf.ok()) {
-          item = absl::Status(buf.status().code(), absl::StrCat("staging batch ", i, ": ", buf.status().message()));
-        } else {
-          bt.staged = std::move(*buf);
-        }
-      }
-      if (item.ok()) {
-        // Sparse batches have no dense part: memcpy from an empty vector's
-        // null data() is undefined even for 0 bytes (UBSan).
-        if (!bt.dense.empty()) std::memcpy(bt.staged.data(), bt.dense.data(), bt.dense.size() * sizeof(float));
-        if (!bt.labels.empty()) {
-          std::memcpy(bt.staged.as<float>() + bt.dense.size(), bt.labels.data(), bt.labels.size() * sizeof(float));
-        }
-      }
-    }
+    absl::StatusOr<std::unique_ptr<Batch>> item = Produce(i, std::move(batch));
     {
       std::lock_guard<std::mutex> l(mu_);
-      ready_.push_back(std::move(item));
-      ++produced_;
+      ready_.emplace(i, std::move(item));
     }
     cv_.notify_all();
   }
@@ -111,11 +135,13 @@ void Prefetcher::Run() {
 absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Next() {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return !ready_.empty() || produced_ == num_batches_; });
+  cv_.wait(l, [&] { return consumed_ == num_batches_ || ready_.count(consumed_) > 0; });
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (ready_.empty()) return std::unique_ptr<Batch>();
-  auto item = std::move(ready_.front());
-  ready_.pop_front();
+  if (consumed_ == num_batches_) return std::unique_ptr<Batch>();
+  auto it = ready_.find(consumed_);
+  auto item = std::move(it->second);
+  ready_.erase(it);
+  ++consumed_;
   l.unlock();
   cv_.notify_all();
   return item;

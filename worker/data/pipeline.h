@@ -5,15 +5,19 @@
 // rank, cut so every rank gets the same count (BSP needs every worker to run
 // the same number of steps). The same seed gives the same batches.
 //
-// Prefetcher decodes batches on a background thread, `depth` ahead of the
-// consumer, and stages them in page-locked memory when given a backend. Its
-// wait_seconds() says how long Next() blocked: time a step waited on data.
+// Prefetcher decodes batches on `threads` background threads, up to `depth`
+// ahead of the consumer and handed out in order (batch i by thread i mod
+// threads: the same batches whatever the thread count), and stages them in
+// page-locked memory when given a backend. With a DeviceData it decodes no
+// features: it stages each batch's row numbers and labels, and the model
+// gathers the features on the device. Its wait_seconds() says how long
+// Next() blocked: time a step waited on data.
 #ifndef FULCRUM_WORKER_DATA_PIPELINE_H_
 #define FULCRUM_WORKER_DATA_PIPELINE_H_
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -22,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
+#include "worker/data/device_data.h"
 
 namespace fulcrum::data {
 
@@ -31,7 +36,14 @@ struct PrefetchOptions {
   int batch_size = 64;
   int depth = 4;            // batches decoded ahead
   bool drop_last = false;   // drop a final short batch
+  int threads = 1;          // decoding threads
+  const DeviceData* device = nullptr;  // the dataset on the device (device_data.h)
 };
+
+// Decoding threads for a worker with `cores` cores that computes on a GPU
+// (`gpu`) or on the CPU: a GPU step leaves the cores to the pipeline (up to
+// 4: MNIST-sized batches need no more); the CPU backend's GEMMs want them.
+int DefaultDecodeThreads(int cores, bool gpu);
 
 class Prefetcher {
  public:
@@ -51,7 +63,9 @@ class Prefetcher {
   double wait_seconds() const;
 
  private:
-  void Run();
+  void Run(int thread);
+  // Decodes batch i into *batch (and stages it): the batch, or the error.
+  absl::StatusOr<std::unique_ptr<Batch>> Produce(int64_t i, std::unique_ptr<Batch> batch);
 
   const Dataset* dataset_;
   const std::vector<int64_t> order_;
@@ -59,15 +73,16 @@ class Prefetcher {
   const PrefetchOptions options_;
   compute::Backend* backend_;
   int64_t num_batches_;
+  int num_threads_ = 1;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<absl::StatusOr<std::unique_ptr<Batch>>> ready_;
+  std::map<int64_t, absl::StatusOr<std::unique_ptr<Batch>>> ready_;  // by batch number
   std::vector<std::unique_ptr<Batch>> free_;
-  int64_t produced_ = 0;
+  int64_t consumed_ = 0;  // batches handed out by Next
   bool stop_ = false;
   double wait_seconds_ = 0;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace fulcrum::data

@@ -76,7 +76,9 @@ class IdxDataset final : public Dataset {
       : pixels_(std::move(pixels)), n_(n), features_(features), labels_(std::move(labels)), scale_(scale) {
     num_classes_ = classes;
     source_ = std::move(source);
+    stored_ = {reinterpret_cast<const uint8_t*>(pixels_.data()) + 16, n_, features_, scale_};
   }
+  const StoredBytes* stored_bytes() const override { return &stored_; }
   size_t size() const override { return n_; }
   int num_features() const override { return features_; }
   bool sparse() const override { return false; }
@@ -97,6 +99,7 @@ class IdxDataset final : public Dataset {
   int features_;
   std::vector<float> labels_;
   float scale_;
+  StoredBytes stored_;
 };
 
 // ---------------------------------------------------------------- CSR (LibSVM)
@@ -211,19 +214,32 @@ class SubsetDataset final : public Dataset {
   int num_features() const override { return base_->num_features(); }
   bool sparse() const override { return base_->sparse(); }
   float label(size_t i) const override { return base_->label(indices_[i]); }
+  const StoredBytes* stored_bytes() const override { return base_->stored_bytes(); }
+  int64_t stored_row(int64_t i) const override { return base_->stored_row(indices_[i]); }
+  // Called by several pipeline threads at once (PrefetchOptions::threads):
+  // no state of its own.
   void Fill(const int64_t* idx, int n, Batch* out) const override {
-    mapped_.resize(n);
-    for (int i = 0; i < n; ++i) mapped_[i] = indices_[idx[i]];
-    base_->Fill(mapped_.data(), n, out);
+    std::vector<int64_t> mapped(n);
+    for (int i = 0; i < n; ++i) mapped[i] = indices_[idx[i]];
+    base_->Fill(mapped.data(), n, out);
   }
 
  private:
   const Dataset* base_;
   std::vector<int64_t> indices_;
-  mutable std::vector<int64_t> mapped_;  // Fill runs on one pipeline thread at a time
 };
 
 }  // namespace
+
+std::unique_ptr<Dataset> BytesInMemory(const std::vector<uint8_t>& pixels, std::vector<float> labels, int num_features,
+                                       float scale, int num_classes, std::string source) {
+  // IdxDataset keeps a whole IDX file, whose pixels start at byte 16.
+  std::string file(16, '\0');
+  file.append(reinterpret_cast<const char*>(pixels.data()), pixels.size());
+  const size_t n = labels.size();
+  return std::make_unique<IdxDataset>(std::move(file), n, num_features, std::move(labels), scale, num_classes,
+                                      std::move(source));
+}
 
 std::unique_ptr<Dataset> DenseInMemory(std::vector<float> features, std::vector<float> labels, int num_features,
                                        int num_classes, std::string source) {

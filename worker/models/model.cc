@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/data/device_data.h"
 
 namespace fulcrum::models {
 
@@ -151,7 +152,12 @@ class Mlp final : public Model {
     // Activations: acts_[0] is the input, pre_[l+1] = acts_[l] W_l + b_l,
     // acts_[l+1] = act(pre_[l+1]) (the logits for the last layer).
     RETURN_IF_ERROR(Reserve(&acts_[0], size_t{4} * B * dims_[0]));
-    RETURN_IF_ERROR(be_->CopyToDevice(acts_[0].data(), batch.dense_data(), size_t{4} * B * dims_[0]));
+    if (batch.device != nullptr) {
+      // The dataset is on the device: gather and decode the batch's rows there.
+      RETURN_IF_ERROR(batch.device->Gather(batch, acts_[0].as<float>()));
+    } else {
+      RETURN_IF_ERROR(be_->CopyToDevice(acts_[0].data(), batch.dense_data(), size_t{4} * B * dims_[0]));
+    }
     RETURN_IF_ERROR(Reserve(&labels_, size_t{4} * B));
     RETURN_IF_ERROR(be_->CopyToDevice(labels_.data(), labels_host_.data(), size_t{4} * B));
     for (int l = 0; l < L; ++l) {

@@ -7,8 +7,10 @@
 //   fulcrum-train-local --spec=deploy/examples/mnist-mlp.yaml [--epochs=1] [--device=cpu]
 //
 // Prints one line per epoch and, last, "samples_per_second=N test_accuracy=A".
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -16,6 +18,7 @@
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
 #include "worker/compute/backend.h"
+#include "worker/data/pipeline.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/local_ps_client.h"
 #include "worker/training/trainer.h"
@@ -25,6 +28,8 @@ ABSL_FLAG(std::string, data_dir, "", "where relative data paths resolve (default
 ABSL_FLAG(std::string, device, "auto", "auto, cpu or cuda:N");
 ABSL_FLAG(int32_t, epochs, 0, "override the spec's epochs (0: the spec's)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0: all cores)");
+ABSL_FLAG(int32_t, decode_threads, 0, "threads decoding batches (0: chosen for the device, as fulcrum-worker does)");
+ABSL_FLAG(std::string, device_data, "auto", "datasets on the device: auto, on or off (as fulcrum-worker)");
 
 int main(int argc, char** argv) {
   fulcrum::SetUsage("Train a Fulcrum job spec in one process");
@@ -83,6 +88,16 @@ int main(int argc, char** argv) {
   to.seed = spec.seed();
   to.prefetch_parameters = true;  // as fulcrum-worker does
   to.clip_global_norm = spec.optimizer().clip_global_norm();
+  to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0
+                          ? absl::GetFlag(FLAGS_decode_threads)
+                          : fulcrum::data::DefaultDecodeThreads(
+                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                                (*backend)->is_gpu());
+  {
+    auto mode = fulcrum::data::DeviceDataModeFromName(absl::GetFlag(FLAGS_device_data));
+    if (!mode.ok()) return fail(mode.status());
+    to.device_data = *mode;
+  }
   fulcrum::training::Trainer trainer(model->get(), &client, to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
   double examples = 0, seconds = 0, accuracy = 0;

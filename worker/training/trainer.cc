@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/data/pipeline.h"
 
@@ -312,6 +313,8 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       data::ShardOrder(train.size(), options_.rank, options_.world_size, options_.seed, epoch, options_.shuffle);
   const size_t skip = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(0, start_batch)) * options_.batch_size);
   order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(skip));
+  po.threads = options_.decode_threads;
+  ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
@@ -375,11 +378,29 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   return result;
 }
 
+absl::StatusOr<const data::DeviceData*> Trainer::DeviceDataFor(const data::Dataset& dataset) {
+  auto it = on_device_.find(&dataset);
+  if (it != on_device_.end() && it->second.size == dataset.size()) return it->second.data.get();
+  std::string why;
+  ASSIGN_OR_RETURN(std::unique_ptr<data::DeviceData> on,
+                   data::DeviceData::Upload(dataset, model_->backend(), options_.device_data,
+                                            options_.device_data_share, &why));
+  FLOG(INFO) << options_.job_id << ": " << dataset.source() << ": "
+             << (on != nullptr ? "batches built on the device from " : "batches decoded on the host by ")
+             << (on != nullptr ? why : absl::StrCat(options_.decode_threads, " thread(s): ", why));
+  OnDevice& slot = on_device_[&dataset];
+  slot.size = dataset.size();
+  slot.data = std::move(on);
+  return slot.data.get();
+}
+
 absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   ScopedFlushDenormals flush;
   data::PrefetchOptions po;
   po.batch_size = std::max(options_.batch_size, 256);
   po.depth = options_.prefetch_depth;
+  po.threads = options_.decode_threads;
+  ASSIGN_OR_RETURN(po.device, DeviceDataFor(test));
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());
   EvalResult r;

@@ -27,6 +27,8 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "fulcrum/v1/common.pb.h"
 #include "worker/data/dataset.h"
+#include "worker/data/device_data.h"
 #include "worker/models/model.h"
 #include "worker/ps_client.h"
 
@@ -55,6 +58,13 @@ struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
   int prefetch_depth = 4;
+  // Threads decoding batches on the host (data::DefaultDecodeThreads).
+  int decode_threads = 1;
+  // Datasets kept on the device in their stored form (data/device_data.h),
+  // when they fit in this share of the device's memory; the choice is logged
+  // once per dataset.
+  data::DeviceDataMode device_data = data::DeviceDataMode::kAuto;
+  double device_data_share = 0.25;
   bool shuffle = true;
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
   // Pull step s+1's dense parameters when step s starts, and let pushes
@@ -184,6 +194,13 @@ class Trainer {
     Future<absl::Status> done;
   };
   std::optional<Prefetch> prefetch_;
+  // The datasets on the device, by dataset (null: kept on the host).
+  struct OnDevice {
+    size_t size = 0;
+    std::unique_ptr<data::DeviceData> data;
+  };
+  std::map<const data::Dataset*, OnDevice> on_device_;
+  absl::StatusOr<const data::DeviceData*> DeviceDataFor(const data::Dataset& dataset);
 };
 
 }  // namespace fulcrum::training
