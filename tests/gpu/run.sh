@@ -12,6 +12,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
 bundle=$root/.gpu-bundle
+[[ ! -d $bundle && -f $root/.gpu-bundle.tar.xz ]] && tar -C "$root" -xJf "$root/.gpu-bundle.tar.xz"
 log=${OUT:-/tmp}/gpu-results.txt
 exec > >(tee "$log") 2>&1
 status=0
