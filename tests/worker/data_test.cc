@@ -283,6 +283,32 @@ TEST_CASE("several decoding threads hand out the batches of one thread, in order
   CHECK(DefaultDecodeThreads(16, /*gpu=*/false) == 1);
 }
 
+TEST_CASE("sparse batches come with their distinct keys, found on the pipeline's threads") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += std::to_string(i % 2) + " " + std::to_string(1 + i % 5) + ":1 " +
+                                       std::to_string(10 + i % 3) + ":0.5 " + std::to_string(100 + i) + ":2\n";
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadLibSvm(dir.Write("k.svm", text)));
+  PrefetchOptions o;
+  o.batch_size = 16;
+  o.threads = 2;
+  Prefetcher p(ds.get(), ShardOrder(40, 0, 1, 5, 0), 0, o, nullptr);
+  int batches = 0;
+  for (;;) {
+    REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+    if (!b) break;
+    std::vector<uint64_t> distinct;
+    std::vector<int32_t> index;
+    DistinctKeys(b->keys.data(), b->keys.size(), &distinct, &index);
+    CHECK(b->distinct_keys == distinct);
+    CHECK(b->key_index == index);
+    CHECK(b->distinct_keys.size() < b->keys.size());  // the batch repeats keys 1-5 and 10-12
+    for (size_t k = 0; k < b->keys.size(); ++k) CHECK(b->distinct_keys[b->key_index[k]] == b->keys[k]);
+    ++batches;
+  }
+  CHECK(batches == 3);
+}
+
 TEST_CASE("a dataset on the device: batches gathered there equal the host's, bit for bit") {
   TempDir dir;
   REQUIRE_OK_AND_ASSIGN(auto base, ReadIdx(dir.Write("i", IdxImages(60)), dir.Write("l", IdxLabels(60))));

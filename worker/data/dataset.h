@@ -33,6 +33,11 @@ struct Batch {
   std::vector<int32_t> offsets;
   std::vector<uint64_t> keys;
   std::vector<float> values;
+  // Sparse batches from the pipeline: `keys`' distinct values in first-seen
+  // order and each key's index among them (DistinctKeys), found on the
+  // pipeline's threads so the step does not (key_index empty: not found).
+  std::vector<uint64_t> distinct_keys;
+  std::vector<int32_t> key_index;
   int epoch = 0;
   int64_t index = 0;  // the batch's number within the epoch
 
@@ -65,6 +70,8 @@ struct Batch {
     offsets.assign(features == 0 ? 1 : 0, 0);
     keys.clear();
     values.clear();
+    distinct_keys.clear();
+    key_index.clear();
     device = nullptr;
     rows.clear();
   }
@@ -78,6 +85,10 @@ struct StoredBytes {
   int cols = 0;
   float scale = 1;
 };
+
+// Distinct keys in first-seen order and, for every input key, its index
+// among them.
+void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index);
 
 class Dataset {
  public:

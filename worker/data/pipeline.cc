@@ -4,10 +4,23 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/shard_map.h"
 
 namespace fulcrum::data {
+
+void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index) {
+  distinct->clear();
+  index->resize(n);
+  absl::flat_hash_map<uint64_t, int32_t> seen;
+  seen.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, fresh] = seen.try_emplace(keys[i], static_cast<int32_t>(distinct->size()));
+    if (fresh) distinct->push_back(keys[i]);
+    (*index)[i] = it->second;
+  }
+}
 
 std::vector<int64_t> ShardOrder(size_t n, int rank, int world_size, uint64_t seed, int epoch, bool shuffle) {
   std::vector<int64_t> all(n);
@@ -82,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
     }
   } else {
     dataset_->Fill(idx, n, batch.get());
+    if (batch->sparse()) DistinctKeys(batch->keys.data(), batch->keys.size(), &batch->distinct_keys, &batch->key_index);
   }
   batch->epoch = epoch_;
   batch->index = i;

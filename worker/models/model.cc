@@ -31,18 +31,6 @@ v1::InitializerSpec Normal(float mean, float stddev, uint64_t seed) {
   return s;
 }
 
-void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index) {
-  distinct->clear();
-  index->resize(n);
-  absl::flat_hash_map<uint64_t, int32_t> seen;
-  seen.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto [it, fresh] = seen.try_emplace(keys[i], static_cast<int32_t>(distinct->size()));
-    if (fresh) distinct->push_back(keys[i]);
-    (*index)[i] = it->second;
-  }
-}
-
 absl::Status Model::Reserve(compute::Buffer* b, size_t bytes) {
   if (b->data() != nullptr && b->bytes() >= bytes) return absl::OkStatus();
   b->Reset();
@@ -366,13 +354,21 @@ class SparseLinear final : public Model {
       if (batch.size == 0) return absl::OkStatus();
       return absl::InvalidArgumentError(absl::StrCat("model ", config_.type, " expects sparse examples (LibSVM)"));
     }
-    DistinctKeys(batch.keys.data(), batch.keys.size(), &tables_[0].keys, &idx_host_);
+    // The pipeline's threads found the distinct keys ahead of the step
+    // (Batch::distinct_keys); a batch made elsewhere is deduplicated here.
+    const std::vector<int32_t>* index = &batch.key_index;
+    if (batch.key_index.size() == batch.keys.size()) {
+      tables_[0].keys = batch.distinct_keys;
+    } else {
+      DistinctKeys(batch.keys.data(), batch.keys.size(), &tables_[0].keys, &idx_host_);
+      index = &idx_host_;
+    }
     if (fm_) tables_[2].keys = tables_[0].keys;
     const size_t nnz = batch.keys.size();
     RETURN_IF_ERROR(Reserve(&idx_, 4 * nnz));
     RETURN_IF_ERROR(Reserve(&vals_, 4 * nnz));
     RETURN_IF_ERROR(Reserve(&offsets_, 4 * batch.offsets.size()));
-    RETURN_IF_ERROR(be_->CopyToDevice(idx_.data(), idx_host_.data(), 4 * nnz));
+    RETURN_IF_ERROR(be_->CopyToDevice(idx_.data(), index->data(), 4 * nnz));
     RETURN_IF_ERROR(be_->CopyToDevice(vals_.data(), batch.values.data(), 4 * nnz));
     RETURN_IF_ERROR(be_->CopyToDevice(offsets_.data(), batch.offsets.data(), 4 * batch.offsets.size()));
     return absl::OkStatus();

@@ -121,9 +121,7 @@ class Model {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& config, compute::Backend* backend);
 
-// Distinct keys in first-seen order and, for every input key, its index
-// among them.
-void DistinctKeys(const uint64_t* keys, size_t n, std::vector<uint64_t>* distinct, std::vector<int32_t>* index);
+using data::DistinctKeys;  // data/dataset.h
 
 v1::InitializerSpec Zeros();
 v1::InitializerSpec Uniform(float a, float b, uint64_t seed);
