@@ -54,6 +54,9 @@ struct PushMessage {
   uint32_t num_parts = 1;
   bool more_parts = false;  // num_parts 0: the total comes with a later part
   uint32_t incarnation = 0;
+  // The job's learning rate times this for this push's update (batch_size
+  // auto's scaling and warm-up); a BSP step uses its ranks' mean.
+  float lr_scale = 1.0f;
   uint64_t shard_map_version = 0;
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;

@@ -327,7 +327,7 @@ absl::Status Job::Prepare(const Decoded& d) {
   return absl::OkStatus();
 }
 
-absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* grads, uint64_t step) {
+absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* grads, uint64_t step, float lr_scale) {
   const uint32_t dim = table->dim();
   const uint64_t* keys = g.keys.data();
   std::vector<uint32_t> unique;
@@ -346,7 +346,7 @@ absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* gra
         unique.push_back(k);
       }
     }
-    RETURN_IF_ERROR(table->Apply(v, keys, unique.data(), unique.size(), grads, step));
+    RETURN_IF_ERROR(table->Apply(v, keys, unique.data(), unique.size(), grads, step, lr_scale));
     begin = end;
   }
   return absl::OkStatus();
@@ -354,11 +354,11 @@ absl::Status Job::ApplySparse(SparseTable* table, const KeyGroups& g, float* gra
 
 absl::Status Job::ApplyDecoded(Decoded& d) {
   for (const DenseItem& item : d.dense) {
-    RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype, d.step)
-                                        : item.table->Apply(item.chunk, item.g, d.step));
+    RETURN_IF_ERROR(item.src != nullptr ? item.table->Apply(item.chunk, *item.src, item.dtype, d.step, d.lr_scale)
+                                        : item.table->Apply(item.chunk, item.g, d.step, d.lr_scale));
   }
   for (SparseItem& item : d.sparse) {
-    RETURN_IF_ERROR(ApplySparse(item.table, item.groups, item.g, d.step));
+    RETURN_IF_ERROR(ApplySparse(item.table, item.groups, item.g, d.step, d.lr_scale));
   }
   return absl::OkStatus();
 }
@@ -503,6 +503,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   Decoded decoded;
   decoded.seq = m.seq;
   decoded.step = m.step;
+  decoded.lr_scale = m.lr_scale;
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
   thread_local GradBuffer scratch;
@@ -605,6 +606,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     // Combine in rank order, and within a rank in sequence order, so the sum
     // (and so the run) is bit-for-bit reproducible.
     uint32_t contributors = 0;
+    double lr_scale_sum = 0;  // the step's rate: its ranks' mean lr_scale
     // A dense chunk's first contribution is its accumulator: the later ones
     // are added into that rank's decoded buffer, which this loop owns.
     struct Chunk {
@@ -623,6 +625,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       auto& parts = ranks[r].parts;
       std::sort(parts.begin(), parts.end(),
                 [](const Decoded& a, const Decoded& b) { return a.seq < b.seq; });
+      lr_scale_sum += parts.empty() ? 1.0 : parts.front().lr_scale;
       for (Decoded& part : parts) {
         for (const DenseItem& d : part.dense) {
           const size_t n = d.table->ChunkLength(d.chunk);
@@ -655,6 +658,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       }
     }
     const float scale = mean_ && contributors > 0 ? 1.0f / static_cast<float>(contributors) : 1.0f;
+    const float lr_scale = contributors > 0 ? static_cast<float>(lr_scale_sum / contributors) : 1.0f;
     const absl::Time apply_start = absl::Now();
     absl::Status s;
     // The workers wait for this step: apply its chunks on every core.
@@ -665,7 +669,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
         const size_t n = table->ChunkLength(chunk);
         for (size_t i = 0; i < n; ++i) g[i] *= scale;
       }
-      applied[k] = table->Apply(chunk, g, step);
+      applied[k] = table->Apply(chunk, g, step, lr_scale);
     };
     if (dense_elements >= kParallelApplyElements) {
       ParallelRunner::Shared().ForEach(dense_order.size(), apply_chunk);
@@ -678,7 +682,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       if (scale != 1.0f) for (float& x : values) x *= scale;
       std::vector<uint64_t> keys(index.size());
       for (const auto& [key, off] : index) keys[off / t->dim()] = key;
-      s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data(), step));
+      s.Update(ApplySparse(t, GroupKeys(*t, std::move(keys)), values.data(), step, lr_scale));
     }
     result.Update(s);
     metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));

@@ -160,6 +160,7 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<SparseItem> sparse;
     uint64_t seq = 0;
     uint64_t step = 0;  // the push's step (the learning-rate schedule's)
+    float lr_scale = 1.0f;  // the push's (PushMessage::lr_scale)
     // BSP: grads' bytes, held in the server's memory pool while buffered.
     PoolHold hold;
   };
@@ -203,7 +204,8 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status Prepare(const Decoded& d);
   absl::Status ApplyDecoded(Decoded& d);
   // Sums duplicate keys and applies each row once, shard by shard.
-  absl::Status ApplySparse(SparseTable* table, const KeyGroups& groups, float* grads, uint64_t step);
+  absl::Status ApplySparse(SparseTable* table, const KeyGroups& groups, float* grads, uint64_t step,
+                           float lr_scale = 1.0f);
   absl::Status ReadSparse(SparseTable* table, const KeyGroups& groups, float* out);
   // Validates a pull; fills `sparse` with the grouped keys of each sparse slice.
   absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,

@@ -35,10 +35,12 @@ struct OptimizerConfig {
   LrSchedule schedule;
 
   // This config for the update of push step `step`: learning_rate replaced
-  // by the schedule's rate for that step.
-  OptimizerConfig AtStep(uint64_t step) const {
+  // by the schedule's rate for that step, times `lr_scale` (the push's:
+  // batch_size auto's linear scaling).
+  OptimizerConfig AtStep(uint64_t step, float lr_scale = 1.0f) const {
     OptimizerConfig c = *this;
     if (!schedule.constant()) c.learning_rate = LearningRateAt(schedule, learning_rate, step);
+    c.learning_rate *= lr_scale;
     return c;
   }
 };

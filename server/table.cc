@@ -242,19 +242,19 @@ float* DenseTable::Writable(Chunk* c, uint32_t index) {
   return c->block.get();
 }
 
-absl::Status DenseTable::Apply(uint32_t index, const float* g, uint64_t step) {
+absl::Status DenseTable::Apply(uint32_t index, const float* g, uint64_t step, float lr_scale) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
-  const OptimizerConfig opt = optimizer_.AtStep(step);
+  const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
   ApplyOptimizer(opt, Writable(c, index), ChunkLength(index), g, ++c->updates);
   return absl::OkStatus();
 }
 
-absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype, uint64_t step) {
+absl::Status DenseTable::Apply(uint32_t index, const Payload& g, DType dtype, uint64_t step, float lr_scale) {
   ASSIGN_OR_RETURN(Chunk * c, GetChunk(index));
   const size_t n = ChunkLength(index);
-  const OptimizerConfig opt = optimizer_.AtStep(step);
+  const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&c->mu);
   const uint64_t updates = ++c->updates;
@@ -447,9 +447,9 @@ absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, cons
 }
 
 absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
-                                size_t n, const float* grads, uint64_t step) {
+                                size_t n, const float* grads, uint64_t step, float lr_scale) {
   Partition* p = partitions_[vshard].get();
-  const OptimizerConfig opt = optimizer_.AtStep(step);
+  const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
   ScopedFlushDenormals flush;
   absl::MutexLock lock(&p->mu);
   for (size_t i = 0; i < n; ++i) {

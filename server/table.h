@@ -144,11 +144,11 @@ class DenseTable final : public Table {
   absl::StatusOr<std::shared_ptr<const float[]>> Snapshot(uint32_t chunk);
   // Applies gradient g (ChunkLength floats) with the table's optimizer, at
   // the learning rate of push step `step` (the table's schedule).
-  absl::Status Apply(uint32_t chunk, const float* g, uint64_t step);
+  absl::Status Apply(uint32_t chunk, const float* g, uint64_t step, float lr_scale = 1.0f);
   // The same for a gradient still in its received form (any dtype, any
   // number of pieces), widened block by block inside the update: no fp32 copy
   // of the whole chunk is made.
-  absl::Status Apply(uint32_t chunk, const Payload& g, DType dtype, uint64_t step);
+  absl::Status Apply(uint32_t chunk, const Payload& g, DType dtype, uint64_t step, float lr_scale = 1.0f);
   uint32_t materialized_chunks() const;
 
   // Checkpoints: every materialized chunk's block (weights, then each
@@ -213,7 +213,7 @@ class SparseTable final : public Table {
   // Applies one gradient row (dim floats) per key; all keys in `vshard`; at
   // the learning rate of push step `step`.
   absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
-                     const float* grads, uint64_t step);
+                     const float* grads, uint64_t step, float lr_scale = 1.0f);
   uint64_t num_rows() const;
 
   // Checkpoints: the rows of one virtual shard, copied under its lock.

@@ -45,6 +45,9 @@ struct PushBatch {
   // (a layer's while earlier layers' backward runs): every group but the
   // step's last has last = false. Each table of a step goes in one group.
   bool last = true;
+  // The job's learning rate is multiplied by this for this step's update:
+  // batch_size auto's linear scaling and warm-up (PushRequest.lr_scale).
+  float lr_scale = 1.0f;
 };
 
 struct DenseTarget {

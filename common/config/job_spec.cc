@@ -175,8 +175,31 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
     p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to ", kMaxWorkers));
   }
-  if (spec.batch_size() < 1 || spec.batch_size() > 65536) {
-    p.push_back(absl::StrCat("batch_size: ", spec.batch_size(), " must be 1 to 65536 (examples per worker per step)"));
+  const v1::AutoBatchSpec& ab = spec.batch_size_auto();
+  if (ab.enabled()) {
+    if (spec.batch_size() != 0) {
+      p.push_back(absl::StrCat("batch_size: ", spec.batch_size(),
+                               " is fixed while batch_size_auto.enabled is true; give a number or 'auto', not both"));
+    }
+  } else if (spec.batch_size() < 1 || spec.batch_size() > 65536) {
+    p.push_back(absl::StrCat("batch_size: ", spec.batch_size(),
+                             " must be 1 to 65536 (examples per worker per step), or 'auto'"));
+  }
+  if (ab.base_batch_size() > 65536) {
+    p.push_back(absl::StrCat("batch_size_auto.base_batch_size: ", ab.base_batch_size(), " must be 0 (32) to 65536"));
+  }
+  if (ab.max_batch_size() > 65536 || (ab.max_batch_size() > 0 && ab.max_batch_size() < ab.base_batch_size())) {
+    p.push_back(absl::StrCat("batch_size_auto.max_batch_size: ", ab.max_batch_size(),
+                             " must be 0 (65536) or from base_batch_size to 65536"));
+  }
+  if (!(ab.min_gain() >= 0 && ab.min_gain() <= 10)) {
+    p.push_back(absl::StrCat("batch_size_auto.min_gain: ", ab.min_gain(), " must be 0 (0.10) to 10"));
+  }
+  if (!(ab.memory_headroom() >= 0 && ab.memory_headroom() < 0.95)) {
+    p.push_back(absl::StrCat("batch_size_auto.memory_headroom: ", ab.memory_headroom(), " must be 0 (0.25) to 0.95"));
+  }
+  if (ab.warmup_steps() > 10000000) {
+    p.push_back(absl::StrCat("batch_size_auto.warmup_steps: ", ab.warmup_steps(), " must be at most 10000000"));
   }
   if (spec.epochs() < 1 || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
   if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&

@@ -480,6 +480,20 @@ class Binder {
       }
       return;
     }
+    // "batch_size: auto": a number field with a sibling message
+    // <name>_auto that has `enabled` (JobSpec.batch_size_auto).
+    if (v.kind == Node::Kind::kScalar && absl::AsciiStrToLower(v.scalar) == "auto") {
+      const FieldDescriptor* a = msg->GetDescriptor()->FindFieldByName(f->name() + "_auto");
+      const FieldDescriptor* enabled =
+          a != nullptr && a->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE ? a->message_type()->FindFieldByName("enabled")
+                                                                           : nullptr;
+      if (enabled != nullptr && enabled->cpp_type() == FieldDescriptor::CPPTYPE_BOOL) {
+        Message* sub = r->MutableMessage(msg, a);
+        sub->GetReflection()->SetBool(sub, enabled, true);
+        r->ClearField(msg, f);
+        return;
+      }
+    }
     SetOne(v, path, f, msg, /*add=*/false);
   }
 

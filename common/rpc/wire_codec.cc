@@ -44,6 +44,15 @@ void Writer::Varint(uint32_t field, uint64_t value) {
   RawVarint(value);
 }
 
+void Writer::Float(uint32_t field, float value) {
+  if (value == 0.0f) return;
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  Tag(field, kFixed32);
+  for (int i = 0; i < 4; ++i) small_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  size_ += 4;
+}
+
 void Writer::String(uint32_t field, std::string_view bytes) {
   if (bytes.empty()) return;
   Tag(field, kLen);
@@ -174,6 +183,18 @@ absl::Status Reader::Advance(size_t n, Payload* out) {
   return absl::OkStatus();
 }
 
+absl::Status Reader::Fixed32(uint32_t* value) {
+  if (remaining_ < 4) return Malformed("truncated fixed32");
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t b;
+    RETURN_IF_ERROR(Byte(&b));
+    v |= uint32_t{b} << (8 * i);
+  }
+  *value = v;
+  return absl::OkStatus();
+}
+
 absl::Status Reader::Bytes(Payload* out) {
   uint64_t n;
   RETURN_IF_ERROR(Varint(&n));
@@ -231,6 +252,14 @@ absl::Status ReadU32(Reader& r, uint32_t wt, const char* name, uint32_t* out) {
 absl::Status ReadU64(Reader& r, uint32_t wt, const char* name, uint64_t* out) {
   EXPECT_WIRE(kVarint, name);
   return r.Varint(out);
+}
+
+absl::Status ReadFloat(Reader& r, uint32_t wt, const char* name, float* out) {
+  EXPECT_WIRE(kFixed32, name);
+  uint32_t bits;
+  RETURN_IF_ERROR(r.Fixed32(&bits));
+  std::memcpy(out, &bits, 4);
+  return absl::OkStatus();
 }
 
 absl::Status ReadStr(Reader& r, uint32_t wt, const char* name, std::string* out) {
@@ -307,6 +336,7 @@ Writer EncodePush(const PushMessage& m) {
   w.Varint(7, m.shard_map_version);
   w.Varint(10, m.more_parts ? 1 : 0);
   w.Varint(11, m.incarnation);
+  w.Float(12, m.lr_scale == 1.0f ? 0.0f : m.lr_scale);
   for (const DenseSliceView& d : m.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
     inner.External(15, d.data);
@@ -329,12 +359,21 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
   m->num_parts = 0;
   m->more_parts = false;
   m->incarnation = 0;
+  m->lr_scale = 1.0f;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
     switch (f) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "job_id", &m->job_id)); break;
       case 2: RETURN_IF_ERROR(ReadStr(r, wt, "worker_id", &m->worker_id)); break;
+      case 12: {
+        RETURN_IF_ERROR(ReadFloat(r, wt, "lr_scale", &m->lr_scale));
+        if (m->lr_scale == 0.0f) m->lr_scale = 1.0f;  // proto3's default
+        if (!(m->lr_scale > 0.0f && m->lr_scale <= 65536.0f)) {
+          return Malformed(absl::StrCat("lr_scale ", m->lr_scale, " is not in (0, 65536]"));
+        }
+        break;
+      }
       case 3: RETURN_IF_ERROR(ReadU64(r, wt, "seq", &m->seq)); break;
       case 4: RETURN_IF_ERROR(ReadU32(r, wt, "rank", &m->rank)); break;
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;

@@ -27,6 +27,7 @@ class Writer {
  public:
   void Varint(uint32_t field, uint64_t value);  // omitted when 0 (proto3 default)
   void String(uint32_t field, std::string_view bytes);  // omitted when empty
+  void Float(uint32_t field, float value);              // omitted when 0
   // A bytes field whose content references `data` without copying; the
   // memory must outlive the RPC.
   void External(uint32_t field, const Payload& data);
@@ -60,6 +61,7 @@ class Reader {
   bool done() const { return remaining_ == 0; }
   absl::Status Next(uint32_t* field, uint32_t* wire_type);
   absl::Status Varint(uint64_t* value);
+  absl::Status Fixed32(uint32_t* value);  // little-endian
   absl::Status Bytes(Payload* out);  // a view, no copy
   absl::Status String(std::string* out);
   absl::Status Skip(uint32_t wire_type);

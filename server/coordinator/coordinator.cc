@@ -732,7 +732,7 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
     st->set_loss(loss / n);
     st->set_train_accuracy(acc / n);
     st->set_samples_per_second(sps);
-    const double steps_per_second = sps / std::max(1u, r.job.spec().num_workers()) / std::max(1u, r.job.spec().batch_size());
+    const double steps_per_second = sps / std::max(1u, r.job.spec().num_workers()) / std::max(1u, std::max(r.job.spec().batch_size(), st->batch_size()));
     if (steps_per_second > 0 && st->total_steps() > st->step()) {
       st->set_eta_seconds(static_cast<double>(st->total_steps() - st->step()) / steps_per_second);
     }
@@ -818,7 +818,17 @@ absl::Status CheckProgressReport(const v1::ReportProgressRequest& req) {
   if (req.weights_fingerprint().size() > kMaxFingerprint) {
     return too_long("weights_fingerprint", req.weights_fingerprint().size(), kMaxFingerprint);
   }
+  if (p.batch_size_choice().size() > kMaxErrorMessage) {
+    return too_long("progress.batch_size_choice", p.batch_size_choice().size(), kMaxErrorMessage);
+  }
+  if (p.batch_size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("progress report: progress.batch_size is ", p.batch_size(), "; at most 65536 allowed"));
+  }
   const std::pair<const char*, double> measured[] = {
+      {"progress.gpu_busy_seconds", p.gpu_busy_seconds()},
+      {"progress.gpu_idle_seconds", p.gpu_idle_seconds()},
+      {"progress.lr_scale", p.lr_scale()},
       {"progress.samples_per_second", p.samples_per_second()},
       {"progress.data_wait_seconds", p.data_wait_seconds()},
       {"progress.learning_rate", p.learning_rate()},
@@ -922,6 +932,10 @@ std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& 
       a.set_world_size(static_cast<uint32_t>(r.ranks.size()));
       a.set_incarnation(s.incarnation);
       *a.mutable_spec() = r.job.spec();
+      // batch_size auto, once rank 0 has chosen: every rank trains with it.
+      if (a.spec().batch_size() == 0 && r.job.status().batch_size() > 0) {
+        a.mutable_spec()->set_batch_size(r.job.status().batch_size());
+      }
       if (shard_map_) *a.mutable_shard_map() = *shard_map_;
       out.push_back(std::move(a));
     }
@@ -1030,6 +1044,13 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   const std::string prev_state = w->state();
   const uint64_t prev_step = w->step();
   const uint32_t prev_epoch = w->epoch();
+  // GPU time: the job's totals grow by what this incarnation of the rank
+  // added since its last report (a new incarnation starts from 0).
+  const bool same_incarnation = w->incarnation() == req.incarnation();
+  const double busy_before = same_incarnation ? w->gpu_busy_seconds() : 0;
+  const double idle_before = same_incarnation ? w->gpu_idle_seconds() : 0;
+  st->set_gpu_busy_seconds(st->gpu_busy_seconds() + std::max(0.0, req.progress().gpu_busy_seconds() - busy_before));
+  st->set_gpu_idle_seconds(st->gpu_idle_seconds() + std::max(0.0, req.progress().gpu_idle_seconds() - idle_before));
   *w = req.progress();
   // A new incarnation loading its data does not know yet where its rank
   // resumes (it reports step 0): the rank stays where it was (its last step,
@@ -1045,6 +1066,16 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   w->set_updated_unix_ms(NowMs());
   if (req.total_steps() > 0) st->set_total_steps(req.total_steps());
   bool sync = w->state() != prev_state;
+  // batch_size auto: rank 0's choice becomes the job's, and every rank's
+  // assignment carries it from the next heartbeat on.
+  if (req.rank() == 0 && r.job.spec().batch_size_auto().enabled() && r.job.spec().batch_size() == 0 &&
+      st->batch_size() == 0 && req.progress().batch_size() > 0) {
+    st->set_batch_size(req.progress().batch_size());
+    st->set_batch_size_choice(req.progress().batch_size_choice());
+    FLOG(INFO) << "job " << r.job.id() << ": batch_size auto chose " << st->batch_size_choice();
+    BumpGenerationLocked();
+    sync = true;
+  }
   // What the workers read, at the job's level: rank 0's, or the first to come.
   if (req.progress().has_train_data() && (req.rank() == 0 || !st->has_train_data())) {
     sync = sync || !st->has_train_data();
@@ -1674,7 +1705,7 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   const v1::CheckpointPolicy& policy = spec.checkpoint();
   uint64_t cur = 0;
   for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
-  const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, spec.batch_size());
+  const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, std::max(spec.batch_size(), st->batch_size()));
   // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
   const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
   const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
@@ -2201,6 +2232,18 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
     out->Gauge("fulcrum_coordinator_job_restarts", "Worker replacements so far (counts toward backoffLimit)", job,
                st.restarts());
     out->Gauge("fulcrum_coordinator_job_rollbacks", "Rollbacks to a checkpoint so far", job, st.rollbacks());
+    if (st.gpu_busy_seconds() + st.gpu_idle_seconds() > 0) {
+      const char* help = "GPU time the job's ranks held while training, every incarnation, split by NVML utilization";
+      metrics::Labels busy = job, idle = job;
+      busy.push_back({"state", "busy"});
+      idle.push_back({"state", "idle"});
+      out->Counter("fulcrum_coordinator_job_gpu_seconds_total", help, busy, st.gpu_busy_seconds());
+      out->Counter("fulcrum_coordinator_job_gpu_seconds_total", help, idle, st.gpu_idle_seconds());
+    }
+    if (st.batch_size() > 0) {
+      out->Gauge("fulcrum_coordinator_job_batch_size", "The batch batch_size auto chose for every rank", job,
+                 st.batch_size());
+    }
     if (st.checkpoints_size() > 0) {
       const double created = static_cast<double>(st.checkpoints(st.checkpoints_size() - 1).created_unix_ms()) / 1e3;
       out->Gauge("fulcrum_coordinator_job_checkpoint_timestamp_seconds", "When the job's last committed cut was taken",

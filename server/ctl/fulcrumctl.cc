@@ -258,6 +258,19 @@ std::vector<std::string> WorkerLines(const Job& j) {
   return out;
 }
 
+// "512", "auto: 2048", "auto (choosing)".
+std::string BatchText(const Job& j) {
+  if (!j.spec().batch_size_auto().enabled() || j.spec().batch_size() > 0) return absl::StrCat(j.spec().batch_size());
+  return j.status().batch_size() > 0 ? absl::StrCat("auto: ", j.status().batch_size()) : "auto (choosing)";
+}
+
+// "1.25 GPU-hours (busy 0.98, idle 0.27: 78% busy)".
+std::string GpuTimeText(const fulcrum::v1::JobStatus& s) {
+  const double busy = s.gpu_busy_seconds() / 3600, idle = s.gpu_idle_seconds() / 3600;
+  return absl::StrFormat("%.4g GPU-hours (busy %.4g, idle %.4g: %.0f%% busy)", busy + idle, busy, idle,
+                         100 * busy / std::max(1e-12, busy + idle));
+}
+
 void PrintStatus(const Job& j) {
   const auto& s = j.status();
   std::cout << "job " << j.id() << "\n"
@@ -265,9 +278,11 @@ void PrintStatus(const Job& j) {
             << "  message:   " << s.message() << "\n"
             << (j.owner().empty() ? "" : "  owner:     " + j.owner() + "\n")
             << "  model:     " << j.spec().model().type() << ", " << j.spec().num_workers() << " workers, batch "
-            << j.spec().batch_size() << ", " << j.spec().epochs() << " epochs, "
+            << BatchText(j) << ", " << j.spec().epochs() << " epochs, "
             << fulcrum::v1::ConsistencySpec::Model_Name(j.spec().consistency().model()) << "\n"
             << "  progress:  " << JobLine(j) << "\n";
+  if (!s.batch_size_choice().empty()) std::cout << "  batch size: " << s.batch_size_choice() << "\n";
+  if (s.gpu_busy_seconds() + s.gpu_idle_seconds() > 0) std::cout << "  GPU time:  " << GpuTimeText(s) << "\n";
   if (s.has_train_data()) std::cout << "  train data: " << fulcrum::config::DataSummaryLine(s.train_data()) << "\n";
   if (s.has_test_data()) std::cout << "  test data:  " << fulcrum::config::DataSummaryLine(s.test_data()) << "\n";
   for (const auto& l : WorkerLines(j)) std::cout << l << "\n";

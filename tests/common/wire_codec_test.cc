@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "common/errors.h"
 #include "common/rpc/wire_codec.h"
 #include "fulcrum/v1/ps.pb.h"
@@ -51,6 +52,32 @@ TEST_CASE("encoded push parses with protoc-generated code", "[wire]") {
   REQUIRE(parsed.dense(0).data().size() == data.size() * 4);
   REQUIRE(std::memcmp(parsed.dense(0).data().data(), data.data(), data.size() * 4) == 0);
   REQUIRE(parsed.sparse(0).keys().size() == 16);
+}
+
+TEST_CASE("a push's lr_scale travels as a float, is 1 when absent and is refused out of range", "[wire]") {
+  PushMessage m;
+  m.job_id = "job";
+  m.lr_scale = 2.5f;
+  v1::PushRequest parsed;
+  grpc::ByteBuffer buf = wire::EncodePush(m).Finish();
+  REQUIRE(parsed.ParseFromString(Flatten(buf)));
+  CHECK(parsed.lr_scale() == 2.5f);
+  v1::PushRequest req;
+  req.set_job_id("j");
+  std::string bytes = req.SerializeAsString();
+  PushMessage out;
+  out.lr_scale = 9.0f;
+  REQUIRE(wire::DecodePush(Payload(bytes.data(), bytes.size()), &out).ok());
+  CHECK(out.lr_scale == 1.0f);
+  req.set_lr_scale(0.75f);
+  bytes = req.SerializeAsString();
+  REQUIRE(wire::DecodePush(Payload(bytes.data(), bytes.size()), &out).ok());
+  CHECK(out.lr_scale == 0.75f);
+  req.set_lr_scale(-1.0f);
+  bytes = req.SerializeAsString();
+  const absl::Status bad = wire::DecodePush(Payload(bytes.data(), bytes.size()), &out);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(bad.message(), "lr_scale"));
 }
 
 TEST_CASE("protoc-encoded pull decodes, including from many small pieces", "[wire]") {

@@ -342,6 +342,34 @@ TEST_CASE("ASP and SSP(2) train the MNIST MLP to >= 0.96", "[e2e]") {
   }
 }
 
+TEST_CASE("batch_size auto: rank 0 finds the batch, every rank trains with it, and MNIST still reaches >= 0.96",
+          "[e2e]") {
+  ProcessCluster cluster(2, 2, /*slots=*/2);
+  std::string out;
+  const int rc = cluster.Ctl({"submit", "-f", Example("mnist-mlp-auto-batch.yaml")}, &out);
+  INFO(out);
+  CHECK(rc == 0);
+  const v1::Job j = cluster.Get("mnist-mlp-auto-1");
+  Report(j);
+  REQUIRE(j.status().state() == v1::SUCCEEDED);
+  CHECK(j.status().test_accuracy() >= 0.96);
+  const uint32_t batch = j.status().batch_size();
+  WARN("batch_size auto chose " << j.status().batch_size_choice());
+  CHECK(batch >= 32);
+  CHECK(batch <= 256);
+  CHECK(absl::StrContains(j.status().batch_size_choice(), absl::StrCat("batch ", batch)));
+  for (const v1::WorkerProgress& w : j.status().workers()) {
+    CHECK(w.batch_size() == batch);
+    CHECK(w.lr_scale() == Approx(batch / 32.0));  // warm-up over by the end
+  }
+  // The steps per rank follow the chosen batch: 30000 examples per rank.
+  CHECK(j.status().total_steps() == 3 * ((30000 + batch - 1) / batch));
+  std::string status;
+  REQUIRE(cluster.Ctl({"status", "mnist-mlp-auto-1"}, &status) == 0);
+  CHECK(absl::StrContains(status, absl::StrCat("batch auto: ", batch)));
+  CHECK(absl::StrContains(status, "batch size: batch "));
+}
+
 TEST_CASE("killing a worker mid-job (kill -9) moves its rank and the job still succeeds", "[e2e]") {
   ProcessCluster cluster(2, 3, /*slots=*/1);  // one spare worker
   const std::string id = cluster.Submit(Spec("mnist-mlp.yaml"));

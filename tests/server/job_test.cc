@@ -33,6 +33,31 @@ PushMessage Push(uint32_t rank, uint64_t step, const std::vector<float>& g) {
   return m;
 }
 
+// The fp32 weights of table "w"'s `chunks` (each `chunk_elements` long) as
+// a pull at `step` sees them.
+std::vector<float> PullWeights(Job& job, const std::shared_ptr<const ShardMap>& map, uint64_t step,
+                               uint32_t chunks, size_t chunk_elements) {
+  auto pull = std::make_shared<PullMessage>();
+  pull->job_id = "j";
+  pull->worker_id = "w0";
+  pull->step = step;
+  for (uint32_t c = 0; c < chunks; ++c) pull->dense.push_back({"w", c});
+  absl::Notification done;
+  absl::StatusOr<PullResult> result;
+  job.Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+    result = std::move(res);
+    done.Notify();
+  });
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE_OK(result.status());
+  std::vector<float> w(chunks * chunk_elements);
+  for (const PullResult::Dense& d : result->dense) {
+    std::memcpy(w.data() + size_t{d.chunk} * chunk_elements, d.owner ? d.shared : d.data.data.get(),
+                chunk_elements * 4);
+  }
+  return w;
+}
+
 TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][job]") {
   DeadlineTimer timer;
   auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
@@ -72,6 +97,33 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->Push(Push(2, 1, g0), *map, 0, &r), absl::StatusCode::kFailedPrecondition,
                  "is not an active worker");
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
+}
+
+TEST_CASE("a push's lr_scale multiplies the learning rate: alone under ASP, the ranks' mean under BSP",
+          "[job][lr_scale]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  auto weights = [&](Job& job, uint64_t step) { return PullWeights(job, map, step, 1, 4); };
+  std::vector<float> g(4, 1.0f);
+  PushResult r;
+  // ASP, SGD at lr 0.5: one push at lr_scale 4 moves each weight by -2.
+  REQUIRE_OK_AND_ASSIGN(auto asp, Job::Create(JobSpec("j", {DenseTableSpec("w", 4, 0.5f)}, 1, v1::ConsistencySpec::ASP),
+                                              4, 1 << 20, &timer));
+  REQUIRE_OK(asp->MaterializeOwned(*map, 0));
+  PushMessage m = Push(0, 0, g);
+  m.lr_scale = 4.0f;
+  REQUIRE_OK(asp->Push(m, *map, 0, &r));
+  for (float x : weights(*asp, 1)) CHECK(x == -2.0f);
+  // BSP, 2 ranks at lr_scale 1 and 3: the mean gradient 1 at lr 0.5 x 2.
+  REQUIRE_OK_AND_ASSIGN(auto bsp, Job::Create(JobSpec("j", {DenseTableSpec("w", 4, 0.5f)}, 2), 4, 1 << 20, &timer));
+  REQUIRE_OK(bsp->MaterializeOwned(*map, 0));
+  PushMessage a = Push(0, 0, g), b = Push(1, 0, g);
+  a.lr_scale = 1.0f;
+  b.lr_scale = 3.0f;
+  REQUIRE_OK(bsp->Push(a, *map, 0, &r));
+  REQUIRE_OK(bsp->Push(b, *map, 0, &r));
+  REQUIRE(r.applied_step == 1);
+  for (float x : weights(*bsp, 1)) CHECK(x == -1.0f);
 }
 
 TEST_CASE("BSP gradients buffered ahead count against the server's memory limit and the collected step always fits",
@@ -201,27 +253,7 @@ TEST_CASE("BSP: parts of a step from a lost incarnation are dropped when its rep
     m.dense.push_back({"w", 1, DType::kFp32, Payload(c.data() + kChunk, kChunk * 4)});
     return m;
   };
-  auto weights = [&](Job& job) {
-    auto pull = std::make_shared<PullMessage>();
-    pull->job_id = "j";
-    pull->worker_id = "w0";
-    pull->step = 1;
-    pull->dense.push_back({"w", 0});
-    pull->dense.push_back({"w", 1});
-    absl::Notification done;
-    absl::StatusOr<PullResult> result;
-    job.Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
-      result = std::move(res);
-      done.Notify();
-    });
-    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    REQUIRE_OK(result.status());
-    std::vector<float> w(kElements);
-    for (const PullResult::Dense& d : result->dense) {
-      std::memcpy(w.data() + size_t{d.chunk} * kChunk, d.owner ? d.shared : d.data.data.get(), kChunk * 4);
-    }
-    return w;
-  };
+  auto weights = [&](Job& job) { return PullWeights(job, map, 1, 2, kChunk); };
   PushResult r;
   auto clean = make();
   REQUIRE_OK(clean->Push(part(0, 1), *map, 0, &r));

@@ -42,8 +42,12 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 void Buffer::Reset() {
   if (owner_ != nullptr && data_ != nullptr) {
-    if (host_) owner_->RawFreeHost(data_);
-    else owner_->RawFree(data_);
+    if (host_) {
+      owner_->RawFreeHost(data_);
+    } else {
+      owner_->RawFree(data_);
+      owner_->Track(bytes_ == 0 ? 1 : bytes_, /*add=*/false);
+    }
   }
   owner_ = nullptr;
   data_ = nullptr;
@@ -53,7 +57,19 @@ void Buffer::Reset() {
 absl::StatusOr<Buffer> Backend::Allocate(size_t bytes) {
   absl::StatusOr<void*> p = RawAllocate(bytes == 0 ? 1 : bytes);
   if (!p.ok()) return p.status();
+  Track(bytes == 0 ? 1 : bytes, /*add=*/true);
   return Buffer(this, *p, bytes, /*host=*/false);
+}
+
+void Backend::Track(size_t bytes, bool add) {
+  if (!add) {
+    allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+    return;
+  }
+  const size_t now = allocated_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  size_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
 }
 
 absl::StatusOr<Buffer> Backend::AllocateHost(size_t bytes) {

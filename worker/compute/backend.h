@@ -13,6 +13,7 @@
 #ifndef FULCRUM_WORKER_COMPUTE_BACKEND_H_
 #define FULCRUM_WORKER_COMPUTE_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -76,6 +77,11 @@ class Backend {
 
   // ---- memory
   absl::StatusOr<Buffer> Allocate(size_t bytes);
+  // Device memory held in Buffers now, and the most held since
+  // ResetPeakAllocated (batch_size auto's measure of a step's footprint).
+  size_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  size_t peak_allocated_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void ResetPeakAllocated() { peak_.store(allocated_bytes(), std::memory_order_relaxed); }
   // Host memory for staging transfers: page-locked on a GPU backend so copies
   // are asynchronous, aligned plain memory on the CPU.
   absl::StatusOr<Buffer> AllocateHost(size_t bytes);
@@ -168,6 +174,10 @@ class Backend {
 
   bool profiling_ = false;
   ComputeProfile profile_;
+
+ private:
+  void Track(size_t bytes, bool add);
+  std::atomic<size_t> allocated_{0}, peak_{0};
 };
 
 // Picks the backend for `device`: "cpu", "cuda:N", or "auto" (the first

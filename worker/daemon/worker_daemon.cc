@@ -12,6 +12,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -25,9 +27,11 @@
 #include "common/rpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
+#include "worker/daemon/gpu_time.h"
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/rpc/grpc_ps_client.h"
+#include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
 
 namespace fulcrum {
@@ -201,8 +205,19 @@ absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& mo
 // One assignment, on its own thread.
 class WorkerDaemon::Runner {
  public:
-  Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub)
-      : a_(std::move(a)), options_(options), node_id_(std::move(node_id)), stub_(stub) {
+  Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub,
+         GpuUtilization gpu_utilization)
+      : a_(std::move(a)),
+        options_(options),
+        node_id_(std::move(node_id)),
+        stub_(stub),
+        gpu_utilization_(std::move(gpu_utilization)),
+        gpu_time_([this]() -> std::optional<double> {
+          const int gpu = gpu_index_.load();
+          if (gpu < 0 || !gpu_utilization_) return std::nullopt;
+          return gpu_utilization_(gpu);
+        }) {
+    assigned_batch_.store(a_.spec().batch_size());
     sender_ = std::thread([this] { SendLoop(); });
     thread_ = std::thread([this] { Run(); });
   }
@@ -215,6 +230,9 @@ class WorkerDaemon::Runner {
     stop_.store(true);
     absl::MutexLock lock(&out_mu_);  // wakes the sender and Drain
   }
+  // A heartbeat's copy of this assignment: batch_size auto's choice arrives
+  // this way (the coordinator fills in spec.batch_size once rank 0 chose).
+  void Update(const v1::Assignment& a) { assigned_batch_.store(a.spec().batch_size()); }
   // Its thread ended and no report is in flight (a send can take up to its
   // 10 s deadline): joining it then does not hold up the caller.
   bool finished() const {
@@ -232,6 +250,7 @@ class WorkerDaemon::Runner {
     const std::string tag = absl::StrCat("job ", a_.job_id(), " rank ", a_.rank(), "/", a_.world_size());
     FLOG(INFO) << tag << ": assigned (incarnation " << a_.incarnation() << ")";
     absl::Status s = Train(tag);
+    gpu_time_.Stop(absl::Now());
     if (stop_.load()) {
       FLOG(INFO) << tag << ": stopped (" << (s.ok() ? std::string("done") : s.ToString()) << ")";
     } else if (!s.ok()) {
@@ -270,8 +289,13 @@ class WorkerDaemon::Runner {
   // result is queued, and dropped if that one send fails. A result carries
   // the progress of its moment, so it replaces any older periodic report
   // still waiting, which would otherwise reach the coordinator after it.
-  void Report(const v1::ReportProgressRequest& r) {
+  void Report(v1::ReportProgressRequest r) {
     const bool must_deliver = config::CarriesResult(r);
+    if (gpu_index_.load() >= 0) {
+      gpu_time_.Sample(absl::Now());
+      r.mutable_progress()->set_gpu_busy_seconds(gpu_time_.busy_seconds());
+      r.mutable_progress()->set_gpu_idle_seconds(gpu_time_.idle_seconds());
+    }
     absl::MutexLock lock(&out_mu_);
     if (must_deliver) {
       outbox_.push_back(r);
@@ -410,6 +434,15 @@ class WorkerDaemon::Runner {
     RETURN_IF_ERROR(CheckClasses(spec, mc, progress_.train_data(), test ? &progress_.test_data() : nullptr));
     reason_ = "BadSpec";
     ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
+    if (backend->is_gpu()) gpu_index_.store(GpuIndexOf(backend->name()));
+    training::LrScaling lr_scaling;
+    int batch_size = static_cast<int>(spec.batch_size());
+    if (spec.batch_size_auto().enabled()) {
+      ASSIGN_OR_RETURN(batch_size, AutoBatch(tag, spec, mc, *train, backend.get(), &lr_scaling));
+    }
+    progress_.set_batch_size(static_cast<uint32_t>(batch_size));
+    progress_batch_.store(static_cast<uint32_t>(batch_size));
+    lr_scaling_ = lr_scaling;
 
     reason_ = "ParameterServerError";
     GrpcPsClientOptions po;
@@ -440,7 +473,8 @@ class WorkerDaemon::Runner {
 
     training::TrainerOptions to;
     to.job_id = a_.job_id();
-    to.batch_size = static_cast<int>(spec.batch_size());
+    to.batch_size = batch_size;
+    to.lr_scaling = lr_scaling;
     to.seed = spec.seed();
     // Every consistency model: under BSP the servers hold the early pull
     // until the step is applied (TrainerOptions::prefetch_parameters).
@@ -485,6 +519,7 @@ class WorkerDaemon::Runner {
                << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"
                << (test ? absl::StrCat(", ", test->size(), " test examples") : std::string());
     reason_ = "WorkerError";
+    if (gpu_index_.load() >= 0) gpu_time_.Start(absl::Now());
     for (uint32_t epoch = static_cast<uint32_t>(start / spe); epoch < spec.epochs(); ++epoch) {
       if (stop_.load()) return absl::CancelledError("assignment withdrawn");
       const int64_t first = epoch == start / spe ? static_cast<int64_t>(start % spe) : 0;
@@ -577,9 +612,11 @@ class WorkerDaemon::Runner {
     metrics_.epoch.store(progress_.epoch());
     if (m.grad_norm >= 0) metrics_.grad_norm.store(m.grad_norm);
     if (m.clipped) metrics_.clipped_steps.fetch_add(1, std::memory_order_relaxed);
-    const double lr = LearningRateAt(lr_schedule_, lr_base_, step);
+    const double scale = lr_scaling_.At(step);
+    const double lr = LearningRateAt(lr_schedule_, lr_base_, step) * scale;
     metrics_.learning_rate.store(lr);
     progress_.set_learning_rate(lr);
+    progress_.set_lr_scale(scale);
     epoch_examples_ += m.examples;
     epoch_loss_ += m.loss_sum;
     epoch_correct_ += m.correct;
@@ -616,6 +653,18 @@ class WorkerDaemon::Runner {
     out->Gauge("fulcrum_worker_loss", "Mean training loss of the rank's last step (NaN when it diverged)", l,
                metrics_.loss.load());
     out->Gauge("fulcrum_worker_epoch", "The epoch the rank is training", l, metrics_.epoch.load());
+    if (gpu_index_.load() >= 0) {
+      const char* help = "Seconds this worker held a GPU for the rank while training, split by NVML utilization";
+      metrics::Labels busy = l, idle = l;
+      busy.push_back({"state", "busy"});
+      idle.push_back({"state", "idle"});
+      out->Counter("fulcrum_worker_gpu_seconds_total", help, busy, gpu_time_.busy_seconds());
+      out->Counter("fulcrum_worker_gpu_seconds_total", help, idle, gpu_time_.idle_seconds());
+    }
+    if (progress_batch_.load() > 0) {
+      out->Gauge("fulcrum_worker_batch_size", "Examples per step the rank trains with (the spec's, or batch_size auto's)",
+                 l, progress_batch_.load());
+    }
     out->Gauge("fulcrum_worker_learning_rate",
                "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
                metrics_.learning_rate.load());
@@ -631,6 +680,55 @@ class WorkerDaemon::Runner {
 
  private:
 
+  // batch_size auto (training/auto_batch.h): rank 0 times growing batches
+  // on its device and reports its choice; the coordinator hands it to every
+  // rank (and to any replacement) in the assignment's spec.batch_size, so
+  // all ranks take the same number of steps per epoch. Returns the batch
+  // and sets the learning-rate scaling that goes with it.
+  absl::StatusOr<int> AutoBatch(const std::string& tag, const v1::JobSpec& spec, const models::ModelConfig& mc,
+                                const data::Dataset& train, compute::Backend* be, training::LrScaling* lr) {
+    const training::AutoBatchOptions o = training::AutoBatchOptionsFromSpec(spec.batch_size_auto());
+    int batch = static_cast<int>(spec.batch_size());
+    if (batch == 0 && a_.rank() == 0) {
+      SendProgress("choosing batch size");
+      FLOG(INFO) << tag << ": batch_size auto: timing training steps of batches from " << o.base_batch_size
+                 << " up on " << be->name();
+      const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(train.size()) / std::max(1u, a_.world_size()));
+      ASSIGN_OR_RETURN(training::AutoBatchChoice c,
+                       training::ChooseBatchSize(o, be->memory_bytes(), limit,
+                                                 [&](int b) -> absl::StatusOr<training::BatchTrial> {
+                                                   if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+                                                   return training::MeasureBatch(be, mc, train, b);
+                                                 }));
+      batch = c.batch;
+      progress_.set_batch_size_choice(c.summary);
+      FLOG(INFO) << tag << ": batch_size auto: " << c.summary;
+    } else if (batch == 0) {
+      FLOG(INFO) << tag << ": batch_size auto: waiting for rank 0 to choose the batch";
+      SendProgress("waiting for batch size");
+      while ((batch = static_cast<int>(assigned_batch_.load())) == 0) {
+        if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+    lr->factor = static_cast<double>(batch) / o.base_batch_size;
+    lr->warmup_steps = lr->factor == 1.0 ? 0 : o.warmup_steps;
+    FLOG(INFO) << tag << ": batch " << batch << " (batch_size auto); learning rate x" << lr->factor
+               << " of the spec's, reached over " << lr->warmup_steps << " warm-up steps (linear scaling rule)";
+    return batch;
+  }
+
+  // "cuda:1 (NVIDIA ...)" -> 1 (NVML's index; CUDA_VISIBLE_DEVICES remaps
+  // CUDA's, so with it set the utilization may be another GPU's).
+  static int GpuIndexOf(const std::string& device) {
+    int index = 0;
+    if (absl::StartsWith(device, "cuda:")) {
+      const std::string digits = device.substr(5, device.find_first_not_of("0123456789", 5) - 5);
+      if (!absl::SimpleAtoi(digits, &index)) index = 0;
+    }
+    return index;
+  }
+
   int cpu_threads() const {
     if (options_.cpu_threads > 0) return options_.cpu_threads;
     // Several assignments on one host share its cores.
@@ -642,6 +740,11 @@ class WorkerDaemon::Runner {
   const WorkerDaemonOptions& options_;
   const std::string node_id_;
   v1::ClusterService::Stub* const stub_;
+  const GpuUtilization gpu_utilization_;
+  std::atomic<int> gpu_index_{-1};  // the GPU this rank trains on; -1 on the CPU
+  GpuTimeMeter gpu_time_;
+  std::atomic<uint32_t> assigned_batch_{0}, progress_batch_{0};
+  training::LrScaling lr_scaling_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
   // The reports on their way to the coordinator (Report, SendLoop).
@@ -701,6 +804,16 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(WithDataRoots
   ao.info = info;
   ao.on_update = [this](const v1::HeartbeatResponse& r) { OnUpdate(r); };
   nvml_ = metrics::Nvml::Load();
+  gpu_utilization_ = options_.gpu_utilization;
+  if (!gpu_utilization_ && nvml_) {
+    const metrics::Nvml* nvml = nvml_.get();
+    gpu_utilization_ = [nvml](int gpu) -> std::optional<double> {
+      for (const metrics::Nvml::Device& d : nvml->Read()) {
+        if (d.index == gpu) return d.utilization;
+      }
+      return std::nullopt;
+    };
+  }
   agent_ = std::make_unique<NodeAgent>(std::move(ao));
 }
 
@@ -772,8 +885,9 @@ void WorkerDaemon::OnUpdate(const v1::HeartbeatResponse& resp) {
     for (const v1::Assignment& a : resp.assignments()) {
       Key k{a.job_id(), a.rank(), a.incarnation()};
       wanted.insert(k);
+      if (auto it = runners_.find(k); it != runners_.end()) it->second->Update(a);
       if (runners_.count(k) || done_.count(k)) continue;
-      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), agent_->stub()));
+      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), agent_->stub(), gpu_utilization_));
     }
     for (auto it = runners_.begin(); it != runners_.end();) {
       if (!wanted.count(it->first) || it->second->finished()) {

@@ -14,8 +14,10 @@
 #ifndef FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_
 #define FULCRUM_WORKER_DAEMON_WORKER_DAEMON_H_
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -30,6 +32,9 @@
 #include "worker/models/model.h"
 
 namespace fulcrum {
+
+// A GPU's busy fraction (0-1) now, by NVML index; nullopt when unknown.
+using GpuUtilization = std::function<std::optional<double>(int gpu)>;
 
 struct WorkerDaemonOptions {
   std::string coordinator;
@@ -51,6 +56,8 @@ struct WorkerDaemonOptions {
   // share of the device's memory they may take.
   std::string device_data = "auto";
   double device_data_share = 0.25;
+  // Where GPU time's busy/idle split comes from; null: NVML.
+  GpuUtilization gpu_utilization;
 };
 
 class WorkerDaemon {
@@ -76,6 +83,7 @@ class WorkerDaemon {
   const WorkerDaemonOptions options_;
   std::unique_ptr<NodeAgent> agent_;
   std::unique_ptr<metrics::Nvml> nvml_;  // null without an NVIDIA driver
+  GpuUtilization gpu_utilization_;       // options_'s, else NVML's; may be null
   mutable absl::Mutex mu_;
   std::map<Key, std::unique_ptr<Runner>> runners_ ABSL_GUARDED_BY(mu_);
   std::set<Key> done_ ABSL_GUARDED_BY(mu_);  // never restarted

@@ -302,6 +302,7 @@ struct PushPart {
   };
   std::vector<Dense> dense;
   std::vector<Sparse> sparse;
+  float lr_scale = 1.0f;  // PushBatch::lr_scale
   size_t bytes = 0;
 };
 
@@ -754,6 +755,7 @@ class GrpcPsClient::Impl {
     }
     op->Add(static_cast<int>(parts.size()));
     for (auto& [s, p] : parts) {
+      p->lr_scale = batch.lr_scale;
       SendPush(op, *job, m, s, job_id, batch.step, batch.last ? earlier[s] + count[s] : 0, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
@@ -772,6 +774,7 @@ class GrpcPsClient::Impl {
     msg.seq = seq;
     msg.rank = options_.rank;
     msg.step = step;
+    msg.lr_scale = part->lr_scale;
     msg.num_parts = num_parts;
     msg.more_parts = num_parts == 0;
     msg.shard_map_version = m->version();
@@ -842,6 +845,7 @@ class GrpcPsClient::Impl {
     auto parts = packer.Take(false);
     op->Add(static_cast<int>(parts.size()));
     for (auto& [srv, p] : parts) {
+      p->lr_scale = part->lr_scale;
       SendPush(op, job, m, srv, job_id, step, num_parts == 0 ? 0 : 1, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }

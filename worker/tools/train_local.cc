@@ -21,6 +21,7 @@
 #include "worker/data/pipeline.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/local_ps_client.h"
+#include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec file (YAML or JSON)");
@@ -85,6 +86,18 @@ int main(int argc, char** argv) {
   fulcrum::training::TrainerOptions to;
   to.job_id = "local";
   to.batch_size = static_cast<int>(spec.batch_size());
+  if (spec.batch_size_auto().enabled() && to.batch_size == 0) {
+    // batch_size auto, as rank 0 of a cluster job finds it.
+    const auto o = fulcrum::training::AutoBatchOptionsFromSpec(spec.batch_size_auto());
+    std::cout << "batch_size auto: timing batches from " << o.base_batch_size << " on " << (*backend)->name() << "\n";
+    auto choice = fulcrum::training::ChooseBatchSize(
+        o, (*backend)->memory_bytes(), static_cast<int64_t>((*train)->size()),
+        [&](int b) { return fulcrum::training::MeasureBatch(backend->get(), *mc, **train, b); });
+    if (!choice.ok()) return fail(choice.status());
+    std::cout << "batch_size auto: " << choice->summary << "\n";
+    to.batch_size = choice->batch;
+    to.lr_scaling = choice->lr;
+  }
   to.seed = spec.seed();
   to.prefetch_parameters = true;  // as fulcrum-worker does
   to.clip_global_norm = spec.optimizer().clip_global_norm();

@@ -160,6 +160,7 @@ absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   PushBatch push;
   push.step = step_;
   push.last = last;
+  push.lr_scale = options_.lr_scaling.At(step_);
   for (size_t i : group) {
     models::Table& t = tables[i];
     if (t.sparse) {

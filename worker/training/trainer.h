@@ -39,6 +39,7 @@
 #include "worker/data/device_data.h"
 #include "worker/models/model.h"
 #include "worker/ps_client.h"
+#include "worker/training/auto_batch.h"
 
 namespace fulcrum::training {
 
@@ -80,6 +81,9 @@ struct TrainerOptions {
   // before pushing them; 0: off. The norm needs the whole backward, so with
   // clipping a step's gradients go out in one group after it.
   float clip_global_norm = 0;
+  // The learning-rate factor each step's push carries (batch_size auto's
+  // linear scaling and warm-up); 1 by default.
+  LrScaling lr_scaling;
   // Called after every step with the step's metrics and where its time went.
   std::function<void(uint64_t step, const models::Metrics&, const struct StepTiming&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
