@@ -90,6 +90,84 @@ TEST_CASE("GPU: GEMMs (fp32, bf16, fp16) match the CPU backend", "[gpu]") {
   }
 }
 
+TEST_CASE("GPU: fused dense layers (cuBLASLt epilogues) match the CPU's composed calls", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  // Widths that need padded aux rows (100: not a multiple of 8 or 128).
+  const int M = 96, N = 100, K = 72;
+  for (DType t : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu}) {
+      INFO(DTypeName(t) << " " << ActivationName(act));
+      const bool lowp = t != DType::kFp32;
+      const size_t es = lowp ? 2 : 4;
+      auto X = Random<float>(size_t{1} * M * K, 11), W = Random<float>(size_t{1} * K * N, 12),
+           bias = Random<float>(N, 13), dZ = Random<float>(size_t{1} * M * K, 14);
+      // The GEMM inputs in the layer's type, the same bits on both devices.
+      auto typed = [&](const std::vector<float>& v) {
+        std::vector<uint8_t> out(v.size() * es);
+        if (lowp) REQUIRE_OK(cpu->Cast(DType::kFp32, t, v.size(), v.data(), out.data()));
+        else std::memcpy(out.data(), v.data(), out.size());
+        return out;
+      };
+      const auto x = typed(X), w = typed(W), dz = typed(dZ);
+      // CPU: forward K -> N, the gradient from a layer above (N -> K, its
+      // weight W's values as N x K) into it, its weight gradient.
+      std::vector<float> y(size_t{1} * M * N), aux(cpu->DenseAuxBytes(t, act, M, N) / 4 + 1);
+      std::vector<uint16_t> y16(size_t{1} * M * N);
+      REQUIRE_OK(cpu->DenseForward(t, M, N, K, x.data(), w.data(), bias.data(), act, aux.data(), y.data(),
+                                   lowp ? y16.data() : nullptr));
+      std::vector<float> dx(size_t{1} * M * N), db_below(N), dw(size_t{1} * K * N), db(N);
+      std::vector<uint16_t> dx16(size_t{1} * M * N);
+      if (act != Activation::kNone) {
+        REQUIRE_OK(cpu->DenseInputGrad(t, M, K, N, dz.data(), w.data(), act, aux.data(), dx.data(),
+                                       lowp ? dx16.data() : nullptr, db_below.data()));
+      }
+      std::vector<float> dzf(size_t{1} * M * N);
+      for (size_t i = 0; i < dzf.size(); ++i) dzf[i] = dZ[i % dZ.size()];
+      const auto dzt = typed(dzf);
+      REQUIRE_OK(cpu->DenseWeightGrad(t, M, N, K, x.data(), dzt.data(), dzf.data(), dw.data(), db.data()));
+
+      Buffer gx = Up(*gpu, x), gw = Up(*gpu, w), gb = Up(*gpu, bias), gdz = Up(*gpu, dz), gdzt = Up(*gpu, dzt),
+             gdzf = Up(*gpu, dzf);
+      auto alloc = [&](size_t bytes) {
+        auto b = gpu->Allocate(std::max<size_t>(1, bytes));
+        REQUIRE_OK(b.status());
+        return std::move(*b);
+      };
+      Buffer gaux = alloc(gpu->DenseAuxBytes(t, act, M, N)), gy = alloc(4 * y.size()), gy16 = alloc(2 * y.size()),
+             gdx = alloc(4 * dx.size()), gdx16 = alloc(2 * dx.size()), gdbb = alloc(4 * N), gdw = alloc(4 * dw.size()),
+             gdb = alloc(4 * N);
+      REQUIRE_OK(gpu->DenseForward(t, M, N, K, gx.data(), gw.data(), gb.as<float>(), act, gaux.data(), gy.as<float>(),
+                                   lowp ? gy16.as<uint16_t>() : nullptr));
+      const double tol = lowp ? 2e-2 : 1e-4;
+      // 16-bit layers are compared as the 16-bit outputs the next GEMM reads,
+      // except the last (kNone), whose fp32 logits are the output.
+      auto widen = [&](const std::vector<uint16_t>& h) {
+        std::vector<float> f(h.size());
+        REQUIRE_OK(cpu->Cast(t, DType::kFp32, h.size(), h.data(), f.data()));
+        return f;
+      };
+      if (lowp && act != Activation::kNone) {
+        Close(widen(Down<uint16_t>(*gpu, gy16, y16.size())), widen(y16), tol, tol);
+      } else {
+        Close(Down<float>(*gpu, gy, y.size()), y, tol, tol);
+      }
+      if (act != Activation::kNone) {
+        REQUIRE_OK(gpu->DenseInputGrad(t, M, K, N, gdz.data(), gw.data(), act, gaux.data(), gdx.as<float>(),
+                                       lowp ? gdx16.as<uint16_t>() : nullptr, gdbb.as<float>()));
+        if (lowp) Close(widen(Down<uint16_t>(*gpu, gdx16, dx16.size())), widen(dx16), tol, tol);
+        else Close(Down<float>(*gpu, gdx, dx.size()), dx, tol, tol);
+        Close(Down<float>(*gpu, gdbb, N), db_below, lowp ? 5e-2 : 1e-4, lowp ? 5e-2 : 1e-3);
+      }
+      REQUIRE_OK(gpu->DenseWeightGrad(t, M, N, K, gx.data(), gdzt.data(), gdzf.as<float>(), gdw.as<float>(),
+                                      gdb.as<float>()));
+      Close(Down<float>(*gpu, gdw, dw.size()), dw, tol, tol);
+      Close(Down<float>(*gpu, gdb, N), db, lowp ? 5e-2 : 1e-4, lowp ? 5e-2 : 1e-3);
+    }
+  }
+}
+
 TEST_CASE("GPU: casts are bit-identical to the CPU's", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;

@@ -72,6 +72,53 @@ void Backend::Track(size_t bytes, bool add) {
   }
 }
 
+size_t Backend::DenseAuxBytes(DType, Activation act, int M, int N) const {
+  return act == Activation::kNone ? 0 : size_t{4} * M * N;  // the pre-activation, fp32
+}
+
+absl::Status Backend::DenseForward(DType input, int M, int N, int K, const void* x, const void* w, const float* bias,
+                                   Activation act, void* aux, float* y, uint16_t* y16) {
+  float* pre = act == Activation::kNone ? y : static_cast<float*>(aux);
+  if (input == DType::kFp32) {
+    RETURN_IF_ERROR(Gemm(false, false, M, N, K, 1.0f, static_cast<const float*>(x), static_cast<const float*>(w), 0.0f, pre));
+  } else {
+    RETURN_IF_ERROR(GemmLowp(input, false, false, M, N, K, 1.0f, static_cast<const uint16_t*>(x),
+                             static_cast<const uint16_t*>(w), 0.0f, pre));
+  }
+  RETURN_IF_ERROR(BiasAdd(M, N, bias, pre));
+  if (act != Activation::kNone) RETURN_IF_ERROR(Activate(act, size_t{1} * M * N, pre, y));
+  if (input != DType::kFp32 && y16 != nullptr) RETURN_IF_ERROR(Cast(DType::kFp32, input, size_t{1} * M * N, y, y16));
+  return absl::OkStatus();
+}
+
+absl::Status Backend::DenseWeightGrad(DType input, int M, int N, int K, const void* x, const void* dz,
+                                      const float* dz_f32, float* dw, float* db) {
+  if (input == DType::kFp32) {
+    RETURN_IF_ERROR(Gemm(true, false, K, N, M, 1.0f, static_cast<const float*>(x), static_cast<const float*>(dz), 0.0f, dw));
+  } else {
+    RETURN_IF_ERROR(GemmLowp(input, true, false, K, N, M, 1.0f, static_cast<const uint16_t*>(x),
+                             static_cast<const uint16_t*>(dz), 0.0f, dw));
+  }
+  if (db != nullptr) RETURN_IF_ERROR(ColumnSum(M, N, dz_f32, db));
+  return absl::OkStatus();
+}
+
+absl::Status Backend::DenseInputGrad(DType input, int M, int N, int K, const void* dz, const void* w, Activation act,
+                                     const void* aux, float* dx, uint16_t* dx16, float* db_below) {
+  if (input == DType::kFp32) {
+    RETURN_IF_ERROR(Gemm(false, true, M, K, N, 1.0f, static_cast<const float*>(dz), static_cast<const float*>(w), 0.0f, dx));
+  } else {
+    RETURN_IF_ERROR(GemmLowp(input, false, true, M, K, N, 1.0f, static_cast<const uint16_t*>(dz),
+                             static_cast<const uint16_t*>(w), 0.0f, dx));
+  }
+  if (act != Activation::kNone) {
+    RETURN_IF_ERROR(ActivateGrad(act, size_t{1} * M * K, static_cast<const float*>(aux), dx, dx));
+  }
+  if (db_below != nullptr) RETURN_IF_ERROR(ColumnSum(M, K, dx, db_below));
+  if (input != DType::kFp32 && dx16 != nullptr) RETURN_IF_ERROR(Cast(DType::kFp32, input, size_t{1} * M * K, dx, dx16));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Buffer> Backend::AllocateHost(size_t bytes) {
   absl::StatusOr<void*> p = RawAllocateHost(bytes == 0 ? 1 : bytes);
   if (!p.ok()) return p.status();

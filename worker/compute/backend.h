@@ -124,6 +124,38 @@ class Backend {
   virtual absl::StatusOr<double> SumSquares(size_t n, const float* x) = 0;
   virtual absl::StatusOr<bool> AllFinite(size_t n, const float* x) = 0;
 
+  // ---- dense layers (the MLP's), fused where the device can. A GPU runs
+  // each as one cuBLASLt GEMM with an epilogue: bias and activation in the
+  // forward GEMM, the activation's gradient and the bias gradient in the
+  // backward ones, 16-bit outputs written by the GEMM itself. Elsewhere
+  // (the CPU, or a GPU whose cuBLASLt fails the startup check) they are the
+  // composition of the calls above, which defines their results; gpu_test
+  // checks the two agree.
+  //
+  // `input` is the GEMMs' input type. fp32: x, w and dz are fp32. bf16 or
+  // fp16: they are 16-bit patterns of that type, and the layer's outputs
+  // for the next GEMM (y16, dx16) are written in it.
+  //
+  // Forward of a layer: pre = x w + bias (x M x K, w K x N), y = act(pre).
+  // `aux` (DenseAuxBytes) receives what DenseInputGrad needs to
+  // differentiate act; unused when act is kNone. fp32: y is written. 16-bit:
+  // y16 is written (the next layer's x, and its weight gradient's), and y
+  // only when y16 is null or the layer is the last (act kNone: the logits,
+  // always fp32).
+  virtual size_t DenseAuxBytes(DType input, Activation act, int M, int N) const;
+  virtual absl::Status DenseForward(DType input, int M, int N, int K, const void* x, const void* w,
+                                    const float* bias, Activation act, void* aux, float* y, uint16_t* y16);
+  // The layer's weight gradient dw = x^T dz (K x N); with db, also db =
+  // column sums of dz_f32 (fp32 dz; a GPU may sum the 16-bit dz instead).
+  virtual absl::Status DenseWeightGrad(DType input, int M, int N, int K, const void* x, const void* dz,
+                                       const float* dz_f32, float* dw, float* db);
+  // The gradient into the layer below: dx = (dz w^T) * act'(pre_below) (M x
+  // K), `act` and `aux` the layer below's. With db_below, also its bias
+  // gradient (column sums of dx). fp32: dx is written; 16-bit: dx16 (the
+  // next weight and input gradients' dz), and dx only on the composed path.
+  virtual absl::Status DenseInputGrad(DType input, int M, int N, int K, const void* dz, const void* w,
+                                      Activation act, const void* aux, float* dx, uint16_t* dx16, float* db_below);
+
   // ---- losses (per-row loss out; gradients scaled by `scale`, null to skip)
   // Fused softmax + cross-entropy over rows of N logits: loss[i] =
   // -log softmax(logits_i)[labels_i], pred[i] = argmax, dlogits = scale * (p - onehot).

@@ -3,9 +3,14 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
+#include <random>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 #include "cuda/blas.h"
 #include "cuda/casts.h"
 #include "cuda/device.h"
@@ -31,6 +36,15 @@ cuda::Act ToAct(Activation a) {
     case Activation::kNone: break;
   }
   return cuda::Act::kNone;
+}
+
+cuda::GemmInput GemmTypeOf(DType t) {
+  return t == DType::kBf16 ? cuda::GemmInput::kBf16 : t == DType::kFp16 ? cuda::GemmInput::kFp16 : cuda::GemmInput::kFp32;
+}
+
+cuda::Epilogue ForwardEpilogue(Activation a) {
+  return a == Activation::kRelu ? cuda::Epilogue::kReluAuxBias
+                                : a == Activation::kGelu ? cuda::Epilogue::kGeluAuxBias : cuda::Epilogue::kBias;
 }
 
 class CudaBackend final : public Backend {
@@ -108,6 +122,118 @@ class CudaBackend final : public Backend {
   absl::Status BiasAdd(int M, int N, const float* bias, float* y) override {
     return Other([&] { return cuda::BiasAdd(M, N, bias, y, stream_); });
   }
+
+  // ---- dense layers: one cuBLASLt GEMM with its epilogue each (backend.h),
+  // unless the startup check found the fused path wrong or missing here.
+  size_t DenseAuxBytes(DType input, Activation act, int M, int N) const override {
+    if (!fused_ || act == Activation::kNone) return Backend::DenseAuxBytes(input, act, M, N);
+    // GELU's input is kept in D's type: fp32 bounds both.
+    return cuda::Blas::AuxBytes(ForwardEpilogue(act), cuda::GemmInput::kFp32, M, N);
+  }
+  absl::Status DenseForward(DType input, int M, int N, int K, const void* x, const void* w, const float* bias,
+                            Activation act, void* aux, float* y, uint16_t* y16) override {
+    if (!fused_) return Backend::DenseForward(input, M, N, K, x, w, bias, act, aux, y, y16);
+    // 16-bit hidden layers: the GEMM writes the next layer's 16-bit input
+    // (and GELU's input) itself; the bias then has that type too.
+    const bool half_out = input != DType::kFp32 && act != Activation::kNone && y16 != nullptr;
+    const cuda::GemmInput in = GemmTypeOf(input), out = half_out ? in : cuda::GemmInput::kFp32;
+    const void* b = bias;
+    if (half_out) {
+      RETURN_IF_ERROR(Scratch(&bias16_, size_t{2} * N));
+      RETURN_IF_ERROR(Cast(DType::kFp32, input, N, bias, bias16_.data()));
+      b = bias16_.data();
+    }
+    cuda::EpilogueArgs e;
+    e.kind = ForwardEpilogue(act);
+    e.bias = b;
+    e.aux = act == Activation::kNone ? nullptr : aux;
+    if (profiling_) profile_.gemm_flops += 2ull * M * N * K;
+    RETURN_IF_ERROR(Timed(&profile_.gemm_seconds, [&] {
+      return ToStatus(blas_->GemmEpilogue(in, out, false, false, M, N, K, x, w, half_out ? static_cast<void*>(y16) : y, e));
+    }));
+    if (input != DType::kFp32 && y16 != nullptr && !half_out) {
+      RETURN_IF_ERROR(Cast(DType::kFp32, input, size_t{1} * M * N, y, y16));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status DenseWeightGrad(DType input, int M, int N, int K, const void* x, const void* dz, const float* dz_f32,
+                               float* dw, float* db) override {
+    if (!fused_ || !fused_bgrad_ || db == nullptr) {
+      return Backend::DenseWeightGrad(input, M, N, K, x, dz, dz_f32, dw, db);
+    }
+    cuda::EpilogueArgs e;
+    e.kind = cuda::Epilogue::kBgradB;  // db = column sums of dz, in the same GEMM
+    e.bias_grad = db;
+    if (profiling_) profile_.gemm_flops += 2ull * M * N * K;
+    return Timed(&profile_.gemm_seconds, [&] {
+      return ToStatus(blas_->GemmEpilogue(GemmTypeOf(input), cuda::GemmInput::kFp32, true, false, K, N, M, x, dz, dw, e));
+    });
+  }
+  absl::Status DenseInputGrad(DType input, int M, int N, int K, const void* dz, const void* w, Activation act,
+                              const void* aux, float* dx, uint16_t* dx16, float* db_below) override {
+    if (!fused_ || act == Activation::kNone) {
+      return Backend::DenseInputGrad(input, M, N, K, dz, w, act, aux, dx, dx16, db_below);
+    }
+    const bool half_out = input != DType::kFp32 && dx16 != nullptr;
+    const cuda::GemmInput in = GemmTypeOf(input), out = half_out ? in : cuda::GemmInput::kFp32;
+    // The epilogue writes the bias gradient in D's type: 16-bit into scratch,
+    // widened after; and somewhere even when the caller does not want it.
+    void* bias_grad = db_below;
+    if (half_out || db_below == nullptr) {
+      RETURN_IF_ERROR(Scratch(&dbias_, size_t{4} * K));
+      bias_grad = dbias_.data();
+    }
+    cuda::EpilogueArgs e;
+    e.kind = act == Activation::kRelu ? cuda::Epilogue::kDRelu : cuda::Epilogue::kDGelu;
+    e.bias_grad = bias_grad;
+    e.aux = const_cast<void*>(aux);
+    if (profiling_) profile_.gemm_flops += 2ull * M * N * K;
+    RETURN_IF_ERROR(Timed(&profile_.gemm_seconds, [&] {
+      return ToStatus(
+          blas_->GemmEpilogue(in, out, false, true, M, K, N, dz, w, half_out ? static_cast<void*>(dx16) : dx, e));
+    }));
+    if (half_out && db_below != nullptr) RETURN_IF_ERROR(Cast(input, DType::kFp32, K, bias_grad, db_below));
+    if (input != DType::kFp32 && dx16 != nullptr && !half_out) {
+      RETURN_IF_ERROR(Cast(DType::kFp32, input, size_t{1} * M * K, dx, dx16));
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs every fused layer call against the composed one on small shapes
+  // (widths that need padded aux rows included) and keeps the fused path
+  // only when all agree: a cuBLASLt without an algorithm for an epilogue,
+  // or one that computes it differently, costs speed, never correctness.
+  void CheckFusedLayers() {
+    auto check = [&]() -> std::string {
+      for (DType t : {DType::kFp32, DType::kBf16}) {
+        for (Activation a : {Activation::kRelu, Activation::kGelu}) {
+          absl::Status s = CompareFused(t, a);
+          if (!s.ok()) return absl::StrCat(DTypeName(t), " ", ActivationName(a), ": ", s.message());
+        }
+      }
+      return "";
+    };
+    fused_bgrad_ = true;
+    std::string why = check();
+    if (!why.empty()) {
+      // The bias-gradient epilogue is the least widely supported: try the
+      // others without it.
+      fused_bgrad_ = false;
+      const std::string without = check();
+      if (!without.empty()) why += absl::StrCat("; without the bias-gradient epilogue: ", without);
+      else why.clear();
+    }
+    fused_ = why.empty();
+    if (fused_) {
+      FLOG(INFO) << name() << ": dense layers fused into cuBLASLt epilogues"
+                 << (fused_bgrad_ ? "" : " (the top layer's bias gradient as a kernel of its own)")
+                 << ", checked against the unfused kernels";
+    } else {
+      FLOG(WARNING) << name() << ": dense layers run unfused (bias, activation and casts as kernels of their own): "
+                    << why;
+    }
+  }
+
   absl::Status ColumnSum(int M, int N, const float* x, float* out) override {
     return Other([&] { return cuda::ColumnSum(M, N, x, out, stream_); });
   }
@@ -219,11 +345,118 @@ class CudaBackend final : public Backend {
     return Timed(&profile_.other_seconds, [&] { return ToStatus(f()); });
   }
 
+  absl::Status Scratch(Buffer* b, size_t bytes) {
+    if (b->bytes() >= bytes) return absl::OkStatus();
+    ASSIGN_OR_RETURN(*b, Allocate(bytes));
+    return absl::OkStatus();
+  }
+
+  // One layer forward, input gradient and weight gradient, fused and
+  // composed; INTERNAL naming the first output that differs.
+  absl::Status CompareFused(DType t, Activation act) {
+    const int M = 64, N = 100, K = 72;
+    const bool lowp = t != DType::kFp32;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1, 1);
+    auto host = [&](size_t n) {
+      std::vector<float> v(n);
+      for (float& f : v) f = u(rng);
+      return v;
+    };
+    const std::vector<float> x = host(size_t{1} * M * K), w = host(size_t{1} * K * N), bias = host(N),
+                             dz = host(size_t{1} * M * N);
+    auto up = [&](const std::vector<float>& v, Buffer* out) -> absl::Status {
+      ASSIGN_OR_RETURN(Buffer f, Allocate(v.size() * 4));
+      RETURN_IF_ERROR(CopyToDevice(f.data(), v.data(), v.size() * 4));
+      if (!lowp) {
+        *out = std::move(f);
+        RETURN_IF_ERROR(Synchronize());
+        return absl::OkStatus();
+      }
+      ASSIGN_OR_RETURN(*out, Allocate(v.size() * 2));
+      RETURN_IF_ERROR(Cast(DType::kFp32, t, v.size(), f.data(), out->data()));
+      return Synchronize();
+    };
+    Buffer dx_in, dw_in, db_in, dzf;
+    RETURN_IF_ERROR(up(x, &dx_in));
+    RETURN_IF_ERROR(up(w, &dw_in));
+    RETURN_IF_ERROR(up(dz, &dzf));
+    ASSIGN_OR_RETURN(Buffer bias_d, Allocate(size_t{4} * N));
+    RETURN_IF_ERROR(CopyToDevice(bias_d.data(), bias.data(), size_t{4} * N));
+    ASSIGN_OR_RETURN(Buffer dz32, Allocate(size_t{4} * M * N));
+    RETURN_IF_ERROR(CopyToDevice(dz32.data(), dz.data(), size_t{4} * M * N));
+    // Outputs, read back as fp32: y (or y16), dx (or dx16), db_below, dw, db.
+    auto run = [&](bool fused, std::vector<std::vector<float>>* outs) -> absl::Status {
+      fused_ = fused;
+      ASSIGN_OR_RETURN(Buffer aux, Allocate(std::max<size_t>(1, DenseAuxBytes(t, act, M, N))));
+      ASSIGN_OR_RETURN(Buffer y, Allocate(size_t{4} * M * N));
+      ASSIGN_OR_RETURN(Buffer y16, Allocate(size_t{2} * M * N));
+      ASSIGN_OR_RETURN(Buffer dx, Allocate(size_t{4} * M * N));
+      ASSIGN_OR_RETURN(Buffer dx16, Allocate(size_t{2} * M * N));
+      ASSIGN_OR_RETURN(Buffer dbb, Allocate(size_t{4} * N));
+      ASSIGN_OR_RETURN(Buffer dwo, Allocate(size_t{4} * K * N));
+      ASSIGN_OR_RETURN(Buffer dbo, Allocate(size_t{4} * N));
+      // Layer F (K -> N): forward. Then the gradient into F's output from
+      // a layer G (N -> K) above it, through F's activation (F's aux):
+      // dz_G is M x K (x's values), w_G is N x K (w's values). Then F's
+      // weight gradient from dz (M x N).
+      RETURN_IF_ERROR(DenseForward(t, M, N, K, dx_in.data(), dw_in.data(), bias_d.as<float>(), act, aux.data(),
+                                   y.as<float>(), lowp ? y16.as<uint16_t>() : nullptr));
+      RETURN_IF_ERROR(DenseInputGrad(t, M, K, N, dx_in.data(), dw_in.data(), act, aux.data(), dx.as<float>(),
+                                     lowp ? dx16.as<uint16_t>() : nullptr, dbb.as<float>()));
+      RETURN_IF_ERROR(DenseWeightGrad(t, M, N, K, dx_in.data(), dzf.data(), dz32.as<float>(), dwo.as<float>(),
+                                      dbo.as<float>()));
+      auto down = [&](const Buffer& b, size_t n, bool half) -> absl::StatusOr<std::vector<float>> {
+        std::vector<float> v(n);
+        if (!half) {
+          RETURN_IF_ERROR(CopyToHost(v.data(), b.data(), n * 4));
+        } else {
+          ASSIGN_OR_RETURN(Buffer f, Allocate(n * 4));
+          RETURN_IF_ERROR(Cast(t, DType::kFp32, n, b.data(), f.data()));
+          RETURN_IF_ERROR(CopyToHost(v.data(), f.data(), n * 4));
+          RETURN_IF_ERROR(Synchronize());
+          return v;
+        }
+        RETURN_IF_ERROR(Synchronize());
+        return v;
+      };
+      outs->clear();
+      ASSIGN_OR_RETURN(auto oy, down(lowp ? y16 : y, size_t{1} * M * N, lowp));
+      ASSIGN_OR_RETURN(auto odx, down(lowp ? dx16 : dx, size_t{1} * M * N, lowp));
+      ASSIGN_OR_RETURN(auto odb, down(dbb, N, false));
+      ASSIGN_OR_RETURN(auto odw, down(dwo, size_t{1} * K * N, false));
+      ASSIGN_OR_RETURN(auto obo, down(dbo, N, false));
+      *outs = {oy, odx, odb, odw, obo};
+      return absl::OkStatus();
+    };
+    std::vector<std::vector<float>> fused, plain;
+    absl::Status s = run(true, &fused);
+    if (s.ok()) s = run(false, &plain);
+    fused_ = true;
+    if (!s.ok()) return s;
+    const char* names[] = {"y", "dx", "db_below", "dw", "db"};
+    const double tol = lowp ? 3e-2 : 2e-3;
+    for (size_t o = 0; o < plain.size(); ++o) {
+      double scale = 1e-3;
+      for (float v : plain[o]) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+      for (size_t i = 0; i < plain[o].size(); ++i) {
+        if (!(std::fabs(fused[o][i] - plain[o][i]) <= tol * scale)) {
+          return absl::InternalError(absl::StrCat(names[o], "[", i, "] is ", fused[o][i], " fused, ", plain[o][i],
+                                                  " unfused"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   cuda::DeviceInfo info_;
   cudaStream_t stream_;
   std::unique_ptr<cuda::Blas> blas_;
   double* sum_;
   int* flag_;
+  bool fused_ = false;
+  bool fused_bgrad_ = false;
+  Buffer bias16_, dbias_;  // scratch for the fused dense layers
 };
 
 }  // namespace
@@ -257,7 +490,9 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int ordinal) {
     cudaFree(flag);
     return s;
   }
-  return std::unique_ptr<Backend>(new CudaBackend(*info, stream, std::move(blas), sum, flag));
+  auto backend = std::make_unique<CudaBackend>(*info, stream, std::move(blas), sum, flag);
+  backend->CheckFusedLayers();
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 }  // namespace fulcrum::compute

@@ -121,7 +121,8 @@ class Mlp final : public Model {
       AddDense(absl::StrCat("dense", l, ".bias"), {dims_[l + 1]}, Zeros());
     }
     acts_.resize(dims_.size());
-    pre_.resize(dims_.size());
+    acts16_.resize(dims_.size());
+    aux_.resize(dims_.size());
     half_w_.resize(dims_.size());
     if (config_.precision == DType::kFp16) loss_scale_ = 65536.0f;
   }
@@ -137,8 +138,9 @@ class Mlp final : public Model {
     }
     RETURN_IF_ERROR(ClassLabels(batch, dims_[L], &labels_host_));
     const bool lowp = config_.precision != DType::kFp32;
-    // Activations: acts_[0] is the input, pre_[l+1] = acts_[l] W_l + b_l,
-    // acts_[l+1] = act(pre_[l+1]) (the logits for the last layer).
+    // Activations: acts_[0] is the input, acts_[l+1] = act(acts_[l] W_l +
+    // b_l) (no activation on the last layer: the logits); aux_[l+1] keeps
+    // what backward needs of the activation.
     RETURN_IF_ERROR(Reserve(&acts_[0], size_t{4} * B * dims_[0]));
     if (batch.device != nullptr) {
       // The dataset is on the device: gather and decode the batch's rows there.
@@ -148,30 +150,33 @@ class Mlp final : public Model {
     }
     RETURN_IF_ERROR(Reserve(&labels_, size_t{4} * B));
     RETURN_IF_ERROR(be_->CopyToDevice(labels_.data(), labels_host_.data(), size_t{4} * B));
+    const DType in = config_.precision;
+    if (lowp) RETURN_IF_ERROR(ToHalf(acts_[0].as<float>(), size_t{1} * B * dims_[0], &acts16_[0]));
     for (int l = 0; l < L; ++l) {
-      RETURN_IF_ERROR(Reserve(&pre_[l + 1], size_t{4} * B * dims_[l + 1]));
-      RETURN_IF_ERROR(Reserve(&acts_[l + 1], size_t{4} * B * dims_[l + 1]));
-      const float* W = tables_[2 * l].value.as<float>();
-      float* Z = pre_[l + 1].as<float>();
+      // One fused call per layer (backend.h): GEMM, bias, activation and,
+      // in 16 bits, the next layer's input, written by the GEMM itself.
+      const bool last = l + 1 == L;
+      const compute::Activation act = last ? compute::Activation::kNone : config_.activation;
+      const size_t out = size_t{1} * B * dims_[l + 1];
+      RETURN_IF_ERROR(Reserve(&acts_[l + 1], 4 * out));
+      RETURN_IF_ERROR(Reserve(&aux_[l + 1], std::max<size_t>(1, be_->DenseAuxBytes(in, act, B, dims_[l + 1]))));
+      if (lowp && !last) RETURN_IF_ERROR(Reserve(&acts16_[l + 1], 2 * out));
+      const void* W = tables_[2 * l].value.data();
       if (lowp) {
-        RETURN_IF_ERROR(ToHalf(acts_[l].as<float>(), size_t{1} * B * dims_[l], &half_x_));
-        RETURN_IF_ERROR(ToHalf(W, tables_[2 * l].elements, &half_w_[l]));
-        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, false, false, B, dims_[l + 1], dims_[l], 1.0f,
-                                      half_x_.as<uint16_t>(), half_w_[l].as<uint16_t>(), 0.0f, Z));
-      } else {
-        RETURN_IF_ERROR(be_->Gemm(false, false, B, dims_[l + 1], dims_[l], 1.0f, acts_[l].as<float>(), W, 0.0f, Z));
+        RETURN_IF_ERROR(ToHalf(static_cast<const float*>(W), tables_[2 * l].elements, &half_w_[l]));
+        W = half_w_[l].data();
       }
-      RETURN_IF_ERROR(be_->BiasAdd(B, dims_[l + 1], tables_[2 * l + 1].value.as<float>(), Z));
-      if (l + 1 < L) {
-        RETURN_IF_ERROR(be_->Activate(config_.activation, size_t{1} * B * dims_[l + 1], Z, acts_[l + 1].as<float>()));
-      }
+      RETURN_IF_ERROR(be_->DenseForward(in, B, dims_[l + 1], dims_[l], lowp ? acts16_[l].data() : acts_[l].data(), W,
+                                        tables_[2 * l + 1].value.as<float>(), act, aux_[l + 1].data(),
+                                        acts_[l + 1].as<float>(),
+                                        lowp && !last ? acts16_[l + 1].as<uint16_t>() : nullptr));
     }
     const int C = dims_[L];
     RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&delta_, size_t{4} * B * *std::max_element(dims_.begin() + 1, dims_.end())));
     const float scale = (config_.precision == DType::kFp16 ? loss_scale_ : 1.0f) / B;
-    RETURN_IF_ERROR(be_->SoftmaxCrossEntropy(B, C, pre_[L].as<float>(), labels_.as<int32_t>(), scale,
+    RETURN_IF_ERROR(be_->SoftmaxCrossEntropy(B, C, acts_[L].as<float>(), labels_.as<int32_t>(), scale,
                                              loss_.as<float>(), pred_.as<int32_t>(),
                                              train ? delta_.as<float>() : nullptr));
     Metrics m;
@@ -193,36 +198,39 @@ class Mlp final : public Model {
   absl::Status Backward(int B, Metrics* m) {
     const int L = static_cast<int>(dims_.size()) - 1;
     const bool lowp = config_.precision != DType::kFp32;
-    // delta_ holds dZ of layer l (B x dims_[l+1]); dx_ receives dX_l.
+    const DType in = config_.precision;
+    const size_t widest = size_t{1} * B * *std::max_element(dims_.begin() + 1, dims_.end());
+    // dZ of the layer being differentiated, fp32 (delta_: the softmax's, then
+    // dx_ and delta_ in turn) and in 16 bits (d16_[0], d16_[1] in turn).
+    Buffer* dz = &delta_;
+    Buffer* dx = &dx_;
+    RETURN_IF_ERROR(Reserve(&dx_, 4 * widest));
+    int cur = 0;
+    if (lowp) {
+      RETURN_IF_ERROR(Reserve(&d16_[0], 2 * widest));
+      RETURN_IF_ERROR(Reserve(&d16_[1], 2 * widest));
+      RETURN_IF_ERROR(be_->Cast(DType::kFp32, in, size_t{1} * B * dims_[L], delta_.data(), d16_[0].data()));
+    }
     for (int l = L - 1; l >= 0; --l) {
-      float* dZ = delta_.as<float>();
+      const void* dz_in = lowp ? d16_[cur].data() : dz->data();
       float* dW = tables_[2 * l].grad.as<float>();
-      float* db = tables_[2 * l + 1].grad.as<float>();
-      if (lowp) {
-        RETURN_IF_ERROR(ToHalf(dZ, size_t{1} * B * dims_[l + 1], &half_d_));
-        RETURN_IF_ERROR(ToHalf(acts_[l].as<float>(), size_t{1} * B * dims_[l], &half_x_));
-        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, true, false, dims_[l], dims_[l + 1], B, 1.0f,
-                                      half_x_.as<uint16_t>(), half_d_.as<uint16_t>(), 0.0f, dW));
-      } else {
-        RETURN_IF_ERROR(be_->Gemm(true, false, dims_[l], dims_[l + 1], B, 1.0f, acts_[l].as<float>(), dZ, 0.0f, dW));
-      }
-      RETURN_IF_ERROR(be_->ColumnSum(B, dims_[l + 1], dZ, db));
+      // The top layer's bias gradient comes with its weight gradient; each
+      // lower layer's came with the input gradient of the layer above.
+      float* db = l == L - 1 ? tables_[2 * l + 1].grad.as<float>() : nullptr;
+      RETURN_IF_ERROR(be_->DenseWeightGrad(in, B, dims_[l + 1], dims_[l], lowp ? acts16_[l].data() : acts_[l].data(),
+                                           dz_in, dz->as<float>(), dW, db));
       // fp16's loss scaling may still zero or rescale every gradient.
       if (config_.precision != DType::kFp16) {
         RETURN_IF_ERROR(GradientReady(2 * l + 1));  // the bias first: the weight completes the layer
         RETURN_IF_ERROR(GradientReady(2 * l));
       }
       if (l == 0) break;
-      RETURN_IF_ERROR(Reserve(&dx_, size_t{4} * B * dims_[l]));
-      if (lowp) {
-        RETURN_IF_ERROR(be_->GemmLowp(config_.precision, false, true, B, dims_[l], dims_[l + 1], 1.0f,
-                                      half_d_.as<uint16_t>(), half_w_[l].as<uint16_t>(), 0.0f, dx_.as<float>()));
-      } else {
-        RETURN_IF_ERROR(be_->Gemm(false, true, B, dims_[l], dims_[l + 1], 1.0f, dZ, tables_[2 * l].value.as<float>(),
-                                  0.0f, dx_.as<float>()));
-      }
-      RETURN_IF_ERROR(be_->ActivateGrad(config_.activation, size_t{1} * B * dims_[l], pre_[l].as<float>(),
-                                        dx_.as<float>(), delta_.as<float>()));
+      RETURN_IF_ERROR(be_->DenseInputGrad(in, B, dims_[l + 1], dims_[l], dz_in,
+                                          lowp ? half_w_[l].data() : tables_[2 * l].value.data(), config_.activation,
+                                          aux_[l].data(), dx->as<float>(), lowp ? d16_[1 - cur].as<uint16_t>() : nullptr,
+                                          tables_[2 * l - 1].grad.as<float>()));
+      std::swap(dz, dx);
+      cur = 1 - cur;
     }
     if (config_.precision != DType::kFp16) return absl::OkStatus();
     // Dynamic loss scaling.
@@ -260,8 +268,11 @@ class Mlp final : public Model {
   }
 
   std::vector<int> dims_;
-  std::vector<Buffer> acts_, pre_, half_w_;
-  Buffer labels_, loss_, pred_, delta_, dx_, half_x_, half_d_;
+  // Per layer: outputs (acts_[0] the input, acts_[L] the logits), their
+  // 16-bit copies, what backward needs of each activation, 16-bit weights.
+  std::vector<Buffer> acts_, acts16_, aux_, half_w_;
+  Buffer labels_, loss_, pred_, delta_, dx_;
+  Buffer d16_[2];
   std::vector<int32_t> labels_host_, pred_host_;
   std::vector<float> loss_host_;
   float loss_scale_ = 1.0f;
