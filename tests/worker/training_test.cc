@@ -181,7 +181,8 @@ TEST_CASE("an MLP on MNIST reaches >= 0.95 test accuracy in one epoch on the CPU
 // decoded on the host by one or several threads: the same weights and test
 // figures, bit for bit. A subset of the training file, as a train/test
 // split makes, checks that rows map into the file's bytes.
-TEST_CASE("batches built on the device train the weights of host-decoded batches, bit for bit", "[data]") {
+TEST_CASE("batches built on the device, or uploaded on their own stream, train the weights of host-decoded batches, "
+          "bit for bit", "[data]") {
   const std::string dir = Data("mnist");
   REQUIRE_OK_AND_ASSIGN(auto base,
                         data::ReadIdx(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte"));
@@ -193,7 +194,8 @@ TEST_CASE("batches built on the device train the weights of host-decoded batches
     std::vector<float> weights;
     double loss, accuracy;
   };
-  auto run = [&](data::DeviceDataMode mode, int threads) {
+  auto run = [&](data::DeviceDataMode mode, int threads,
+                 data::PrefetchOptions::Upload upload = data::PrefetchOptions::Upload::kOff) {
     models::ModelConfig c;
     c.type = "mlp";
     c.num_features = 784;
@@ -206,6 +208,7 @@ TEST_CASE("batches built on the device train the weights of host-decoded batches
     o.max_steps_per_epoch = 120;
     o.device_data = mode;
     o.decode_threads = threads;
+    o.upload = upload;
     Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAM, 0.001f), o);
     for (int epoch = 0; epoch < 2; ++epoch) {
       REQUIRE_OK_AND_ASSIGN(EpochResult e, r.trainer->TrainEpoch(*train, epoch));
@@ -224,6 +227,11 @@ TEST_CASE("batches built on the device train the weights of host-decoded batches
     CHECK(other.loss == host.loss);
     CHECK(other.accuracy == host.accuracy);
   }
+  // Batches that stream: uploaded on the backend's upload stream as soon as
+  // they are staged, the step waiting on its batch's upload event.
+  const Outcome uploaded = run(data::DeviceDataMode::kOff, 3, data::PrefetchOptions::Upload::kOn);
+  CHECK(uploaded.weights == host.weights);
+  CHECK(uploaded.loss == host.loss);
 }
 
 TEST_CASE("softmax regression reads gzipped Fashion-MNIST and learns it", "[data]") {

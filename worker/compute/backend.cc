@@ -1,5 +1,6 @@
 #include "worker/compute/backend.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -71,6 +72,14 @@ void Backend::Track(size_t bytes, bool add) {
   while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
 }
+
+absl::Status Backend::UploadAsync(void* dst, const void* pinned_src, size_t bytes, UploadEvent* ready) {
+  if (bytes > 0) std::memcpy(dst, pinned_src, bytes);
+  ready->handle.reset();
+  return absl::OkStatus();
+}
+
+absl::Status Backend::WaitForUpload(const UploadEvent&) { return absl::OkStatus(); }
 
 size_t Backend::DenseAuxBytes(DType, Activation act, int M, int N) const {
   return act == Activation::kNone ? 0 : size_t{4} * M * N;  // the pre-activation, fp32

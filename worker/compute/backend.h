@@ -56,6 +56,11 @@ class Buffer {
   bool host_ = false;
 };
 
+// An upload's completion (Backend::UploadAsync): a CUDA event on a GPU.
+struct UploadEvent {
+  std::shared_ptr<void> handle;
+};
+
 // Time spent per kind of work, filled only while profiling is on (each call
 // then waits for its work so the time is attributable).
 struct ComputeProfile {
@@ -92,6 +97,14 @@ class Backend {
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Zero(void* dst, size_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
+  // Uploads on a stream of their own, for the data pipeline's threads: the
+  // one part of a backend that may be called from any thread at any time.
+  // UploadAsync queues a copy from page-locked host memory (AllocateHost)
+  // and records *ready when it is done; WaitForUpload makes this backend's
+  // stream wait for *ready before its later work (the host does not wait).
+  // So a batch's upload overlaps the step before it. The CPU copies at once.
+  virtual absl::Status UploadAsync(void* dst, const void* pinned_src, size_t bytes, UploadEvent* ready);
+  virtual absl::Status WaitForUpload(const UploadEvent& ready);
 
   // ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is M x K and
   // op(B) K x N; A is stored K x M when trans_a, B N x K when trans_b.

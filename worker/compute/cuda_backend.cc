@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "cuda/blas.h"
@@ -55,6 +56,10 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    if (upload_ != nullptr) {
+      cudaStreamSynchronize(upload_);
+      cudaStreamDestroy(upload_);
+    }
     blas_.reset();
     cudaFree(sum_);
     cudaFree(flag_);
@@ -87,6 +92,31 @@ class CudaBackend final : public Backend {
     return CudaCall(cudaMemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync");
   }
   absl::Status Synchronize() override { return CudaCall(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+  absl::Status UploadAsync(void* dst, const void* src, size_t bytes, UploadEvent* ready) override {
+    cudaStream_t up;
+    {
+      absl::MutexLock lock(&upload_mu_);
+      if (upload_ == nullptr) {
+        RETURN_IF_ERROR(CudaCall(cudaSetDevice(info_.ordinal), "cudaSetDevice"));
+        RETURN_IF_ERROR(CudaCall(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking), "cudaStreamCreate(upload)"));
+      }
+      up = upload_;
+    }
+    RETURN_IF_ERROR(CudaCall(cudaSetDevice(info_.ordinal), "cudaSetDevice"));
+    if (ready->handle == nullptr) {
+      cudaEvent_t ev = nullptr;
+      RETURN_IF_ERROR(CudaCall(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+      ready->handle = std::shared_ptr<void>(ev, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    }
+    RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, up), "cudaMemcpyAsync(upload)"));
+    return CudaCall(cudaEventRecord(static_cast<cudaEvent_t>(ready->handle.get()), up), "cudaEventRecord(upload)");
+  }
+  absl::Status WaitForUpload(const UploadEvent& ready) override {
+    if (ready.handle == nullptr) return absl::OkStatus();
+    return CudaCall(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready.handle.get()), 0),
+                    "cudaStreamWaitEvent(upload)");
+  }
 
   absl::Status Gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, const float* B, float beta,
                     float* C) override {
@@ -456,6 +486,8 @@ class CudaBackend final : public Backend {
   int* flag_;
   bool fused_ = false;
   bool fused_bgrad_ = false;
+  absl::Mutex upload_mu_;
+  cudaStream_t upload_ = nullptr;  // the data pipeline's uploads (UploadAsync)
   Buffer bias16_, dbias_;  // scratch for the fused dense layers
 };
 

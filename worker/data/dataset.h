@@ -49,6 +49,13 @@ struct Batch {
     return staged.data() ? staged.as<float>() + dense.size() : labels.data();
   }
 
+  // Dense features already on their way to the device (the pipeline's
+  // upload stream, Backend::UploadAsync): `uploaded` holds size x
+  // num_features floats once `upload` is done; empty when not uploaded.
+  compute::Buffer uploaded;
+  compute::UploadEvent upload;
+  bool features_uploaded = false;
+
   // Set when the dataset lives on the device (device_data.h): `dense` stays
   // empty, and the features are gathered on the device from the stored rows
   // `rows` (staged after the labels) by device->Gather.
@@ -74,6 +81,7 @@ struct Batch {
     key_index.clear();
     device = nullptr;
     rows.clear();
+    features_uploaded = false;
   }
 };
 

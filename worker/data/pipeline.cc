@@ -120,6 +120,22 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
   if (!bt.rows.empty()) {
     std::memcpy(bt.staged.as<float>() + floats, bt.rows.data(), bt.rows.size() * sizeof(int32_t));
   }
+  const bool upload = options_.upload == PrefetchOptions::Upload::kOn ||
+                      (options_.upload == PrefetchOptions::Upload::kAuto && backend_->is_gpu());
+  if (upload && !bt.dense.empty()) {
+    const size_t dense_bytes = bt.dense.size() * sizeof(float);
+    if (bt.uploaded.bytes() < dense_bytes) {
+      bt.uploaded.Reset();
+      auto buf = backend_->Allocate(dense_bytes);
+      if (!buf.ok()) {
+        return absl::Status(buf.status().code(), absl::StrCat("uploading batch ", i, ": ", buf.status().message()));
+      }
+      bt.uploaded = std::move(*buf);
+    }
+    absl::Status s = backend_->UploadAsync(bt.uploaded.data(), bt.staged.data(), dense_bytes, &bt.upload);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("uploading batch ", i, ": ", s.message()));
+    bt.features_uploaded = true;
+  }
   return batch;
 }
 

@@ -8,7 +8,9 @@
 // Prefetcher decodes batches on `threads` background threads, up to `depth`
 // ahead of the consumer and handed out in order (batch i by thread i mod
 // threads: the same batches whatever the thread count), and stages them in
-// page-locked memory when given a backend. With a DeviceData it decodes no
+// page-locked memory when given a backend; on a GPU each dense batch then
+// starts its upload on the backend's upload stream at once, so it overlaps
+// the steps still computing. With a DeviceData it decodes no
 // features: it stages each batch's row numbers and labels, and the model
 // gathers the features on the device. Its wait_seconds() says how long
 // Next() blocked: time a step waited on data.
@@ -38,6 +40,11 @@ struct PrefetchOptions {
   bool drop_last = false;   // drop a final short batch
   int threads = 1;          // decoding threads
   const DeviceData* device = nullptr;  // the dataset on the device (device_data.h)
+  // Upload each dense batch's features on the backend's upload stream as
+  // soon as it is staged (Batch::uploaded), overlapping the steps before
+  // it. kAuto: on a GPU backend.
+  enum class Upload { kAuto, kOn, kOff };
+  Upload upload = Upload::kAuto;
 };
 
 // Decoding threads for a worker with `cores` cores that computes on a GPU

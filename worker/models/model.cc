@@ -145,6 +145,10 @@ class Mlp final : public Model {
     if (batch.device != nullptr) {
       // The dataset is on the device: gather and decode the batch's rows there.
       RETURN_IF_ERROR(batch.device->Gather(batch, acts_[0].as<float>()));
+    } else if (batch.features_uploaded) {
+      // Uploaded on the pipeline's stream while earlier steps computed.
+      RETURN_IF_ERROR(be_->WaitForUpload(batch.upload));
+      RETURN_IF_ERROR(be_->Copy(acts_[0].data(), batch.uploaded.data(), size_t{4} * B * dims_[0]));
     } else {
       RETURN_IF_ERROR(be_->CopyToDevice(acts_[0].data(), batch.dense_data(), size_t{4} * B * dims_[0]));
     }

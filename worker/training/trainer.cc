@@ -315,6 +315,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   const size_t skip = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(0, start_batch)) * options_.batch_size);
   order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(skip));
   po.threads = options_.decode_threads;
+  po.upload = options_.upload;
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
@@ -401,6 +402,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   po.batch_size = std::max(options_.batch_size, 256);
   po.depth = options_.prefetch_depth;
   po.threads = options_.decode_threads;
+  po.upload = options_.upload;
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(test));
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());

@@ -37,6 +37,7 @@
 #include "fulcrum/v1/common.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/data/device_data.h"
+#include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/ps_client.h"
 #include "worker/training/auto_batch.h"
@@ -66,6 +67,9 @@ struct TrainerOptions {
   // once per dataset.
   data::DeviceDataMode device_data = data::DeviceDataMode::kAuto;
   double device_data_share = 0.25;
+  // Datasets that stay on the host: dense batches start their upload on
+  // the backend's upload stream once staged (PrefetchOptions::upload).
+  data::PrefetchOptions::Upload upload = data::PrefetchOptions::Upload::kAuto;
   bool shuffle = true;
   int64_t max_steps_per_epoch = -1;  // -1: the whole shard
   // Pull step s+1's dense parameters when step s starts, and let pushes
