@@ -13,6 +13,7 @@
 // decoded by --decode_threads threads (0: as fulcrum-worker chooses).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "worker/compute/backend.h"
 #include "worker/data/device_data.h"
@@ -81,6 +83,42 @@ struct Case {
   models::ModelConfig config;
   int batch;
   const data::Dataset* data;
+  std::string torch_dims;  // the same step in PyTorch (torch_step.py): "784,1024,1024,10"; empty: none
+};
+
+// The torch column: tests/bench/torch_step.py run by `python` where torch
+// is installed. `why` says why a run gave no figure.
+struct TorchPeer {
+  std::string python = "python3";
+  std::string script = FULCRUM_SOURCE_DIR "/tests/bench/torch_step.py";
+  bool enabled = true;
+  std::string why;
+
+  // samples/s, or -1 with `why` set.
+  double Run(const std::string& device, const Case& c, int steps, int threads) {
+    if (!enabled || c.torch_dims.empty()) return -1;
+    const std::string cmd =
+        absl::StrCat(python, " ", script, " --device ", device, " --dims ", c.torch_dims, " --batch ", c.batch,
+                     " --precision ", DTypeName(c.config.precision), " --steps ", std::max(steps, 3), " --threads ",
+                     threads, " 2>&1");
+    FILE* f = popen(cmd.c_str(), "r");
+    if (f == nullptr) {
+      why = "cannot run " + python;
+      enabled = false;
+      return -1;
+    }
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+    const int rc = pclose(f);
+    const size_t at = out.find("samples_per_second ");
+    if (rc != 0 || at == std::string::npos) {
+      why = out.empty() ? absl::StrCat(cmd, " failed") : out.substr(0, out.find('\n'));
+      enabled = false;  // torch missing: no use asking again
+      return -1;
+    }
+    return std::strtod(out.c_str() + at + 19, nullptr);
+  }
 };
 
 struct DataOptions {
@@ -88,7 +126,7 @@ struct DataOptions {
   int decode_threads = 0;  // 0: data::DefaultDecodeThreads
 };
 
-void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& d) {
+void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& d, TorchPeer* torch) {
   auto model = models::CreateModel(c.config, &be);
   if (!model.ok()) {
     std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(model.status().message()).c_str());
@@ -152,11 +190,16 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
   const uint64_t flops = be.profile().gemm_flops;
   const double wait = prefetch.wait_seconds() - wait_before;
   const double rest = std::max(0.0, total - gemm - other - copy - wait);
-  std::printf("| %s | %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s |\n", c.name.c_str(),
+  const double ours = done * c.batch / total;
+  const double peer = torch->Run(be.is_gpu() ? "cuda" : "cpu", c, steps,
+                                 be.is_gpu() ? 0 : static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("| %s | %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s | %s | %s |\n", c.name.c_str(),
               po.device != nullptr ? "device" : absl::StrCat("host, ", po.threads, " thread(s)").c_str(), c.batch,
-              done * c.batch / total, 100 * gemm / total, 100 * other / total, 100 * copy / total,
-              100 * wait / total, 100 * rest / total,
-              gemm > 0 ? absl::StrCat(static_cast<int>(flops / gemm / 1e9), " GFLOP/s").c_str() : "-");
+              ours, 100 * gemm / total, 100 * other / total, 100 * copy / total, 100 * wait / total,
+              100 * rest / total,
+              gemm > 0 ? absl::StrCat(static_cast<int>(flops / gemm / 1e9), " GFLOP/s").c_str() : "-",
+              peer > 0 ? absl::StrFormat("%.0f", peer).c_str() : "-",
+              peer > 0 ? absl::StrFormat("%.2fx", ours / peer).c_str() : "-");
 }
 
 // The backend's own GEMM speed on the MLP's shapes (forward and both
@@ -205,6 +248,11 @@ int main(int argc, char** argv) {
   int steps = 0;
   DType precision = DType::kFp32;
   DataOptions data_options;
+  TorchPeer torch;
+  // A bundle run elsewhere (tests/gpu/bench.sh) names its own source tree.
+  if (const char* src = std::getenv("FULCRUM_SOURCE_DIR"); src != nullptr && *src != 0) {
+    torch.script = std::string(src) + "/tests/bench/torch_step.py";
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -214,11 +262,15 @@ int main(int argc, char** argv) {
     else if (a == "--precision=fp16") precision = DType::kFp16;
     else if (a == "--precision=fp32") precision = DType::kFp32;
     else if (a.rfind("--decode_threads=", 0) == 0) data_options.decode_threads = std::stoi(a.substr(17));
+    else if (a == "--torch=off") torch.enabled = false;
+    else if (a.rfind("--python=", 0) == 0) torch.python = a.substr(9);
+    else if (a.rfind("--torch_script=", 0) == 0) torch.script = a.substr(15);
     else if (a.rfind("--device_data=", 0) == 0 && data::DeviceDataModeFromName(a.substr(14)).ok()) {
       data_options.device_data = *data::DeviceDataModeFromName(a.substr(14));
     } else {
       std::fprintf(stderr, "usage: fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--steps=N] "
-                           "[--precision=fp32|bf16|fp16] [--decode_threads=N] [--device_data=auto|on|off]\n");
+                           "[--precision=fp32|bf16|fp16] [--decode_threads=N] [--device_data=auto|on|off] "
+                           "[--torch=off] [--python=PATH] [--torch_script=PATH]\n");
       return 2;
     }
   }
@@ -255,19 +307,27 @@ int main(int argc, char** argv) {
     cases.push_back(std::move(c));
     return &cases.back();
   };
-  add("softmax 784-10", "softmax", mlp_batch, mnist_like.get());
+  add("softmax 784-10", "softmax", mlp_batch, mnist_like.get())->torch_dims = "784,10";
   {
     Case* c = add("mlp 784-1024-1024-10", "mlp", mlp_batch, mnist_like.get());
     c->config.hidden = {1024, 1024};
     c->config.precision = precision;
+    c->torch_dims = "784,1024,1024,10";
   }
   add("sparse_lr, 64 nnz", "sparse_lr", sparse_batch, &sparse);
   add("fm k=16, 64 nnz", "fm", sparse_batch, &sparse);
   add("mf k=16", "mf", sparse_batch, &ratings);
 
-  std::printf("| model | batches built | batch | samples/s | GEMM | other kernels | copies | data wait | host (keys, launch) | GEMM speed |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Case& c : cases) RunCase(**be, c, steps, data_options);
+  std::printf("| model | batches built | batch | samples/s | GEMM | other kernels | copies | data wait | host (keys, launch) | GEMM speed | torch samples/s | vs torch |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Case& c : cases) RunCase(**be, c, steps, data_options, &torch);
+  if (!torch.enabled || !torch.why.empty()) {
+    std::printf("\ntorch column empty: %s\n", torch.why.empty() ? "--torch=off" : torch.why.c_str());
+  } else {
+    std::printf("\ntorch column: the same step in PyTorch (tests/bench/torch_step.py: same widths, batch and "
+                "precision, bytes decoded on the device, autocast for bf16/fp16 on a GPU), run by %s\n",
+                torch.python.c_str());
+  }
   const double bound = GemmBound(**be, mlp_dims, mlp_batch, precision, quick ? 2 : (gpu ? 50 : 5));
   std::printf("\nGEMM bound: the backend's %s GEMMs alone on the MLP's shapes (batch %d): %.0f GFLOP/s\n",
               DTypeName(precision), mlp_batch, bound);

@@ -5,8 +5,8 @@
 #   2. runs gpu_test (every kernel and model against the CPU backend) and
 #      the compute benchmark, prebuilt by tests/gpu/bundle.sh into .gpu-bundle/;
 #   3. where torch is installed, compares one MLP step's gradients with
-#      torch autograd (tests/gpu/torch_check.py) and times the same MLP step
-#      in torch (tests/gpu/torch_mlp_bench.py).
+#      torch autograd (tests/gpu/torch_check.py); the compute benchmark's
+#      torch column times the same steps in torch (tests/bench/torch_step.py).
 # Results go to stdout and, when $OUT is set, to $OUT/gpu-results.txt.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -39,14 +39,11 @@ if [[ -x $bundle/gpu_test ]]; then
   else
     echo "SKIPPED: torch not installed: no torch cross-check"
   fi
+  export FULCRUM_SOURCE_DIR=$root  # the compute bench's torch column finds tests/bench/torch_step.py here
   for p in fp32 bf16 fp16; do
     step "fulcrum-compute-bench --device=cuda:0 --precision=$p"
     "$bundle/fulcrum-compute-bench" --device=cuda:0 --precision=$p || fail "compute bench $p"
   done
-  if python3 -c "import torch" 2>/dev/null; then
-    step "the same MLP step in torch"
-    python3 tests/gpu/torch_mlp_bench.py || fail "torch bench"
-  fi
 else
   fail "$bundle/gpu_test missing: run tests/gpu/bundle.sh on the build machine and carry .gpu-bundle"
 fi
