@@ -996,7 +996,10 @@ class FakeNodes {
           v1::HeartbeatRequest hb;
           hb.set_node_id(id);  // generation 0: answered at once
           v1::HeartbeatResponse r;
-          (void)stub->Heartbeat(Ctx().get(), hb, &r);  // fails while the coordinator restarts
+          if (stub->Heartbeat(Ctx().get(), hb, &r).ok()) {  // fails while the coordinator restarts
+            std::lock_guard<std::mutex> l(mu_);
+            assignments_[id].assign(r.assignments().begin(), r.assignments().end());
+          }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -1006,8 +1009,17 @@ class FakeNodes {
     stop_ = true;
     heartbeats_.join();
   }
+  // Every node's assignments as its last heartbeat answered them.
+  std::vector<v1::Assignment> Assignments() const {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<v1::Assignment> all;
+    for (const auto& [id, a] : assignments_) all.insert(all.end(), a.begin(), a.end());
+    return all;
+  }
 
  private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<v1::Assignment>> assignments_;
   std::vector<std::string> ids_;
   std::atomic<bool> stop_{false};
   std::thread heartbeats_;
@@ -1061,6 +1073,66 @@ TEST_CASE("an evaluation-only report fills in test figures an epoch lacks and ch
   // Only once: a second evaluation of the same epoch changes nothing.
   REQUIRE(ReportEvaluation(cluster.address(), running, 2, 0.1).ok());
   CHECK(Get(cluster.jobs(), id).status().test_accuracy() == 0.9);
+  Cancel(cluster.jobs(), id);
+}
+
+TEST_CASE("GPU time adds up over a job's reports, and batch_size auto's choice reaches every rank's assignment",
+          "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeNodes fakes(cluster.address(), 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_batch_size(0);
+  spec.mutable_batch_size_auto()->set_enabled(true);
+  std::string id;
+  const v1::Job running = SubmitRunning(cluster.jobs(), spec, &id);
+  auto report = [&](uint32_t rank, double busy, double idle, uint32_t batch) {
+    v1::ReportProgressResponse resp;
+    grpc::Status s = ReportAsRank(
+        cluster.address(), running, rank,
+        [&](v1::ReportProgressRequest& req) {
+          req.mutable_progress()->set_state("training");
+          req.mutable_progress()->set_gpu_busy_seconds(busy);
+          req.mutable_progress()->set_gpu_idle_seconds(idle);
+          req.mutable_progress()->set_batch_size(batch);
+          if (batch > 0) req.mutable_progress()->set_batch_size_choice("batch 128, lr x4 (tried ...)");
+        },
+        &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  };
+  // A rank's figures are totals for its incarnation: the job adds the growth.
+  report(0, 10, 5, 0);
+  report(0, 12, 6, 0);
+  report(1, 3, 1, 0);
+  v1::Job j = Get(cluster.jobs(), id);
+  CHECK(j.status().gpu_busy_seconds() == 15);
+  CHECK(j.status().gpu_idle_seconds() == 7);
+  // Before rank 0 chose, assignments carry no batch; rank 1 cannot choose.
+  report(1, 3, 1, 64);
+  CHECK(Get(cluster.jobs(), id).status().batch_size() == 0);
+  for (const v1::Assignment& a : fakes.Assignments()) CHECK(a.spec().batch_size() == 0);
+  report(0, 12, 6, 128);
+  j = Get(cluster.jobs(), id);
+  CHECK(j.status().batch_size() == 128);
+  CHECK(j.status().batch_size_choice() == "batch 128, lr x4 (tried ...)");
+  CHECK(j.status().gpu_busy_seconds() == 15);
+  // Every rank's next assignment carries the choice.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool all = false;
+  while (!all && absl::Now() < deadline) {
+    const std::vector<v1::Assignment> as = fakes.Assignments();
+    all = as.size() == 2;
+    for (const v1::Assignment& a : as) all = all && a.spec().batch_size() == 128 && a.spec().batch_size_auto().enabled();
+    if (!all) absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(all);
+  // A worker's impossible figures are refused by field.
+  v1::ReportProgressResponse resp;
+  const grpc::Status bad = ReportAsRank(
+      cluster.address(), running, 0, [](v1::ReportProgressRequest& req) { req.mutable_progress()->set_gpu_idle_seconds(-1); },
+      &resp);
+  CHECK(bad.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(bad.error_message(), "progress.gpu_idle_seconds"));
   Cancel(cluster.jobs(), id);
 }
 
