@@ -244,6 +244,31 @@ CudaStatus Axpy(size_t n, float alpha, const float* x, float* y, cudaStream_t s)
   AxpyKernel<<<Blocks(n), kThreads, 0, s>>>(n, alpha, x, y);
   return Launched("AxpyKernel");
 }
+__global__ void OptimizerUpdateKernel(UpdateParams p, size_t n, float* w, const float* g, float* m, float* v) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{blockDim.x} * gridDim.x) {
+    if (p.kind == 0) {
+      w[i] -= p.lr * (g[i] + p.weight_decay * w[i]);
+    } else if (p.kind == 1) {
+      const float gi = g[i] + p.weight_decay * w[i];
+      m[i] = p.momentum * m[i] + gi;
+      w[i] -= p.nesterov ? p.lr * (gi + p.momentum * m[i]) : p.lr * m[i];
+    } else {
+      const float gi = g[i] + p.l2 * w[i];
+      m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
+      v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
+      const float denom = sqrtf(v[i]) * p.inv_bc2_sqrt + p.epsilon;
+      w[i] = w[i] * p.decay - p.step_size * m[i] / denom;
+    }
+  }
+}
+
+CudaStatus OptimizerUpdate(const UpdateParams& p, size_t n, float* w, const float* g, float* m, float* v,
+                           cudaStream_t s) {
+  if (n == 0) return CudaStatus::Ok();
+  OptimizerUpdateKernel<<<Blocks(n), kThreads, 0, s>>>(p, n, w, g, m, v);
+  return Launched("OptimizerUpdateKernel");
+}
+
 CudaStatus Scale(size_t n, float alpha, float* x, cudaStream_t s) {
   if (n == 0) return CudaStatus::Ok();
   ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(n, alpha, x);

@@ -37,6 +37,18 @@ CudaStatus SigmoidCrossEntropy(int M, const float* logits, const float* labels, 
 CudaStatus SquaredError(int M, const float* pred, const float* target, float scale, float* loss,
                         float* dpred, cudaStream_t s);
 
+// One optimizer update per element (local steps' inner optimizer): kind 0
+// SGD, 1 momentum (nesterov), 2 Adam, 3 AdamW; the server's formulas
+// (server/optimizer.cc). Adam's bias corrections come precomputed.
+struct UpdateParams {
+  int kind = 0;
+  float lr = 0, momentum = 0, weight_decay = 0, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
+  float step_size = 0, inv_bc2_sqrt = 1, decay = 1, l2 = 0;
+  bool nesterov = false;
+};
+CudaStatus OptimizerUpdate(const UpdateParams& p, size_t n, float* w, const float* g, float* m, float* v,
+                           cudaStream_t s);
+
 CudaStatus Gather(int n, int dim, const float* rows, const int32_t* idx, float* out, cudaStream_t s);
 // out[i, k] = scale * table[idx[i], k], table rows of `cols` bytes: a
 // dataset's stored pixels gathered and decoded into a batch on the device.

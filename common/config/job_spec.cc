@@ -167,10 +167,32 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   if (c.model() == v1::ConsistencySpec::SSP && c.staleness() == 0) {
     p.push_back("consistency.staleness: ssp needs a bound >= 1 (0 is bsp)");
   }
-  if (c.model() != v1::ConsistencySpec::SSP && c.staleness() != 0) {
-    p.push_back("consistency.staleness: only ssp has a staleness bound");
+  const bool local = c.model() == v1::ConsistencySpec::LOCAL;
+  if (c.model() != v1::ConsistencySpec::SSP && !local && c.staleness() != 0) {
+    p.push_back("consistency.staleness: only ssp (in steps) and local (in rounds) have a staleness bound");
   }
   if (c.staleness() > 1000) p.push_back("consistency.staleness: at most 1000");
+  if (local) {
+    if (c.sync_every_steps() < 1 || c.sync_every_steps() > 100000) {
+      p.push_back(absl::StrCat("consistency.sync_every_steps: ", c.sync_every_steps(),
+                               " must be 1 to 100000 (inner steps per round) for local"));
+    }
+    const v1::OptimizerSpec& in = c.inner_optimizer();
+    if (!OneOf(v1::OptimizerSpec::Kind_Name(in.kind()), {"SGD", "MOMENTUM", "ADAM", "ADAMW"})) {
+      p.push_back(absl::StrCat("consistency.inner_optimizer.kind: ", absl::AsciiStrToLower(v1::OptimizerSpec::Kind_Name(in.kind())),
+                               " does not run on workers; allowed: sgd, momentum, adam, adamw"));
+    }
+    if (!(in.learning_rate() > 0) || !std::isfinite(in.learning_rate())) {
+      p.push_back(absl::StrCat("consistency.inner_optimizer.learning_rate: ", in.learning_rate(),
+                               " must be a finite value > 0"));
+    }
+    if (!OneOf(spec.model().type(), {"softmax", "mlp"})) {
+      p.push_back(absl::StrCat("consistency.model: local covers dense models (softmax, mlp); model '",
+                               spec.model().type(), "' has sparse tables"));
+    }
+  } else if (c.sync_every_steps() != 0 || c.has_inner_optimizer()) {
+    p.push_back("consistency.sync_every_steps, inner_optimizer: only the local model has inner steps");
+  }
   // schedule
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
     p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to ", kMaxWorkers));

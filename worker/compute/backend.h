@@ -56,6 +56,21 @@ class Buffer {
   bool host_ = false;
 };
 
+// A worker-side optimizer (local steps' inner optimizer), with the
+// servers' formulas (server/optimizer.cc): weight_decay is L2 added to the
+// gradient except for AdamW, where it is decoupled.
+struct InnerOptimizer {
+  enum class Kind { kSgd, kMomentum, kAdam, kAdamW };
+  Kind kind = Kind::kSgd;
+  float learning_rate = 0.01f;
+  float momentum = 0;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
+  float weight_decay = 0;
+  // State buffers it needs per weight: 0 (SGD), 1 (momentum), 2 (Adam).
+  int slots() const { return kind == Kind::kSgd ? 0 : kind == Kind::kMomentum ? 1 : 2; }
+};
+
 // An upload's completion (Backend::UploadAsync): a CUDA event on a GPU.
 struct UploadEvent {
   std::shared_ptr<void> handle;
@@ -168,6 +183,12 @@ class Backend {
   // next weight and input gradients' dz), and dx only on the composed path.
   virtual absl::Status DenseInputGrad(DType input, int M, int N, int K, const void* dz, const void* w,
                                       Activation act, const void* aux, float* dx, uint16_t* dx16, float* db_below);
+
+  // ---- optimizer on the device: one update of w (n floats) by gradient g
+  // with `o`; m and v its state (o.slots() of them, zeros at first), t the
+  // update's count from 1 (Adam's bias correction).
+  virtual absl::Status OptimizerUpdate(const InnerOptimizer& o, size_t n, float* w, const float* g, float* m,
+                                       float* v, uint64_t t) = 0;
 
   // ---- losses (per-row loss out; gradients scaled by `scale`, null to skip)
   // Fused softmax + cross-entropy over rows of N logits: loss[i] =

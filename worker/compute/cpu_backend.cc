@@ -173,6 +173,47 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
     return absl::OkStatus();
   }
+  absl::Status OptimizerUpdate(const InnerOptimizer& o, size_t n, float* w, const float* g, float* m, float* v,
+                               uint64_t t) override {
+    Timed timed(profiling_, &profile_.other_seconds);
+    const float lr = o.learning_rate, wd = o.weight_decay, mu = o.momentum;
+    switch (o.kind) {
+      case InnerOptimizer::Kind::kSgd:
+        Elements(n, [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+        });
+        break;
+      case InnerOptimizer::Kind::kMomentum:
+        Elements(n, [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) {
+            const float gi = g[i] + wd * w[i];
+            m[i] = mu * m[i] + gi;
+            w[i] -= o.nesterov ? lr * (gi + mu * m[i]) : lr * m[i];
+          }
+        });
+        break;
+      case InnerOptimizer::Kind::kAdam:
+      case InnerOptimizer::Kind::kAdamW: {
+        const bool decoupled = o.kind == InnerOptimizer::Kind::kAdamW;
+        const double td = static_cast<double>(t);
+        const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), td));
+        const float inv_bc2_sqrt = 1.0f / static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td)));
+        const float step_size = lr / bc1, l2 = decoupled ? 0.0f : wd, decay = decoupled ? 1.0f - lr * wd : 1.0f;
+        Elements(n, [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) {
+            const float gi = g[i] + l2 * w[i];
+            m[i] = o.beta1 * m[i] + (1.0f - o.beta1) * gi;
+            v[i] = o.beta2 * v[i] + (1.0f - o.beta2) * gi * gi;
+            const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + o.epsilon;
+            w[i] = w[i] * decay - step_size * m[i] / denom;
+          }
+        });
+        break;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Scale(size_t n, float alpha, float* x) override {
     Timed t(profiling_, &profile_.other_seconds);
     for (size_t i = 0; i < n; ++i) x[i] *= alpha;

@@ -273,6 +273,28 @@ class CudaBackend final : public Backend {
   absl::Status ActivateGrad(Activation a, size_t n, const float* x, const float* dy, float* dx) override {
     return Other([&] { return cuda::ActivateGrad(ToAct(a), n, x, dy, dx, stream_); });
   }
+  absl::Status OptimizerUpdate(const InnerOptimizer& o, size_t n, float* w, const float* g, float* m, float* v,
+                               uint64_t t) override {
+    cuda::UpdateParams p;
+    p.kind = static_cast<int>(o.kind);
+    p.lr = o.learning_rate;
+    p.momentum = o.momentum;
+    p.nesterov = o.nesterov;
+    p.weight_decay = o.weight_decay;
+    p.beta1 = o.beta1;
+    p.beta2 = o.beta2;
+    p.epsilon = o.epsilon;
+    if (o.kind == InnerOptimizer::Kind::kAdam || o.kind == InnerOptimizer::Kind::kAdamW) {
+      const bool decoupled = o.kind == InnerOptimizer::Kind::kAdamW;
+      const double td = static_cast<double>(t);
+      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), td));
+      p.inv_bc2_sqrt = 1.0f / static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td)));
+      p.step_size = o.learning_rate / bc1;
+      p.l2 = decoupled ? 0.0f : o.weight_decay;
+      p.decay = decoupled ? 1.0f - o.learning_rate * o.weight_decay : 1.0f;
+    }
+    return Other([&] { return cuda::OptimizerUpdate(p, n, w, g, m, v, stream_); });
+  }
   absl::Status Axpy(size_t n, float alpha, const float* x, float* y) override {
     return Other([&] { return cuda::Axpy(n, alpha, x, y, stream_); });
   }

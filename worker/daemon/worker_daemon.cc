@@ -491,6 +491,11 @@ class WorkerDaemon::Runner {
     to.device_data_share = options_.device_data_share;
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
     to.clip_global_norm = spec.optimizer().clip_global_norm();
+    if (spec.consistency().model() == v1::ConsistencySpec::LOCAL) {
+      to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
+      ASSIGN_OR_RETURN(to.inner, training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer()));
+      to.prefetch_parameters = false;  // a round pulls once, at its start
+    }
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
       OnStep(step, m, t);
     };
@@ -510,8 +515,13 @@ class WorkerDaemon::Runner {
         start = std::min(start, c);
       }
       if (start == UINT64_MAX) start = 0;
-      start = std::min(start, total_steps_);
-      FLOG(INFO) << tag << ": replacing a lost worker; resuming at step " << start << " of " << total_steps_;
+      // Under local steps the servers count rounds: resume at the start of
+      // the first round they lack (its inner steps are lost).
+      const uint64_t clock = start;
+      start = std::min(trainer.StepOfClock(clock, spe), total_steps_);
+      trainer.ResumeAtClock(clock, spe);
+      FLOG(INFO) << tag << ": replacing a lost worker; resuming at step " << start << " of " << total_steps_
+                 << (trainer.local() ? absl::StrCat(" (round ", clock, ")") : std::string());
     }
     trainer.set_step(start);
     progress_.set_step(start);

@@ -81,7 +81,9 @@ int main(int argc, char** argv) {
   fulcrum::LocalPsClient client(*server, "local", 0);
   fulcrum::v1::ConsistencySpec bsp;
   bsp.set_model(fulcrum::v1::ConsistencySpec::BSP);
-  s = client.CreateJob(fulcrum::training::JobSpecFor(**model, "local", spec.optimizer(), bsp, 1));
+  // One worker: BSP, unless the spec asks for local steps (rounds then).
+  const bool local = spec.consistency().model() == fulcrum::v1::ConsistencySpec::LOCAL;
+  s = client.CreateJob(fulcrum::training::JobSpecFor(**model, "local", spec.optimizer(), local ? spec.consistency() : bsp, 1));
   if (!s.ok()) return fail(s);
   fulcrum::training::TrainerOptions to;
   to.job_id = "local";
@@ -99,6 +101,12 @@ int main(int argc, char** argv) {
     to.lr_scaling = choice->lr;
   }
   to.seed = spec.seed();
+  if (local) {
+    to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
+    auto inner = fulcrum::training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer());
+    if (!inner.ok()) return fail(inner.status());
+    to.inner = *inner;
+  }
   to.prefetch_parameters = true;  // as fulcrum-worker does
   to.clip_global_norm = spec.optimizer().clip_global_norm();
   to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0

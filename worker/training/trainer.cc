@@ -21,12 +21,43 @@ v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const 
   spec.set_job_id(job_id);
   spec.set_num_workers(num_workers);
   *spec.mutable_consistency() = consistency;
+  if (consistency.model() == v1::ConsistencySpec::LOCAL) {
+    // The servers see rounds: each push is a round's pseudo-gradient,
+    // collected under BSP, or under SSP with `staleness` rounds of slack.
+    v1::ConsistencySpec rounds;
+    rounds.set_model(consistency.staleness() > 0 ? v1::ConsistencySpec::SSP : v1::ConsistencySpec::BSP);
+    rounds.set_staleness(consistency.staleness());
+    *spec.mutable_consistency() = rounds;
+  }
   for (const models::Table& t : model.tables()) {
     v1::TableSpec* ts = spec.add_tables();
     *ts = t.spec;
     *ts->mutable_optimizer() = optimizer;
   }
   return spec;
+}
+
+absl::StatusOr<compute::InnerOptimizer> InnerOptimizerFromSpec(const v1::OptimizerSpec& spec) {
+  compute::InnerOptimizer o;
+  switch (spec.kind()) {
+    case v1::OptimizerSpec::KIND_UNSPECIFIED:
+    case v1::OptimizerSpec::SGD: o.kind = compute::InnerOptimizer::Kind::kSgd; break;
+    case v1::OptimizerSpec::MOMENTUM: o.kind = compute::InnerOptimizer::Kind::kMomentum; break;
+    case v1::OptimizerSpec::ADAM: o.kind = compute::InnerOptimizer::Kind::kAdam; break;
+    case v1::OptimizerSpec::ADAMW: o.kind = compute::InnerOptimizer::Kind::kAdamW; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("consistency.inner_optimizer.kind: ",
+                                                     v1::OptimizerSpec::Kind_Name(spec.kind()),
+                                                     " cannot run on a worker; allowed: sgd, momentum, adam, adamw"));
+  }
+  if (spec.learning_rate() > 0) o.learning_rate = spec.learning_rate();
+  o.momentum = spec.momentum();
+  o.nesterov = spec.nesterov();
+  if (spec.beta1() > 0) o.beta1 = spec.beta1();
+  if (spec.beta2() > 0) o.beta2 = spec.beta2();
+  if (spec.epsilon() > 0) o.epsilon = spec.epsilon();
+  o.weight_decay = spec.weight_decay();
+  return o;
 }
 
 bool AllowsPrefetch(const v1::ConsistencySpec& c) {
@@ -289,7 +320,7 @@ absl::StatusOr<std::string> Trainer::DenseFingerprint() {
   RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
   Drain();
   RETURN_IF_ERROR(Stage(0, /*values=*/true, /*grads=*/false));
-  PullBatch pull = PullFor(step_, 0, /*dense=*/true, /*sparse=*/false);
+  PullBatch pull = PullFor(clock(), 0, /*dense=*/true, /*sparse=*/false);
   RETURN_IF_ERROR(Pull(pull));
   uint64_t h = 1469598103934665603ull;
   for (const DenseTarget& t : pull.dense) {
@@ -325,6 +356,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
     steps = std::min(steps, std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch));
   }
   absl::Status s = [&]() -> absl::Status {
+    if (local()) return TrainLocal(prefetch, steps, &result);
     while (result.steps < steps) {
       if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
       const auto t_data = Clock::now();
@@ -380,6 +412,134 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   return result;
 }
 
+// ---------------------------------------------------------------- local steps
+
+uint64_t Trainer::StepOfClock(uint64_t clock, int64_t steps_per_epoch) const {
+  if (!local() || steps_per_epoch <= 0) return clock;
+  const uint64_t spe = static_cast<uint64_t>(steps_per_epoch), h = static_cast<uint64_t>(options_.sync_every);
+  const uint64_t rounds_per_epoch = (spe + h - 1) / h;
+  return clock / rounds_per_epoch * spe + clock % rounds_per_epoch * h;
+}
+
+void Trainer::ResumeAtClock(uint64_t clock, int64_t steps_per_epoch) {
+  step_ = StepOfClock(clock, steps_per_epoch);
+  if (local()) {
+    round_ = clock;
+    in_round_ = 0;
+  }
+}
+
+absl::Status Trainer::BeginRound() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // The servers' weights after every round before this one (BSP) or within
+  // the bound (SSP), as the replica's start and the pseudo-gradient's anchor.
+  RETURN_IF_ERROR(Stage(0, /*values=*/true, /*grads=*/false));
+  RETURN_IF_ERROR(Pull(PullFor(round_, 0, /*dense=*/true, /*sparse=*/false)));
+  RETURN_IF_ERROR(CopyToDevice(0));
+  anchor_.resize(tables.size());
+  inner_m_.resize(tables.size());
+  inner_v_.resize(tables.size());
+  const int slots = options_.inner.slots();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
+    if (anchor_[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(anchor_[i], be->Allocate(bytes));
+    }
+    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), tables[i].value.data(), tables[i].elements * 4));
+    // The inner optimizer's state lives on the device across rounds.
+    for (int k = 0; k < slots; ++k) {
+      compute::Buffer& b = k == 0 ? inner_m_[i] : inner_v_[i];
+      if (b.bytes() >= bytes) continue;
+      ASSIGN_OR_RETURN(b, be->Allocate(bytes));
+      RETURN_IF_ERROR(be->Zero(b.data(), bytes));
+    }
+  }
+  in_round_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<models::Metrics> Trainer::LocalStep(const data::Batch& batch) {
+  compute::Backend* be = model_->backend();
+  ASSIGN_OR_RETURN(models::Metrics m, model_->Run(batch, /*train=*/true));
+  if (options_.clip_global_norm > 0) RETURN_IF_ERROR(ClipGradients(&m));
+  ++inner_updates_;
+  for (size_t i = 0; i < model_->tables().size(); ++i) {
+    models::Table& t = model_->tables()[i];
+    RETURN_IF_ERROR(be->OptimizerUpdate(options_.inner, t.elements, t.value.as<float>(), t.grad.as<float>(),
+                                        inner_m_[i].as<float>(), inner_v_[i].as<float>(), inner_updates_));
+  }
+  ++in_round_;
+  return m;
+}
+
+absl::Status Trainer::EndRound() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // The pseudo-gradient, start minus end weights, replaces the anchor.
+  RETURN_IF_ERROR(Stage(0, /*values=*/false, /*grads=*/true));
+  PushBatch push;
+  push.step = round_;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    RETURN_IF_ERROR(be->CopyToHost(staging_[0].grad[i].data(), anchor_[i].data(), t.elements * 4));
+    push.dense.push_back({t.spec.name(), staging_[0].grad[i].as<float>(), t.elements});
+  }
+  RETURN_IF_ERROR(be->Synchronize());
+  Future<absl::Status> done = client_->PushAsync(options_.job_id, push);
+  RETURN_IF_ERROR(done.Wait());
+  ++round_;
+  in_round_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result) {
+  for (const models::Table& t : model_->tables()) {
+    if (t.sparse) {
+      return absl::InvalidArgumentError(absl::StrCat("consistency.model local: table '", t.spec.name(),
+                                                     "' is sparse; local steps cover dense models only"));
+    }
+  }
+  while (result->steps < steps) {
+    if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
+    const auto t_data = Clock::now();
+    ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
+    if (!batch) break;
+    const auto t_batch = Clock::now();
+    RETURN_IF_ERROR(model_->Prepare(*batch));
+    const auto a = Clock::now();
+    if (in_round_ == 0) RETURN_IF_ERROR(BeginRound());
+    const auto b = Clock::now();
+    ASSIGN_OR_RETURN(models::Metrics m, LocalStep(*batch));
+    RETURN_IF_ERROR(model_->backend()->Synchronize());
+    const auto c = Clock::now();
+    // A round ends after sync_every steps, and at the epoch's end (every
+    // rank has the same steps per epoch, so the same rounds).
+    if (in_round_ >= options_.sync_every || result->steps + 1 == steps) RETURN_IF_ERROR(EndRound());
+    const auto d = Clock::now();
+    result->pull_wait_seconds += std::chrono::duration<double>(b - a).count();
+    result->compute_seconds += std::chrono::duration<double>(c - b).count();
+    result->push_wait_seconds += std::chrono::duration<double>(d - c).count();
+    if (options_.on_step) {
+      StepTiming t;
+      t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+      t.pull = std::chrono::duration<double>(b - a).count();
+      t.compute = std::chrono::duration<double>(c - b).count();
+      t.push = std::chrono::duration<double>(d - c).count();
+      t.total = std::chrono::duration<double>(d - t_data).count();
+      options_.on_step(step_, m, t);
+    }
+    ++step_;
+    ++result->steps;
+    result->skipped_steps += m.skipped;
+    Accumulate(m, &result->train);
+    prefetch.Recycle(std::move(batch));
+  }
+  if (in_round_ > 0) RETURN_IF_ERROR(EndRound());  // a shard shorter than expected
+  return absl::OkStatus();
+}
+
 absl::StatusOr<const data::DeviceData*> Trainer::DeviceDataFor(const data::Dataset& dataset) {
   auto it = on_device_.find(&dataset);
   if (it != on_device_.end() && it->second.size == dataset.size()) return it->second.data.get();
@@ -417,7 +577,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
     // Evaluation reads the parameters as of this rank's clock (the first
     // pull waits for the consistency model; later ones are then ready);
     // dense-only models load their tables once.
-    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(step_, /*prefetch_next=*/false));
+    if (sparse || !loaded) RETURN_IF_ERROR(LoadParameters(clock(), /*prefetch_next=*/false));
     loaded = true;
     ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/false));
     Accumulate(m, &r);

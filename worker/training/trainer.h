@@ -88,6 +88,11 @@ struct TrainerOptions {
   // The learning-rate factor each step's push carries (batch_size auto's
   // linear scaling and warm-up); 1 by default.
   LrScaling lr_scaling;
+  // Local steps (consistency LOCAL): rounds of sync_every inner steps with
+  // `inner` on the device, then one push of the round's pseudo-gradient
+  // (start minus end weights) and one pull; 0: every step pushes and pulls.
+  int sync_every = 0;
+  compute::InnerOptimizer inner;
   // Called after every step with the step's metrics and where its time went.
   std::function<void(uint64_t step, const models::Metrics&, const struct StepTiming&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
@@ -121,6 +126,10 @@ struct EpochResult {
 // SSP(0) such a pull waits at the servers instead.
 bool AllowsPrefetch(const v1::ConsistencySpec& c);
 
+// A job's consistency.inner_optimizer as the worker runs it; INVALID_ARGUMENT
+// for kinds that have no device implementation (adagrad, ftrl).
+absl::StatusOr<compute::InnerOptimizer> InnerOptimizerFromSpec(const v1::OptimizerSpec& spec);
+
 // The PsJobSpec for a model's tables with one optimizer for all of them.
 v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const v1::OptimizerSpec& optimizer,
                          const v1::ConsistencySpec& consistency, uint32_t num_workers);
@@ -147,6 +156,13 @@ class Trainer {
 
   uint64_t step() const { return step_; }
   void set_step(uint64_t step) { step_ = step; }
+  // The servers' clock for this rank: its steps, or under local steps its
+  // rounds (each epoch ends a round, so an epoch has ceil(steps / H)).
+  uint64_t clock() const { return local() ? round_ : step_; }
+  bool local() const { return options_.sync_every > 0; }
+  // The step a rank resumes at when the servers hold `clock` of its pushes.
+  uint64_t StepOfClock(uint64_t clock, int64_t steps_per_epoch) const;
+  void ResumeAtClock(uint64_t clock, int64_t steps_per_epoch);
 
  private:
   // Staging buffers: two sets (steps alternate) so one step's push and the
@@ -172,6 +188,12 @@ class Trainer {
   // Runs forward and backward, pushing gradient groups as they are ready
   // (the caller has waited for the pushes of step - 2).
   absl::StatusOr<models::Metrics> RunAndPush(const data::Batch& batch);
+  // Local steps: an epoch's loop, a round's start (pull, anchor), one
+  // inner step, a round's end (push the pseudo-gradient).
+  absl::Status TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result);
+  absl::Status BeginRound();
+  absl::StatusOr<models::Metrics> LocalStep(const data::Batch& batch);
+  absl::Status EndRound();
   // Scales every table's gradient down to options_.clip_global_norm when
   // their global L2 norm is larger; records the norm in *m.
   absl::Status ClipGradients(models::Metrics* m);
@@ -190,6 +212,13 @@ class Trainer {
   PsClient* client_;
   TrainerOptions options_;
   uint64_t step_ = 0;
+  // Local steps: rounds pushed, inner steps in the current round, inner
+  // updates so far (Adam's count), and per table the round's start weights
+  // and the inner optimizer's state, on the device.
+  uint64_t round_ = 0;
+  int in_round_ = 0;
+  uint64_t inner_updates_ = 0;
+  std::vector<compute::Buffer> anchor_, inner_m_, inner_v_;
   Staging staging_[2];
   struct InFlightPush {
     uint64_t step;

@@ -1,0 +1,261 @@
+// fulcrum-proxy-bench: what a GPU worker's utilisation would be, measured
+// without a GPU. The step's compute is replaced by a fixed time (the
+// H100's measured torch step: 1.1 ms for 784-1024-1024-10 at batch 512,
+// 1.9 ms for 784-4096-4096-10 at batch 2048 in bf16), during which the
+// worker's thread sleeps as it would while a GPU computes; everything
+// else is real: the model's tables, the trainer, the pipeline, gRPC over
+// 127.0.0.1 (streams and shared memory, as fulcrum-worker uses them) to
+// parameter servers in this process. For per-step BSP, SSP(1) and local
+// steps with H = 1, 4, 16, 64 it prints the step time, the exposed
+// communication (step time minus compute) and the GPU-utilisation proxy
+// (compute / step time).
+//
+//   fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N]
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/shard_map.h"
+#include "server/parameter_server.h"
+#include "server/rpc/ps_service.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/models/model.h"
+#include "worker/rpc/grpc_ps_client.h"
+#include "worker/training/trainer.h"
+
+namespace fulcrum {
+namespace {
+
+// An MLP's tables whose step takes a fixed time: forward a third of it,
+// then backward, each layer's gradients reported final as its share of the
+// backward time passes (as a GPU's backward would let the trainer push
+// them). Gradients are small constants, so the servers' updates are real.
+class FixedTimeMlp final : public models::Model {
+ public:
+  FixedTimeMlp(const std::vector<int>& dims, absl::Duration step, compute::Backend* be)
+      : Model(Config(dims), be), step_(step) {
+    for (size_t l = 0; l + 1 < dims.size(); ++l) {
+      AddDense(absl::StrCat("dense", l, ".weight"), {dims[l], dims[l + 1]}, Zeros());
+      AddDense(absl::StrCat("dense", l, ".bias"), {dims[l + 1]}, Zeros());
+    }
+  }
+  models::Task task() const override { return models::Task::kClassification; }
+
+  absl::StatusOr<models::Metrics> Run(const data::Batch& batch, bool train) override {
+    // The trainer rotates a few gradient buffers: fill each once.
+    for (models::Table& t : tables_) {
+      if (!filled_.insert(t.grad.data()).second) continue;
+      float* g = t.grad.as<float>();
+      for (size_t i = 0; i < t.elements; ++i) g[i] = 1e-6f;
+    }
+    absl::SleepFor(step_ / 3);
+    if (train) {
+      const absl::Duration per_layer = (step_ - step_ / 3) / static_cast<int64_t>(tables_.size() / 2);
+      for (size_t l = tables_.size() / 2; l-- > 0;) {
+        absl::SleepFor(per_layer);
+        if (absl::Status s = GradientReady(2 * l + 1); !s.ok()) return s;
+        if (absl::Status s = GradientReady(2 * l); !s.ok()) return s;
+      }
+    }
+    models::Metrics m;
+    m.examples = batch.size;
+    return m;
+  }
+
+ private:
+  static models::ModelConfig Config(const std::vector<int>& dims) {
+    models::ModelConfig c;
+    c.type = "mlp";
+    c.num_features = dims.front();
+    c.num_classes = dims.back();
+    c.hidden.assign(dims.begin() + 1, dims.end() - 1);
+    return c;
+  }
+  static v1::InitializerSpec Zeros() {
+    v1::InitializerSpec i;
+    i.set_kind(v1::InitializerSpec::ZEROS);
+    return i;
+  }
+  absl::Status PrepareKeys(const data::Batch&) override { return absl::OkStatus(); }
+
+  const absl::Duration step_;
+  std::set<void*> filled_;
+};
+
+struct Servers {
+  std::vector<std::shared_ptr<ParameterServer>> ps;
+  std::vector<std::unique_ptr<PsGrpcServer>> grpc;
+  v1::ShardMap map;
+};
+
+std::unique_ptr<Servers> StartServers(int n) {
+  auto s = std::make_unique<Servers>();
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    ParameterServerOptions o;
+    o.server_index = i;
+    s->ps.push_back(*ParameterServer::Create(o));
+    s->grpc.push_back(*PsGrpcServer::Start(s->ps.back().get(), "127.0.0.1:0"));
+    addresses.push_back(s->grpc.back()->address());
+  }
+  s->map = ShardMap::RoundRobin(1, 256, addresses)->ToProto();
+  for (auto& p : s->ps) (void)p->SetShardMap(s->map);
+  return s;
+}
+
+struct Mode {
+  std::string name;
+  v1::ConsistencySpec consistency;
+  int sync_every = 0;
+};
+
+struct Result {
+  double step_ms = 0, exposed_ms = 0, proxy = 0;
+  std::string error;
+};
+
+Result RunMode(const std::vector<int>& dims, int batch, absl::Duration compute, const Mode& mode, int servers,
+               int steps, int job) {
+  Result r;
+  auto cluster = StartServers(servers);
+  GrpcPsClientOptions po;
+  po.shard_map = cluster->map;
+  po.worker_id = "proxy";
+  po.transport = GrpcPsClientOptions::Transport::kStream;  // as fulcrum-worker
+  po.shared_memory = true;
+  po.channels_per_server = 2;
+  po.pull_wait_timeout = absl::Seconds(2);
+  auto client = GrpcPsClient::Create(po);
+  if (!client.ok()) {
+    r.error = std::string(client.status().message());
+    return r;
+  }
+  auto be = compute::NewCpuBackend(1);
+  FixedTimeMlp model(dims, compute, be.get());
+  const std::string id = absl::StrCat("proxy-", job);
+  v1::OptimizerSpec opt;
+  opt.set_kind(v1::OptimizerSpec::SGD);
+  opt.set_learning_rate(0.01f);
+  if (absl::Status s = (*client)->CreateJob(training::JobSpecFor(model, id, opt, mode.consistency, 1)); !s.ok()) {
+    r.error = std::string(s.message());
+    return r;
+  }
+  // Bytes as MNIST's pixels, built into batches on the "device" (host
+  // memory for the CPU backend): the data path costs what it costs a GPU
+  // worker's pipeline, which is little.
+  const size_t rows = static_cast<size_t>(batch) * 4;
+  std::vector<uint8_t> pixels(rows * dims.front());
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 131);
+  std::vector<float> labels(rows);
+  for (size_t i = 0; i < rows; ++i) labels[i] = static_cast<float>(i % dims.back());
+  auto data = data::BytesInMemory(pixels, labels, dims.front(), 1.0f / 255, dims.back(), "proxy");
+  training::TrainerOptions o;
+  o.job_id = id;
+  o.batch_size = batch;
+  o.prefetch_parameters = mode.sync_every == 0;
+  o.sync_every = mode.sync_every;
+  o.decode_threads = 1;
+  training::Trainer trainer(&model, client->get(), o);
+  // Warm-up: an epoch of the 4 batches (allocations, connections), then
+  // epochs until `steps` steps are timed.
+  if (auto e = trainer.TrainEpoch(*data, 0); !e.ok()) {
+    r.error = std::string(e.status().message());
+    return r;
+  }
+  // Exposed time: all of a step but its compute phase. The compute phase is
+  // the fixed time plus, under local steps, the inner optimizer's update,
+  // which a GPU does in microseconds and this CPU in milliseconds at these
+  // sizes: it counts as compute, so the step is the fixed time plus what
+  // is exposed.
+  int done = 0;
+  double seconds = 0, compute_seconds = 0;
+  for (int epoch = 1; done < steps; ++epoch) {
+    auto e = trainer.TrainEpoch(*data, epoch);
+    if (!e.ok()) {
+      r.error = std::string(e.status().message());
+      return r;
+    }
+    done += static_cast<int>(e->steps);
+    seconds += e->seconds;
+    compute_seconds += e->compute_seconds;
+  }
+  r.exposed_ms = 1e3 * std::max(0.0, seconds - compute_seconds) / done;
+  r.step_ms = absl::ToDoubleMilliseconds(compute) + r.exposed_ms;
+  r.proxy = absl::ToDoubleMilliseconds(compute) / r.step_ms;
+  return r;
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+int main(int argc, char** argv) {
+  using namespace fulcrum;
+  bool quick = false;
+  int servers = 1, steps = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a.rfind("--servers=", 0) == 0) servers = std::stoi(a.substr(10));
+    else if (a.rfind("--steps=", 0) == 0) steps = std::stoi(a.substr(8));
+    else {
+      std::fprintf(stderr, "usage: fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N]\n");
+      return 2;
+    }
+  }
+  SetMinLogSeverity(LogSeverity::kWarning);
+  struct Shape {
+    std::string name;
+    std::vector<int> dims;
+    int batch;
+    absl::Duration compute;
+  };
+  std::vector<Shape> shapes = {{"784-1024-1024-10, batch 512", {784, 1024, 1024, 10}, 512, absl::Microseconds(1100)},
+                               {"784-4096-4096-10, batch 2048", {784, 4096, 4096, 10}, 2048, absl::Microseconds(1900)}};
+  if (quick) shapes = {{"784-64-10, batch 32 (quick)", {784, 64, 10}, 32, absl::Microseconds(1100)}};
+  std::vector<Mode> modes;
+  {
+    Mode bsp{"per-step BSP", {}, 0};
+    bsp.consistency.set_model(v1::ConsistencySpec::BSP);
+    modes.push_back(bsp);
+    Mode ssp{"per-step SSP(1)", {}, 0};
+    ssp.consistency.set_model(v1::ConsistencySpec::SSP);
+    ssp.consistency.set_staleness(1);
+    modes.push_back(ssp);
+    for (int h : quick ? std::vector<int>{4} : std::vector<int>{1, 4, 16, 64}) {
+      Mode m{absl::StrCat("local steps, H = ", h), {}, h};
+      m.consistency.set_model(v1::ConsistencySpec::LOCAL);
+      m.consistency.set_sync_every_steps(h);
+      modes.push_back(m);
+    }
+  }
+  std::printf("# fulcrum-proxy-bench: compute replaced by a fixed time per step; %d server(s) in this process, "
+              "gRPC streams + shared memory over 127.0.0.1, fp32 on the wire, 1 worker; %u cores\n\n",
+              servers, std::thread::hardware_concurrency());
+  std::printf("| model | sync | compute ms | step ms | exposed communication ms | GPU-utilisation proxy |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  int job = 0;
+  for (const Shape& s : shapes) {
+    for (const Mode& m : modes) {
+      // Local rounds need several rounds timed: at least 3 of the largest H.
+      const int n = steps > 0 ? steps : quick ? 8 : std::max(64, 3 * m.sync_every);
+      const Result r = RunMode(s.dims, s.batch, s.compute, m, servers, n, ++job);
+      if (!r.error.empty()) {
+        std::printf("| %s | %s | error: %s | | | |\n", s.name.c_str(), m.name.c_str(), r.error.c_str());
+        continue;
+      }
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f |\n", s.name.c_str(), m.name.c_str(),
+                  absl::ToDoubleMilliseconds(s.compute), r.step_ms, r.exposed_ms, r.proxy);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,208 @@
+// Local steps (consistency LOCAL): workers run H inner steps with an inner
+// optimizer on their device, then push the round's pseudo-gradient; the
+// servers' optimizer (the outer one) applies the ranks' mean. Real MNIST,
+// the CPU backend, a real ParameterServer core behind LocalPsClient, one
+// thread per rank.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "tests/testing/test_util.h"
+#include "worker/data/dataset.h"
+#include "worker/local_ps_client.h"
+#include "worker/training/trainer.h"
+
+namespace fulcrum::training {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Data(const std::string& name) {
+  const fs::path dir = fs::path(FULCRUM_TEST_DATA_DIR) / name;
+  if (!fs::exists(dir / ".complete")) {
+    FAIL("dataset " << name << " is missing under " << FULCRUM_TEST_DATA_DIR
+                    << ": run deploy/local/fetch_data.sh (ctest runs it as the fetch_data test)");
+  }
+  return dir.string();
+}
+
+struct Mnist {
+  std::unique_ptr<data::Dataset> train_all, test;
+  std::unique_ptr<data::Dataset> train;  // a subset, for speed
+};
+
+Mnist LoadMnist(int every) {
+  const std::string dir = Data("mnist");
+  Mnist m;
+  auto tr = data::ReadIdx(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte");
+  REQUIRE_OK(tr.status());
+  auto te = data::ReadIdx(dir + "/t10k-images-idx3-ubyte", dir + "/t10k-labels-idx1-ubyte");
+  REQUIRE_OK(te.status());
+  m.train_all = std::move(*tr);
+  m.test = std::move(*te);
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < 60000; i += every) rows.push_back(i);
+  m.train = data::Subset(m.train_all.get(), rows);
+  return m;
+}
+
+v1::OptimizerSpec Opt(v1::OptimizerSpec::Kind kind, float lr, float momentum = 0, bool nesterov = false) {
+  v1::OptimizerSpec o;
+  o.set_kind(kind);
+  o.set_learning_rate(lr);
+  o.set_momentum(momentum);
+  o.set_nesterov(nesterov);
+  return o;
+}
+
+models::ModelConfig Mlp() {
+  models::ModelConfig c;
+  c.type = "mlp";
+  c.num_features = 784;
+  c.num_classes = 10;
+  c.hidden = {64};
+  c.seed = 3;
+  return c;
+}
+
+struct Outcome {
+  std::vector<float> weights;  // dense0.weight after training
+  double test_accuracy = 0;
+  double seconds = 0;
+  uint64_t clock = 0;
+};
+
+// Trains `workers` ranks for `epochs` on one in-process server. `outer` is
+// the servers' optimizer; sync_every 0 means per-step BSP.
+Outcome Train(const Mnist& d, int workers, int epochs, int batch, const v1::OptimizerSpec& outer, int sync_every,
+              const v1::OptimizerSpec& inner, int64_t max_steps = -1) {
+  auto server = LocalPsClient::NewServer();
+  REQUIRE_OK(server.status());
+  struct Rank {
+    std::unique_ptr<LocalPsClient> client;
+    std::unique_ptr<compute::Backend> backend;
+    std::unique_ptr<models::Model> model;
+    std::unique_ptr<Trainer> trainer;
+    absl::Status status;
+  };
+  std::vector<Rank> ranks(workers);
+  v1::ConsistencySpec c;
+  c.set_model(sync_every > 0 ? v1::ConsistencySpec::LOCAL : v1::ConsistencySpec::BSP);
+  c.set_sync_every_steps(sync_every);
+  for (int r = 0; r < workers; ++r) {
+    Rank& k = ranks[r];
+    k.client = std::make_unique<LocalPsClient>(*server, "w" + std::to_string(r), r);
+    k.backend = compute::NewCpuBackend(1);
+    auto model = models::CreateModel(Mlp(), k.backend.get());
+    REQUIRE_OK(model.status());
+    k.model = std::move(*model);
+    REQUIRE_OK(k.client->CreateJob(JobSpecFor(*k.model, "j", outer, c, workers)));
+    TrainerOptions o;
+    o.job_id = "j";
+    o.batch_size = batch;
+    o.seed = 11;
+    o.rank = r;
+    o.world_size = workers;
+    o.max_steps_per_epoch = max_steps;
+    o.sync_every = sync_every;
+    if (sync_every > 0) {
+      auto in = InnerOptimizerFromSpec(inner);
+      REQUIRE_OK(in.status());
+      o.inner = *in;
+    }
+    k.trainer = std::make_unique<Trainer>(k.model.get(), k.client.get(), o);
+  }
+  const absl::Time t0 = absl::Now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] {
+      for (int e = 0; e < epochs && ranks[r].status.ok(); ++e) {
+        ranks[r].status = ranks[r].trainer->TrainEpoch(*d.train, e).status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Outcome out;
+  out.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  for (Rank& k : ranks) REQUIRE_OK(k.status);
+  auto eval = ranks[0].trainer->Evaluate(*d.test);
+  REQUIRE_OK(eval.status());
+  out.test_accuracy = eval->accuracy;
+  out.clock = ranks[0].trainer->clock();
+  out.weights.resize(784 * 64);
+  PullBatch p;
+  p.step = 0;
+  p.dense.push_back({"dense0.weight", out.weights.data(), out.weights.size()});
+  REQUIRE_OK(ranks[0].client->Pull("j", p));
+  return out;
+}
+
+TEST_CASE("local steps with H = 1, inner SGD and an outer SGD at rate 1 train the weights of per-step BSP",
+          "[local]") {
+  const Mnist d = LoadMnist(20);
+  const Outcome per_step = Train(d, 1, 1, 32, Opt(v1::OptimizerSpec::SGD, 0.05f), 0, {}, 40);
+  const Outcome local =
+      Train(d, 1, 1, 32, Opt(v1::OptimizerSpec::SGD, 1.0f), 1, Opt(v1::OptimizerSpec::SGD, 0.05f), 40);
+  REQUIRE(per_step.weights.size() == local.weights.size());
+  double worst = 0;
+  for (size_t i = 0; i < local.weights.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(local.weights[i] - per_step.weights[i])));
+  }
+  INFO("largest difference " << worst);
+  CHECK(worst < 1e-5);
+  CHECK(local.clock == 40);  // 40 rounds of one step
+}
+
+TEST_CASE("local rounds under BSP are bit-identical across reruns, and an epoch ends its last round", "[local]") {
+  const Mnist d = LoadMnist(20);  // 3000 examples: 2 ranks x 47 batches of 32
+  const auto outer = Opt(v1::OptimizerSpec::MOMENTUM, 0.7f, 0.9f, true);
+  const auto inner = Opt(v1::OptimizerSpec::ADAM, 0.001f);
+  const Outcome a = Train(d, 2, 2, 32, outer, 8, inner);
+  const Outcome b = Train(d, 2, 2, 32, outer, 8, inner);
+  CHECK(a.weights == b.weights);
+  CHECK(a.test_accuracy == b.test_accuracy);
+  // 47 steps an epoch in rounds of 8: 6 rounds (the last of 7 steps) per epoch.
+  CHECK(a.clock == 12);
+}
+
+TEST_CASE("2 workers with local steps (H = 16, inner Adam, outer Nesterov 0.7) train MNIST as per-step BSP does",
+          "[local]") {
+  const Mnist d = LoadMnist(4);  // 15000 examples
+  const Outcome bsp = Train(d, 2, 2, 32, Opt(v1::OptimizerSpec::ADAM, 0.001f), 0, {});
+  const Outcome local = Train(d, 2, 2, 32, Opt(v1::OptimizerSpec::MOMENTUM, 0.7f, 0.9f, true), 16,
+                              Opt(v1::OptimizerSpec::ADAM, 0.001f));
+  std::printf("MNIST 784-64-10, 2 workers, 2 epochs of 15000: per-step BSP (Adam) test accuracy %.4f in %.2f s; "
+              "local steps H=16 (inner Adam 1e-3, outer Nesterov 0.9 at 0.7) %.4f in %.2f s\n",
+              bsp.test_accuracy, bsp.seconds, local.test_accuracy, local.seconds);
+  CHECK(bsp.test_accuracy >= 0.90);
+  CHECK(local.test_accuracy >= bsp.test_accuracy - 0.01);
+}
+
+TEST_CASE("under local steps a rank resumes at the start of the first round the servers lack", "[local]") {
+  auto server = LocalPsClient::NewServer();
+  REQUIRE_OK(server.status());
+  LocalPsClient client(*server, "w0");
+  auto be = compute::NewCpuBackend(1);
+  auto model = models::CreateModel(Mlp(), be.get());
+  REQUIRE_OK(model.status());
+  TrainerOptions o;
+  o.sync_every = 8;
+  Trainer t(model->get(), &client, o);
+  // 47 steps an epoch: rounds of 8, 8, 8, 8, 8, 7 (6 per epoch).
+  CHECK(t.StepOfClock(0, 47) == 0);
+  CHECK(t.StepOfClock(5, 47) == 40);
+  CHECK(t.StepOfClock(6, 47) == 47);
+  CHECK(t.StepOfClock(13, 47) == 47 * 2 + 8);
+  t.ResumeAtClock(13, 47);
+  CHECK(t.step() == 102);
+  CHECK(t.clock() == 13);
+  TrainerOptions per_step;
+  Trainer p(model->get(), &client, per_step);
+  CHECK(p.StepOfClock(13, 47) == 13);
+}
+
+}  // namespace
+}  // namespace fulcrum::training
