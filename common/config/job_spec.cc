@@ -190,8 +190,8 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
       p.push_back(absl::StrCat("consistency.model: local covers dense models (softmax, mlp); model '",
                                spec.model().type(), "' has sparse tables"));
     }
-  } else if (c.sync_every_steps() != 0 || c.has_inner_optimizer()) {
-    p.push_back("consistency.sync_every_steps, inner_optimizer: only the local model has inner steps");
+  } else if (c.sync_every_steps() != 0 || c.has_inner_optimizer() || c.overlap_rounds()) {
+    p.push_back("consistency.sync_every_steps, inner_optimizer, overlap_rounds: only the local model has rounds");
   }
   // schedule
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {

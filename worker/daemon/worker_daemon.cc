@@ -495,6 +495,7 @@ class WorkerDaemon::Runner {
       to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
       ASSIGN_OR_RETURN(to.inner, training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer()));
       to.prefetch_parameters = false;  // a round pulls once, at its start
+      to.overlap_rounds = spec.consistency().overlap_rounds();
     }
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
       OnStep(step, m, t);

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
     auto inner = fulcrum::training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer());
     if (!inner.ok()) return fail(inner.status());
     to.inner = *inner;
+    to.overlap_rounds = spec.consistency().overlap_rounds();
   }
   to.prefetch_parameters = true;  // as fulcrum-worker does
   to.clip_global_norm = spec.optimizer().clip_global_norm();

@@ -79,6 +79,7 @@ Trainer::~Trainer() {
 }
 
 void Trainer::Drain() {
+  (void)FinishRounds();
   if (prefetch_) {
     prefetch_->done.Wait();
     prefetch_.reset();
@@ -494,6 +495,85 @@ absl::Status Trainer::EndRound() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::FinishRounds() {
+  absl::Status s;
+  if (round_push_) s.Update(round_push_->Wait());
+  if (round_pull_) s.Update(round_pull_->Wait());
+  round_push_.reset();
+  round_pull_.reset();
+  rounds_started_ = false;  // the next round starts from the servers' weights
+  return s;
+}
+
+absl::Status Trainer::EndRoundOverlapped() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // This round's pseudo-gradient into the anchor: start minus end weights.
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+  }
+  push_host_.resize(tables.size());
+  pull_host_.resize(tables.size());
+  // The previous round's push used the host buffers: it must be done.
+  if (round_push_) {
+    absl::Status s = round_push_->Wait();
+    round_push_.reset();
+    RETURN_IF_ERROR(s);
+  }
+  PushBatch push;
+  push.step = round_;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    const size_t bytes = std::max<size_t>(4, t.elements * 4);
+    if (push_host_[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(push_host_[i], be->AllocateHost(bytes));
+    }
+    RETURN_IF_ERROR(be->CopyToHost(push_host_[i].data(), anchor_[i].data(), t.elements * 4));
+    push.dense.push_back({t.spec.name(), push_host_[i].as<float>(), t.elements});
+  }
+  RETURN_IF_ERROR(be->Synchronize());
+  round_push_ = client_->PushAsync(options_.job_id, push);
+  // Merge the previous round's result: replica = its weights minus this
+  // round's pseudo-gradient (this round's progress on top of them).
+  if (round_pull_) {
+    absl::Status s = round_pull_->Wait();
+    round_pull_.reset();
+    // A consistency wait that ran out is asked again, as Pull does.
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+      PullBatch again;
+      again.step = round_;
+      for (size_t i = 0; i < tables.size(); ++i) {
+        again.dense.push_back({tables[i].spec.name(), pull_host_[i].as<float>(), tables[i].elements});
+      }
+      s = Pull(again);
+    }
+    RETURN_IF_ERROR(s);
+    for (size_t i = 0; i < tables.size(); ++i) {
+      models::Table& t = tables[i];
+      RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, anchor_[i].as<float>(), t.value.as<float>()));
+    }
+  }
+  ++round_;
+  in_round_ = 0;
+  // The next round starts here; the servers' weights after this round come
+  // while it computes (under BSP once every rank pushed it).
+  PullBatch pull;
+  pull.step = round_;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    const size_t bytes = std::max<size_t>(4, t.elements * 4);
+    if (pull_host_[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(pull_host_[i], be->AllocateHost(bytes));
+    }
+    pull.dense.push_back({t.spec.name(), pull_host_[i].as<float>(), t.elements});
+    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
+  }
+  round_pull_ = client_->PullAsync(options_.job_id, pull);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result) {
   for (const models::Table& t : model_->tables()) {
     if (t.sparse) {
@@ -509,14 +589,20 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     const auto t_batch = Clock::now();
     RETURN_IF_ERROR(model_->Prepare(*batch));
     const auto a = Clock::now();
-    if (in_round_ == 0) RETURN_IF_ERROR(BeginRound());
+    if (in_round_ == 0 && (!options_.overlap_rounds || !rounds_started_)) {
+      RETURN_IF_ERROR(BeginRound());
+      rounds_started_ = true;
+    }
     const auto b = Clock::now();
     ASSIGN_OR_RETURN(models::Metrics m, LocalStep(*batch));
     RETURN_IF_ERROR(model_->backend()->Synchronize());
     const auto c = Clock::now();
     // A round ends after sync_every steps, and at the epoch's end (every
     // rank has the same steps per epoch, so the same rounds).
-    if (in_round_ >= options_.sync_every || result->steps + 1 == steps) RETURN_IF_ERROR(EndRound());
+    const bool last = result->steps + 1 == steps;
+    if (in_round_ >= options_.sync_every || last) {
+      RETURN_IF_ERROR(options_.overlap_rounds && !last ? EndRoundOverlapped() : EndRound());
+    }
     const auto d = Clock::now();
     result->pull_wait_seconds += std::chrono::duration<double>(b - a).count();
     result->compute_seconds += std::chrono::duration<double>(c - b).count();
@@ -537,7 +623,7 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     prefetch.Recycle(std::move(batch));
   }
   if (in_round_ > 0) RETURN_IF_ERROR(EndRound());  // a shard shorter than expected
-  return absl::OkStatus();
+  return FinishRounds();
 }
 
 absl::StatusOr<const data::DeviceData*> Trainer::DeviceDataFor(const data::Dataset& dataset) {

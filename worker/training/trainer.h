@@ -93,6 +93,11 @@ struct TrainerOptions {
   // (start minus end weights) and one pull; 0: every step pushes and pulls.
   int sync_every = 0;
   compute::InnerOptimizer inner;
+  // Local steps, overlapped: round r's push and the pull of its result run
+  // while round r + 1 computes; the result is merged into the replica at
+  // round r + 1's end (replica = servers' weights + this round's progress),
+  // a one-round delay. Each epoch's last round is waited for.
+  bool overlap_rounds = false;
   // Called after every step with the step's metrics and where its time went.
   std::function<void(uint64_t step, const models::Metrics&, const struct StepTiming&)> on_step;
   // Checked before every step and between consistency waits (see Pull);
@@ -194,6 +199,9 @@ class Trainer {
   absl::Status BeginRound();
   absl::StatusOr<models::Metrics> LocalStep(const data::Batch& batch);
   absl::Status EndRound();
+  absl::Status EndRoundOverlapped();
+  // Waits for the round push and pull in flight (overlapped rounds).
+  absl::Status FinishRounds();
   // Scales every table's gradient down to options_.clip_global_norm when
   // their global L2 norm is larger; records the norm in *m.
   absl::Status ClipGradients(models::Metrics* m);
@@ -219,6 +227,12 @@ class Trainer {
   int in_round_ = 0;
   uint64_t inner_updates_ = 0;
   std::vector<compute::Buffer> anchor_, inner_m_, inner_v_;
+  // Overlapped rounds: whether the replica has started (the first round
+  // pulls), and the previous round's push and its result's pull in flight
+  // with their host buffers.
+  bool rounds_started_ = false;
+  std::optional<Future<absl::Status>> round_push_, round_pull_;
+  std::vector<compute::Buffer> push_host_, pull_host_;
   Staging staging_[2];
   struct InFlightPush {
     uint64_t step;
