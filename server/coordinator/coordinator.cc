@@ -1576,9 +1576,30 @@ absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v
   return absl::OkStatus();
 }
 
+// Whether the servers collect the job's steps in order. Local steps with
+// no staleness run BSP rounds there.
 bool IsBsp(const v1::JobSpec& spec) {
-  return spec.consistency().model() == v1::ConsistencySpec::BSP ||
-         spec.consistency().model() == v1::ConsistencySpec::MODEL_UNSPECIFIED;
+  const auto& c = spec.consistency();
+  return c.model() == v1::ConsistencySpec::BSP || c.model() == v1::ConsistencySpec::MODEL_UNSPECIFIED ||
+         (c.model() == v1::ConsistencySpec::LOCAL && c.staleness() == 0);
+}
+
+// Local steps: the servers' clock counts rounds of sync_every_steps, and
+// each epoch ends one (worker/training/trainer.h). The rounds a rank has
+// completed after `step` inner steps, and the inner steps a clock of
+// `rounds` stands for; both the identity for other models.
+uint64_t RoundsOfSteps(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t step) {
+  const auto& c = spec.consistency();
+  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return step;
+  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
+  const uint64_t in_epoch = step % steps_per_epoch;
+  return step / steps_per_epoch * per_epoch + in_epoch / h;
+}
+uint64_t StepsOfRounds(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t rounds) {
+  const auto& c = spec.consistency();
+  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return rounds;
+  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
+  return rounds / per_epoch * steps_per_epoch + std::min(steps_per_epoch, rounds % per_epoch * h);
 }
 
 }  // namespace
@@ -1753,6 +1774,13 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   } else if (!final && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
     return;  // the final cut covers the end
   }
+  const uint64_t spe = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+  if (t.at_step > 0 && spec.consistency().model() == v1::ConsistencySpec::LOCAL) {
+    // The servers count rounds: name the first round that ends at or after
+    // the step (the final cut: every round).
+    const uint64_t rounds = RoundsOfSteps(spec, spe, t.at_step);
+    t.at_step = StepsOfRounds(spec, spe, rounds) < t.at_step ? rounds + 1 : rounds;
+  }
   // No cut while state cannot be saved: a cut id is never used twice.
   if (!unsaved_.empty()) return;
   t.job_id = jid;
@@ -1760,7 +1788,8 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   st->set_next_cut_id(t.cut_id + 1);
   t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
   t.map_version = shard_map_->version();
-  t.steps_per_epoch = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+  t.steps_per_epoch = spe;
+  t.spec = spec;
   t.rollbacks = st->rollbacks();
   SaveJobLocked(r, true);
   if (!SavedLocked(kJobPrefix + jid)) return;
@@ -1787,14 +1816,17 @@ v1::CheckpointInfo Coordinator::CommittedCut(const CutTask& t, const std::vector
       clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
     }
   }
-  info.set_step(step);
+  info.set_step(StepsOfRounds(t.spec, t.steps_per_epoch, step));
   for (size_t k = 0; k < clocks.size(); ++k) {
     v1::RankPosition* p = info.add_positions();
     p->set_rank(static_cast<uint32_t>(k));
-    p->set_step(clocks[k]);
+    // Under local steps the servers' clock counts rounds: positions are in
+    // the ranks' steps.
+    const uint64_t rank_step = StepsOfRounds(t.spec, t.steps_per_epoch, clocks[k]);
+    p->set_step(rank_step);
     if (t.steps_per_epoch > 0) {
-      p->set_epoch(static_cast<uint32_t>(clocks[k] / t.steps_per_epoch));
-      p->set_batch(clocks[k] % t.steps_per_epoch);
+      p->set_epoch(static_cast<uint32_t>(rank_step / t.steps_per_epoch));
+      p->set_batch(rank_step % t.steps_per_epoch);
     }
   }
   return info;

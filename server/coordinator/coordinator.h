@@ -232,6 +232,7 @@ class Coordinator {
     uint64_t map_version = 0;
     uint64_t manual_ticket = 0;
     uint64_t steps_per_epoch = 0;
+    v1::JobSpec spec;        // the job's (local steps: clocks count rounds)
     uint32_t rollbacks = 0;  // the job's count when the cut started
   };
   struct RestoreTask {

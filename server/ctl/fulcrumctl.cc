@@ -264,6 +264,22 @@ std::string BatchText(const Job& j) {
   return j.status().batch_size() > 0 ? absl::StrCat("auto: ", j.status().batch_size()) : "auto (choosing)";
 }
 
+// Local steps: "37 of 177 done (16 inner steps each; an epoch ends a
+// round)", from the slowest rank's step; empty for other models.
+std::string RoundsText(const Job& j) {
+  const auto& c = j.spec().consistency();
+  const auto& s = j.status();
+  if (c.model() != fulcrum::v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || s.total_steps() == 0 ||
+      j.spec().epochs() == 0) {
+    return "";
+  }
+  const uint64_t h = c.sync_every_steps(), spe = std::max<uint64_t>(1, s.total_steps() / j.spec().epochs());
+  const uint64_t per_epoch = (spe + h - 1) / h;
+  const uint64_t done = s.step() / spe * per_epoch + (s.step() % spe) / h;
+  return absl::StrCat(done, " of ", per_epoch * j.spec().epochs(), " done (", h,
+                      " inner steps each; an epoch ends a round)");
+}
+
 // "1.25 GPU-hours (busy 0.98, idle 0.27: 78% busy)".
 std::string GpuTimeText(const fulcrum::v1::JobStatus& s) {
   const double busy = s.gpu_busy_seconds() / 3600, idle = s.gpu_idle_seconds() / 3600;
@@ -282,6 +298,7 @@ void PrintStatus(const Job& j) {
             << fulcrum::v1::ConsistencySpec::Model_Name(j.spec().consistency().model()) << "\n"
             << "  progress:  " << JobLine(j) << "\n";
   if (!s.batch_size_choice().empty()) std::cout << "  batch size: " << s.batch_size_choice() << "\n";
+  if (const std::string r = RoundsText(j); !r.empty()) std::cout << "  rounds:    " << r << "\n";
   if (s.gpu_busy_seconds() + s.gpu_idle_seconds() > 0) std::cout << "  GPU time:  " << GpuTimeText(s) << "\n";
   if (s.has_train_data()) std::cout << "  train data: " << fulcrum::config::DataSummaryLine(s.train_data()) << "\n";
   if (s.has_test_data()) std::cout << "  test data:  " << fulcrum::config::DataSummaryLine(s.test_data()) << "\n";
