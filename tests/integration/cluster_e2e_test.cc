@@ -282,6 +282,19 @@ void Report(const v1::Job& j) {
                << " - " << j.status().message());
 }
 
+// Waits until job `id` is 1/`part` done, then kills (SIGKILL) the worker
+// running `rank`.
+void KillRankWorker(ProcessCluster& cluster, const std::string& id, uint32_t rank, int part) {
+  for (int tries = 0; tries < 600; ++tries) {
+    v1::Job j = cluster.Get(id);
+    if (j.status().total_steps() > 0 && j.status().step() * part > j.status().total_steps()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const pid_t victim = cluster.WorkerPid(id, rank);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+}
+
 TEST_CASE("fulcrumctl submit trains the MNIST MLP to >= 0.97 under BSP, twice at once, with bit-identical weights",
           "[e2e]") {
   ProcessCluster cluster(2, 2, /*slots=*/2);
@@ -373,15 +386,7 @@ TEST_CASE("batch_size auto: rank 0 finds the batch, every rank trains with it, a
 TEST_CASE("killing a worker mid-job (kill -9) moves its rank and the job still succeeds", "[e2e]") {
   ProcessCluster cluster(2, 3, /*slots=*/1);  // one spare worker
   const std::string id = cluster.Submit(Spec("mnist-mlp.yaml"));
-  // Wait until the job is a fifth done, then kill the worker of rank 1.
-  for (int tries = 0; tries < 600; ++tries) {
-    v1::Job j = cluster.Get(id);
-    if (j.status().total_steps() > 0 && j.status().step() * 5 > j.status().total_steps()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  const pid_t victim = cluster.WorkerPid(id, 1);
-  REQUIRE(victim > 0);
-  REQUIRE(kill(victim, SIGKILL) == 0);
+  KillRankWorker(cluster, id, 1, 5);
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
   CHECK(j.status().state() == v1::SUCCEEDED);
@@ -397,14 +402,7 @@ TEST_CASE("local steps (H = 16): MNIST reaches >= 0.955 in 3 epochs, a worker ki
           "cuts land on round boundaries", "[e2e]") {
   ProcessCluster cluster(2, 3, /*slots=*/1);  // one spare worker
   const std::string id = cluster.Submit(Spec("mnist-mlp-local.yaml"));
-  for (int tries = 0; tries < 600; ++tries) {
-    v1::Job j = cluster.Get(id);
-    if (j.status().total_steps() > 0 && j.status().step() * 3 > j.status().total_steps()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  const pid_t victim = cluster.WorkerPid(id, 1);
-  REQUIRE(victim > 0);
-  REQUIRE(kill(victim, SIGKILL) == 0);
+  KillRankWorker(cluster, id, 1, 3);
   const v1::Job j = cluster.WaitEnd(id);
   Report(j);
   CHECK(j.status().state() == v1::SUCCEEDED);

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/testing/data_dir.h"
 #include "tests/testing/test_util.h"
 #include "worker/data/dataset.h"
 #include "worker/local_ps_client.h"
@@ -20,16 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The directory of a dataset fetched by deploy/local/fetch_data.sh (ctest's
-// fetch_data fixture). Missing data fails the test: it is never skipped.
-std::string Data(const std::string& name) {
-  const fs::path dir = fs::path(FULCRUM_TEST_DATA_DIR) / name;
-  if (!fs::exists(dir / ".complete")) {
-    FAIL("dataset " << name << " is missing under " << FULCRUM_TEST_DATA_DIR
-                    << ": run deploy/local/fetch_data.sh (ctest runs it as the fetch_data test)");
-  }
-  return dir.string();
-}
+std::string Data(const std::string& name) { return testing::DataDir(name); }
 
 v1::OptimizerSpec Optimizer(v1::OptimizerSpec::Kind kind, float lr) {
   v1::OptimizerSpec o;

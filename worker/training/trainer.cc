@@ -515,6 +515,14 @@ absl::Status Trainer::EndRoundOverlapped() {
   }
   push_host_.resize(tables.size());
   pull_host_.resize(tables.size());
+  // Host staging for a table's round push or pull, grown to fit it.
+  auto host = [&](std::vector<compute::Buffer>& buffers, size_t i) -> absl::StatusOr<float*> {
+    const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
+    if (buffers[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(buffers[i], be->AllocateHost(bytes));
+    }
+    return buffers[i].as<float>();
+  };
   // The previous round's push used the host buffers: it must be done.
   if (round_push_) {
     absl::Status s = round_push_->Wait();
@@ -525,12 +533,9 @@ absl::Status Trainer::EndRoundOverlapped() {
   push.step = round_;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
-    const size_t bytes = std::max<size_t>(4, t.elements * 4);
-    if (push_host_[i].bytes() < bytes) {
-      ASSIGN_OR_RETURN(push_host_[i], be->AllocateHost(bytes));
-    }
-    RETURN_IF_ERROR(be->CopyToHost(push_host_[i].data(), anchor_[i].data(), t.elements * 4));
-    push.dense.push_back({t.spec.name(), push_host_[i].as<float>(), t.elements});
+    ASSIGN_OR_RETURN(float* out, host(push_host_, i));
+    RETURN_IF_ERROR(be->CopyToHost(out, anchor_[i].data(), t.elements * 4));
+    push.dense.push_back({t.spec.name(), out, t.elements});
   }
   RETURN_IF_ERROR(be->Synchronize());
   round_push_ = client_->PushAsync(options_.job_id, push);
@@ -563,11 +568,8 @@ absl::Status Trainer::EndRoundOverlapped() {
   pull.step = round_;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
-    const size_t bytes = std::max<size_t>(4, t.elements * 4);
-    if (pull_host_[i].bytes() < bytes) {
-      ASSIGN_OR_RETURN(pull_host_[i], be->AllocateHost(bytes));
-    }
-    pull.dense.push_back({t.spec.name(), pull_host_[i].as<float>(), t.elements});
+    ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
+    pull.dense.push_back({t.spec.name(), in, t.elements});
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
   }
   round_pull_ = client_->PullAsync(options_.job_id, pull);
