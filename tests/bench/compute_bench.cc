@@ -136,6 +136,7 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
   po.batch_size = c.batch;
   po.depth = 4;
   po.drop_last = true;
+  po.distinct_keys = (*model)->wants_distinct_keys();
   po.threads = d.decode_threads > 0
                    ? d.decode_threads
                    : data::DefaultDecodeThreads(static_cast<int>(std::thread::hardware_concurrency()), be.is_gpu());

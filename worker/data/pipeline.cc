@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
     }
   } else {
     dataset_->Fill(idx, n, batch.get());
-    if (batch->sparse()) DistinctKeys(batch->keys.data(), batch->keys.size(), &batch->distinct_keys, &batch->key_index);
+    if (batch->sparse() && options_.distinct_keys) DistinctKeys(batch->keys.data(), batch->keys.size(), &batch->distinct_keys, &batch->key_index);
   }
   batch->epoch = epoch_;
   batch->index = i;

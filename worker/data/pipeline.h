@@ -45,6 +45,9 @@ struct PrefetchOptions {
   // it. kAuto: on a GPU backend.
   enum class Upload { kAuto, kOn, kOff };
   Upload upload = Upload::kAuto;
+  // Sparse batches: find the distinct keys on the decoding threads
+  // (Batch::distinct_keys), for models that use them.
+  bool distinct_keys = true;
 };
 
 // Decoding threads for a worker with `cores` cores that computes on a GPU

@@ -294,6 +294,7 @@ class SparseLinear final : public Model {
   }
 
   Task task() const override { return Task::kBinary; }
+  bool wants_distinct_keys() const override { return true; }
 
   absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
     const int B = batch.size, k = config_.factors;

@@ -82,6 +82,9 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual Task task() const = 0;
+  // Whether Prepare uses Batch::distinct_keys (one key space over all the
+  // batch's features), so the pipeline should find them ahead of the step.
+  virtual bool wants_distinct_keys() const { return false; }
   const ModelConfig& config() const { return config_; }
   std::vector<Table>& tables() { return tables_; }
   compute::Backend* backend() const { return be_; }

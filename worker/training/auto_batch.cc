@@ -44,7 +44,8 @@ absl::StatusOr<AutoBatchChoice> ChooseBatchSize(const AutoBatchOptions& options,
   const double budget = static_cast<double>(memory_bytes) * (1.0 - options.memory_headroom);
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(options.max_batch_size, limit));
   int batch = static_cast<int>(std::min<int64_t>(options.base_batch_size, cap));
-  const BatchTrial* best = nullptr;
+  // The best trial so far, by index: trials grows (pointers would dangle).
+  int best = -1;
   std::string stop;
   while (true) {
     absl::StatusOr<BatchTrial> t = trial(batch);
@@ -68,12 +69,13 @@ absl::StatusOr<AutoBatchChoice> ChooseBatchSize(const AutoBatchOptions& options,
       stop = absl::StrCat(batch, " does not fit: ", cur.note);
       break;
     }
-    if (best != nullptr && cur.samples_per_second < best->samples_per_second * (1.0 + options.min_gain)) {
+    if (best >= 0 && cur.samples_per_second < choice.trials[best].samples_per_second * (1.0 + options.min_gain)) {
       stop = absl::StrFormat("%d gains %+.0f%% < %.0f%%", batch,
-                             100 * (cur.samples_per_second / best->samples_per_second - 1), 100 * options.min_gain);
+                             100 * (cur.samples_per_second / choice.trials[best].samples_per_second - 1),
+                             100 * options.min_gain);
       break;
     }
-    best = &choice.trials.back();
+    best = static_cast<int>(choice.trials.size()) - 1;
     if (batch >= cap) {
       stop = batch >= options.max_batch_size ? absl::StrCat("max_batch_size ", options.max_batch_size)
                                              : absl::StrCat("the shard's ", limit, " examples");
@@ -81,11 +83,11 @@ absl::StatusOr<AutoBatchChoice> ChooseBatchSize(const AutoBatchOptions& options,
     }
     batch = static_cast<int>(std::min<int64_t>(int64_t{batch} * 2, cap));
   }
-  if (best == nullptr) {
+  if (best < 0) {
     return absl::FailedPreconditionError(absl::StrCat("batch_size auto: the first batch tried, ", stop,
                                                       "; set a smaller batch_size_auto.base_batch_size or a fixed batch_size"));
   }
-  choice.batch = best->batch;
+  choice.batch = choice.trials[best].batch;
   choice.lr.factor = static_cast<double>(choice.batch) / options.base_batch_size;
   choice.lr.warmup_steps = choice.lr.factor == 1.0 ? 0 : options.warmup_steps;
   std::vector<std::string> tried;

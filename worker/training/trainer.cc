@@ -348,6 +348,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(skip));
   po.threads = options_.decode_threads;
   po.upload = options_.upload;
+  po.distinct_keys = model_->wants_distinct_keys();
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
@@ -651,6 +652,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   po.depth = options_.prefetch_depth;
   po.threads = options_.decode_threads;
   po.upload = options_.upload;
+  po.distinct_keys = model_->wants_distinct_keys();
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(test));
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());
