@@ -1,5 +1,6 @@
 #include "worker/compute/backend.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -71,6 +72,18 @@ void Backend::Track(size_t bytes, bool add) {
   size_t peak = peak_.load(std::memory_order_relaxed);
   while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
+}
+
+InnerOptimizer::AdamScalars InnerOptimizer::Adam(uint64_t t) const {
+  const bool decoupled = kind == Kind::kAdamW;
+  const double td = static_cast<double>(t);
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), td));
+  AdamScalars s;
+  s.inv_bc2_sqrt = 1.0f / static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), td)));
+  s.step_size = learning_rate / bc1;
+  s.l2 = decoupled ? 0.0f : weight_decay;
+  s.decay = decoupled ? 1.0f - learning_rate * weight_decay : 1.0f;
+  return s;
 }
 
 absl::Status Backend::UploadAsync(void* dst, const void* pinned_src, size_t bytes, UploadEvent* ready) {

@@ -69,6 +69,14 @@ struct InnerOptimizer {
   float weight_decay = 0;
   // State buffers it needs per weight: 0 (SGD), 1 (momentum), 2 (Adam).
   int slots() const { return kind == Kind::kSgd ? 0 : kind == Kind::kMomentum ? 1 : 2; }
+
+  // Adam's and AdamW's per-update scalars for update t (from 1): w = w *
+  // decay - step_size * m / (sqrt(v) * inv_bc2_sqrt + epsilon), the
+  // gradient plus l2 * w.
+  struct AdamScalars {
+    float step_size, inv_bc2_sqrt, decay, l2;
+  };
+  AdamScalars Adam(uint64_t t) const;
 };
 
 // An upload's completion (Backend::UploadAsync): a CUDA event on a GPU.

@@ -194,18 +194,14 @@ class CpuBackend final : public Backend {
         break;
       case InnerOptimizer::Kind::kAdam:
       case InnerOptimizer::Kind::kAdamW: {
-        const bool decoupled = o.kind == InnerOptimizer::Kind::kAdamW;
-        const double td = static_cast<double>(t);
-        const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), td));
-        const float inv_bc2_sqrt = 1.0f / static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td)));
-        const float step_size = lr / bc1, l2 = decoupled ? 0.0f : wd, decay = decoupled ? 1.0f - lr * wd : 1.0f;
+        const InnerOptimizer::AdamScalars a = o.Adam(t);
         Elements(n, [&](size_t b, size_t e) {
           for (size_t i = b; i < e; ++i) {
-            const float gi = g[i] + l2 * w[i];
+            const float gi = g[i] + a.l2 * w[i];
             m[i] = o.beta1 * m[i] + (1.0f - o.beta1) * gi;
             v[i] = o.beta2 * v[i] + (1.0f - o.beta2) * gi * gi;
-            const float denom = std::sqrt(v[i]) * inv_bc2_sqrt + o.epsilon;
-            w[i] = w[i] * decay - step_size * m[i] / denom;
+            const float denom = std::sqrt(v[i]) * a.inv_bc2_sqrt + o.epsilon;
+            w[i] = w[i] * a.decay - a.step_size * m[i] / denom;
           }
         });
         break;

@@ -284,14 +284,12 @@ class CudaBackend final : public Backend {
     p.beta1 = o.beta1;
     p.beta2 = o.beta2;
     p.epsilon = o.epsilon;
-    if (o.kind == InnerOptimizer::Kind::kAdam || o.kind == InnerOptimizer::Kind::kAdamW) {
-      const bool decoupled = o.kind == InnerOptimizer::Kind::kAdamW;
-      const double td = static_cast<double>(t);
-      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), td));
-      p.inv_bc2_sqrt = 1.0f / static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td)));
-      p.step_size = o.learning_rate / bc1;
-      p.l2 = decoupled ? 0.0f : o.weight_decay;
-      p.decay = decoupled ? 1.0f - o.learning_rate * o.weight_decay : 1.0f;
+    if (o.slots() == 2) {
+      const InnerOptimizer::AdamScalars a = o.Adam(t);
+      p.step_size = a.step_size;
+      p.inv_bc2_sqrt = a.inv_bc2_sqrt;
+      p.l2 = a.l2;
+      p.decay = a.decay;
     }
     return Other([&] { return cuda::OptimizerUpdate(p, n, w, g, m, v, stream_); });
   }

@@ -291,6 +291,17 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
   return m;
 }
 
+void Trainer::CloseStep(const StepTiming& t, const models::Metrics& m, EpochResult* result) {
+  result->pull_wait_seconds += t.pull;
+  result->compute_seconds += t.compute;
+  result->push_wait_seconds += t.push;
+  if (options_.on_step) options_.on_step(step_, m, t);
+  ++step_;
+  ++result->steps;
+  result->skipped_steps += m.skipped;
+  Accumulate(m, &result->train);
+}
+
 // Sums while running; Finish turns the sums into means.
 void Trainer::Accumulate(const models::Metrics& m, EvalResult* r) {
   r->examples += m.examples;
@@ -379,22 +390,13 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       // wait for it now; otherwise it completes while the next step runs.
       if (!options_.prefetch_parameters) RETURN_IF_ERROR(WaitPushes(step_ + 1));
       const auto e = Clock::now();
-      result.pull_wait_seconds += std::chrono::duration<double>(b - a).count();
-      result.compute_seconds += std::chrono::duration<double>(d - c).count();
-      result.push_wait_seconds += std::chrono::duration<double>((c - b) + (e - d)).count();
-      if (options_.on_step) {
-        StepTiming t;
-        t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
-        t.pull = std::chrono::duration<double>(b - a).count();
-        t.compute = std::chrono::duration<double>(d - c).count();
-        t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
-        t.total = std::chrono::duration<double>(e - t_data).count();
-        options_.on_step(step_, m, t);
-      }
-      ++step_;
-      ++result.steps;
-      result.skipped_steps += m.skipped;
-      Accumulate(m, &result.train);
+      StepTiming t;
+      t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+      t.pull = std::chrono::duration<double>(b - a).count();
+      t.compute = std::chrono::duration<double>(d - c).count();
+      t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
+      t.total = std::chrono::duration<double>(e - t_data).count();
+      CloseStep(t, m, &result);
       prefetch.Recycle(std::move(batch));
     }
     // The epoch's results (evaluation, fingerprints) include every push.
@@ -607,22 +609,13 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
       RETURN_IF_ERROR(options_.overlap_rounds && !last ? EndRoundOverlapped() : EndRound());
     }
     const auto d = Clock::now();
-    result->pull_wait_seconds += std::chrono::duration<double>(b - a).count();
-    result->compute_seconds += std::chrono::duration<double>(c - b).count();
-    result->push_wait_seconds += std::chrono::duration<double>(d - c).count();
-    if (options_.on_step) {
-      StepTiming t;
-      t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
-      t.pull = std::chrono::duration<double>(b - a).count();
-      t.compute = std::chrono::duration<double>(c - b).count();
-      t.push = std::chrono::duration<double>(d - c).count();
-      t.total = std::chrono::duration<double>(d - t_data).count();
-      options_.on_step(step_, m, t);
-    }
-    ++step_;
-    ++result->steps;
-    result->skipped_steps += m.skipped;
-    Accumulate(m, &result->train);
+    StepTiming t;
+    t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+    t.pull = std::chrono::duration<double>(b - a).count();
+    t.compute = std::chrono::duration<double>(c - b).count();
+    t.push = std::chrono::duration<double>(d - c).count();
+    t.total = std::chrono::duration<double>(d - t_data).count();
+    CloseStep(t, m, result);
     prefetch.Recycle(std::move(batch));
   }
   if (in_round_ > 0) RETURN_IF_ERROR(EndRound());  // a shard shorter than expected

@@ -193,6 +193,8 @@ class Trainer {
   // Runs forward and backward, pushing gradient groups as they are ready
   // (the caller has waited for the pushes of step - 2).
   absl::StatusOr<models::Metrics> RunAndPush(const data::Batch& batch);
+  // A finished step: its times and metrics into the epoch's, on_step, the clock.
+  void CloseStep(const StepTiming& t, const models::Metrics& m, EpochResult* result);
   // Local steps: an epoch's loop, a round's start (pull, anchor), one
   // inner step, a round's end (push the pseudo-gradient).
   absl::Status TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result);
