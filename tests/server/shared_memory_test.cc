@@ -292,6 +292,32 @@ TEST_CASE("with every slot held by a waiting pull a push goes over gRPC instead 
   REQUIRE(c->shared_memory_requests() == 1);
 }
 
+TEST_CASE("with more than one slot, pulls parked beyond their share wait for a slot and the push takes the reserved one",
+          "[shm]") {
+  TestCluster::Options co;
+  co.num_servers = 1;
+  auto cluster = TestCluster::Start(co);
+  GrpcPsClientOptions o = ShmOptions(true);
+  o.shared_memory_slots = 4;  // one of them kept for pushes
+  auto c = cluster->Client(0, o);
+  REQUIRE_OK(c->CreateJob(JobSpec("queued", {DenseTableSpec("w", 64)}, 1, v1::ConsistencySpec::BSP)));
+  std::vector<float> g(64, 2.0f);
+  std::vector<std::vector<float>> w(8, std::vector<float>(64));
+  // Eight pulls of step 1 wait for step 0: three hold slots, five wait for
+  // one; the push goes through the fourth and releases them all.
+  std::vector<Future<absl::Status>> pulls;
+  for (auto& x : w) pulls.push_back(c->PullAsync("queued", {1, {{"w", x.data(), 64}}, {}}));
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE_OK(c->Push("queued", {0, {{"w", g.data(), 64}}, {}}));
+  for (auto& p : pulls) REQUIRE_OK(p.Wait());
+  for (const auto& x : w) {
+    for (float v : x) REQUIRE(v == -2.0f);
+  }
+  // Every request went through shared memory, none over gRPC.
+  REQUIRE(c->shared_memory_requests() == 9);
+  REQUIRE(c->shared_memory_waited() >= 5);
+}
+
 TEST_CASE("a server with shared memory off, or one asked for too much, leaves the worker on gRPC", "[shm]") {
   TestCluster::Options co;
   co.shared_memory = false;

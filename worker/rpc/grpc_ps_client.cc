@@ -257,6 +257,13 @@ struct ShmSessions {
     return n != 0;
   }
 
+  uint64_t Waited() {
+    absl::MutexLock lock(&mu);
+    uint64_t n = 0;
+    for (const auto& c : open) n += c->waited();
+    return n;
+  }
+
   void Expect() {
     absl::MutexLock lock(&mu);
     for (const auto& c : open) c->Expect();
@@ -413,6 +420,7 @@ class GrpcPsClient::Impl {
 
   void ExpectPush() { shm_sessions_->Expect(); }
   uint64_t shm_polled() const { return shm_sessions_->polled.load(std::memory_order_relaxed); }
+  uint64_t shm_waited() const { return shm_sessions_->Waited(); }
 
   // An Op whose waiter polls shared memory for a while before it sleeps.
   std::shared_ptr<Op> NewOp() {
@@ -592,7 +600,7 @@ class GrpcPsClient::Impl {
     auto conn = Conn(address);
     if (options_.shared_memory) {
       std::shared_ptr<ShmConn> shm = SharedMemory(*conn);
-      if (shm != nullptr && shm->TrySend(is_push, &body, max_response_bytes, absl::Now() + timeout, &cb)) {
+      if (shm != nullptr && shm->Send(is_push, &body, max_response_bytes, absl::Now() + timeout, &cb)) {
         shm_requests_.fetch_add(1, std::memory_order_relaxed);
         return;
       }
@@ -1098,6 +1106,7 @@ uint64_t GrpcPsClient::shard_map_version() const { return impl_->map()->version(
 void GrpcPsClient::ExpectPush() { impl_->ExpectPush(); }
 
 uint64_t GrpcPsClient::shared_memory_polled() const { return impl_->shm_polled(); }
+uint64_t GrpcPsClient::shared_memory_waited() const { return impl_->shm_waited(); }
 
 uint64_t GrpcPsClient::shared_memory_requests() const {
   return impl_->shm_requests_.load(std::memory_order_relaxed);

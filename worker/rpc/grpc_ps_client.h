@@ -83,6 +83,8 @@ class GrpcPsClient final : public PsClient {
   uint64_t shared_memory_requests() const;
   // Of their responses, those the waiting thread read itself (polling).
   uint64_t shared_memory_polled() const;
+  // Of the requests, those that waited for a free slot (sessions still open).
+  uint64_t shared_memory_waited() const;
 
   class Impl;
 

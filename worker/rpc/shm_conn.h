@@ -4,9 +4,10 @@
 // responses come back in the same slots; an OpenSharedMemory call stays open
 // for the session's life, so either side notices when the other goes away.
 //
-// A request that does not fit a slot, or finds every slot busy, is not
-// taken: the caller sends it over gRPC instead, so a full set of slots
-// never holds up a push behind parked pulls.
+// A request that finds no free slot waits for one, in order. Pulls leave a
+// quarter of the slots (at least one) free for pushes, so pulls parked by
+// BSP or SSP never keep out the push that completes their step. A request
+// that does not fit a slot is not taken: the caller sends it over gRPC.
 #ifndef FULCRUM_WORKER_RPC_SHM_CONN_H_
 #define FULCRUM_WORKER_RPC_SHM_CONN_H_
 
@@ -43,13 +44,17 @@ class ShmConn {
 
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   uint64_t slot_bytes() const { return seg_->slot_bytes(); }
-  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // Requests written into slots so far, and of those how many waited for a
+  // slot first.
+  uint64_t requests() const;
+  uint64_t waited() const;
 
-  // Sends `body` through a free slot and returns true; `cb` runs with the
-  // response. Returns false, leaving `body` and `cb` alone, when the session
-  // is dead, every slot is busy, or the request or a response of
-  // `max_response_bytes` would not fit a slot.
-  bool TrySend(bool is_push, wire::Writer* body, size_t max_response_bytes, absl::Time deadline, Callback* cb);
+  // Sends `body` through a slot, now or when one frees, and returns true;
+  // `cb` runs with the response (DEADLINE_EXCEEDED if no slot frees by
+  // `deadline`). Returns false, leaving `body` and `cb` alone, when the
+  // session is dead, the request or a response of `max_response_bytes`
+  // would not fit a slot, or (with a single slot) the slot is busy.
+  bool Send(bool is_push, wire::Writer* body, size_t max_response_bytes, absl::Time deadline, Callback* cb);
 
   // Delivers the responses that have landed, on the calling thread, and
   // returns how many: a thread waiting for an answer polls
@@ -60,8 +65,10 @@ class ShmConn {
   // for the request this announces (PsGrpcServer::Options::shared_memory_poll).
   void Expect();
 
- private:
+  // The slots' bookkeeping (shm_conn.cc); shared with responses' keepalives.
   struct Slots;
+
+ private:
   ShmConn() = default;
   void Dispatch();
   // Runs slot `i`'s callback unless another thread took the response first.
@@ -81,7 +88,6 @@ class ShmConn {
   std::thread dispatcher_;
   std::atomic<bool> dead_{false};
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> requests_{0};
 };
 
 }  // namespace fulcrum
