@@ -57,6 +57,8 @@ struct PushMessage {
   // The job's learning rate times this for this push's update (batch_size
   // auto's scaling and warm-up); a BSP step uses its ranks' mean.
   float lr_scale = 1.0f;
+  // The samples this gradient covers; 0 when not given (PushRequest.samples).
+  uint64_t samples = 0;
   uint64_t shard_map_version = 0;
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;

@@ -504,6 +504,19 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   decoded.seq = m.seq;
   decoded.step = m.step;
   decoded.lr_scale = m.lr_scale;
+  decoded.samples = m.samples;
+  if (m.samples != 0 && model_ != Model::kBsp) {
+    // One rank's share of a round, applied on its own: its rate scaled by
+    // its samples over the mean per push so far (1 exactly while every push
+    // covers the same samples) and, under mean aggregation, by 1 / workers,
+    // so a round's pushes from every rank add up to their mean, as BSP's.
+    absl::MutexLock lock(&mu_);
+    samples_sum_ += m.samples;
+    ++samples_pushes_;
+    const double share = mean_ ? 1.0 / num_workers_ : 1.0;
+    decoded.lr_scale *= static_cast<float>(static_cast<double>(m.samples) * static_cast<double>(samples_pushes_) /
+                                           static_cast<double>(samples_sum_) * share);
+  }
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
   thread_local GradBuffer scratch;
@@ -570,6 +583,28 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   return drained;
 }
 
+std::vector<float> Job::RankWeights(const std::vector<RankStep>& ranks, const std::vector<bool>& active) {
+  std::vector<float> weight(ranks.size(), 1.0f);
+  std::vector<uint64_t> samples(ranks.size(), 0);
+  uint64_t total = 0, first = 0;
+  uint32_t n = 0;
+  bool differ = false;
+  for (uint32_t r = 0; r < ranks.size(); ++r) {
+    if (!active[r]) continue;
+    for (const Decoded& part : ranks[r].parts) samples[r] = std::max(samples[r], part.samples);
+    if (samples[r] == 0) return weight;  // a rank without samples: the plain mean
+    if (n == 0) first = samples[r];
+    differ |= samples[r] != first;
+    total += samples[r];
+    ++n;
+  }
+  if (!differ) return weight;
+  for (uint32_t r = 0; r < ranks.size(); ++r) {
+    if (active[r]) weight[r] = static_cast<float>(static_cast<double>(samples[r]) * n / static_cast<double>(total));
+  }
+  return weight;
+}
+
 bool Job::StepCompleteLocked(uint64_t step) const {
   auto it = steps_.find(step);
   if (it == steps_.end()) return false;
@@ -619,9 +654,11 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     absl::flat_hash_map<SparseTable*, std::pair<absl::flat_hash_map<uint64_t, size_t>, std::vector<float>>> sparse;
     size_t dense_elements = 0;
     std::vector<SparseTable*> sparse_order;
+    const std::vector<float> weight = RankWeights(ranks, active);
     for (uint32_t r = 0; r < ranks.size(); ++r) {
       if (!active[r]) continue;
       ++contributors;
+      const float w = weight[r];
       auto& parts = ranks[r].parts;
       std::sort(parts.begin(), parts.end(),
                 [](const Decoded& a, const Decoded& b) { return a.seq < b.seq; });
@@ -629,6 +666,9 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
       for (Decoded& part : parts) {
         for (const DenseItem& d : part.dense) {
           const size_t n = d.table->ChunkLength(d.chunk);
+          if (w != 1.0f) {
+            for (size_t i = 0; i < n; ++i) d.g[i] *= w;
+          }
           const float* g = d.g;
           auto [it, inserted] = dense.try_emplace({d.table, d.chunk}, dense_order.size());
           if (inserted) {
@@ -641,6 +681,9 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
         }
         for (const SparseItem& s : part.sparse) {
           const uint32_t dim = s.table->dim();
+          if (w != 1.0f) {
+            for (size_t i = 0; i < s.groups.keys.size() * dim; ++i) s.g[i] *= w;
+          }
           auto [it, inserted] = sparse.try_emplace(s.table);
           if (inserted) sparse_order.push_back(s.table);
           auto& [index, values] = it->second;

@@ -161,6 +161,7 @@ class Job : public std::enable_shared_from_this<Job> {
     uint64_t seq = 0;
     uint64_t step = 0;  // the push's step (the learning-rate schedule's)
     float lr_scale = 1.0f;  // the push's (PushMessage::lr_scale)
+    uint64_t samples = 0;   // the push's (PushMessage::samples)
     // BSP: grads' bytes, held in the server's memory pool while buffered.
     PoolHold hold;
   };
@@ -186,6 +187,11 @@ class Job : public std::enable_shared_from_this<Job> {
     uint64_t timer_id = 0;
     std::function<void(absl::Status)> resume;
   };
+
+  // Each rank's weight in a BSP step's mean: 1, unless every active rank's
+  // parts carry samples and they differ (local steps' rounds of different
+  // lengths); then the rank's samples times the ranks over their sum.
+  static std::vector<float> RankWeights(const std::vector<RankStep>& ranks, const std::vector<bool>& active);
 
   Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* timer,
       std::shared_ptr<MemoryQuota> memory_pool);
@@ -251,6 +257,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // BSP: first step not yet applied; steps below it are final.
   uint64_t applied_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  // SSP and ASP pushes that carry samples: their sum and count, whose ratio
+  // is the mean a push's samples are weighed against.
+  uint64_t samples_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t samples_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::vector<RankStep>> steps_ ABSL_GUARDED_BY(mu_);
   // SSP/ASP: per-rank clock (steps completed in order) and completed steps ahead of it.
   std::vector<uint64_t> clock_ ABSL_GUARDED_BY(mu_);

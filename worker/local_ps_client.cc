@@ -80,6 +80,7 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   m.rank = rank_;
   m.step = batch.step;
   m.lr_scale = batch.lr_scale;
+  m.samples = batch.samples;
   m.shard_map_version = map->version();
   for (const DenseGradient& g : batch.dense) {
     absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);

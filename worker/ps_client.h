@@ -48,6 +48,10 @@ struct PushBatch {
   // The job's learning rate is multiplied by this for this step's update:
   // batch_size auto's linear scaling and warm-up (PushRequest.lr_scale).
   float lr_scale = 1.0f;
+  // The training samples this gradient covers, 0 when not given
+  // (PushRequest.samples): local steps' rounds weigh their pseudo-gradients
+  // by it.
+  uint64_t samples = 0;
 };
 
 struct DenseTarget {

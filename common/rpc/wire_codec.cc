@@ -16,6 +16,8 @@ constexpr uint32_t kFixed32 = 5;
 // Slices smaller than this are copied into the coalescing buffer: a slice
 // per tiny field would cost more in bookkeeping than the copy.
 constexpr size_t kCoalesceBelow = 256;
+// PushRequest.samples above this is malformed (2^40: far beyond any dataset).
+constexpr uint64_t kMaxPushSamples = uint64_t{1} << 40;
 
 
 void FreeBuffer(void* p) { std::free(p); }
@@ -337,6 +339,7 @@ Writer EncodePush(const PushMessage& m) {
   w.Varint(10, m.more_parts ? 1 : 0);
   w.Varint(11, m.incarnation);
   w.Float(12, m.lr_scale == 1.0f ? 0.0f : m.lr_scale);
+  if (m.samples != 0) w.Varint(13, m.samples);
   for (const DenseSliceView& d : m.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
     inner.External(15, d.data);
@@ -360,6 +363,7 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
   m->more_parts = false;
   m->incarnation = 0;
   m->lr_scale = 1.0f;
+  m->samples = 0;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -371,6 +375,13 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
         if (m->lr_scale == 0.0f) m->lr_scale = 1.0f;  // proto3's default
         if (!(m->lr_scale > 0.0f && m->lr_scale <= 65536.0f)) {
           return Malformed(absl::StrCat("lr_scale ", m->lr_scale, " is not in (0, 65536]"));
+        }
+        break;
+      }
+      case 13: {
+        RETURN_IF_ERROR(ReadU64(r, wt, "samples", &m->samples));
+        if (m->samples > kMaxPushSamples) {
+          return Malformed(absl::StrCat("samples ", m->samples, " is over ", kMaxPushSamples));
         }
         break;
       }

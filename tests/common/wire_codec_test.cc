@@ -80,6 +80,28 @@ TEST_CASE("a push's lr_scale travels as a float, is 1 when absent and is refused
   CHECK(absl::StrContains(bad.message(), "lr_scale"));
 }
 
+TEST_CASE("a push's samples travel as a varint, are 0 when absent and are refused past 2^40", "[wire]") {
+  PushMessage m;
+  m.job_id = "job";
+  m.samples = 8192;
+  v1::PushRequest parsed;
+  grpc::ByteBuffer buf = wire::EncodePush(m).Finish();
+  REQUIRE(parsed.ParseFromString(Flatten(buf)));
+  CHECK(parsed.samples() == 8192);
+  v1::PushRequest req;
+  req.set_job_id("j");
+  std::string bytes = req.SerializeAsString();
+  PushMessage out;
+  out.samples = 5;
+  REQUIRE(wire::DecodePush(Payload(bytes.data(), bytes.size()), &out).ok());
+  CHECK(out.samples == 0);
+  req.set_samples(uint64_t{1} << 41);
+  bytes = req.SerializeAsString();
+  const absl::Status bad = wire::DecodePush(Payload(bytes.data(), bytes.size()), &out);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(bad.message(), "samples 2199023255552 is over"));
+}
+
 TEST_CASE("protoc-encoded pull decodes, including from many small pieces", "[wire]") {
   v1::PullRequest req;
   req.set_job_id("j");

@@ -126,6 +126,55 @@ TEST_CASE("a push's lr_scale multiplies the learning rate: alone under ASP, the 
   for (float x : weights(*bsp, 1)) CHECK(x == -1.0f);
 }
 
+TEST_CASE("samples weigh pushes: a BSP step's ranks by their share, an ASP push against the mean per push",
+          "[job][samples]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  auto weights = [&](Job& job, uint64_t step) { return PullWeights(job, map, step, 1, 4); };
+  std::vector<float> one(4, 1.0f), three(4, 3.0f);
+  PushResult r;
+  // BSP, SGD at lr 0.5, 2 ranks: gradients 1 over 300 samples and 3 over
+  // 100 average to 1.5, not 2.
+  REQUIRE_OK_AND_ASSIGN(auto bsp, Job::Create(JobSpec("j", {DenseTableSpec("w", 4, 0.5f)}, 2), 4, 1 << 20, &timer));
+  REQUIRE_OK(bsp->MaterializeOwned(*map, 0));
+  PushMessage a = Push(0, 0, one), b = Push(1, 0, three);
+  a.samples = 300;
+  b.samples = 100;
+  REQUIRE_OK(bsp->Push(a, *map, 0, &r));
+  REQUIRE_OK(bsp->Push(b, *map, 0, &r));
+  REQUIRE(r.applied_step == 1);
+  for (float x : weights(*bsp, 1)) CHECK(x == -0.75f);
+  // Equal samples, or a rank without them: the plain mean, 2.
+  for (uint64_t other : {uint64_t{100}, uint64_t{0}}) {
+    const uint64_t step = other == 0 ? 2 : 1;
+    PushMessage c = Push(0, step, one), d = Push(1, step, three);
+    c.seq = d.seq = 10 + step;
+    c.samples = 100;
+    d.samples = other;
+    REQUIRE_OK(bsp->Push(c, *map, 0, &r));
+    REQUIRE_OK(bsp->Push(d, *map, 0, &r));
+    REQUIRE(r.applied_step == step + 1);
+  }
+  for (float x : weights(*bsp, 3)) CHECK(x == -2.75f);
+
+  // ASP: the first push (100 samples) is the mean and moves by lr x g; the
+  // second (300) is 1.5x the mean of 200; one without samples is plain.
+  REQUIRE_OK_AND_ASSIGN(auto asp, Job::Create(JobSpec("j", {DenseTableSpec("w", 4, 0.5f)}, 1, v1::ConsistencySpec::ASP),
+                                              4, 1 << 20, &timer));
+  REQUIRE_OK(asp->MaterializeOwned(*map, 0));
+  PushMessage p1 = Push(0, 0, one), p2 = Push(0, 1, one), p3 = Push(0, 2, one);
+  p2.seq = 2;
+  p3.seq = 3;
+  p1.samples = 100;
+  p2.samples = 300;
+  REQUIRE_OK(asp->Push(p1, *map, 0, &r));
+  for (float x : weights(*asp, 1)) CHECK(x == -0.5f);
+  REQUIRE_OK(asp->Push(p2, *map, 0, &r));
+  for (float x : weights(*asp, 2)) CHECK(x == -1.25f);
+  REQUIRE_OK(asp->Push(p3, *map, 0, &r));
+  for (float x : weights(*asp, 3)) CHECK(x == -1.75f);
+}
+
 TEST_CASE("BSP gradients buffered ahead count against the server's memory limit and the collected step always fits",
           "[bsp][job][quota]") {
   DeadlineTimer timer;

@@ -310,6 +310,7 @@ struct PushPart {
   std::vector<Dense> dense;
   std::vector<Sparse> sparse;
   float lr_scale = 1.0f;  // PushBatch::lr_scale
+  uint64_t samples = 0;   // PushBatch::samples
   size_t bytes = 0;
 };
 
@@ -764,6 +765,7 @@ class GrpcPsClient::Impl {
     op->Add(static_cast<int>(parts.size()));
     for (auto& [s, p] : parts) {
       p->lr_scale = batch.lr_scale;
+      p->samples = batch.samples;
       SendPush(op, *job, m, s, job_id, batch.step, batch.last ? earlier[s] + count[s] : 0, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
@@ -783,6 +785,7 @@ class GrpcPsClient::Impl {
     msg.rank = options_.rank;
     msg.step = step;
     msg.lr_scale = part->lr_scale;
+    msg.samples = part->samples;
     msg.num_parts = num_parts;
     msg.more_parts = num_parts == 0;
     msg.shard_map_version = m->version();
@@ -854,6 +857,7 @@ class GrpcPsClient::Impl {
     op->Add(static_cast<int>(parts.size()));
     for (auto& [srv, p] : parts) {
       p->lr_scale = part->lr_scale;
+      p->samples = part->samples;
       SendPush(op, job, m, srv, job_id, step, num_parts == 0 ? 0 : 1, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }

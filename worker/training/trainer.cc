@@ -430,6 +430,7 @@ void Trainer::ResumeAtClock(uint64_t clock, int64_t steps_per_epoch) {
   if (local()) {
     round_ = clock;
     in_round_ = 0;
+    round_samples_ = 0;
   }
 }
 
@@ -460,6 +461,7 @@ absl::Status Trainer::BeginRound() {
     }
   }
   in_round_ = 0;
+  round_samples_ = 0;
   return absl::OkStatus();
 }
 
@@ -474,6 +476,7 @@ absl::StatusOr<models::Metrics> Trainer::LocalStep(const data::Batch& batch) {
                                         inner_m_[i].as<float>(), inner_v_[i].as<float>(), inner_updates_));
   }
   ++in_round_;
+  round_samples_ += batch.size;
   return m;
 }
 
@@ -484,6 +487,7 @@ absl::Status Trainer::EndRound() {
   RETURN_IF_ERROR(Stage(0, /*values=*/false, /*grads=*/true));
   PushBatch push;
   push.step = round_;
+  push.samples = round_samples_;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
@@ -495,6 +499,7 @@ absl::Status Trainer::EndRound() {
   RETURN_IF_ERROR(done.Wait());
   ++round_;
   in_round_ = 0;
+  round_samples_ = 0;
   return absl::OkStatus();
 }
 
@@ -534,6 +539,8 @@ absl::Status Trainer::EndRoundOverlapped() {
   }
   PushBatch push;
   push.step = round_;
+  push.samples = round_samples_;
+  round_samples_ = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     ASSIGN_OR_RETURN(float* out, host(push_host_, i));

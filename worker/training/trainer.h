@@ -227,6 +227,7 @@ class Trainer {
   // and the inner optimizer's state, on the device.
   uint64_t round_ = 0;
   int in_round_ = 0;
+  uint64_t round_samples_ = 0;  // the samples of the round's steps so far
   uint64_t inner_updates_ = 0;
   std::vector<compute::Buffer> anchor_, inner_m_, inner_v_;
   // Overlapped rounds: whether the replica has started (the first round
