@@ -250,20 +250,21 @@ TEST_CASE("2 workers with local steps (H = 16, inner Adam, outer Nesterov 0.7) t
   CHECK(local.test_accuracy >= bsp.test_accuracy - 0.01);
 }
 
-TEST_CASE("overlapped rounds (one-round delay) converge within a point of waited rounds, bit-identical on rerun",
+TEST_CASE("overlapped rounds (one-round delay) reach the accuracy of waited rounds within 0.3 point, "
+          "bit-identical on rerun",
           "[local]") {
-  const Mnist d = LoadMnist(4);
-  // Outer Nesterov at 1.0 with momentum 0.5: with DiLoCo's 0.9 the delay
-  // cost 2.6 points here (docs/consistency.md).
-  const auto outer = Opt(v1::OptimizerSpec::MOMENTUM, 1.0f, 0.5f, true);
+  const Mnist d = LoadMnist(1);  // all 60000 examples, 3 epochs
+  // Outer Nesterov 0.7 at rate 0.5, the setting docs/consistency.md gives
+  // for overlap: with DiLoCo's 0.9 at 0.7 the delay cost 0.75 point here.
+  const auto outer = Opt(v1::OptimizerSpec::MOMENTUM, 0.5f, 0.7f, true);
   const auto inner = Opt(v1::OptimizerSpec::ADAM, 0.001f);
-  const Outcome waited = Train(d, 2, 2, 32, outer, 16, inner, -1, false);
-  const Outcome overlapped = Train(d, 2, 2, 32, outer, 16, inner, -1, true);
-  const Outcome again = Train(d, 2, 2, 32, outer, 16, inner, -1, true);
-  std::printf("MNIST 784-64-10, 2 workers, H=16: rounds waited for, test accuracy %.4f in %.2f s; overlapped %.4f in "
-              "%.2f s\n",
+  const Outcome waited = Train(d, 2, 3, 32, outer, 16, inner, -1, false);
+  const Outcome overlapped = Train(d, 2, 3, 32, outer, 16, inner, -1, true);
+  const Outcome again = Train(d, 2, 3, 32, outer, 16, inner, -1, true);
+  std::printf("MNIST 784-64-10, 2 workers, 3 epochs, H=16, outer Nesterov 0.7 at 0.5: rounds waited for, test "
+              "accuracy %.4f in %.2f s, overlapped %.4f in %.2f s\n",
               waited.test_accuracy, waited.seconds, overlapped.test_accuracy, overlapped.seconds);
-  CHECK(std::fabs(overlapped.test_accuracy - waited.test_accuracy) <= 0.01);
+  CHECK(overlapped.test_accuracy >= waited.test_accuracy - 0.003);
   CHECK(overlapped.weights == again.weights);
   CHECK(overlapped.clock == waited.clock);
 }
