@@ -418,6 +418,21 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
 
 // ---------------------------------------------------------------- local steps
 
+namespace {
+
+// Adds the wall time of its scope to `*seconds`.
+class ScopeTimer {
+ public:
+  explicit ScopeTimer(double* seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~ScopeTimer() { *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double* const seconds_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 uint64_t Trainer::StepOfClock(uint64_t clock, int64_t steps_per_epoch) const {
   if (!local() || steps_per_epoch <= 0) return clock;
   const uint64_t spe = static_cast<uint64_t>(steps_per_epoch), h = static_cast<uint64_t>(options_.sync_every);
@@ -451,7 +466,10 @@ absl::Status Trainer::BeginRound() {
     if (anchor_[i].bytes() < bytes) {
       ASSIGN_OR_RETURN(anchor_[i], be->Allocate(bytes));
     }
-    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), tables[i].value.data(), tables[i].elements * 4));
+    {
+      ScopeTimer device(&round_device_seconds_);
+      RETURN_IF_ERROR(be->Copy(anchor_[i].data(), tables[i].value.data(), tables[i].elements * 4));
+    }
     // The inner optimizer's state lives on the device across rounds.
     for (int k = 0; k < slots; ++k) {
       compute::Buffer& b = k == 0 ? inner_m_[i] : inner_v_[i];
@@ -490,7 +508,10 @@ absl::Status Trainer::EndRound() {
   push.samples = round_samples_;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
-    RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    {
+      ScopeTimer device(&round_device_seconds_);
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    }
     RETURN_IF_ERROR(be->CopyToHost(staging_[0].grad[i].data(), anchor_[i].data(), t.elements * 4));
     push.dense.push_back({t.spec.name(), staging_[0].grad[i].as<float>(), t.elements});
   }
@@ -517,9 +538,12 @@ absl::Status Trainer::EndRoundOverlapped() {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
   // This round's pseudo-gradient into the anchor: start minus end weights.
-  for (size_t i = 0; i < tables.size(); ++i) {
-    models::Table& t = tables[i];
-    RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+  {
+    ScopeTimer device(&round_device_seconds_);
+    for (size_t i = 0; i < tables.size(); ++i) {
+      models::Table& t = tables[i];
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    }
   }
   push_host_.resize(tables.size());
   pull_host_.resize(tables.size());
@@ -567,6 +591,7 @@ absl::Status Trainer::EndRoundOverlapped() {
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
       RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
+      ScopeTimer device(&round_device_seconds_);
       RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, anchor_[i].as<float>(), t.value.as<float>()));
     }
   }
@@ -580,6 +605,7 @@ absl::Status Trainer::EndRoundOverlapped() {
     models::Table& t = tables[i];
     ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
     pull.dense.push_back({t.spec.name(), in, t.elements});
+    ScopeTimer device(&round_device_seconds_);
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
   }
   round_pull_ = client_->PullAsync(options_.job_id, pull);
@@ -587,6 +613,7 @@ absl::Status Trainer::EndRoundOverlapped() {
 }
 
 absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result) {
+  round_device_seconds_ = 0;
   for (const models::Table& t : model_->tables()) {
     if (t.sparse) {
       return absl::InvalidArgumentError(absl::StrCat("consistency.model local: table '", t.spec.name(),
@@ -626,6 +653,8 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     prefetch.Recycle(std::move(batch));
   }
   if (in_round_ > 0) RETURN_IF_ERROR(EndRound());  // a shard shorter than expected
+  result->round_device_seconds += round_device_seconds_;
+  round_device_seconds_ = 0;
   return FinishRounds();
 }
 

@@ -122,6 +122,10 @@ struct EpochResult {
   double pull_wait_seconds = 0;  // time steps waited for parameters
   double push_wait_seconds = 0;  // time steps waited for their pushes
   double compute_seconds = 0;    // forward + backward
+  // Local steps: of the pull and push waits, the time the rounds' ends and
+  // starts spent on device-side copies and updates of the anchor and the
+  // replica (microseconds on a GPU, milliseconds on the CPU backend).
+  double round_device_seconds = 0;
   double samples_per_second = 0;
 };
 
@@ -228,6 +232,7 @@ class Trainer {
   uint64_t round_ = 0;
   int in_round_ = 0;
   uint64_t round_samples_ = 0;  // the samples of the round's steps so far
+  double round_device_seconds_ = 0;  // EpochResult::round_device_seconds, so far
   uint64_t inner_updates_ = 0;
   std::vector<compute::Buffer> anchor_, inner_m_, inner_v_;
   // Overlapped rounds: whether the replica has started (the first round
