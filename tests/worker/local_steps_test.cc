@@ -64,7 +64,7 @@ models::ModelConfig Mlp() {
 }
 
 // Rounds as the ranks push them: each push's samples, and how far a rank's
-// pushed rounds led the slowest rank's when it pushed another.
+// rounds led the slowest rank's when it started pushing another.
 struct RoundLog {
   absl::Mutex mu;
   std::vector<int64_t> pushed ABSL_GUARDED_BY(mu);
@@ -88,18 +88,16 @@ class LoggingClient final : public PsClient {
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override {
     absl::SleepFor(delay_);
     {
+      // Counted as pushed when it starts: a rank waiting on the bound is
+      // released once the push has been applied, by which time it counts.
       absl::MutexLock lock(&log_->mu);
       const int64_t slowest = *std::min_element(log_->pushed.begin(), log_->pushed.end());
       log_->max_lead[rank_] = std::max(log_->max_lead[rank_], log_->pushed[rank_] - slowest);
       log_->samples[rank_].push_back(batch.samples);
-    }
-    Promise<absl::Status> done;
-    absl::Status s = inner_->Push(job_id, batch);
-    {
-      absl::MutexLock lock(&log_->mu);
       ++log_->pushed[rank_];
     }
-    done.Set(s);
+    Promise<absl::Status> done;
+    done.Set(inner_->Push(job_id, batch));
     return done.future();
   }
 
