@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "common/bounded_executor.h"
 #include "common/errors.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -480,18 +481,19 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
   // Checkpoint and Restore wait (for a step, for the disk): they run on a
-  // thread of their own, not on gRPC's.
+  // bounded pool of threads, not on gRPC's (Options::blocking_threads).
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointRequest* req,
                                        v1::ShardCutMeta* resp) override {
     if (auto* refused = RefuseUnlessControl(ctx, "Checkpoint")) return refused;
     const absl::Duration wait = req->wait_timeout_ms() > 0 ? absl::Milliseconds(req->wait_timeout_ms()) : absl::Seconds(60);
-    return AnswerBlocking(ctx, resp, [=, this] { return ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait); });
+    return AnswerBlocking(control_.get(), ctx, resp,
+                          [=, this] { return ps_->Checkpoint(req->job_id(), req->cut_id(), req->at_step(), wait); });
   }
 
   grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* ctx, const v1::RestoreRequest* req,
                                     v1::ShardCutMeta* resp) override {
     if (auto* refused = RefuseUnlessControl(ctx, "Restore")) return refused;
-    return AnswerBlocking(ctx, resp, [=, this] {
+    return AnswerBlocking(control_.get(), ctx, resp, [=, this] {
       std::vector<ParameterServer::CutReader> sources;
       for (const std::string& address : req->sources()) sources.push_back(CutReaderAt(address));
       return ps_->Restore(req->job_id(), req->cut_id(), sources, req->min_incarnation());
@@ -501,7 +503,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* req,
                                            v1::ReadCheckpointResponse* resp) override {
     if (auto* refused = RefuseUnlessControl(ctx, "ReadCheckpoint")) return refused;
-    return AnswerBlocking(ctx, resp, [=, this] { return ps_->ReadCut(*req); });
+    return AnswerBlocking(reads_.get(), ctx, resp, [=, this] { return ps_->ReadCut(*req); });
   }
 
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
@@ -524,10 +526,15 @@ class PsGrpcServer::Service final : public ServiceBase {
     return reactor;
   }
 
+  // The pools' destructors run every call they accepted.
   ~Service() override {
-    absl::MutexLock lock(&blocking_mu_);
-    blocking_mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &blocking_));
+    control_.reset();
+    reads_.reset();
+  }
+
+  void set_blocking(int threads, size_t queue) {
+    control_ = std::make_unique<BoundedExecutor>("checkpoint and restore calls", threads, queue);
+    reads_ = std::make_unique<BoundedExecutor>("checkpoint reads", threads, queue);
   }
 
   grpc::ServerUnaryReactor* GetShardMap(grpc::CallbackServerContext* ctx,
@@ -633,16 +640,18 @@ class PsGrpcServer::Service final : public ServiceBase {
     return reactor;
   }
 
-  // Answers a unary call with what `f` returns, computed on a thread of its
-  // own (see Blocking).
+  // Answers a unary call with what `f` returns, computed on a thread of
+  // `pool`; RESOURCE_EXHAUSTED, naming the pool's limits, when it is full.
   template <typename Response, typename F>
-  grpc::ServerUnaryReactor* AnswerBlocking(grpc::CallbackServerContext* ctx, Response* resp, F f) {
+  grpc::ServerUnaryReactor* AnswerBlocking(BoundedExecutor* pool, grpc::CallbackServerContext* ctx, Response* resp,
+                                           F f) {
     auto* reactor = ctx->DefaultReactor();
-    Blocking([reactor, resp, f = std::move(f)] {
+    absl::Status accepted = pool->Submit([reactor, resp, f = std::move(f)] {
       absl::StatusOr<Response> r = f();
       if (r.ok()) *resp = *std::move(r);
       reactor->Finish(ToGrpcStatus(r.status()));
     });
+    if (!accepted.ok()) reactor->Finish(ToGrpcStatus(accepted));
     return reactor;
   }
 
@@ -663,24 +672,12 @@ class PsGrpcServer::Service final : public ServiceBase {
     };
   }
 
-  // Runs `f` on a detached thread; the destructor waits for every one.
-  void Blocking(std::function<void()> f) {
-    {
-      absl::MutexLock lock(&blocking_mu_);
-      ++blocking_;
-    }
-    std::thread([this, f = std::move(f)] {
-      f();
-      absl::MutexLock lock(&blocking_mu_);
-      --blocking_;
-    }).detach();
-  }
-
   ParameterServer* const ps_;
   bool shared_memory_ = true;
   ShmRegistry shm_;
-  absl::Mutex blocking_mu_;
-  int blocking_ ABSL_GUARDED_BY(blocking_mu_) = 0;
+  // Set by set_blocking before the service is registered.
+  std::unique_ptr<BoundedExecutor> control_;
+  std::unique_ptr<BoundedExecutor> reads_;
 };
 
 absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
@@ -689,6 +686,7 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
   s->ps_ = ps;
   s->service_ = std::make_unique<Service>(ps);
   s->service_->set_shared_memory(options.shared_memory, options.shared_memory_poll);
+  s->service_->set_blocking(options.blocking_threads, options.blocking_queue);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -26,6 +26,13 @@ class PsGrpcServer {
     // How long a session's thread polls for a push the worker announced
     // (GrpcPsClient::ExpectPush) before it sleeps again; zero never polls.
     absl::Duration shared_memory_poll = absl::Microseconds(500);
+    // Calls that block (Checkpoint and Restore wait for a step or the disk;
+    // ReadCheckpoint reads the store) run on bounded pools, one for each
+    // kind so a Restore waiting on a peer's reads never starves them: at
+    // most this many threads each, and this many calls waiting; the next
+    // is refused RESOURCE_EXHAUSTED.
+    int blocking_threads = 8;
+    size_t blocking_queue = 256;
   };
   // Serves `ps` (not owned; must outlive this) on `listen_address`, e.g.
   // "127.0.0.1:0" for any free port. Enables health checking and reflection.

@@ -10,6 +10,8 @@
 
 #include <rocksdb/db.h>
 
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "common/checkpoint_record.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
@@ -518,6 +520,60 @@ TEST_CASE("a peer's cut that names another job creates nothing", "[checkpoint]")
   ParameterServer::CutReader honest = [&](const v1::ReadCheckpointRequest& req) { return source->ReadCut(req); };
   REQUIRE_OK(ps->Restore("job", 1, {honest}).status());
   source.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("checkpoint calls past the server's pool and queue are refused RESOURCE_EXHAUSTED, the others complete",
+          "[checkpoint]") {
+  const std::string dir = testing::MakeTempDir("ckpt-pool");
+  testing::TestCluster::Options co;
+  co.num_servers = 1;
+  co.data_dir = dir;
+  co.blocking_threads = 1;
+  co.blocking_queue = 1;
+  auto cluster = testing::TestCluster::Start(co);
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(Spec("job")));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(0), 7));
+  // Cuts at step 3 wait for it: the first holds the one thread, the second
+  // waits in the queue, the third is refused at once.
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::ShardCutMeta meta;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    auto call = std::make_unique<Call>();
+    v1::CheckpointRequest req;
+    req.set_job_id("job");
+    req.set_cut_id(id);
+    req.set_at_step(3);
+    req.set_wait_timeout_ms(20000);
+    Call* raw = call.get();
+    stub->async()->Checkpoint(&raw->ctx, &req, &raw->meta, [raw](grpc::Status s) {
+      raw->status = s;
+      raw->done.Notify();
+    });
+    calls.push_back(std::move(call));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(calls[2]->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  CHECK(calls[2]->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(absl::StrContains(calls[2]->status.error_message(),
+                          "checkpoint and restore calls: 1 running on all 1 threads and 1 waiting"));
+  CHECK_FALSE(calls[0]->done.HasBeenNotified());
+  std::vector<float> g(kDense, 0.5f);
+  for (uint64_t step = 0; step < 3; ++step) REQUIRE_OK(c->Push("job", {step, {{"w", g.data(), kDense}}, {}}));
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(calls[i]->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    INFO("cut " << i + 1 << ": " << calls[i]->status.error_message());
+    CHECK(calls[i]->status.ok());
+    CHECK(calls[i]->meta.step() == 3);
+  }
+  c.reset();
+  cluster.reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -21,6 +21,8 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     PsGrpcServer::Options go;
     go.shared_memory = options.shared_memory;
     go.shared_memory_poll = options.shared_memory_poll;
+    go.blocking_threads = options.blocking_threads;
+    go.blocking_queue = options.blocking_queue;
     auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0", go);
     REQUIRE(grpc.ok());
     c->servers_.push_back(*std::move(ps));

@@ -64,6 +64,8 @@ class TestCluster {
     int mapped_servers = 0;
     bool shared_memory = true;  // servers offer OpenSharedMemory
     absl::Duration shared_memory_poll = absl::Microseconds(500);  // PsGrpcServer::Options
+    int blocking_threads = 8;      // PsGrpcServer::Options
+    size_t blocking_queue = 256;   // PsGrpcServer::Options
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }
