@@ -512,6 +512,11 @@ absl::Status Trainer::EndRound() {
       ScopeTimer device(&round_device_seconds_);
       RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
     }
+    if (!be->is_gpu()) {
+      // The CPU's device memory is host memory: push the anchor itself.
+      push.dense.push_back({t.spec.name(), anchor_[i].as<float>(), t.elements});
+      continue;
+    }
     RETURN_IF_ERROR(be->CopyToHost(staging_[0].grad[i].data(), anchor_[i].data(), t.elements * 4));
     push.dense.push_back({t.spec.name(), staging_[0].grad[i].as<float>(), t.elements});
   }
@@ -565,9 +570,17 @@ absl::Status Trainer::EndRoundOverlapped() {
   push.step = round_;
   push.samples = round_samples_;
   round_samples_ = 0;
+  const bool host_memory = !be->is_gpu();
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     ASSIGN_OR_RETURN(float* out, host(push_host_, i));
+    if (host_memory) {
+      // The CPU's device memory is host memory: the pseudo-gradient's buffer
+      // becomes the push's, and the push's last buffer the next anchor.
+      std::swap(anchor_[i], push_host_[i]);
+      push.dense.push_back({t.spec.name(), push_host_[i].as<float>(), t.elements});
+      continue;
+    }
     RETURN_IF_ERROR(be->CopyToHost(out, anchor_[i].data(), t.elements * 4));
     push.dense.push_back({t.spec.name(), out, t.elements});
   }
@@ -590,9 +603,15 @@ absl::Status Trainer::EndRoundOverlapped() {
     RETURN_IF_ERROR(s);
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
-      RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
+      // This round's pseudo-gradient: in the push's buffer on the CPU.
+      const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
+      if (host_memory) {
+        std::swap(t.value, pull_host_[i]);  // the pulled weights, without a copy
+      } else {
+        RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
+      }
       ScopeTimer device(&round_device_seconds_);
-      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, anchor_[i].as<float>(), t.value.as<float>()));
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, delta, t.value.as<float>()));
     }
   }
   ++round_;
