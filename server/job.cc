@@ -103,6 +103,10 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat("job '", id, "': consistency.staleness applies only to SSP"));
   }
+  if (model == Model::kBsp && spec.consistency().staleness_aware_lr()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", id, "': consistency.staleness_aware_lr applies only to SSP and ASP (BSP gradients are never stale)"));
+  }
   if (!v1::Aggregation_IsValid(spec.aggregation())) {
     return absl::InvalidArgumentError(absl::StrCat("job '", id, "': aggregation ",
                                                    static_cast<int>(spec.aggregation()),
@@ -136,6 +140,7 @@ Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* 
       model_(model),
       num_workers_(spec.num_workers()),
       staleness_(spec.consistency().staleness()),
+      staleness_lr_(model != Model::kBsp && spec.consistency().staleness_aware_lr()),
       mean_(spec.aggregation() != v1::SUM),
       timer_(timer),
       quota_(spec.job_id(), quota, std::move(memory_pool)) {
@@ -143,6 +148,7 @@ Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* 
   active_.assign(num_workers_, true);
   clock_.assign(num_workers_, 0);
   done_ahead_.resize(num_workers_);
+  reads_.resize(num_workers_);
 }
 
 Job::~Job() {
@@ -409,6 +415,14 @@ bool Job::RecordPartLocked(uint32_t rank, uint64_t step, uint32_t num_parts, uin
       done_ahead_[rank].erase(clock_[rank]);
       ++clock_[rank];
     }
+    ++updates_;
+    if (staleness_lr_) {
+      // Reads for steps before the rank's clock serve no push to come; the
+      // latest of them stays, for a step pushed without a pull of its own.
+      auto& reads = reads_[rank];
+      auto keep = reads.lower_bound(clock_[rank]);
+      if (keep != reads.begin()) reads.erase(reads.begin(), std::prev(keep));
+    }
     // Outside BSP steps_ only counts parts: forget this rank's count, and the
     // step once no rank has parts of it in flight.
     rs = RankStep();
@@ -516,6 +530,15 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     const double share = mean_ ? 1.0 / num_workers_ : 1.0;
     decoded.lr_scale *= static_cast<float>(static_cast<double>(m.samples) * static_cast<double>(samples_pushes_) /
                                            static_cast<double>(samples_sum_) * share);
+  }
+  if (staleness_lr_) {
+    uint64_t tau;
+    {
+      absl::MutexLock lock(&mu_);
+      tau = StalenessLocked(m.rank, m.step);
+    }
+    metrics_.push_staleness.Observe(static_cast<double>(tau));
+    decoded.lr_scale /= static_cast<float>(tau);
   }
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
@@ -860,8 +883,30 @@ absl::Status Job::ReadSparse(SparseTable* table, const KeyGroups& g, float* out)
   return absl::OkStatus();
 }
 
+uint64_t Job::StalenessLocked(uint32_t rank, uint64_t step) const {
+  const auto& reads = reads_[rank];
+  auto it = reads.upper_bound(step);  // the read for `step`, or the latest before it
+  if (it == reads.begin()) return 1;   // no pull seen: counted fresh
+  return updates_ - std::prev(it)->second + 1;
+}
+
+void Job::RecordReadLocked(uint32_t rank, uint64_t step) {
+  auto& reads = reads_[rank];
+  // A step's first pull counts: its later parts read weights at least as new.
+  reads.try_emplace(step, updates_);
+  // A client pulling far ahead without pushing (ASP allows it) keeps only
+  // the latest entries.
+  while (reads.size() > kMaxReadsPerRank) reads.erase(reads.begin());
+}
+
 absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse) {
   PullResult result;
+  if (staleness_lr_) {
+    // Before the weights are read: an update landing during the read counts
+    // as not seen, so staleness errs high (a smaller rate), never low.
+    absl::MutexLock lock(&mu_);
+    RecordReadLocked(m.rank, m.step);
+  }
   const size_t esize = DTypeSize(m.dtype);
   thread_local std::vector<float> scratch;
   for (const DenseChunkRef& d : m.dense) {
@@ -1149,6 +1194,12 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
   if (model_ != Model::kBsp) {
     out->Histogram("fulcrum_server_staleness_steps",
                    "SSP/ASP: how many steps a pull's clock was ahead of the slowest worker's", job, m.staleness);
+    if (staleness_lr_) {
+      out->Histogram("fulcrum_server_push_staleness_updates",
+                     "staleness_aware_lr: updates applied between a gradient's pull and its push, plus one "
+                     "(its learning rate is divided by this)",
+                     job, m.push_staleness);
+    }
   }
   out->Counter("fulcrum_server_pushes_applied_total", "Pushes applied to the job's tables", job,
                static_cast<double>(pushes_applied_.load()));

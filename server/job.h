@@ -227,6 +227,11 @@ class Job : public std::enable_shared_from_this<Job> {
   bool StepCompleteLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitReasonLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // staleness_aware_lr: 1 + the updates applied since `rank` pulled the
+  // weights of `step` (or of the latest step before it it pulled); 1 when it
+  // pulled none.
+  uint64_t StalenessLocked(uint32_t rank, uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordReadLocked(uint32_t rank, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies complete BSP steps in order; returns waiters that became ready.
   absl::Status DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -243,6 +248,8 @@ class Job : public std::enable_shared_from_this<Job> {
   const Model model_;
   const uint32_t num_workers_;
   const uint32_t staleness_;
+  const bool staleness_lr_;  // consistency.staleness_aware_lr (SSP/ASP)
+  static constexpr size_t kMaxReadsPerRank = 64;
   const bool mean_;
   DeadlineTimer* const timer_;
   MemoryQuota quota_;
@@ -265,6 +272,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // SSP/ASP: per-rank clock (steps completed in order) and completed steps ahead of it.
   std::vector<uint64_t> clock_ ABSL_GUARDED_BY(mu_);
   std::vector<std::set<uint64_t>> done_ahead_ ABSL_GUARDED_BY(mu_);
+  // SSP/ASP: (rank, step)s completed so far, the job's update count here.
+  uint64_t updates_ ABSL_GUARDED_BY(mu_) = 0;
+  // staleness_aware_lr: per rank, step -> updates_ when its pull was served.
+  std::vector<std::map<uint64_t, uint64_t>> reads_ ABSL_GUARDED_BY(mu_);
   // BSP steps a capture holds back until it has taken the state.
   std::multiset<uint64_t> holds_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;

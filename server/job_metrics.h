@@ -20,6 +20,7 @@ struct JobMetrics {
   metrics::Histogram pull_wait_seconds;  // the BSP/SSP wait alone (0 when none)
   metrics::Histogram apply_seconds;      // the optimizer over one push (or BSP step)
   metrics::Histogram staleness{metrics::StalenessBuckets()};  // SSP/ASP: pull clock - slowest clock
+  metrics::Histogram push_staleness{metrics::StalenessBuckets()};  // staleness_aware_lr: a push's divisor
   // Checkpoints this server wrote for the job.
   metrics::Histogram checkpoint_seconds;
   std::atomic<double> last_checkpoint_bytes{0};

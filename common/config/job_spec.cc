@@ -172,6 +172,9 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
     p.push_back("consistency.staleness: only ssp (in steps) and local (in rounds) have a staleness bound");
   }
   if (c.staleness() > 1000) p.push_back("consistency.staleness: at most 1000");
+  if (c.staleness_aware_lr() && c.model() != v1::ConsistencySpec::SSP && c.model() != v1::ConsistencySpec::ASP) {
+    p.push_back("consistency.staleness_aware_lr: only ssp and asp apply stale gradients");
+  }
   if (local) {
     if (c.sync_every_steps() < 1 || c.sync_every_steps() > 100000) {
       p.push_back(absl::StrCat("consistency.sync_every_steps: ", c.sync_every_steps(),

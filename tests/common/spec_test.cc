@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "fulcrum/v1/cluster.pb.h"
@@ -182,6 +183,18 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   const absl::Status st = ValidateJobSpec(s);
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(st.message()).find(std::to_string(p.size()) + " problems") != std::string::npos);
+}
+
+TEST_CASE("staleness_aware_lr is refused outside ssp and asp", "[spec]") {
+  for (const char* model : {"bsp", "local", "ssp", "asp"}) {
+    v1::JobSpec s;
+    REQUIRE(ParseSpecText(absl::StrCat("consistency: {model: ", model, ", staleness_aware_lr: true}\n"), "c.yaml", &s)
+                .ok());
+    CHECK(s.consistency().staleness_aware_lr());
+    const bool refused = HasProblem(JobSpecProblems(s), "consistency.staleness_aware_lr: only ssp and asp");
+    INFO("model " << model);
+    CHECK(refused == (std::string(model) == "bsp" || std::string(model) == "local"));
+  }
 }
 
 TEST_CASE("every example spec in deploy/examples parses and validates", "[spec]") {

@@ -34,12 +34,13 @@ PushMessage Push(uint32_t rank, uint64_t step, const std::vector<float>& g) {
 }
 
 // The fp32 weights of table "w"'s `chunks` (each `chunk_elements` long) as
-// a pull at `step` sees them.
+// rank `rank`'s pull at `step` sees them.
 std::vector<float> PullWeights(Job& job, const std::shared_ptr<const ShardMap>& map, uint64_t step,
-                               uint32_t chunks, size_t chunk_elements) {
+                               uint32_t chunks, size_t chunk_elements, uint32_t rank = 0) {
   auto pull = std::make_shared<PullMessage>();
   pull->job_id = "j";
-  pull->worker_id = "w0";
+  pull->worker_id = "w" + std::to_string(rank);
+  pull->rank = rank;
   pull->step = step;
   for (uint32_t c = 0; c < chunks; ++c) pull->dense.push_back({"w", c});
   absl::Notification done;
@@ -173,6 +174,56 @@ TEST_CASE("samples weigh pushes: a BSP step's ranks by their share, an ASP push 
   for (float x : weights(*asp, 2)) CHECK(x == -1.25f);
   REQUIRE_OK(asp->Push(p3, *map, 0, &r));
   for (float x : weights(*asp, 3)) CHECK(x == -1.75f);
+}
+
+TEST_CASE("staleness_aware_lr divides a push's rate by the updates applied since its pull, plus one",
+          "[job][staleness]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  auto pull = [&](Job& job, uint32_t rank, uint64_t step) { return PullWeights(job, map, step, 1, 4, rank); };
+  std::vector<float> g(4, 1.0f);
+  PushResult r;
+  for (auto model : {v1::ConsistencySpec::ASP, v1::ConsistencySpec::SSP}) {
+    INFO("model " << v1::ConsistencySpec::Model_Name(model));
+    v1::PsJobSpec spec = JobSpec("j", {DenseTableSpec("w", 4, 0.5f)}, 3, model, model == v1::ConsistencySpec::SSP ? 2 : 0);
+    spec.mutable_consistency()->set_staleness_aware_lr(true);
+    REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(spec, 4, 1 << 20, &timer));
+    REQUIRE_OK(job->MaterializeOwned(*map, 0));
+    // All three ranks read step 0's weights (0); then they push in turn.
+    for (uint32_t rank = 0; rank < 3; ++rank) pull(*job, rank, 0);
+    REQUIRE_OK(job->Push(Push(0, 0, g), *map, 0, &r));  // fresh: -0.5
+    REQUIRE_OK(job->Push(Push(1, 0, g), *map, 0, &r));  // 1 update since: -0.25
+    REQUIRE_OK(job->Push(Push(2, 0, g), *map, 0, &r));  // 2 since: -0.5 / 3
+    const float after0 = -0.5f - 0.25f - 0.5f / 3;
+    // Rank 0 reads step 1 (all three applied), rank 1 pushes step 1 on its
+    // step-0 read (it pulled none for step 1: 3 updates since, a quarter).
+    for (float x : pull(*job, 0, 1)) CHECK(x == Approx(after0));
+    PushMessage late = Push(1, 1, g);
+    REQUIRE_OK(job->Push(late, *map, 0, &r));
+    REQUIRE_OK(job->Push(Push(0, 1, g), *map, 0, &r));  // 1 since its read: -0.25
+    for (float x : pull(*job, 2, 2)) CHECK(x == Approx(after0 - 0.125f - 0.25f));
+    // A retried push is not applied again, whatever its staleness.
+    REQUIRE_OK(job->Push(late, *map, 0, &r));
+    CHECK(r.duplicate);
+    for (float x : pull(*job, 2, 2)) CHECK(x == Approx(after0 - 0.125f - 0.25f));
+
+    metrics::Scrape scrape;
+    job->CollectMetrics(&scrape);
+    bool seen = false;
+    for (const auto& family : scrape.Take()) {
+      if (family.name != "fulcrum_server_push_staleness_updates") continue;
+      seen = true;
+      REQUIRE(family.metric.size() == 1);
+      CHECK(family.metric[0].histogram.sample_count == 5);
+      CHECK(family.metric[0].histogram.sample_sum == Approx(1 + 2 + 3 + 4 + 2));
+    }
+    CHECK(seen);
+  }
+  // BSP gradients are never stale: the option is refused, naming it.
+  v1::PsJobSpec bsp = JobSpec("j", {DenseTableSpec("w", 4)}, 2);
+  bsp.mutable_consistency()->set_staleness_aware_lr(true);
+  REQUIRE_STATUS(Job::Create(bsp, 4, 1 << 20, &timer).status(), absl::StatusCode::kInvalidArgument,
+                 "staleness_aware_lr applies only to SSP and ASP");
 }
 
 TEST_CASE("BSP gradients buffered ahead count against the server's memory limit and the collected step always fits",

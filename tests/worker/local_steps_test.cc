@@ -6,54 +6,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <thread>
 
 #include <catch2/catch.hpp>
 
-#include "tests/testing/data_dir.h"
+#include "tests/testing/mnist_training.h"
 #include "tests/testing/test_util.h"
-#include "worker/data/dataset.h"
 #include "worker/local_ps_client.h"
 #include "worker/training/trainer.h"
 
 namespace fulcrum::training {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::LoadMnist;
+using testing::Mixed;
+using testing::Mnist;
+using testing::Opt;
+using testing::Outcome;
+using testing::RoundLog;
+using testing::Train;
 
-std::string Data(const std::string& name) { return testing::DataDir(name); }
-
-struct Mnist {
-  std::unique_ptr<data::Dataset> train_all, test;
-  std::unique_ptr<data::Dataset> train;  // a subset, for speed
-};
-
-Mnist LoadMnist(int every) {
-  const std::string dir = Data("mnist");
-  Mnist m;
-  auto tr = data::ReadIdx(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte");
-  REQUIRE_OK(tr.status());
-  auto te = data::ReadIdx(dir + "/t10k-images-idx3-ubyte", dir + "/t10k-labels-idx1-ubyte");
-  REQUIRE_OK(te.status());
-  m.train_all = std::move(*tr);
-  m.test = std::move(*te);
-  std::vector<int64_t> rows;
-  for (int64_t i = 0; i < 60000; i += every) rows.push_back(i);
-  m.train = data::Subset(m.train_all.get(), rows);
-  return m;
-}
-
-v1::OptimizerSpec Opt(v1::OptimizerSpec::Kind kind, float lr, float momentum = 0, bool nesterov = false) {
-  v1::OptimizerSpec o;
-  o.set_kind(kind);
-  o.set_learning_rate(lr);
-  o.set_momentum(momentum);
-  o.set_nesterov(nesterov);
-  return o;
-}
-
-models::ModelConfig Mlp() {
+models::ModelConfig Mlp() {  // as Train's
   models::ModelConfig c;
   c.type = "mlp";
   c.num_features = 784;
@@ -61,150 +33,6 @@ models::ModelConfig Mlp() {
   c.hidden = {64};
   c.seed = 3;
   return c;
-}
-
-// Rounds as the ranks push them: each push's samples, and how far a rank's
-// rounds led the slowest rank's when it started pushing another.
-struct RoundLog {
-  absl::Mutex mu;
-  std::vector<int64_t> pushed ABSL_GUARDED_BY(mu);
-  std::vector<std::vector<uint64_t>> samples ABSL_GUARDED_BY(mu);
-  std::vector<int64_t> max_lead ABSL_GUARDED_BY(mu);
-};
-
-// A rank's client as its trainer sees it: logs each push into a RoundLog
-// and, for a slowed rank, sleeps before each push as a slower device would
-// reach it later.
-class LoggingClient final : public PsClient {
- public:
-  LoggingClient(PsClient* inner, int rank, absl::Duration delay, RoundLog* log)
-      : inner_(inner), rank_(rank), delay_(delay), log_(log) {}
-  absl::Status CreateJob(const v1::PsJobSpec& spec) override { return inner_->CreateJob(spec); }
-  absl::Status OpenJob(const std::string& job_id) override { return inner_->OpenJob(job_id); }
-  absl::Status DeleteJob(const std::string& job_id) override { return inner_->DeleteJob(job_id); }
-  Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override {
-    return inner_->PullAsync(job_id, batch);
-  }
-  Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override {
-    absl::SleepFor(delay_);
-    {
-      // Counted as pushed when it starts: a rank waiting on the bound is
-      // released once the push has been applied, by which time it counts.
-      absl::MutexLock lock(&log_->mu);
-      const int64_t slowest = *std::min_element(log_->pushed.begin(), log_->pushed.end());
-      log_->max_lead[rank_] = std::max(log_->max_lead[rank_], log_->pushed[rank_] - slowest);
-      log_->samples[rank_].push_back(batch.samples);
-      ++log_->pushed[rank_];
-    }
-    Promise<absl::Status> done;
-    done.Set(inner_->Push(job_id, batch));
-    return done.future();
-  }
-
- private:
-  PsClient* const inner_;
-  const int rank_;
-  const absl::Duration delay_;
-  RoundLog* const log_;
-};
-
-// Mixed speeds: rank `slow_rank`'s pushes come `slow_delay` late, pushes
-// are logged into `log`, and local rounds run under SSP with `staleness`.
-// Per-step training (sync_every 0) runs under `per_step`.
-struct Mixed {
-  v1::ConsistencySpec::Model per_step = v1::ConsistencySpec::BSP;
-  int staleness = 0;
-  int slow_rank = -1;
-  absl::Duration slow_delay;
-  RoundLog* log = nullptr;
-};
-
-struct Outcome {
-  std::vector<float> weights;  // dense0.weight after training
-  double test_accuracy = 0;
-  double seconds = 0;
-  uint64_t clock = 0;
-};
-
-// Trains `workers` ranks for `epochs` on one in-process server. `outer` is
-// the servers' optimizer; sync_every 0 means per-step BSP.
-Outcome Train(const Mnist& d, int workers, int epochs, int batch, const v1::OptimizerSpec& outer, int sync_every,
-              const v1::OptimizerSpec& inner, int64_t max_steps = -1, bool overlap = false,
-              const Mixed& mixed = {}) {
-  auto server = LocalPsClient::NewServer();
-  REQUIRE_OK(server.status());
-  struct Rank {
-    std::unique_ptr<LocalPsClient> client;
-    std::unique_ptr<LoggingClient> logged;
-    std::unique_ptr<compute::Backend> backend;
-    std::unique_ptr<models::Model> model;
-    std::unique_ptr<Trainer> trainer;
-    absl::Status status;
-  };
-  std::vector<Rank> ranks(workers);
-  v1::ConsistencySpec c;
-  c.set_model(sync_every > 0 ? v1::ConsistencySpec::LOCAL : mixed.per_step);
-  c.set_sync_every_steps(sync_every);
-  c.set_staleness(mixed.staleness);
-  if (mixed.log != nullptr) {
-    absl::MutexLock lock(&mixed.log->mu);
-    mixed.log->pushed.assign(workers, 0);
-    mixed.log->samples.assign(workers, {});
-    mixed.log->max_lead.assign(workers, 0);
-  }
-  for (int r = 0; r < workers; ++r) {
-    Rank& k = ranks[r];
-    k.client = std::make_unique<LocalPsClient>(*server, "w" + std::to_string(r), r);
-    k.backend = compute::NewCpuBackend(1);
-    auto model = models::CreateModel(Mlp(), k.backend.get());
-    REQUIRE_OK(model.status());
-    k.model = std::move(*model);
-    REQUIRE_OK(k.client->CreateJob(JobSpecFor(*k.model, "j", outer, c, workers)));
-    TrainerOptions o;
-    o.job_id = "j";
-    o.batch_size = batch;
-    o.seed = 11;
-    o.rank = r;
-    o.world_size = workers;
-    o.max_steps_per_epoch = max_steps;
-    o.sync_every = sync_every;
-    o.overlap_rounds = overlap;
-    if (sync_every > 0) {
-      auto in = InnerOptimizerFromSpec(inner);
-      REQUIRE_OK(in.status());
-      o.inner = *in;
-    }
-    PsClient* client = k.client.get();
-    if (mixed.log != nullptr) {
-      k.logged = std::make_unique<LoggingClient>(client, r, r == mixed.slow_rank ? mixed.slow_delay : absl::ZeroDuration(),
-                                                 mixed.log);
-      client = k.logged.get();
-    }
-    k.trainer = std::make_unique<Trainer>(k.model.get(), client, o);
-  }
-  const absl::Time t0 = absl::Now();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < workers; ++r) {
-    threads.emplace_back([&, r] {
-      for (int e = 0; e < epochs && ranks[r].status.ok(); ++e) {
-        ranks[r].status = ranks[r].trainer->TrainEpoch(*d.train, e).status();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  Outcome out;
-  out.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  for (Rank& k : ranks) REQUIRE_OK(k.status);
-  auto eval = ranks[0].trainer->Evaluate(*d.test);
-  REQUIRE_OK(eval.status());
-  out.test_accuracy = eval->accuracy;
-  out.clock = ranks[0].trainer->clock();
-  out.weights.resize(784 * 64);
-  PullBatch p;
-  p.step = 0;
-  p.dense.push_back({"dense0.weight", out.weights.data(), out.weights.size()});
-  REQUIRE_OK(ranks[0].client->Pull("j", p));
-  return out;
 }
 
 TEST_CASE("local steps with H = 1, inner SGD and an outer SGD at rate 1 train the weights of per-step BSP",
