@@ -542,9 +542,20 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   }
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
+  // BSP's are buffered until their step is applied, then kept for the
+  // next step's pushes (Job::spare_grads_), for the same reason.
   thread_local GradBuffer scratch;
   const bool reuse = model_ != Model::kBsp;
-  if (reuse) decoded.grads.swap(scratch);
+  if (reuse) {
+    decoded.grads.swap(scratch);
+  } else {
+    absl::MutexLock lock(&mu_);
+    if (!spare_grads_.empty()) {
+      decoded.grads = std::move(spare_grads_.back());
+      spare_grads_.pop_back();
+      spare_bytes_ -= decoded.grads.capacity() * sizeof(float);
+    }
+  }
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok()) s = Prepare(decoded);
   if (s.ok() && model_ == Model::kBsp && quota_.pool() != nullptr) {
@@ -626,6 +637,25 @@ std::vector<float> Job::RankWeights(const std::vector<RankStep>& ranks, const st
     if (active[r]) weight[r] = static_cast<float>(static_cast<double>(samples[r]) * n / static_cast<double>(total));
   }
   return weight;
+}
+
+void Job::KeepSpareGradsLocked(std::vector<RankStep>& ranks) {
+  uint64_t step_bytes = 0;
+  for (RankStep& r : ranks) {
+    for (Decoded& part : r.parts) {
+      const uint64_t bytes = part.grads.capacity() * sizeof(float);
+      if (bytes == 0) continue;
+      step_bytes += bytes;
+      spare_bytes_ += bytes;
+      spare_grads_.push_back(std::move(part.grads));
+    }
+  }
+  // At most one step's worth, the newest buffers: what the next step needs
+  // when the steps are alike, and nothing much when they shrink.
+  while (spare_bytes_ > step_bytes && !spare_grads_.empty()) {
+    spare_bytes_ -= spare_grads_.front().capacity() * sizeof(float);
+    spare_grads_.pop_front();
+  }
 }
 
 bool Job::StepCompleteLocked(uint64_t step) const {
@@ -754,6 +784,7 @@ absl::Status Job::DrainBspSteps(std::vector<std::function<void(absl::Status)>>* 
     metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
 
     mu_.Lock();
+    KeepSpareGradsLocked(ranks);
     applied_step_ = step + 1;
     CollectReadyLocked(ready);
   }

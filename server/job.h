@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -225,6 +226,8 @@ class Job : public std::enable_shared_from_this<Job> {
                         absl::Status* error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StepCompleteLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the applied step's gradient buffers in spare_grads_.
+  void KeepSpareGradsLocked(std::vector<RankStep>& ranks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitReasonLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t MinClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // staleness_aware_lr: 1 + the updates applied since `rank` pulled the
@@ -269,6 +272,11 @@ class Job : public std::enable_shared_from_this<Job> {
   uint64_t samples_sum_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t samples_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::vector<RankStep>> steps_ ABSL_GUARDED_BY(mu_);
+  // BSP: the last applied step's decode buffers, reused by the next step's
+  // pushes rather than allocated (and their pages faulted in) afresh: at
+  // most one step's bytes, not counted against the memory pool.
+  std::deque<GradBuffer> spare_grads_ ABSL_GUARDED_BY(mu_);
+  uint64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // SSP/ASP: per-rank clock (steps completed in order) and completed steps ahead of it.
   std::vector<uint64_t> clock_ ABSL_GUARDED_BY(mu_);
   std::vector<std::set<uint64_t>> done_ahead_ ABSL_GUARDED_BY(mu_);
