@@ -14,9 +14,12 @@
 // compute, as the inner optimizer's update does: a GPU does them in
 // microseconds, the CPU backend in milliseconds; their time is printed.
 //
-//   fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N]
+//   fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N] [--only=TEXT]
+//   (--only: the rows whose model or sync contains TEXT)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -224,13 +227,15 @@ int main(int argc, char** argv) {
   using namespace fulcrum;
   bool quick = false;
   int servers = 1, steps = 0;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a.rfind("--servers=", 0) == 0) servers = std::stoi(a.substr(10));
     else if (a.rfind("--steps=", 0) == 0) steps = std::stoi(a.substr(8));
+    else if (a.rfind("--only=", 0) == 0) only = a.substr(7);
     else {
-      std::fprintf(stderr, "usage: fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N]\n");
+      std::fprintf(stderr, "usage: fulcrum-proxy-bench [--quick] [--servers=N] [--steps=N] [--only=TEXT]\n");
       return 2;
     }
   }
@@ -269,12 +274,31 @@ int main(int argc, char** argv) {
   std::printf("# fulcrum-proxy-bench: compute replaced by a fixed time per step; %d server(s) in this process, "
               "gRPC streams + shared memory over 127.0.0.1, fp32 on the wire, 1 worker; %u cores\n\n",
               servers, std::thread::hardware_concurrency());
+  // The bound the host's memory puts on rounds: one copy of each model's
+  // weights (a round moves them through host memory about 8 times: the
+  // pseudo-gradient, its encoding, the server's update, the pull's two
+  // copies, the merge and the next anchor), timed in this run.
+  for (const Shape& s : shapes) {
+    size_t params = 0;
+    for (size_t l = 0; l + 1 < s.dims.size(); ++l) params += size_t(s.dims[l] + 1) * s.dims[l + 1];
+    std::vector<float> from(params, 1.0f), to(params, 0.0f);
+    double best = 1e9;
+    for (int i = 0; i < 5; ++i) {
+      const absl::Time t0 = absl::Now();
+      std::memcpy(to.data(), from.data(), params * 4);
+      best = std::min(best, absl::ToDoubleMilliseconds(absl::Now() - t0));
+    }
+    std::printf("# %s: %.1f MB of weights; one host copy of them %.2f ms (%.1f GB/s), %.3f ms a step at H = 16\n",
+                s.name.c_str(), params * 4 / 1e6, best, params * 4 / best / 1e6, best / 16);
+  }
+  std::printf("\n");
   std::printf("| model | sync | compute ms | step ms | exposed communication ms | GPU-utilisation proxy | exposed: "
               "data / pull / push / other ms | device work at rounds' ends ms (not exposed) |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   int job = 0;
   for (const Shape& s : shapes) {
     for (const Mode& m : modes) {
+      if (!only.empty() && absl::StrCat(s.name, " | ", m.name).find(only) == std::string::npos) continue;
       // Whole rounds timed: at least 4 of them.
       const int n = steps > 0 ? steps : quick ? 8 : std::max(64, 4 * m.sync_every);
       const Result r = RunMode(s.dims, s.batch, s.compute, m, servers, n, ++job);

@@ -585,7 +585,19 @@ absl::Status Trainer::EndRoundOverlapped() {
     push.dense.push_back({t.spec.name(), out, t.elements});
   }
   RETURN_IF_ERROR(be->Synchronize());
-  round_push_ = client_->PushAsync(options_.job_id, push);
+  // Slicing and encoding the push (copies of the whole model into shared
+  // memory or gRPC buffers) run on the sender thread, while the next
+  // round computes.
+  if (round_sender_ == nullptr) round_sender_ = std::make_unique<BoundedExecutor>("round pushes", 1, 1);
+  Promise<absl::Status> sent;
+  round_push_ = sent.future();
+  absl::Status accepted = round_sender_->Submit([this, push = std::move(push), sent] {
+    sent.Set(client_->PushAsync(options_.job_id, push).Wait());
+  });
+  if (!accepted.ok()) {
+    round_push_.reset();
+    return accepted;
+  }
   // Merge the previous round's result: replica = its weights minus this
   // round's pseudo-gradient (this round's progress on top of them).
   if (round_pull_) {

@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/bounded_executor.h"
+#include "common/future.h"
 #include "fulcrum/v1/common.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/data/device_data.h"
@@ -241,6 +243,9 @@ class Trainer {
   bool rounds_started_ = false;
   std::optional<Future<absl::Status>> round_push_, round_pull_;
   std::vector<compute::Buffer> push_host_, pull_host_;
+  // Overlapped rounds: sends a round's push (one at a time), so its host
+  // work runs while the next round computes. Created on first use.
+  std::unique_ptr<BoundedExecutor> round_sender_;
   Staging staging_[2];
   struct InFlightPush {
     uint64_t step;
