@@ -249,6 +249,43 @@ TEST_CASE("the prefetcher delivers every batch in order, stages into host buffer
   REQUIRE(p.wait_seconds() < 1.0);
 }
 
+TEST_CASE("a batch pool carries one epoch's batches and their staging buffers into the next epoch") {
+  TempDir dir;
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadIdx(dir.Write("i", IdxImages(50)), dir.Write("l", IdxLabels(50))));
+  auto be = compute::NewCpuBackend(1);
+  BatchPool pool(8);
+  PrefetchOptions o;
+  o.batch_size = 8;
+  o.depth = 2;
+  o.pool = &pool;
+  std::set<const void*> staged;  // the first epoch's staging buffers
+  {
+    Prefetcher p(ds.get(), ShardOrder(50, 0, 1, 3, 0), 0, o, be.get());
+    for (;;) {
+      REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+      if (!b) break;
+      staged.insert(b->staged.data());
+      p.Recycle(std::move(b));
+    }
+  }
+  // The second epoch decodes into those buffers, and reads right.
+  const auto order = ShardOrder(50, 0, 1, 3, 1);
+  Prefetcher p(ds.get(), order, 1, o, be.get());
+  REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+  REQUIRE(b != nullptr);
+  CHECK(staged.count(b->staged.data()) == 1);
+  CHECK(b->epoch == 1);
+  for (int i = 0; i < b->size; ++i) {
+    CHECK(b->label_data()[i] == static_cast<float>(order[i] % 10));
+  }
+  // A pool keeps at most its limit.
+  BatchPool one(1);
+  one.Give(std::make_unique<Batch>());
+  one.Give(std::make_unique<Batch>());
+  CHECK(one.Take() != nullptr);
+  CHECK(one.Take() == nullptr);
+}
+
 TEST_CASE("several decoding threads hand out the batches of one thread, in order") {
   TempDir dir;
   REQUIRE_OK_AND_ASSIGN(auto ds, ReadIdx(dir.Write("i", IdxImages(203)), dir.Write("l", IdxLabels(203))));

@@ -75,6 +75,25 @@ Prefetcher::~Prefetcher() {
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+  if (options_.pool == nullptr) return;
+  for (auto& b : free_) options_.pool->Give(std::move(b));
+  for (auto& [i, item] : ready_) {
+    if (item.ok()) options_.pool->Give(std::move(*item));
+  }
+}
+
+std::unique_ptr<Batch> BatchPool::Take() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (batches_.empty()) return nullptr;
+  std::unique_ptr<Batch> b = std::move(batches_.back());
+  batches_.pop_back();
+  return b;
+}
+
+void BatchPool::Give(std::unique_ptr<Batch> batch) {
+  if (batch == nullptr) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (batches_.size() < max_) batches_.push_back(std::move(batch));
 }
 
 absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::unique_ptr<Batch> batch) {
@@ -152,6 +171,7 @@ void Prefetcher::Run(int thread) {
         free_.pop_back();
       }
     }
+    if (!batch && options_.pool != nullptr) batch = options_.pool->Take();
     if (!batch) batch = std::make_unique<Batch>();
     absl::StatusOr<std::unique_ptr<Batch>> item = Produce(i, std::move(batch));
     {
@@ -179,8 +199,13 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Next() {
 
 void Prefetcher::Recycle(std::unique_ptr<Batch> batch) {
   if (!batch) return;
-  std::lock_guard<std::mutex> l(mu_);
-  if (free_.size() < static_cast<size_t>(options_.depth) + 2) free_.push_back(std::move(batch));
+  std::unique_lock<std::mutex> l(mu_);
+  if (free_.size() < static_cast<size_t>(options_.depth) + 2) {
+    free_.push_back(std::move(batch));
+  } else if (options_.pool != nullptr) {
+    l.unlock();
+    options_.pool->Give(std::move(batch));
+  }
 }
 
 double Prefetcher::wait_seconds() const {

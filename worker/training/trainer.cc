@@ -360,6 +360,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   po.threads = options_.decode_threads;
   po.upload = options_.upload;
   po.distinct_keys = model_->wants_distinct_keys();
+  po.pool = &batch_pool_;
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;

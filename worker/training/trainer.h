@@ -246,6 +246,8 @@ class Trainer {
   // Overlapped rounds: sends a round's push (one at a time), so its host
   // work runs while the next round computes. Created on first use.
   std::unique_ptr<BoundedExecutor> round_sender_;
+  // Training batches kept from one epoch's pipeline to the next.
+  data::BatchPool batch_pool_;
   Staging staging_[2];
   struct InFlightPush {
     uint64_t step;
