@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 #include <cstring>
 #include <filesystem>
@@ -80,18 +79,20 @@ std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, rocksdb::Env* env) {
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, rocksdb::Env* env,
+                                                                       absl::Duration commit_delay) {
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "ingest", ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint directory ", dir, ": ", ec.message()));
-  std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, env));
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, env, commit_delay));
   absl::MutexLock lock(&store->db_mu_);
   RETURN_IF_ERROR(store->OpenDbLocked());
   RETURN_IF_ERROR(store->CollectGarbageLocked(/*files=*/true));
   return store;
 }
 
-CheckpointStore::CheckpointStore(std::string dir, rocksdb::Env* env) : dir_(std::move(dir)), env_(env) {}
+CheckpointStore::CheckpointStore(std::string dir, rocksdb::Env* env, absl::Duration commit_delay)
+    : dir_(std::move(dir)), env_(env), commit_delay_(commit_delay) {}
 
 CheckpointStore::~CheckpointStore() = default;
 
@@ -298,13 +299,13 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
     ingest.move_files = true;
     RETURN_IF_ERROR(Wrote(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst));
   }
-  // Fault injection for the crash tests only: hold the records uncommitted
-  // this long, so a test can kill the server mid-checkpoint.
-  if (const char* delay = std::getenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS"); delay != nullptr) {
+  // Fault injection for crash tests: hold the records uncommitted this
+  // long, so a test can kill the server mid-checkpoint.
+  if (commit_delay_ > absl::ZeroDuration()) {
     // Says when, so the test kills the server inside the window.
-    FLOG(INFO) << "job '" << spec.job_id() << "': holding cut " << cut_id << " uncommitted for " << delay
-               << " ms (FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS)";
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+    FLOG(INFO) << "job '" << spec.job_id() << "': holding cut " << cut_id << " uncommitted for "
+               << absl::FormatDuration(commit_delay_) << " (--fault_checkpoint_commit_delay)";
+    absl::SleepFor(commit_delay_);
   }
   rocksdb::WriteOptions sync;
   sync.sync = true;

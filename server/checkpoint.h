@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoint_record.h"
 #include "fulcrum/v1/ps.pb.h"
@@ -41,8 +42,11 @@ class CheckpointStore {
  public:
   // Opens (creating) the database in `dir` and deletes the records of
   // uncommitted cuts. `env`: what RocksDB works through (nullptr: the
-  // default; tests give one that fails on demand).
-  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& dir, rocksdb::Env* env = nullptr);
+  // default; tests give one that fails on demand). `commit_delay`: fault
+  // injection for crash tests, how long each cut's records wait
+  // uncommitted (logged when the wait starts).
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(const std::string& dir, rocksdb::Env* env = nullptr,
+                                                               absl::Duration commit_delay = absl::ZeroDuration());
   ~CheckpointStore();
 
   const std::string& dir() const { return dir_; }
@@ -97,7 +101,7 @@ class CheckpointStore {
   uint64_t reopens() const { return reopens_.load(); }
 
  private:
-  CheckpointStore(std::string dir, rocksdb::Env* env);
+  CheckpointStore(std::string dir, rocksdb::Env* env, absl::Duration commit_delay);
   absl::Status OpenDbLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   // Deletes the records of uncommitted cuts; `files`: and the ingest files
   // of writes that never finished (only when no write can be running).
@@ -113,6 +117,7 @@ class CheckpointStore {
 
   const std::string dir_;
   rocksdb::Env* const env_;
+  const absl::Duration commit_delay_;
   // Shared by every use of the database, exclusive to reopen it.
   mutable absl::Mutex db_mu_;
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);

@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
 ABSL_FLAG(std::string, data_dir, "",
           "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints); "
           "empty: no checkpoints");
+ABSL_FLAG(absl::Duration, fault_checkpoint_commit_delay, absl::ZeroDuration(),
+          "fault injection for crash tests: each checkpoint's records wait this long uncommitted, "
+          "logged when the wait starts (0: off; not for use in production)");
 
 namespace {
 
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
     options.advertise_address = advertise;
   }
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.checkpoint_commit_delay = absl::GetFlag(FLAGS_fault_checkpoint_commit_delay);
   auto ps = fulcrum::ParameterServer::Create(options);
   if (!ps.ok()) {
     std::cerr << "fulcrum-server: " << ps.status() << "\n";

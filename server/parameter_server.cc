@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   std::unique_ptr<ParameterServer> ps(new ParameterServer(std::move(options)));
   if (!ps->options_.data_dir.empty()) {
     ASSIGN_OR_RETURN(ps->store_, CheckpointStore::Open(ps->options_.data_dir + "/checkpoints",
-                                                          ps->options_.checkpoint_env));
+                                                          ps->options_.checkpoint_env,
+                                                          ps->options_.checkpoint_commit_delay));
   }
   uint32_t self = 0;
   if (map != nullptr) {

@@ -52,6 +52,10 @@ struct ParameterServerOptions {
   // The environment the checkpoint store's RocksDB works through (nullptr:
   // the default). Tests give one whose writes fail on demand.
   rocksdb::Env* checkpoint_env = nullptr;
+  // Fault injection for crash tests (fulcrum-server
+  // --fault_checkpoint_commit_delay): each checkpoint's records wait this
+  // long uncommitted, and the server logs when the wait starts. 0 in use.
+  absl::Duration checkpoint_commit_delay = absl::ZeroDuration();
   // With a coordinator: CreateJob takes only jobs the coordinator admitted
   // (SetAdmittedJobs), with the quota it granted, and a job it stops
   // listing is dropped after `unadmitted_grace`.

@@ -44,7 +44,9 @@ std::string Example(const std::string& name) { return std::string(FULCRUM_SOURCE
 
 class ProcessCluster {
  public:
-  ProcessCluster(int servers, int workers, int slots) : slots_(slots) {
+  // `server_flags` go to every server this cluster starts.
+  ProcessCluster(int servers, int workers, int slots, std::vector<std::string> server_flags = {})
+      : slots_(slots), server_flags_(std::move(server_flags)) {
     dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-e2e-cluster-", getpid(), "-", counter_++);
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "logs");
@@ -86,8 +88,11 @@ class ProcessCluster {
   // A server with its checkpoints in <dir>/server-N.
   void AddServer() {
     const std::string name = absl::StrCat("server-", servers_++);
-    Start(name, {Bin("server/fulcrum-server"), absl::StrCat("--listen=127.0.0.1:", FreePort()),
-                 "--coordinator=" + coordinator_, "--data_dir=" + (dir_ / name).string(), "--insecure"});
+    std::vector<std::string> args = {Bin("server/fulcrum-server"), absl::StrCat("--listen=127.0.0.1:", FreePort()),
+                                     "--coordinator=" + coordinator_, "--data_dir=" + (dir_ / name).string(),
+                                     "--insecure"};
+    args.insert(args.end(), server_flags_.begin(), server_flags_.end());
+    Start(name, args);
   }
 
   // kill -9 the process `name` ("coordinator", "server-1", ...); with
@@ -257,6 +262,7 @@ class ProcessCluster {
   fs::path dir_;
   std::string coordinator_;
   int slots_;
+  std::vector<std::string> server_flags_;
   int workers_ = 0;
   int servers_ = 0;
   int restarts_ = 0;
@@ -712,9 +718,7 @@ TEST_CASE("a server killed while it writes a checkpoint: the job rolls back to t
           "[e2e][checkpoint]") {
   // Each cut's records wait 1.5 s uncommitted on the servers, and the servers
   // log when a wait starts.
-  setenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS", "1500", 1);
-  ProcessCluster cluster(2, 2, /*slots=*/1);
-  unsetenv("FULCRUM_TESTONLY_CHECKPOINT_COMMIT_DELAY_MS");
+  ProcessCluster cluster(2, 2, /*slots=*/1, {"--fault_checkpoint_commit_delay=1.5s"});
   const std::string id = cluster.Submit(Checkpointed(300, 3));
   const v1::Job before = WaitFor(cluster, id, 1, 0.0);
   const uint64_t first_committed = before.status().checkpoints().rbegin()->cut_id();
