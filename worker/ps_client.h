@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/future.h"
 #include "fulcrum/v1/common.pb.h"
+#include "fulcrum/v1/ps.pb.h"
 
 namespace fulcrum {
 
@@ -89,6 +91,14 @@ class PsClient {
 
   virtual Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) = 0;
   virtual Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) = 0;
+  // The job's statistics as server `server` (an index into the shard map's
+  // servers) holds them: its step, each rank's clock. UNIMPLEMENTED where
+  // the client has no servers to ask.
+  virtual absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) {
+    (void)job_id;
+    (void)server;
+    return absl::UnimplementedError("this client does not report job statistics");
+  }
   // A hint that a push follows shortly (the worker's backward pass has
   // begun): a transport whose servers sleep between requests may wake them
   // now, so the push finds them awake. Optional; does nothing by default.

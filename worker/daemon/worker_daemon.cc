@@ -10,8 +10,6 @@
 #include <optional>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,12 +22,12 @@
 #include "common/logging.h"
 #include "common/lr_schedule.h"
 #include "common/process.h"
-#include "common/rpc/grpc_util.h"
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/gpu_time.h"
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
+#include "worker/rpc/coordinator_client.h"
 #include "worker/rpc/grpc_ps_client.h"
 #include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
@@ -205,12 +203,12 @@ absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& mo
 // One assignment, on its own thread.
 class WorkerDaemon::Runner {
  public:
-  Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, v1::ClusterService::Stub* stub,
+  Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, CoordinatorClient* coordinator,
          GpuUtilization gpu_utilization)
       : a_(std::move(a)),
         options_(options),
         node_id_(std::move(node_id)),
-        stub_(stub),
+        coordinator_(coordinator),
         gpu_utilization_(std::move(gpu_utilization)),
         gpu_time_([this]() -> std::optional<double> {
           const int gpu = gpu_index_.load();
@@ -337,13 +335,10 @@ class WorkerDaemon::Runner {
         }
         sending_ = true;
       }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-      v1::ReportProgressResponse resp;
-      const grpc::Status s = stub_->ReportProgress(&ctx, r, &resp);
+      const absl::StatusOr<v1::ReportProgressResponse> resp = coordinator_->ReportProgress(r, absl::Seconds(10));
+      const absl::Status& s = resp.status();
       const bool retry = !s.ok() && must_deliver &&
-                         (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+                         (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded);
       if (s.ok()) {
         if (attempt > 0) {
           FLOG(INFO) << "progress report for job " << a_.job_id() << " delivered after " << attempt
@@ -352,12 +347,12 @@ class WorkerDaemon::Runner {
         }
         attempt = 0;
         backoff.Reset();
-        if (resp.stop()) stop_.store(true);  // cancelled, ended, or the rank moved on
+        if (resp->stop()) stop_.store(true);  // cancelled, ended, or the rank moved on
       } else {
         if (attempt++ == 0) failing_since = absl::Now();
         // The first failure, then a line a minute while the coordinator is away.
         if (!retry || absl::Now() - last_warning >= absl::Minutes(1)) {
-          FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.error_message()
+          FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.message()
                         << (retry ? absl::StrCat("; sending it again until the coordinator answers (", attempt,
                                                  attempt == 1 ? " try so far)" : " tries so far)")
                                   : std::string());
@@ -463,7 +458,7 @@ class WorkerDaemon::Runner {
     // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
     po.shared_memory = options_.shared_memory;
     po.shared_memory_poll = options_.shared_memory_poll;
-    ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(po));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, GrpcPsClient::Create(po));
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
                                                  a_.world_size());
     ps_spec.set_quota_bytes(spec.quota_bytes());
@@ -750,7 +745,7 @@ class WorkerDaemon::Runner {
   const v1::Assignment a_;
   const WorkerDaemonOptions& options_;
   const std::string node_id_;
-  v1::ClusterService::Stub* const stub_;
+  CoordinatorClient* const coordinator_;
   const GpuUtilization gpu_utilization_;
   std::atomic<int> gpu_index_{-1};  // the GPU this rank trains on; -1 on the CPU
   GpuTimeMeter gpu_time_;
@@ -826,6 +821,7 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(WithDataRoots
     };
   }
   agent_ = std::make_unique<NodeAgent>(std::move(ao));
+  coordinator_ = std::make_unique<GrpcCoordinatorClient>(agent_->stub());
 }
 
 WorkerDaemon::~WorkerDaemon() { Stop(); }
@@ -898,7 +894,7 @@ void WorkerDaemon::OnUpdate(const v1::HeartbeatResponse& resp) {
       wanted.insert(k);
       if (auto it = runners_.find(k); it != runners_.end()) it->second->Update(a);
       if (runners_.count(k) || done_.count(k)) continue;
-      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), agent_->stub(), gpu_utilization_));
+      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), coordinator_.get(), gpu_utilization_));
     }
     for (auto it = runners_.begin(); it != runners_.end();) {
       if (!wanted.count(it->first) || it->second->finished()) {

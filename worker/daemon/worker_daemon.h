@@ -60,6 +60,8 @@ struct WorkerDaemonOptions {
   GpuUtilization gpu_utilization;
 };
 
+class CoordinatorClient;  // worker/rpc/coordinator_client.h
+
 class WorkerDaemon {
  public:
   explicit WorkerDaemon(WorkerDaemonOptions options);
@@ -82,6 +84,7 @@ class WorkerDaemon {
 
   const WorkerDaemonOptions options_;
   std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<CoordinatorClient> coordinator_;  // over agent_'s stub
   std::unique_ptr<metrics::Nvml> nvml_;  // null without an NVIDIA driver
   GpuUtilization gpu_utilization_;       // options_'s, else NVML's; may be null
   mutable absl::Mutex mu_;

@@ -76,8 +76,8 @@ class GrpcPsClient final : public PsClient {
   // threads then poll for the push: PsGrpcServer::Options::shared_memory_poll).
   void ExpectPush() override;
 
-  // Job statistics from one server (for tools and tests).
-  absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server);
+  // Job statistics from one server (PsClient::GetJobStats).
+  absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) override;
   uint64_t shard_map_version() const;
   // Requests sent through shared memory so far (for tests and tools).
   uint64_t shared_memory_requests() const;
