@@ -150,6 +150,7 @@ Outcome Train(const Mnist& d, int workers, int epochs, int batch, const v1::Opti
   }
   for (auto& t : threads) t.join();
   for (Rank& k : ranks) {
+    if (k.status.ok()) k.status = k.trainer->Flush();
     if (k.shaped != nullptr) REQUIRE_OK(k.shaped->Flush("j"));
   }
   Outcome out;

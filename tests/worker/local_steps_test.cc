@@ -95,6 +95,58 @@ TEST_CASE("overlapped rounds (one-round delay) reach the accuracy of waited roun
   CHECK(overlapped.clock == waited.clock);
 }
 
+TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch and Flush lands it", "[local]") {
+  const Mnist d = LoadMnist(20);
+  auto server = LocalPsClient::NewServer();
+  REQUIRE_OK(server.status());
+  LocalPsClient local(*server, "w0");
+  // Every push waits half a second before it reaches the server (the log
+  // counts it then): a round sent at an epoch's end is visibly in flight.
+  RoundLog log;
+  {
+    absl::MutexLock lock(&log.mu);
+    log.pushed.assign(1, 0);
+    log.samples.assign(1, {});
+    log.max_lead.assign(1, 0);
+  }
+  testing::ShapedClient client(&local, 0, absl::Milliseconds(500), 0, &log);
+  auto be = compute::NewCpuBackend(1);
+  auto model = models::CreateModel(Mlp(), be.get());
+  REQUIRE_OK(model.status());
+  v1::ConsistencySpec c;
+  c.set_model(v1::ConsistencySpec::LOCAL);
+  c.set_sync_every_steps(4);
+  REQUIRE_OK(client.CreateJob(JobSpecFor(**model, "j", Opt(v1::OptimizerSpec::SGD, 1.0f), c, 1)));
+  TrainerOptions o;
+  o.job_id = "j";
+  o.batch_size = 32;
+  o.sync_every = 4;
+  o.overlap_rounds = true;
+  o.max_steps_per_epoch = 8;  // two rounds an epoch
+  auto in = InnerOptimizerFromSpec(Opt(v1::OptimizerSpec::SGD, 0.05f));
+  REQUIRE_OK(in.status());
+  o.inner = *in;
+  Trainer t(model->get(), &client, o);
+  auto pushed = [&] {
+    absl::MutexLock lock(&log.mu);
+    return log.pushed[0];
+  };
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    REQUIRE_OK(t.TrainEpoch(*d.train, epoch).status());
+    // The epoch's last round was handed to the sender, not waited for: the
+    // server has every round but it.
+    CHECK(t.clock() == uint64_t(2 * epoch + 2));
+    CHECK(pushed() == 2 * epoch + 1);
+  }
+  REQUIRE_OK(t.Flush());
+  CHECK(pushed() == 4);
+  // The servers' weights after the 4 rounds (16 steps), as the evaluation
+  // reads them: trained, above chance (0.1).
+  auto eval = t.Evaluate(*d.test);
+  REQUIRE_OK(eval.status());
+  CHECK(eval->accuracy > 0.25);
+}
+
 TEST_CASE("mixed speeds under local SSP: the slow rank holds the fast one back only at the bound, "
           "and each round carries the samples it covered",
           "[local][mixed]") {

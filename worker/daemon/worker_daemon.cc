@@ -571,6 +571,9 @@ class WorkerDaemon::Runner {
       r.set_total_steps(total_steps_);
       Report(r);
     }
+    // The last overlapped round is still in flight: this rank has finished
+    // once the servers hold it.
+    RETURN_IF_ERROR(trainer.Flush());
     if (a_.rank() == 0 && test && start >= total_steps_) {
       // A replacement that resumed after the last step trained nothing; the
       // incarnation it replaced may have finished the last epoch without its

@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
     std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s\n", r->seconds, r->pull_wait_seconds,
                 r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds);
   }
+  if (auto flushed = trainer.Flush(); !flushed.ok()) return fail(flushed);
   std::printf("samples_per_second=%.0f test_accuracy=%.4f\n", seconds > 0 ? examples / seconds : 0, accuracy);
   return 0;
 }

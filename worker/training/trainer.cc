@@ -328,8 +328,14 @@ int64_t Trainer::StepsPerEpoch(const data::Dataset& train) const {
   return steps;
 }
 
+absl::Status Trainer::Flush() {
+  absl::Status s = FinishRounds();
+  s.Update(WaitPushes(UINT64_MAX));
+  return s;
+}
+
 absl::StatusOr<std::string> Trainer::DenseFingerprint() {
-  RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
+  RETURN_IF_ERROR(Flush());
   Drain();
   RETURN_IF_ERROR(Stage(0, /*values=*/true, /*grads=*/false));
   PullBatch pull = PullFor(clock(), 0, /*dense=*/true, /*sparse=*/false);
@@ -672,7 +678,7 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     // rank has the same steps per epoch, so the same rounds).
     const bool last = result->steps + 1 == steps;
     if (in_round_ >= options_.sync_every || last) {
-      RETURN_IF_ERROR(options_.overlap_rounds && !last ? EndRoundOverlapped() : EndRound());
+      RETURN_IF_ERROR(options_.overlap_rounds ? EndRoundOverlapped() : EndRound());
     }
     const auto d = Clock::now();
     StepTiming t;
@@ -684,9 +690,15 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     CloseStep(t, m, result);
     prefetch.Recycle(std::move(batch));
   }
-  if (in_round_ > 0) RETURN_IF_ERROR(EndRound());  // a shard shorter than expected
+  const bool short_shard = in_round_ > 0;  // a shard shorter than expected
+  if (short_shard) RETURN_IF_ERROR(EndRound());
   result->round_device_seconds += round_device_seconds_;
   round_device_seconds_ = 0;
+  // Overlapped rounds stay in flight across the epoch's end: the next
+  // epoch's first round computes while this one's last round is sent and
+  // applied (Flush and Evaluate wait for it). A round still ends with the
+  // epoch, so every rank has the same rounds per epoch.
+  if (options_.overlap_rounds && !short_shard) return absl::OkStatus();
   return FinishRounds();
 }
 
@@ -707,6 +719,9 @@ absl::StatusOr<const data::DeviceData*> Trainer::DeviceDataFor(const data::Datas
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
+  // An overlapped round in flight: its result first (the evaluation's pull
+  // replaces the replica, and the next round starts from a fresh pull).
+  RETURN_IF_ERROR(FinishRounds());
   ScopedFlushDenormals flush;
   data::PrefetchOptions po;
   po.batch_size = std::max(options_.batch_size, 256);

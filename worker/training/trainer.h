@@ -159,6 +159,12 @@ class Trainer {
   // Forward only over the whole dataset with the parameters as of this
   // rank's clock (under BSP: every worker's steps so far applied).
   absl::StatusOr<EvalResult> Evaluate(const data::Dataset& test);
+  // Waits for everything this trainer has in flight: per-step pushes, and
+  // the last overlapped local round of an epoch, which stays in flight
+  // while the next epoch's first round computes. Call before reading the
+  // servers' weights after TrainEpoch. DenseFingerprint calls it; Evaluate
+  // waits for the rounds.
+  absl::Status Flush();
   // Steps per epoch of this rank's shard (equal for every rank).
   int64_t StepsPerEpoch(const data::Dataset& train) const;
   // Pulls every dense table at this rank's clock and hashes its fp32 bytes
