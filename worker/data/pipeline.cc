@@ -1,7 +1,10 @@
 #include "worker/data/pipeline.h"
 
-#include <chrono>
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -159,6 +162,15 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
 }
 
 void Prefetcher::Run(int thread) {
+  // Decoding is throughput work: as a batch thread it does not preempt the
+  // training thread when the consumer's notify wakes it (on a machine with
+  // fewer cores than busy threads, that preemption delays the next step by
+  // a whole batch's decode). It still gets its share of the cores.
+#ifdef SCHED_BATCH
+  sched_param param{};
+  param.sched_priority = 0;
+  (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+#endif
   for (int64_t i = thread; i < num_batches_; i += num_threads_) {
     std::unique_ptr<Batch> batch;
     {

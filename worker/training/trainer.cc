@@ -292,6 +292,9 @@ absl::StatusOr<models::Metrics> Trainer::RunAndPush(const data::Batch& batch) {
 }
 
 void Trainer::CloseStep(const StepTiming& t, const models::Metrics& m, EpochResult* result) {
+  // Waits for batches as the training thread saw them: the prefetcher's
+  // own count misses a consumer preempted inside Next.
+  result->data_wait_seconds += t.data_wait;
   result->pull_wait_seconds += t.pull;
   result->compute_seconds += t.compute;
   result->push_wait_seconds += t.push;
@@ -418,7 +421,6 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   }
   Finish(model_->task(), &result.train);
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  result.data_wait_seconds = prefetch.wait_seconds();
   result.samples_per_second = result.seconds > 0 ? result.train.examples / result.seconds : 0;
   return result;
 }
