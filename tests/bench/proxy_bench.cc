@@ -164,9 +164,9 @@ Result RunMode(const std::vector<int>& dims, int batch, absl::Duration compute, 
     r.error = std::string(s.message());
     return r;
   }
-  // Bytes as MNIST's pixels, decoded into batches by the pipeline.
-  // A warm-up epoch, then one timed epoch of `steps` batches (an epoch ends
-  // a local round, so the timed rounds are whole).
+  // Bytes as MNIST's pixels, decoded into batches by the pipeline: one
+  // dataset of `steps` batches, two warm-up epochs over it, then one timed
+  // epoch (an epoch ends a local round, so the timed rounds are whole).
   auto make = [&](size_t batches) {
     const size_t rows = static_cast<size_t>(batch) * batches;
     std::vector<uint8_t> pixels(rows * dims.front());
@@ -175,12 +175,6 @@ Result RunMode(const std::vector<int>& dims, int batch, absl::Duration compute, 
     for (size_t i = 0; i < rows; ++i) labels[i] = static_cast<float>(i % dims.back());
     return data::BytesInMemory(pixels, labels, dims.front(), 1.0f / 255, dims.back(), "proxy");
   };
-  // The warm-up runs two whole rounds and the epoch's end, so every buffer
-  // a round rotates through (pulled weights, anchors, pushed
-  // pseudo-gradients) has been written once: a model-sized buffer's first
-  // touch costs this VM about 4 ms per 1 MB in page faults, a one-time
-  // cost a long run never sees again.
-  auto warm = make(static_cast<size_t>(std::max(4, 2 * mode.sync_every + 2)));
   auto data = make(static_cast<size_t>(steps));
   training::TrainerOptions o;
   o.job_id = id;
@@ -194,11 +188,15 @@ Result RunMode(const std::vector<int>& dims, int batch, absl::Duration compute, 
   o.decode_threads = 1;
   o.device_data = data::DeviceDataMode::kOff;
   training::Trainer trainer(&model, client->get(), o);
-  // Warm-up (allocations, first touches, connections): two epochs, as an
-  // epoch's first round starts from a pull into a buffer the previous
-  // epoch's first round handed to the model.
+  // Warm-up: allocations, connections, and first touches, which cost
+  // this VM about 4 ms per MB in page faults and make a dataset's first
+  // epoch read its rows several times slower than later ones (a one-time
+  // cost a long run never sees again). Two epochs, so every buffer a round
+  // rotates through (pulled weights, anchors, pushed pseudo-gradients) has
+  // been written: an epoch's first round starts from a pull into a buffer
+  // the previous epoch's handed to the model.
   for (int epoch = 0; epoch < 2; ++epoch) {
-    if (auto e = trainer.TrainEpoch(*warm, epoch); !e.ok()) {
+    if (auto e = trainer.TrainEpoch(*data, epoch); !e.ok()) {
       r.error = std::string(e.status().message());
       return r;
     }
