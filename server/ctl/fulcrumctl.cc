@@ -49,7 +49,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/backoff.h"
-#include "common/checkpoint_record.h"
+#include "common/checkpoint_export.h"
+#include "common/safetensors.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
@@ -423,170 +424,7 @@ std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {
                          absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.created_unix_ms()), absl::LocalTimeZone()));
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      out += absl::StrFormat("\\u%04x", ch);
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-// The parameters of one cut as safetensors (https://huggingface.co/docs/safetensors):
-// a u64 header length, a JSON header naming each tensor's dtype, shape and
-// byte range, then the tensors' bytes. Dense tables are F32 tensors of
-// their shape, named as the table; a sparse table is `<table>.keys` (I64:
-// the uint64 keys' bits, ascending) and `<table>.values` (F32, keys x dim).
-// Optimizer slots are not exported.
-class SafetensorsExport {
- public:
-  absl::Status Begin(const fulcrum::v1::ShardCutMeta& meta) {
-    if (!fulcrum::KnownFormat(meta.format())) {
-      return absl::DataLossError(absl::StrCat("the checkpoint has format ", meta.format(),
-                                              ", which this fulcrumctl cannot read; use a newer one"));
-    }
-    decoder_.emplace(meta.format());
-    for (const auto& t : meta.spec().tables()) {
-      Table& out = tables_.emplace_back();
-      out.spec = t;
-      if (t.kind() == fulcrum::v1::TableSpec::DENSE) {
-        int64_t n = 1;
-        for (int64_t d : t.shape()) n *= d;
-        out.dense.assign(static_cast<size_t>(n), 0.0f);
-        const int64_t chunk = t.chunk_elements() == 0 ? 65536 : t.chunk_elements();
-        out.chunks_seen.assign(static_cast<size_t>((n + chunk - 1) / chunk), false);
-      }
-      index_[t.name()] = tables_.size() - 1;
-    }
-    visit_.dense = [this](const std::string& table, uint32_t chunk, uint64_t, uint32_t length, uint32_t,
-                          const void* block) -> absl::Status {
-      auto it = index_.find(table);
-      if (it == index_.end() || tables_[it->second].spec.kind() != fulcrum::v1::TableSpec::DENSE) {
-        return absl::DataLossError(absl::StrCat("checkpoint has a dense record for unknown table '", table, "'"));
-      }
-      Table& t = tables_[it->second];
-      const size_t per = t.spec.chunk_elements() == 0 ? 65536 : t.spec.chunk_elements();
-      const size_t begin = size_t{chunk} * per;
-      if (chunk >= t.chunks_seen.size() || begin + length > t.dense.size()) {
-        return absl::DataLossError(absl::StrCat("checkpoint chunk ", chunk, " of table '", table, "' is out of range"));
-      }
-      std::memcpy(t.dense.data() + begin, block, size_t{length} * sizeof(float));  // weights; slots follow
-      t.chunks_seen[chunk] = true;
-      return absl::OkStatus();
-    };
-    visit_.sparse = [this](const std::string& table, uint32_t, uint32_t dim, uint32_t slots, size_t n,
-                           const uint64_t* keys, const uint32_t*, const float* rows) -> absl::Status {
-      auto it = index_.find(table);
-      if (it == index_.end() || tables_[it->second].spec.kind() != fulcrum::v1::TableSpec::SPARSE) {
-        return absl::DataLossError(absl::StrCat("checkpoint has a sparse record for unknown table '", table, "'"));
-      }
-      Table& t = tables_[it->second];
-      if (dim != t.spec.dim()) {
-        return absl::DataLossError(absl::StrCat("checkpoint has rows of dim ", dim, " for table '", table,
-                                                "', whose dim is ", t.spec.dim()));
-      }
-      for (size_t i = 0; i < n; ++i) {
-        const float* row = rows + i * size_t{dim} * (size_t{1} + slots);
-        t.rows.emplace_back(keys[i], std::vector<float>(row, row + dim));
-      }
-      return absl::OkStatus();
-    };
-    return absl::OkStatus();
-  }
-
-  absl::Status Add(const fulcrum::v1::CheckpointRecord& r) {
-    uint32_t crc = 0;
-    return decoder_->Decode("", r.key(), r.value(), visit_, &crc, " of the exported checkpoint");
-  }
-
-  absl::Status Write(const std::string& path, const std::map<std::string, std::string>& metadata) {
-    struct Tensor {
-      std::string name, dtype;
-      std::vector<int64_t> shape;
-      const void* data;
-      size_t bytes;
-    };
-    std::vector<Tensor> tensors;
-    std::vector<std::vector<int64_t>> key_store;
-    std::vector<std::vector<float>> value_store;
-    key_store.reserve(tables_.size());
-    value_store.reserve(tables_.size());
-    for (Table& t : tables_) {
-      if (t.spec.kind() == fulcrum::v1::TableSpec::DENSE) {
-        for (size_t c = 0; c < t.chunks_seen.size(); ++c) {
-          if (!t.chunks_seen[c]) {
-            return absl::DataLossError(absl::StrCat("the checkpoint has no chunk ", c, " of table '", t.spec.name(), "'"));
-          }
-        }
-        tensors.push_back({t.spec.name(), "F32", {t.spec.shape().begin(), t.spec.shape().end()}, t.dense.data(),
-                           t.dense.size() * sizeof(float)});
-        continue;
-      }
-      std::sort(t.rows.begin(), t.rows.end());
-      auto& keys = key_store.emplace_back();
-      auto& values = value_store.emplace_back();
-      for (const auto& [k, row] : t.rows) {
-        keys.push_back(static_cast<int64_t>(k));
-        values.insert(values.end(), row.begin(), row.end());
-      }
-      const int64_t n = static_cast<int64_t>(keys.size());
-      tensors.push_back({t.spec.name() + ".keys", "I64", {n}, keys.data(), keys.size() * 8});
-      tensors.push_back({t.spec.name() + ".values", "F32", {n, static_cast<int64_t>(t.spec.dim())}, values.data(),
-                         values.size() * sizeof(float)});
-    }
-    std::string header = "{\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [k, v] : metadata) {
-      absl::StrAppend(&header, first ? "" : ",", JsonString(k), ":", JsonString(v));
-      first = false;
-    }
-    header += "}";
-    size_t offset = 0;
-    for (const Tensor& t : tensors) {
-      absl::StrAppend(&header, ",", JsonString(t.name), ":{\"dtype\":\"", t.dtype, "\",\"shape\":[",
-                      absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + t.bytes, "]}");
-      offset += t.bytes;
-    }
-    header += "}";
-    while (header.size() % 8 != 0) header += ' ';  // the data starts 8-byte aligned
-    const std::string tmp = path + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-    const uint64_t n = header.size();
-    bool ok = std::fwrite(&n, 8, 1, f) == 1 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
-    for (const Tensor& t : tensors) ok = ok && std::fwrite(t.data, 1, t.bytes, f) == t.bytes;
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      return absl::InternalError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
-    }
-    tensors_ = tensors.size();
-    bytes_ = 8 + header.size() + offset;
-    return absl::OkStatus();
-  }
-
-  size_t tensors() const { return tensors_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  struct Table {
-    fulcrum::v1::TableSpec spec;
-    std::vector<float> dense;
-    std::vector<bool> chunks_seen;
-    std::vector<std::pair<uint64_t, std::vector<float>>> rows;
-  };
-  std::vector<Table> tables_;
-  std::map<std::string, size_t> index_;
-  fulcrum::CheckpointVisitor visit_;
-  std::optional<fulcrum::RecordDecoder> decoder_;
-  size_t tensors_ = 0, bytes_ = 0;
-};
+using fulcrum::safetensors::JsonQuoted;
 
 // A progress line on stderr: redrawn in place on a terminal, one line each
 // into a log.
@@ -704,7 +542,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
   req.set_cut_id(cut);
   auto reader = stub->ExportCheckpoint(&ctx, req);
   fulcrum::v1::ExportCheckpointChunk chunk;
-  SafetensorsExport out;
+  fulcrum::CutExport out;
   fulcrum::v1::CheckpointInfo info;
   bool begun = false;
   size_t records = 0;
@@ -749,7 +587,7 @@ int Export(const std::string& coordinator, const std::string& job, uint64_t cut,
     return kOther;
   }
   if (Json()) {
-    std::cout << "{\"path\":" << JsonString(path) << ",\"checkpoint\":" << ToJson(info) << ",\"tensors\":" << out.tensors()
+    std::cout << "{\"path\":" << JsonQuoted(path) << ",\"checkpoint\":" << ToJson(info) << ",\"tensors\":" << out.tensors()
               << ",\"bytes\":" << out.bytes() << "}" << std::endl;
   } else {
     std::cout << "exported checkpoint " << info.cut_id() << " of job " << job << " (step " << info.step() << ", "
