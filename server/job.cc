@@ -444,7 +444,7 @@ absl::Status Job::CheckIncarnation(uint32_t incarnation, const std::string& work
                                                     " onwards"));
 }
 
-absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self, PushResult* out) {
+absl::Status Job::CheckPush(const PushMessage& m) const {
   RETURN_IF_ERROR(CheckIncarnation(m.incarnation, m.worker_id, m.rank, "push"));
   if (m.worker_id.empty()) {
     return absl::InvalidArgumentError("push has no worker_id; (worker_id, seq) identifies a push");
@@ -461,85 +461,120 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     return absl::ResourceExhaustedError(
         absl::StrCat("push num_parts ", m.num_parts, " exceeds the limit of ", kMaxParts, " parts per step"));
   }
-  // A push that leaves num_parts out (proto3: 0) is one message.
-  const uint32_t num_parts = m.more_parts ? 0 : std::max<uint32_t>(1, m.num_parts);
+  return absl::OkStatus();
+}
+
+absl::Status Job::AdmitPush(const PushMessage& m, PushResult* out, bool* taken) {
+  *taken = false;
   // A retry of a push already taken is acknowledged before anything else:
   // its step may have been applied since.
   if (!dedup_.Begin(m.worker_id, m.seq)) {
     duplicates_.fetch_add(1, std::memory_order_relaxed);
-    out->duplicate = true;
+    out->duplicate = *taken = true;
     absl::MutexLock lock(&mu_);
     out->applied_step = applied_step_;
     return absl::OkStatus();
   }
-  if (model_ == Model::kSsp) {
+  if (model_ == Model::kAsp) return absl::OkStatus();  // no steps to speak of: applied on arrival
+  absl::Status bad;
+  {
     absl::MutexLock lock(&mu_);
-    // SSP: a step this rank already completed here (a lost worker's
-    // replacement resumes from the slowest server's clock and pushes again
-    // what other servers already had) is acknowledged, not applied twice.
-    // ASP has no steps to speak of: every push is applied on arrival.
-    if (m.step < clock_[m.rank] || done_ahead_[m.rank].count(m.step) != 0) {
+    // A step this rank already completed here (a lost worker's replacement
+    // resumes from the slowest server's clock and pushes again what other
+    // servers already had, or its predecessor delivered before dying) is
+    // acknowledged, not applied twice.
+    bool done;
+    if (model_ == Model::kSsp) {
+      done = m.step < clock_[m.rank] || done_ahead_[m.rank].count(m.step) != 0;
+    } else {
+      auto pending = steps_.find(m.step);
+      done = m.step < applied_step_ || (pending != steps_.end() && pending->second[m.rank].complete());
+    }
+    if (done) {
       duplicates_.fetch_add(1, std::memory_order_relaxed);
-      out->duplicate = true;
+      out->duplicate = *taken = true;
       out->applied_step = applied_step_;
       return absl::OkStatus();
     }
-  }
-  if (model_ == Model::kBsp) {
-    absl::Status bad;
-    {
-      absl::MutexLock lock(&mu_);
-      // A step this rank already delivered (its lost predecessor pushed it
-      // before dying, and the replacement resumed from the slowest server)
-      // is acknowledged, not applied twice.
-      auto pending = steps_.find(m.step);
-      if (m.step < applied_step_ ||
-          (pending != steps_.end() && pending->second[m.rank].complete())) {
-        duplicates_.fetch_add(1, std::memory_order_relaxed);
-        out->duplicate = true;
-        out->applied_step = applied_step_;
-        return absl::OkStatus();
-      }
-      if (m.step >= applied_step_ + kMaxPendingSteps) {
-        bad = absl::FailedPreconditionError(absl::StrCat(
-            "push from ", Who(m.worker_id, m.rank), " is for step ", m.step, ", more than ",
-            kMaxPendingSteps, " steps ahead of step ", applied_step_, " still being collected"));
-      } else if (!active_[m.rank]) {
-        bad = absl::FailedPreconditionError(
-            absl::StrCat(Who(m.worker_id, m.rank), " is not an active worker of job '", id(), "'"));
-      }
-    }
-    if (!bad.ok()) {
-      dedup_.Abort(m.worker_id, m.seq);
-      return bad;
+    if (model_ == Model::kBsp && m.step >= applied_step_ + kMaxPendingSteps) {
+      bad = absl::FailedPreconditionError(absl::StrCat("push from ", Who(m.worker_id, m.rank), " is for step ", m.step,
+                                                       ", more than ", kMaxPendingSteps, " steps ahead of step ",
+                                                       applied_step_, " still being collected"));
+    } else if (model_ == Model::kBsp && !active_[m.rank]) {
+      bad = absl::FailedPreconditionError(
+          absl::StrCat(Who(m.worker_id, m.rank), " is not an active worker of job '", id(), "'"));
     }
   }
+  if (!bad.ok()) dedup_.Abort(m.worker_id, m.seq);
+  return bad;
+}
+
+float Job::PushRateScale(const PushMessage& m) {
+  float scale = m.lr_scale;
+  const bool by_samples = m.samples != 0 && model_ != Model::kBsp;
+  if (!by_samples && !staleness_lr_) return scale;
+  uint64_t tau = 1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (by_samples) {
+      // One rank's share of a round, applied on its own: its rate scaled by
+      // its samples over the mean per push so far (1 exactly while every
+      // push covers the same samples) and, under mean aggregation, by
+      // 1 / workers, so a round's pushes from every rank add up to their
+      // mean, as BSP's.
+      samples_sum_ += m.samples;
+      ++samples_pushes_;
+      const double share = mean_ ? 1.0 / num_workers_ : 1.0;
+      scale *= static_cast<float>(static_cast<double>(m.samples) * static_cast<double>(samples_pushes_) /
+                                  static_cast<double>(samples_sum_) * share);
+    }
+    if (staleness_lr_) tau = StalenessLocked(m.rank, m.step);
+  }
+  if (staleness_lr_) {
+    metrics_.push_staleness.Observe(static_cast<double>(tau));
+    scale /= static_cast<float>(tau);
+  }
+  return scale;
+}
+
+absl::Status Job::ChargeBufferedPush(const PushMessage& m, Decoded* decoded) {
+  // Buffered until every worker's part of the step arrives: count it
+  // against the server's memory limit, so workers running ahead (up to
+  // kMaxPendingSteps, in up to kMaxParts parts) cannot exhaust memory. The
+  // step being collected is counted but never refused, so it can always
+  // complete and free what waits behind it.
+  if (model_ != Model::kBsp || quota_.pool() == nullptr) return absl::OkStatus();
+  const uint64_t bytes = decoded->grads.capacity() * sizeof(float);
+  uint64_t collecting;
+  {
+    absl::MutexLock lock(&mu_);
+    collecting = applied_step_;
+  }
+  MemoryQuota& pool = *quota_.pool();
+  uint64_t in_use;
+  if (m.step <= collecting) {
+    pool.Charge(bytes);
+  } else if (!pool.TryAdd(bytes, &in_use)) {
+    return pool.Exhausted(absl::StrCat("job '", id(), "': step ", m.step, "'s gradients from ", Who(m.worker_id, m.rank),
+                                       ", buffered while step ", collecting, " is collected,"),
+                          bytes, in_use);
+  }
+  decoded->hold = PoolHold(quota_.pool(), bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self, PushResult* out) {
+  RETURN_IF_ERROR(CheckPush(m));
+  // A push that leaves num_parts out (proto3: 0) is one message.
+  const uint32_t num_parts = m.more_parts ? 0 : std::max<uint32_t>(1, m.num_parts);
+  bool taken;
+  RETURN_IF_ERROR(AdmitPush(m, out, &taken));
+  if (taken) return absl::OkStatus();
   Decoded decoded;
   decoded.seq = m.seq;
   decoded.step = m.step;
-  decoded.lr_scale = m.lr_scale;
   decoded.samples = m.samples;
-  if (m.samples != 0 && model_ != Model::kBsp) {
-    // One rank's share of a round, applied on its own: its rate scaled by
-    // its samples over the mean per push so far (1 exactly while every push
-    // covers the same samples) and, under mean aggregation, by 1 / workers,
-    // so a round's pushes from every rank add up to their mean, as BSP's.
-    absl::MutexLock lock(&mu_);
-    samples_sum_ += m.samples;
-    ++samples_pushes_;
-    const double share = mean_ ? 1.0 / num_workers_ : 1.0;
-    decoded.lr_scale *= static_cast<float>(static_cast<double>(m.samples) * static_cast<double>(samples_pushes_) /
-                                           static_cast<double>(samples_sum_) * share);
-  }
-  if (staleness_lr_) {
-    uint64_t tau;
-    {
-      absl::MutexLock lock(&mu_);
-      tau = StalenessLocked(m.rank, m.step);
-    }
-    metrics_.push_staleness.Observe(static_cast<double>(tau));
-    decoded.lr_scale /= static_cast<float>(tau);
-  }
+  decoded.lr_scale = PushRateScale(m);
   // Outside BSP the decoded gradient dies with this call: reuse one buffer
   // per thread rather than faulting in fresh pages for every push.
   // BSP's are buffered until their step is applied, then kept for the
@@ -558,29 +593,7 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   }
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok()) s = Prepare(decoded);
-  if (s.ok() && model_ == Model::kBsp && quota_.pool() != nullptr) {
-    // Buffered until every worker's part of the step arrives: count it
-    // against the server's memory limit, so workers running ahead (up to
-    // kMaxPendingSteps, in up to kMaxParts parts) cannot exhaust memory.
-    // The step being collected is counted but never refused, so it can
-    // always complete and free what waits behind it.
-    const uint64_t bytes = decoded.grads.capacity() * sizeof(float);
-    uint64_t collecting;
-    {
-      absl::MutexLock lock(&mu_);
-      collecting = applied_step_;
-    }
-    MemoryQuota& pool = *quota_.pool();
-    uint64_t in_use;
-    if (m.step <= collecting) {
-      pool.Charge(bytes);
-    } else if (!pool.TryAdd(bytes, &in_use)) {
-      s = pool.Exhausted(absl::StrCat("job '", id(), "': step ", m.step, "'s gradients from ", Who(m.worker_id, m.rank),
-                                      ", buffered while step ", collecting, " is collected,"),
-                         bytes, in_use);
-    }
-    if (s.ok()) decoded.hold = PoolHold(quota_.pool(), bytes);
-  }
+  if (s.ok()) s = ChargeBufferedPush(m, &decoded);
   if (s.ok() && model_ != Model::kBsp) {
     const absl::Time t0 = absl::Now();
     s = ApplyDecoded(decoded);
@@ -591,13 +604,17 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
     dedup_.Abort(m.worker_id, m.seq);
     return s;
   }
+  return RecordPush(m, num_parts, &decoded, out);
+}
+
+absl::Status Job::RecordPush(const PushMessage& m, uint32_t num_parts, Decoded* decoded, PushResult* out) {
   std::vector<std::function<void(absl::Status)>> ready;
   bool drain = false;
   {
     absl::MutexLock lock(&mu_);
     absl::Status record;
     const bool complete = RecordPartLocked(m.rank, m.step, num_parts, m.incarnation,
-                                           model_ == Model::kBsp ? &decoded : nullptr, &record);
+                                           model_ == Model::kBsp ? decoded : nullptr, &record);
     if (!record.ok()) {
       dedup_.Abort(m.worker_id, m.seq);
       return record;
