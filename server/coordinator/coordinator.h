@@ -111,7 +111,7 @@ class ServerControl {
   // stopping and must not wait out a cut's step).
   virtual void CancelAll() {}
 };
-std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
+// The gRPC ServerControl: server/coordinator/rpc/grpc_server_control.h.
 
 class Coordinator {
  public:

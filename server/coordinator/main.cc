@@ -21,6 +21,7 @@
 #include "common/rpc/security_flags.h"
 #include "common/shard_map.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/rpc/grpc_server_control.h"
 #include "server/coordinator/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "address to serve the job and cluster services on");

@@ -26,6 +26,7 @@
 #include "common/rpc/grpc_util.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/rpc/grpc_server_control.h"
 #include "server/coordinator/coordinator_service.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"

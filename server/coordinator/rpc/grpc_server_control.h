@@ -1,0 +1,20 @@
+// The coordinator's ServerControl over gRPC: ParameterService calls to the
+// servers (shard maps, job deletion, checkpoints), each with a deadline,
+// all cancelled by CancelAll. The coordinator core sees only the
+// ServerControl interface (server/coordinator/coordinator.h).
+#ifndef FULCRUM_SERVER_COORDINATOR_RPC_GRPC_SERVER_CONTROL_H_
+#define FULCRUM_SERVER_COORDINATOR_RPC_GRPC_SERVER_CONTROL_H_
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "server/coordinator/coordinator.h"
+
+namespace fulcrum {
+
+// `timeout`: each call's deadline (a checkpoint's also covers its wait).
+std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
+
+}  // namespace fulcrum
+
+#endif  // FULCRUM_SERVER_COORDINATOR_RPC_GRPC_SERVER_CONTROL_H_
