@@ -50,6 +50,14 @@ absl::Status LocalPsClient::OpenJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::GetJobResponse> LocalPsClient::GetJobStats(const std::string& job_id, size_t server) {
+  if (server != 0) {
+    return absl::OutOfRangeError(
+        absl::StrCat("server ", server, ": a LocalPsClient has one server, in its own process (index 0)"));
+  }
+  return server_->GetJob(job_id);
+}
+
 absl::Status LocalPsClient::DeleteJob(const std::string& job_id) {
   RETURN_IF_ERROR(server_->DeleteJob(job_id).status());
   absl::MutexLock l(&mu_);

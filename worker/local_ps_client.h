@@ -29,6 +29,8 @@ class LocalPsClient final : public PsClient {
   absl::Status DeleteJob(const std::string& job_id) override;
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override;
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override;
+  // The one server's statistics: `server` must be 0 (OUT_OF_RANGE otherwise).
+  absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) override;
 
   ParameterServer* server() const { return server_.get(); }
 

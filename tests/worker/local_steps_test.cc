@@ -137,9 +137,18 @@ TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch 
     // server has every round but it.
     CHECK(t.clock() == uint64_t(2 * epoch + 2));
     CHECK(pushed() == 2 * epoch + 1);
+    auto stats = local.GetJobStats("j", 0);
+    REQUIRE_OK(stats.status());
+    CHECK(stats->applied_step() <= uint64_t(2 * epoch + 1));
   }
   REQUIRE_OK(t.Flush());
   CHECK(pushed() == 4);
+  auto stats = local.GetJobStats("j", 0);
+  REQUIRE_OK(stats.status());
+  CHECK(stats->applied_step() == 4);
+  REQUIRE(stats->rank_clock_size() == 1);
+  CHECK(stats->rank_clock(0) == 4);
+  CHECK(local.GetJobStats("j", 1).status().code() == absl::StatusCode::kOutOfRange);
   // The servers' weights after the 4 rounds (16 steps), as the evaluation
   // reads them: trained, above chance (0.1).
   auto eval = t.Evaluate(*d.test);
