@@ -33,6 +33,7 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <variant>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -612,15 +613,148 @@ int Usage() {
   return kUsage;
 }
 
-}  // namespace
+// ---- commands: each returns the process's exit code.
 
-int main(int argc, char** argv) {
-  fulcrum::SetUsage(kUsageText);
-  // Every failed call is reported once, as a line naming the command and a
-  // hint; gRPC's own log lines (a TLS handshake failure) would repeat it in
-  // its internal terms. GRPC_VERBOSITY=ERROR in the environment brings them back.
-  setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
-  // Accept --no-wait as well as --no_wait (flags are spelled with '_').
+int Submit(fulcrum::v1::JobService::Stub* jobs) {
+  const std::string file = absl::GetFlag(FLAGS_f);
+  if (file.empty()) {
+    std::cerr << "fulcrumctl submit: give the spec file with -f SPEC.yaml\n";
+    return kUsage;
+  }
+  fulcrum::v1::SubmitJobRequest req;
+  absl::Status parsed = fulcrum::config::ParseSpecFile(file, req.mutable_spec());
+  fulcrum::config::NormalizeJobSpec(req.mutable_spec());
+  if (parsed.ok()) parsed = fulcrum::config::ValidateJobSpec(req.spec());
+  if (!parsed.ok()) {
+    std::cerr << "fulcrumctl: " << parsed.message() << "\n";
+    return kUsage;
+  }
+  req.set_validate_only(absl::GetFlag(FLAGS_validate));
+  fulcrum::v1::SubmitJobResponse resp;
+  grpc::Status s = jobs->SubmitJob(Ctx().get(), req, &resp);
+  if (!s.ok()) return Fail(s, "submit");
+  if (req.validate_only()) {
+    std::cout << (Json() ? "{\"valid\":true}" : absl::StrCat(file, ": valid")) << std::endl;
+    return kOk;
+  }
+  if (Json()) {
+    if (absl::GetFlag(FLAGS_no_wait)) std::cout << ToJson(resp) << std::endl;
+  } else {
+    std::cout << "submitted job " << resp.job_id() << std::endl;
+  }
+  if (absl::GetFlag(FLAGS_no_wait)) return kOk;
+  return Watch(jobs, resp.job_id());
+}
+
+int List(fulcrum::v1::JobService::Stub* jobs) {
+  // Every page, into one list.
+  fulcrum::v1::ListJobsResponse resp;
+  fulcrum::v1::ListJobsRequest req;
+  req.set_page_size(500);
+  do {
+    fulcrum::v1::ListJobsResponse page;
+    grpc::Status s = jobs->ListJobs(Ctx().get(), req, &page);
+    if (!s.ok()) return Fail(s, "list");
+    for (Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty());
+  if (Json()) {
+    std::cout << ToJson(resp) << std::endl;
+  } else {
+    for (const Job& j : resp.jobs()) std::cout << JobLine(j) << "\n";
+    if (resp.jobs_size() == 0) std::cout << "no jobs\n";
+  }
+  return kOk;
+}
+
+// status, cancel and watch JOB.
+int JobCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
+  if (job.empty()) {
+    std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
+    return kUsage;
+  }
+  fulcrum::v1::JobRef ref;
+  ref.set_job_id(job);
+  if (cmd == "watch") return Watch(jobs, job);
+  Job j;
+  grpc::Status s = cmd == "status" ? jobs->GetJob(Ctx().get(), ref, &j) : jobs->CancelJob(Ctx().get(), ref, &j);
+  if (!s.ok()) return Fail(s, absl::StrCat(cmd, " ", job));
+  if (Json()) {
+    std::cout << ToJson(j) << std::endl;
+  } else if (cmd == "status") {
+    PrintStatus(j);
+  } else {
+    std::cout << "job " << j.id() << " " << State(j.status().state()) << std::endl;
+  }
+  return kOk;
+}
+
+// checkpoint, restore and export JOB.
+int CutCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
+  if (job.empty()) {
+    std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
+    return kUsage;
+  }
+  if (cmd == "export") {
+    if (absl::GetFlag(FLAGS_o).empty()) {
+      std::cerr << "fulcrumctl export: give the output file with -o FILE.safetensors\n";
+      return kUsage;
+    }
+    return Export(absl::GetFlag(FLAGS_coordinator), job, absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
+  }
+  if (cmd == "checkpoint") return Checkpoint(jobs, job);
+  fulcrum::v1::RestoreJobRequest req;
+  req.set_job_id(job);
+  req.set_cut_id(absl::GetFlag(FLAGS_cut));
+  Job j;
+  grpc::Status s = jobs->RestoreJob(Ctx().get(), req, &j);
+  if (!s.ok()) return Fail(s, absl::StrCat("restore ", job));
+  std::cout << (Json() ? ToJson(j) : absl::StrCat("job ", j.id(), " ", State(j.status().state()), ": ", j.status().message()))
+            << std::endl;
+  return kOk;
+}
+
+int Cluster(fulcrum::v1::ClusterService::Stub* cluster) {
+  fulcrum::v1::ClusterState c;
+  grpc::Status s = cluster->GetCluster(Ctx().get(), fulcrum::v1::GetClusterRequest(), &c);
+  if (!s.ok()) return Fail(s, "cluster");
+  if (Json()) {
+    std::cout << ToJson(c) << std::endl;
+    return kOk;
+  }
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  // PID tells apart the processes of one host (several workers, or a
+  // node id that does not match the name of its log file).
+  std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8s %-14s %s\n", "NODE", "ROLE", "HEALTH", "ADDRESS/HOST",
+                               "PID", "LAST BEAT", "DEVICES / ASSIGNMENTS");
+  for (const auto& n : c.nodes()) {
+    std::vector<std::string> devices;
+    for (const auto& d : n.info().devices()) devices.push_back(d.name());
+    std::string what = n.info().role() == fulcrum::v1::SERVER
+                           ? ""
+                           : absl::StrCat(absl::StrJoin(devices, "; "), " [", n.info().slots(), " slot(s)]");
+    if (n.assignments_size() > 0) absl::StrAppend(&what, " running ", absl::StrJoin(n.assignments(), ", "));
+    std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8d %-14s %s\n", n.info().node_id(),
+                                 n.info().role() == fulcrum::v1::SERVER ? "server" : "worker",
+                                 n.alive() ? "alive" : "dead",
+                                 n.info().role() == fulcrum::v1::SERVER ? n.info().address() : n.info().hostname(),
+                                 n.info().pid(), absl::StrCat(absl::StrFormat("%.1f", (now - n.last_heartbeat_unix_ms()) / 1000.0), "s ago"),
+                                 what);
+  }
+  if (c.has_shard_map() && c.shard_map().servers_size() > 0) {
+    std::cout << "shard map version " << c.shard_map().version() << ": " << c.shard_map().num_virtual_shards()
+              << " virtual shards over " << absl::StrJoin(c.shard_map().servers(), ", ") << "\n";
+  } else {
+    std::cout << "shard map: none yet (no parameter server registered)\n";
+  }
+  return kOk;
+}
+
+// Parses the command line: --no-wait is accepted as --no_wait (flags are
+// spelled with '_'), and $FULCRUM_COORDINATOR stands in for a
+// --coordinator not given. Returns the positional arguments, or an exit
+// code when the global flags are unusable.
+std::variant<std::vector<std::string>, int> ParseArgs(int argc, char** argv) {
   std::vector<std::string> storage(argv, argv + argc);
   std::vector<char*> argv2;
   for (std::string& a : storage) {
@@ -644,145 +778,34 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrumctl: --output must be text or json\n";
     return kUsage;
   }
+  return std::vector<std::string>(args.begin(), args.end());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fulcrum::SetUsage(kUsageText);
+  // Every failed call is reported once, as a line naming the command and a
+  // hint; gRPC's own log lines (a TLS handshake failure) would repeat it in
+  // its internal terms. GRPC_VERBOSITY=ERROR in the environment brings them back.
+  setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
+  auto parsed = ParseArgs(argc, argv);
+  if (const int* code = std::get_if<int>(&parsed)) return *code;
+  const auto& args = std::get<std::vector<std::string>>(parsed);
   if (args.size() < 2) return Usage();
   if (std::string err = SetUpCredentials(); !err.empty()) {
     std::cerr << "fulcrumctl: " << err << "\n";
     return kUsage;
   }
-  const std::string cmd = args[1];
+  const std::string& cmd = args[1];
+  const std::string job = args.size() >= 3 ? args[2] : "";
   auto channel = fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), 0);
   auto jobs = fulcrum::v1::JobService::NewStub(channel);
-  auto cluster = fulcrum::v1::ClusterService::NewStub(channel);
-  auto job_arg = [&]() -> std::string { return args.size() >= 3 ? args[2] : ""; };
-
-  if (cmd == "submit") {
-    const std::string file = absl::GetFlag(FLAGS_f);
-    if (file.empty()) {
-      std::cerr << "fulcrumctl submit: give the spec file with -f SPEC.yaml\n";
-      return kUsage;
-    }
-    fulcrum::v1::SubmitJobRequest req;
-    absl::Status parsed = fulcrum::config::ParseSpecFile(file, req.mutable_spec());
-    fulcrum::config::NormalizeJobSpec(req.mutable_spec());
-    if (parsed.ok()) parsed = fulcrum::config::ValidateJobSpec(req.spec());
-    if (!parsed.ok()) {
-      std::cerr << "fulcrumctl: " << parsed.message() << "\n";
-      return kUsage;
-    }
-    req.set_validate_only(absl::GetFlag(FLAGS_validate));
-    fulcrum::v1::SubmitJobResponse resp;
-    grpc::Status s = jobs->SubmitJob(Ctx().get(), req, &resp);
-    if (!s.ok()) return Fail(s, "submit");
-    if (req.validate_only()) {
-      std::cout << (Json() ? "{\"valid\":true}" : absl::StrCat(file, ": valid")) << std::endl;
-      return kOk;
-    }
-    if (Json()) {
-      if (absl::GetFlag(FLAGS_no_wait)) std::cout << ToJson(resp) << std::endl;
-    } else {
-      std::cout << "submitted job " << resp.job_id() << std::endl;
-    }
-    if (absl::GetFlag(FLAGS_no_wait)) return kOk;
-    return Watch(jobs.get(), resp.job_id());
-  }
-  if (cmd == "list") {
-    // Every page, into one list.
-    fulcrum::v1::ListJobsResponse resp;
-    fulcrum::v1::ListJobsRequest req;
-    req.set_page_size(500);
-    do {
-      fulcrum::v1::ListJobsResponse page;
-      grpc::Status s = jobs->ListJobs(Ctx().get(), req, &page);
-      if (!s.ok()) return Fail(s, "list");
-      for (Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
-      req.set_page_token(page.next_page_token());
-    } while (!req.page_token().empty());
-    if (Json()) {
-      std::cout << ToJson(resp) << std::endl;
-    } else {
-      for (const Job& j : resp.jobs()) std::cout << JobLine(j) << "\n";
-      if (resp.jobs_size() == 0) std::cout << "no jobs\n";
-    }
-    return kOk;
-  }
-  if (cmd == "status" || cmd == "cancel" || cmd == "watch") {
-    if (job_arg().empty()) {
-      std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
-      return kUsage;
-    }
-    fulcrum::v1::JobRef ref;
-    ref.set_job_id(job_arg());
-    if (cmd == "watch") return Watch(jobs.get(), job_arg());
-    Job j;
-    grpc::Status s = cmd == "status" ? jobs->GetJob(Ctx().get(), ref, &j) : jobs->CancelJob(Ctx().get(), ref, &j);
-    if (!s.ok()) return Fail(s, absl::StrCat(cmd, " ", job_arg()));
-    if (Json()) {
-      std::cout << ToJson(j) << std::endl;
-    } else if (cmd == "status") {
-      PrintStatus(j);
-    } else {
-      std::cout << "job " << j.id() << " " << State(j.status().state()) << std::endl;
-    }
-    return kOk;
-  }
-  if (cmd == "checkpoint" || cmd == "restore" || cmd == "export") {
-    if (job_arg().empty()) {
-      std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
-      return kUsage;
-    }
-    if (cmd == "export") {
-      if (absl::GetFlag(FLAGS_o).empty()) {
-        std::cerr << "fulcrumctl export: give the output file with -o FILE.safetensors\n";
-        return kUsage;
-      }
-      return Export(absl::GetFlag(FLAGS_coordinator), job_arg(), absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
-    }
-    if (cmd == "checkpoint") return Checkpoint(jobs.get(), job_arg());
-    fulcrum::v1::RestoreJobRequest req;
-    req.set_job_id(job_arg());
-    req.set_cut_id(absl::GetFlag(FLAGS_cut));
-    Job j;
-    grpc::Status s = jobs->RestoreJob(Ctx().get(), req, &j);
-    if (!s.ok()) return Fail(s, absl::StrCat("restore ", job_arg()));
-    std::cout << (Json() ? ToJson(j) : absl::StrCat("job ", j.id(), " ", State(j.status().state()), ": ", j.status().message()))
-              << std::endl;
-    return kOk;
-  }
-  if (cmd == "cluster") {
-    fulcrum::v1::ClusterState c;
-    grpc::Status s = cluster->GetCluster(Ctx().get(), fulcrum::v1::GetClusterRequest(), &c);
-    if (!s.ok()) return Fail(s, "cluster");
-    if (Json()) {
-      std::cout << ToJson(c) << std::endl;
-      return kOk;
-    }
-    const int64_t now = absl::ToUnixMillis(absl::Now());
-    // PID tells apart the processes of one host (several workers, or a
-    // node id that does not match the name of its log file).
-    std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8s %-14s %s\n", "NODE", "ROLE", "HEALTH", "ADDRESS/HOST",
-                                 "PID", "LAST BEAT", "DEVICES / ASSIGNMENTS");
-    for (const auto& n : c.nodes()) {
-      std::vector<std::string> devices;
-      for (const auto& d : n.info().devices()) devices.push_back(d.name());
-      std::string what = n.info().role() == fulcrum::v1::SERVER
-                             ? ""
-                             : absl::StrCat(absl::StrJoin(devices, "; "), " [", n.info().slots(), " slot(s)]");
-      if (n.assignments_size() > 0) absl::StrAppend(&what, " running ", absl::StrJoin(n.assignments(), ", "));
-      std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8d %-14s %s\n", n.info().node_id(),
-                                   n.info().role() == fulcrum::v1::SERVER ? "server" : "worker",
-                                   n.alive() ? "alive" : "dead",
-                                   n.info().role() == fulcrum::v1::SERVER ? n.info().address() : n.info().hostname(),
-                                   n.info().pid(), absl::StrCat(absl::StrFormat("%.1f", (now - n.last_heartbeat_unix_ms()) / 1000.0), "s ago"),
-                                   what);
-    }
-    if (c.has_shard_map() && c.shard_map().servers_size() > 0) {
-      std::cout << "shard map version " << c.shard_map().version() << ": " << c.shard_map().num_virtual_shards()
-                << " virtual shards over " << absl::StrJoin(c.shard_map().servers(), ", ") << "\n";
-    } else {
-      std::cout << "shard map: none yet (no parameter server registered)\n";
-    }
-    return kOk;
-  }
+  if (cmd == "submit") return Submit(jobs.get());
+  if (cmd == "list") return List(jobs.get());
+  if (cmd == "status" || cmd == "cancel" || cmd == "watch") return JobCommand(jobs.get(), cmd, job);
+  if (cmd == "checkpoint" || cmd == "restore" || cmd == "export") return CutCommand(jobs.get(), cmd, job);
+  if (cmd == "cluster") return Cluster(fulcrum::v1::ClusterService::NewStub(channel).get());
   std::cerr << "fulcrumctl: unknown command '" << cmd << "'\n";
   return Usage();
 }
