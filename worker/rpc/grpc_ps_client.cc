@@ -21,10 +21,16 @@
 #include "common/status_macros.h"
 #include "common/logging.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
+#include "worker/rpc/routing.h"
 #include "worker/rpc/shm_conn.h"
 
 namespace fulcrum {
 namespace {
+
+using routing::JobInfo;
+using routing::MakeJobInfo;
+using routing::PullPart;
+using routing::PushPart;
 
 constexpr char kPushMethod[] = "/fulcrum.v1.ParameterService/Push";
 constexpr char kPullMethod[] = "/fulcrum.v1.ParameterService/Pull";
@@ -190,49 +196,6 @@ struct ServerConn {
   bool shm_logged ABSL_GUARDED_BY(mu) = false;
 };
 
-struct TableInfo {
-  std::string name;
-  bool dense = true;
-  uint64_t num_elements = 0;
-  uint32_t chunk_elements = 0;
-  uint32_t num_chunks = 0;
-  uint32_t dim = 0;
-  uint64_t name_hash = 0;
-  uint32_t ChunkLength(uint32_t c) const {
-    const uint64_t begin = uint64_t{c} * chunk_elements;
-    return static_cast<uint32_t>(std::min<uint64_t>(chunk_elements, num_elements - begin));
-  }
-};
-
-struct JobInfo {
-  v1::PsJobSpec spec;
-  bool synchronous = true;  // BSP or SSP: a push's parts must not be re-routed mid-step
-  absl::flat_hash_map<std::string, TableInfo> tables;
-};
-
-absl::StatusOr<std::shared_ptr<const JobInfo>> MakeJobInfo(const v1::PsJobSpec& spec) {
-  auto info = std::make_shared<JobInfo>();
-  info->spec = spec;
-  info->synchronous = spec.consistency().model() != v1::ConsistencySpec::ASP;
-  for (const v1::TableSpec& t : spec.tables()) {
-    TableInfo ti;
-    ti.name = t.name();
-    ti.dense = t.kind() != v1::TableSpec::SPARSE;
-    ti.name_hash = HashTableName(t.name());
-    if (ti.dense) {
-      ti.num_elements = 1;
-      for (int64_t d : t.shape()) ti.num_elements *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
-      ti.chunk_elements = ChunkElements(t);
-      ti.num_chunks =
-          static_cast<uint32_t>((ti.num_elements + ti.chunk_elements - 1) / ti.chunk_elements);
-    } else {
-      ti.dim = t.dim();
-    }
-    info->tables.emplace(t.name(), ti);
-  }
-  return std::shared_ptr<const JobInfo>(std::move(info));
-}
-
 // The open shared-memory sessions, for the helper of every future
 // (Promise::SetHelper): the thread waiting for a push or pull reads the
 // answers out of shared memory itself. Shared with the futures, which may
@@ -293,75 +256,6 @@ struct Op {
     }
     promise.Set(result);
   }
-};
-
-// One part of a push to one server. Owns converted or gathered payloads.
-struct PushPart {
-  struct Dense {
-    const TableInfo* table;
-    uint32_t chunk;
-    const float* data;
-  };
-  struct Sparse {
-    const TableInfo* table;
-    std::vector<uint64_t> keys;
-    std::vector<float> values;
-  };
-  std::vector<Dense> dense;
-  std::vector<Sparse> sparse;
-  float lr_scale = 1.0f;  // PushBatch::lr_scale
-  uint64_t samples = 0;   // PushBatch::samples
-  size_t bytes = 0;
-};
-
-// One pull request to one server, with where to put each answer.
-struct PullPart {
-  struct Dense {
-    const TableInfo* table;
-    uint32_t chunk;
-    float* out;  // chunk start
-  };
-  struct Sparse {
-    const TableInfo* table;
-    std::vector<uint64_t> keys;
-    std::vector<float*> out;  // row destination per key
-  };
-  std::vector<Dense> dense;
-  std::vector<Sparse> sparse;
-  size_t bytes = 0;
-};
-
-// Packs a call's items into per-server messages of at most `budget` bytes.
-template <typename Part>
-class Packer {
- public:
-  Packer(size_t servers, size_t budget) : per_server_(servers), budget_(budget) {}
-
-  // The part `bytes` more go into for `server`: the current one, or a new
-  // one when they would not fit (then *fresh is set).
-  Part& For(uint32_t server, size_t bytes, bool* fresh = nullptr) {
-    auto& parts = per_server_[server];
-    const bool start = parts.empty() || parts.back()->bytes + bytes > budget_;
-    if (start) parts.push_back(std::make_shared<Part>());
-    if (fresh) *fresh = start;
-    parts.back()->bytes += bytes;
-    return *parts.back();
-  }
-
-  // The parts, server by server. With `every_server`, a server with nothing
-  // gets one empty part (BSP/SSP servers count every worker's parts).
-  std::vector<std::pair<uint32_t, std::shared_ptr<Part>>> Take(bool every_server) {
-    std::vector<std::pair<uint32_t, std::shared_ptr<Part>>> out;
-    for (uint32_t s = 0; s < per_server_.size(); ++s) {
-      if (per_server_[s].empty() && every_server) per_server_[s].push_back(std::make_shared<Part>());
-      for (auto& p : per_server_[s]) out.emplace_back(s, std::move(p));
-    }
-    return out;
-  }
-
- private:
-  std::vector<std::vector<std::shared_ptr<Part>>> per_server_;
-  const size_t budget_;
 };
 
 }  // namespace
@@ -664,62 +558,6 @@ class GrpcPsClient::Impl {
 
   // ---------------------------------------------------------------- push
 
-  std::vector<std::pair<uint32_t, std::shared_ptr<PushPart>>> PlanPush(
-      const ShardMap& m, const JobInfo& job, const PushBatch& batch, absl::Status* error) {
-    const size_t esize = DTypeSize(options_.wire_dtype);
-    Packer<PushPart> packer(m.num_servers(), options_.max_payload_bytes);
-    for (const DenseGradient& g : batch.dense) {
-      auto it = job.tables.find(g.table);
-      if (it == job.tables.end() || !it->second.dense) {
-        *error = absl::InvalidArgumentError(absl::StrCat("job '", job.spec.job_id(),
-                                                         "' has no dense table '", g.table, "'"));
-        return {};
-      }
-      const TableInfo& t = it->second;
-      if (g.size != t.num_elements) {
-        *error = absl::InvalidArgumentError(absl::StrCat("table '", g.table, "' has ",
-                                                         t.num_elements, " elements; gradient has ",
-                                                         g.size));
-        return {};
-      }
-      for (uint32_t c = 0; c < t.num_chunks; ++c) {
-        const uint32_t server = m.owner(VShardOfChunk(t.name_hash, c, m.num_virtual_shards()));
-        packer.For(server, size_t{t.ChunkLength(c)} * esize)
-            .dense.push_back({&t, c, g.data + uint64_t{c} * t.chunk_elements});
-      }
-    }
-    for (const SparseGradient& g : batch.sparse) {
-      auto it = job.tables.find(g.table);
-      if (it == job.tables.end() || it->second.dense) {
-        *error = absl::InvalidArgumentError(absl::StrCat("job '", job.spec.job_id(),
-                                                         "' has no sparse table '", g.table, "'"));
-        return {};
-      }
-      AddSparse(m, packer, &it->second, g.keys, g.num_keys, g.values);
-    }
-    // Every server hears from every worker each step, ASP included: its
-    // per-rank clocks (which a replacement worker resumes from) stay exact.
-    return packer.Take(batch.last);
-  }
-
-  // Groups keyed rows by owner into the packer's parts.
-  void AddSparse(const ShardMap& m, Packer<PushPart>& packer, const TableInfo* t,
-                 const uint64_t* keys, size_t n, const float* values) {
-    const size_t row_bytes = 8 + size_t{t->dim} * DTypeSize(options_.wire_dtype);
-    std::vector<PushPart::Sparse*> cur(m.num_servers(), nullptr);
-    for (size_t k = 0; k < n; ++k) {
-      const uint32_t s = m.owner(VShardOfKey(t->name_hash, keys[k], m.num_virtual_shards()));
-      bool fresh;
-      PushPart& part = packer.For(s, row_bytes, &fresh);
-      if (fresh || cur[s] == nullptr) {
-        cur[s] = &part.sparse.emplace_back();
-        cur[s]->table = t;
-      }
-      cur[s]->keys.push_back(keys[k]);
-      cur[s]->values.insert(cur[s]->values.end(), values + k * t->dim, values + (k + 1) * t->dim);
-    }
-  }
-
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) {
     auto op = NewOp();
     op->retry_until = absl::Now() + options_.retry_budget;
@@ -730,12 +568,12 @@ class GrpcPsClient::Impl {
       return f;
     }
     auto m = map();
-    absl::Status error;
-    auto parts = PlanPush(*m, **job, batch, &error);
-    if (!error.ok()) {
-      op->Done(error);
+    auto planned = routing::PlanPush(*m, **job, batch, options_.wire_dtype, options_.max_payload_bytes);
+    if (!planned.ok()) {
+      op->Done(planned.status());
       return f;
     }
+    auto& parts = *planned;
     const size_t n = m->num_servers();
     std::vector<uint32_t> count(n, 0);
     for (auto& [s, p] : parts) ++count[s];
@@ -844,16 +682,7 @@ class GrpcPsClient::Impl {
     }
     auto m = map();
     // Re-slice the rejected part under the new map (ASP: parts are independent).
-    Packer<PushPart> packer(m->num_servers(), options_.max_payload_bytes);
-    const size_t esize = DTypeSize(options_.wire_dtype);
-    for (const PushPart::Dense& d : part->dense) {
-      const uint32_t srv = m->owner(VShardOfChunk(d.table->name_hash, d.chunk, m->num_virtual_shards()));
-      packer.For(srv, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
-    }
-    for (const PushPart::Sparse& sp : part->sparse) {
-      AddSparse(*m, packer, sp.table, sp.keys.data(), sp.keys.size(), sp.values.data());
-    }
-    auto parts = packer.Take(false);
+    auto parts = routing::ReslicePush(*m, *part, options_.wire_dtype, options_.max_payload_bytes);
     op->Add(static_cast<int>(parts.size()));
     for (auto& [srv, p] : parts) {
       p->lr_scale = part->lr_scale;
@@ -866,31 +695,9 @@ class GrpcPsClient::Impl {
 
   // ---------------------------------------------------------------- pull
 
-  std::vector<std::pair<uint32_t, std::shared_ptr<PullPart>>> PlanPull(
-      const ShardMap& m, const std::vector<PullPart::Dense>& dense,
-      const std::vector<PullPart::Sparse>& sparse) {
-    const size_t esize = DTypeSize(options_.wire_dtype);
-    Packer<PullPart> packer(m.num_servers(), options_.max_payload_bytes);
-    for (const PullPart::Dense& d : dense) {
-      const uint32_t server = m.owner(VShardOfChunk(d.table->name_hash, d.chunk, m.num_virtual_shards()));
-      packer.For(server, size_t{d.table->ChunkLength(d.chunk)} * esize).dense.push_back(d);
-    }
-    for (const PullPart::Sparse& sp : sparse) {
-      const size_t row_bytes = 8 + size_t{sp.table->dim} * esize;
-      std::vector<PullPart::Sparse*> cur(m.num_servers(), nullptr);
-      for (size_t k = 0; k < sp.keys.size(); ++k) {
-        const uint32_t s = m.owner(VShardOfKey(sp.table->name_hash, sp.keys[k], m.num_virtual_shards()));
-        bool fresh;
-        PullPart& part = packer.For(s, row_bytes, &fresh);
-        if (fresh || cur[s] == nullptr) {
-          cur[s] = &part.sparse.emplace_back();
-          cur[s]->table = sp.table;
-        }
-        cur[s]->keys.push_back(sp.keys[k]);
-        cur[s]->out.push_back(sp.out[k]);
-      }
-    }
-    return packer.Take(false);
+  routing::Parts<PullPart> PlanPull(const ShardMap& m, const std::vector<PullPart::Dense>& dense,
+                                    const std::vector<PullPart::Sparse>& sparse) {
+    return routing::PlanPull(m, dense, sparse, options_.wire_dtype, options_.max_payload_bytes);
   }
 
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) {
