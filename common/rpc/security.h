@@ -6,7 +6,7 @@
 // spiffe://fulcrum/server/server-0 (deploy/tls/gen-certs.sh makes them).
 // Servers require such a certificate from every caller (mutual TLS); the
 // coordinator asks for one and requires it on the cluster service, while
-// users reach its job service with a bearer token (server/coordinator/auth.h).
+// users reach its job service with a bearer token (server/coordinator/rpc/auth.h).
 //
 // The transport is process-wide: each binary's main calls
 // ConfigureTransportFromFlags (security_flags.h) once, before it opens a

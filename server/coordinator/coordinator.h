@@ -1,5 +1,5 @@
 // Coordinator: the cluster's control plane, transport-free (the gRPC
-// services in coordinator_service.h are a thin layer over it).
+// services in rpc/coordinator_service.h are a thin layer over it).
 //
 // It keeps the job registry (specs, states, progress), node membership
 // (servers and workers, with heartbeats), the versioned shard map and the

@@ -5,7 +5,7 @@
 //                       --token_file=tokens.csv [--min_servers=2] [--node_timeout_ms=5000]
 //
 // TLS is on unless --insecure (common/rpc/security_flags.h); users of the job
-// API authenticate with bearer tokens from --token_file (server/coordinator/auth.h).
+// API authenticate with bearer tokens from --token_file (server/coordinator/rpc/auth.h).
 //
 // Servers and workers start with --coordinator=host:7070; users submit jobs
 // with `fulcrumctl --coordinator=host:7070 submit -f spec.yaml`.
@@ -22,7 +22,7 @@
 #include "common/shard_map.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/rpc/grpc_server_control.h"
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/rpc/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "address to serve the job and cluster services on");
 ABSL_FLAG(std::string, data_dir, "fulcrum-coordinator-data", "RocksDB directory for the coordinator's state");

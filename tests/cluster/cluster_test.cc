@@ -27,7 +27,7 @@
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/rpc/grpc_server_control.h"
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/rpc/coordinator_service.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 #include "server/rpc/server_agent.h"

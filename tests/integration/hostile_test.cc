@@ -593,7 +593,7 @@ namespace fulcrum {
 namespace {
 
 // The job API checks a caller's token when the call's headers arrive, before
-// its request is parsed (server/coordinator/auth.h): requests with no token
+// its request is parsed (server/coordinator/rpc/auth.h): requests with no token
 // or a wrong one are refused without a protobuf error in the coordinator's
 // log. The same request with a valid token is parsed, refused as malformed,
 // and logged: the check can see parsing when it happens.

@@ -18,7 +18,7 @@
 #include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/rpc/grpc_server_control.h"
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/rpc/coordinator_service.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 

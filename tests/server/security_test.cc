@@ -19,10 +19,10 @@
 #include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
-#include "server/coordinator/auth.h"
+#include "server/coordinator/rpc/auth.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/rpc/grpc_server_control.h"
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/rpc/coordinator_service.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 

@@ -1,4 +1,4 @@
-#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/rpc/coordinator_service.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>

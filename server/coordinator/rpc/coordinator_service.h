@@ -4,8 +4,8 @@
 // reactors over the coordinator's parked polls, so open ones hold no thread.
 // A user's open WatchJobs and CheckpointJobs are bounded by
 // CoordinatorOptions::max_long_calls_per_user.
-#ifndef FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
-#define FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#ifndef FULCRUM_SERVER_COORDINATOR_RPC_COORDINATOR_SERVICE_H_
+#define FULCRUM_SERVER_COORDINATOR_RPC_COORDINATOR_SERVICE_H_
 
 #include <memory>
 #include <string>
@@ -13,7 +13,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
-#include "server/coordinator/auth.h"
+#include "server/coordinator/rpc/auth.h"
 #include "server/coordinator/coordinator.h"
 
 namespace fulcrum {
@@ -47,4 +47,4 @@ class CoordinatorGrpcServer {
 
 }  // namespace fulcrum
 
-#endif  // FULCRUM_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
+#endif  // FULCRUM_SERVER_COORDINATOR_RPC_COORDINATOR_SERVICE_H_

@@ -7,8 +7,8 @@
 // `fulcrum:admins` see and act on every job; other users only their own.
 // The file is re-read when it changes (checked at most once a second), so
 // tokens are added, rotated and revoked without a restart.
-#ifndef FULCRUM_SERVER_COORDINATOR_AUTH_H_
-#define FULCRUM_SERVER_COORDINATOR_AUTH_H_
+#ifndef FULCRUM_SERVER_COORDINATOR_RPC_AUTH_H_
+#define FULCRUM_SERVER_COORDINATOR_RPC_AUTH_H_
 
 #include <memory>
 #include <string>
@@ -84,4 +84,4 @@ absl::Status CheckJobAccess(const Caller& caller, const std::string& job_id, con
 
 }  // namespace fulcrum
 
-#endif  // FULCRUM_SERVER_COORDINATOR_AUTH_H_
+#endif  // FULCRUM_SERVER_COORDINATOR_RPC_AUTH_H_

@@ -1,4 +1,4 @@
-#include "server/coordinator/auth.h"
+#include "server/coordinator/rpc/auth.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
