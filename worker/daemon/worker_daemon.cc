@@ -55,7 +55,10 @@ DType DTypeOf(v1::DType d) {
   return t.ok() && *t != DType::kUnspecified ? *t : DType::kFp32;
 }
 
-// Datasets shared by every assignment of this process, by source.
+
+}  // namespace
+
+// Datasets shared by every assignment of a daemon, by source.
 class DataCache {
  public:
   absl::StatusOr<std::shared_ptr<const data::Dataset>> Get(const v1::DataSource& source, const std::string& dir,
@@ -77,13 +80,6 @@ class DataCache {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const data::Dataset>> cache_ ABSL_GUARDED_BY(mu_);
 };
-
-DataCache& Cache() {
-  static DataCache* cache = new DataCache();
-  return *cache;
-}
-
-}  // namespace
 
 std::string DefaultDataDir() {
   if (const char* env = std::getenv("FULCRUM_DATA_DIR"); env != nullptr && *env != 0) return env;
@@ -204,11 +200,12 @@ absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& mo
 class WorkerDaemon::Runner {
  public:
   Runner(v1::Assignment a, const WorkerDaemonOptions& options, std::string node_id, CoordinatorClient* coordinator,
-         GpuUtilization gpu_utilization)
+         DataCache* data, GpuUtilization gpu_utilization)
       : a_(std::move(a)),
         options_(options),
         node_id_(std::move(node_id)),
         coordinator_(coordinator),
+        data_(data),
         gpu_utilization_(std::move(gpu_utilization)),
         gpu_time_([this]() -> std::optional<double> {
           const int gpu = gpu_index_.load();
@@ -396,11 +393,11 @@ class WorkerDaemon::Runner {
     const v1::JobSpec& spec = a_.spec();
     SendProgress("loading");
     reason_ = "BadData";
-    ASSIGN_OR_RETURN(auto train_all, Cache().Get(spec.data().train(), options_.data_dir, options_.data_roots));
+    ASSIGN_OR_RETURN(auto train_all, data_->Get(spec.data().train(), options_.data_dir, options_.data_roots));
     std::shared_ptr<const data::Dataset> train = train_all, test;
     std::unique_ptr<data::Dataset> train_part, test_part;
     if (spec.data().has_test()) {
-      ASSIGN_OR_RETURN(test, Cache().Get(spec.data().test(), options_.data_dir, options_.data_roots));
+      ASSIGN_OR_RETURN(test, data_->Get(spec.data().test(), options_.data_dir, options_.data_roots));
     } else if (spec.data().test_fraction() > 0) {
       auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
       train_part = data::Subset(train_all.get(), tr);
@@ -749,6 +746,7 @@ class WorkerDaemon::Runner {
   const WorkerDaemonOptions& options_;
   const std::string node_id_;
   CoordinatorClient* const coordinator_;
+  DataCache* const data_;  // the daemon's
   const GpuUtilization gpu_utilization_;
   std::atomic<int> gpu_index_{-1};  // the GPU this rank trains on; -1 on the CPU
   GpuTimeMeter gpu_time_;
@@ -788,7 +786,8 @@ WorkerDaemonOptions WithDataRoots(WorkerDaemonOptions o) {
 }
 }  // namespace
 
-WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options) : options_(WithDataRoots(std::move(options))) {
+WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options)
+    : options_(WithDataRoots(std::move(options))), data_(std::make_unique<DataCache>()) {
   std::string why;
   v1::NodeInfo info;
   info.set_role(v1::WORKER);
@@ -897,7 +896,7 @@ void WorkerDaemon::OnUpdate(const v1::HeartbeatResponse& resp) {
       wanted.insert(k);
       if (auto it = runners_.find(k); it != runners_.end()) it->second->Update(a);
       if (runners_.count(k) || done_.count(k)) continue;
-      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), coordinator_.get(), gpu_utilization_));
+      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), coordinator_.get(), data_.get(), gpu_utilization_));
     }
     for (auto it = runners_.begin(); it != runners_.end();) {
       if (!wanted.count(it->first) || it->second->finished()) {

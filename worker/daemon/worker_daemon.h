@@ -61,6 +61,7 @@ struct WorkerDaemonOptions {
 };
 
 class CoordinatorClient;  // worker/rpc/coordinator_client.h
+class DataCache;          // datasets loaded once per daemon
 
 class WorkerDaemon {
  public:
@@ -85,6 +86,7 @@ class WorkerDaemon {
   const WorkerDaemonOptions options_;
   std::unique_ptr<NodeAgent> agent_;
   std::unique_ptr<CoordinatorClient> coordinator_;  // over agent_'s stub
+  std::unique_ptr<DataCache> data_;                // shared by the daemon's assignments
   std::unique_ptr<metrics::Nvml> nvml_;  // null without an NVIDIA driver
   GpuUtilization gpu_utilization_;       // options_'s, else NVML's; may be null
   mutable absl::Mutex mu_;
