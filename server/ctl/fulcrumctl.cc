@@ -145,30 +145,30 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
-std::string& Token() {
-  static auto* token = new std::string();
-  return *token;
-}
+// What every call carries, set up once from the flags and environment.
+struct Session {
+  std::string token;  // bearer token; empty: none
+};
 
 // Every call carries the bearer token.
-void Authorize(grpc::ClientContext* ctx) {
-  if (!Token().empty()) ctx->AddMetadata("authorization", "Bearer " + Token());
+void Authorize(const Session& session, grpc::ClientContext* ctx) {
+  if (!session.token.empty()) ctx->AddMetadata("authorization", "Bearer " + session.token);
 }
 
 // Reads the credentials the header comment describes. Empty on success, else
 // what is wrong.
-std::string SetUpCredentials() {
+std::string SetUpCredentials(Session* session) {
   std::string token_file = absl::GetFlag(FLAGS_token_file);
   if (token_file.empty() && !Env("FULCRUM_TOKEN").empty()) {
-    Token() = Env("FULCRUM_TOKEN");
+    session->token = Env("FULCRUM_TOKEN");
   } else {
     if (token_file.empty()) token_file = Env("FULCRUM_TOKEN_FILE");
     if (!token_file.empty()) {
       std::ifstream in(token_file);
       if (!in) return absl::StrCat("cannot read the token file ", token_file);
-      std::getline(in, Token());
-      Token() = std::string(absl::StripAsciiWhitespace(Token()));
-      if (Token().empty()) return absl::StrCat("the token file ", token_file, " is empty");
+      std::getline(in, session->token);
+      session->token = std::string(absl::StripAsciiWhitespace(session->token));
+      if (session->token.empty()) return absl::StrCat("the token file ", token_file, " is empty");
     }
   }
   const bool insecure = absl::GetFlag(FLAGS_insecure) || Env("FULCRUM_INSECURE") == "1";
@@ -180,9 +180,9 @@ std::string SetUpCredentials() {
   return s.ok() ? "" : std::string(s.message());
 }
 
-std::unique_ptr<grpc::ClientContext> Ctx() {
+std::unique_ptr<grpc::ClientContext> Ctx(const Session& session) {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  Authorize(ctx.get());
+  Authorize(session, ctx.get());
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds))));
   return ctx;
 }
@@ -330,7 +330,7 @@ int ExitForJob(const Job& j) {
 // Streams the job's events until it ends. A coordinator that goes away
 // mid-watch (restarted, rescheduled) loses nothing, so the watch reconnects
 // for up to --reconnect_seconds and goes on from the job's state then.
-int Watch(fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
+int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
   fulcrum::v1::JobRef ref;
   ref.set_job_id(id);
   const bool tty = isatty(STDOUT_FILENO) && !Json();
@@ -347,7 +347,7 @@ int Watch(fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
   fulcrum::Backoff backoff({.initial = absl::Milliseconds(250), .max = absl::Seconds(2)});
   for (;;) {
     grpc::ClientContext ctx;  // no deadline: runs as long as the job
-    Authorize(&ctx);
+    Authorize(session, &ctx);
     auto reader = stub->WatchJob(&ctx, ref);
     fulcrum::v1::JobEvent e;
     bool got = false;
@@ -449,12 +449,12 @@ class ProgressLine {
 // Takes a cut of a running job now and waits for its commit (up to 5
 // minutes: a BSP cut waits for its step boundary), showing meanwhile how
 // long it has waited and where the job is, so a stalled job shows as one.
-int Checkpoint(fulcrum::v1::JobService::Stub* jobs, const std::string& job) {
+int Checkpoint(const Session& session, fulcrum::v1::JobService::Stub* jobs, const std::string& job) {
   fulcrum::v1::JobRef ref;
   ref.set_job_id(job);
   fulcrum::v1::CheckpointInfo info;
   grpc::ClientContext ctx;
-  Authorize(&ctx);
+  Authorize(session, &ctx);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
   const absl::Time t0 = absl::Now();
   std::cerr << "checkpoint of job " << job << ": asked; every server writes its part, then the coordinator commits it"
@@ -466,7 +466,7 @@ int Checkpoint(fulcrum::v1::JobService::Stub* jobs, const std::string& job) {
   std::optional<std::string> last_error;  // the first one seen is an old failure, not this cut's
   while (call.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
     Job j;
-    if (!jobs->GetJob(Ctx().get(), ref, &j).ok()) continue;
+    if (!jobs->GetJob(Ctx(session).get(), ref, &j).ok()) continue;
     const std::string& error = j.status().last_checkpoint_error();
     if (!last_error) last_error = error;
     const absl::Time now = absl::Now();
@@ -533,11 +533,12 @@ class ExportProgress {
   absl::Time last_ = absl::InfinitePast();
 };
 
-int Export(const std::string& coordinator, const std::string& job, uint64_t cut, const std::string& path) {
+int Export(const Session& session, const std::string& coordinator, const std::string& job, uint64_t cut,
+           const std::string& path) {
   // Records can outgrow the job API's message limit: a channel of its own.
   auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator));
   grpc::ClientContext ctx;
-  Authorize(&ctx);
+  Authorize(session, &ctx);
   fulcrum::v1::ExportCheckpointRequest req;
   req.set_job_id(job);
   req.set_cut_id(cut);
@@ -615,7 +616,7 @@ int Usage() {
 
 // ---- commands: each returns the process's exit code.
 
-int Submit(fulcrum::v1::JobService::Stub* jobs) {
+int Submit(const Session& session, fulcrum::v1::JobService::Stub* jobs) {
   const std::string file = absl::GetFlag(FLAGS_f);
   if (file.empty()) {
     std::cerr << "fulcrumctl submit: give the spec file with -f SPEC.yaml\n";
@@ -631,7 +632,7 @@ int Submit(fulcrum::v1::JobService::Stub* jobs) {
   }
   req.set_validate_only(absl::GetFlag(FLAGS_validate));
   fulcrum::v1::SubmitJobResponse resp;
-  grpc::Status s = jobs->SubmitJob(Ctx().get(), req, &resp);
+  grpc::Status s = jobs->SubmitJob(Ctx(session).get(), req, &resp);
   if (!s.ok()) return Fail(s, "submit");
   if (req.validate_only()) {
     std::cout << (Json() ? "{\"valid\":true}" : absl::StrCat(file, ": valid")) << std::endl;
@@ -643,17 +644,17 @@ int Submit(fulcrum::v1::JobService::Stub* jobs) {
     std::cout << "submitted job " << resp.job_id() << std::endl;
   }
   if (absl::GetFlag(FLAGS_no_wait)) return kOk;
-  return Watch(jobs, resp.job_id());
+  return Watch(session, jobs, resp.job_id());
 }
 
-int List(fulcrum::v1::JobService::Stub* jobs) {
+int List(const Session& session, fulcrum::v1::JobService::Stub* jobs) {
   // Every page, into one list.
   fulcrum::v1::ListJobsResponse resp;
   fulcrum::v1::ListJobsRequest req;
   req.set_page_size(500);
   do {
     fulcrum::v1::ListJobsResponse page;
-    grpc::Status s = jobs->ListJobs(Ctx().get(), req, &page);
+    grpc::Status s = jobs->ListJobs(Ctx(session).get(), req, &page);
     if (!s.ok()) return Fail(s, "list");
     for (Job& j : *page.mutable_jobs()) *resp.add_jobs() = std::move(j);
     req.set_page_token(page.next_page_token());
@@ -668,16 +669,16 @@ int List(fulcrum::v1::JobService::Stub* jobs) {
 }
 
 // status, cancel and watch JOB.
-int JobCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
+int JobCommand(const Session& session, fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
   if (job.empty()) {
     std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
     return kUsage;
   }
   fulcrum::v1::JobRef ref;
   ref.set_job_id(job);
-  if (cmd == "watch") return Watch(jobs, job);
+  if (cmd == "watch") return Watch(session, jobs, job);
   Job j;
-  grpc::Status s = cmd == "status" ? jobs->GetJob(Ctx().get(), ref, &j) : jobs->CancelJob(Ctx().get(), ref, &j);
+  grpc::Status s = cmd == "status" ? jobs->GetJob(Ctx(session).get(), ref, &j) : jobs->CancelJob(Ctx(session).get(), ref, &j);
   if (!s.ok()) return Fail(s, absl::StrCat(cmd, " ", job));
   if (Json()) {
     std::cout << ToJson(j) << std::endl;
@@ -690,7 +691,7 @@ int JobCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, cons
 }
 
 // checkpoint, restore and export JOB.
-int CutCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
+int CutCommand(const Session& session, fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, const std::string& job) {
   if (job.empty()) {
     std::cerr << "fulcrumctl " << cmd << ": name the job (fulcrumctl list shows them)\n";
     return kUsage;
@@ -700,23 +701,23 @@ int CutCommand(fulcrum::v1::JobService::Stub* jobs, const std::string& cmd, cons
       std::cerr << "fulcrumctl export: give the output file with -o FILE.safetensors\n";
       return kUsage;
     }
-    return Export(absl::GetFlag(FLAGS_coordinator), job, absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
+    return Export(session, absl::GetFlag(FLAGS_coordinator), job, absl::GetFlag(FLAGS_cut), absl::GetFlag(FLAGS_o));
   }
-  if (cmd == "checkpoint") return Checkpoint(jobs, job);
+  if (cmd == "checkpoint") return Checkpoint(session, jobs, job);
   fulcrum::v1::RestoreJobRequest req;
   req.set_job_id(job);
   req.set_cut_id(absl::GetFlag(FLAGS_cut));
   Job j;
-  grpc::Status s = jobs->RestoreJob(Ctx().get(), req, &j);
+  grpc::Status s = jobs->RestoreJob(Ctx(session).get(), req, &j);
   if (!s.ok()) return Fail(s, absl::StrCat("restore ", job));
   std::cout << (Json() ? ToJson(j) : absl::StrCat("job ", j.id(), " ", State(j.status().state()), ": ", j.status().message()))
             << std::endl;
   return kOk;
 }
 
-int Cluster(fulcrum::v1::ClusterService::Stub* cluster) {
+int Cluster(const Session& session, fulcrum::v1::ClusterService::Stub* cluster) {
   fulcrum::v1::ClusterState c;
-  grpc::Status s = cluster->GetCluster(Ctx().get(), fulcrum::v1::GetClusterRequest(), &c);
+  grpc::Status s = cluster->GetCluster(Ctx(session).get(), fulcrum::v1::GetClusterRequest(), &c);
   if (!s.ok()) return Fail(s, "cluster");
   if (Json()) {
     std::cout << ToJson(c) << std::endl;
@@ -793,7 +794,8 @@ int main(int argc, char** argv) {
   if (const int* code = std::get_if<int>(&parsed)) return *code;
   const auto& args = std::get<std::vector<std::string>>(parsed);
   if (args.size() < 2) return Usage();
-  if (std::string err = SetUpCredentials(); !err.empty()) {
+  Session session;
+  if (std::string err = SetUpCredentials(&session); !err.empty()) {
     std::cerr << "fulcrumctl: " << err << "\n";
     return kUsage;
   }
@@ -801,11 +803,11 @@ int main(int argc, char** argv) {
   const std::string job = args.size() >= 3 ? args[2] : "";
   auto channel = fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), 0);
   auto jobs = fulcrum::v1::JobService::NewStub(channel);
-  if (cmd == "submit") return Submit(jobs.get());
-  if (cmd == "list") return List(jobs.get());
-  if (cmd == "status" || cmd == "cancel" || cmd == "watch") return JobCommand(jobs.get(), cmd, job);
-  if (cmd == "checkpoint" || cmd == "restore" || cmd == "export") return CutCommand(jobs.get(), cmd, job);
-  if (cmd == "cluster") return Cluster(fulcrum::v1::ClusterService::NewStub(channel).get());
+  if (cmd == "submit") return Submit(session, jobs.get());
+  if (cmd == "list") return List(session, jobs.get());
+  if (cmd == "status" || cmd == "cancel" || cmd == "watch") return JobCommand(session, jobs.get(), cmd, job);
+  if (cmd == "checkpoint" || cmd == "restore" || cmd == "export") return CutCommand(session, jobs.get(), cmd, job);
+  if (cmd == "cluster") return Cluster(session, fulcrum::v1::ClusterService::NewStub(channel).get());
   std::cerr << "fulcrumctl: unknown command '" << cmd << "'\n";
   return Usage();
 }
