@@ -51,8 +51,14 @@ class Json {
         case 'f': out += '\f'; break;
         case 'u': {
           if (i_ + 4 > s_.size()) return Error("a \\u escape is cut short");
-          const unsigned v = static_cast<unsigned>(std::stoul(s_.substr(i_, 4), nullptr, 16));
-          i_ += 4;
+          unsigned v = 0;
+          for (int k = 0; k < 4; ++k, ++i_) {
+            const char h = s_[i_];
+            const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) return Error("a \\u escape with a digit that is not hexadecimal");
+            v = v * 16 + static_cast<unsigned>(d);
+          }
           if (v >= 0x80) return Error("a \\u escape beyond ASCII");
           out += static_cast<char>(v);
           break;
@@ -66,9 +72,13 @@ class Json {
   absl::StatusOr<int64_t> Integer() {
     Skip();
     const size_t start = i_;
-    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9' && i_ - start < 19) ++i_;
+    int64_t v = 0;
+    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+      if (i_ - start == 18) return Error("an integer of more than 18 digits");
+      v = v * 10 + (s_[i_++] - '0');
+    }
     if (i_ == start) return Error("expected a non-negative integer");
-    return static_cast<int64_t>(std::stoll(s_.substr(start, i_ - start)));
+    return v;
   }
   absl::StatusOr<std::vector<int64_t>> Integers() {
     RETURN_IF_ERROR(Expect('['));

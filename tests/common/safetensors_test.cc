@@ -177,6 +177,19 @@ TEST_CASE("reading a damaged safetensors file names the file and the damage") {
   std::string bad_json = good;
   bad_json[8] = '[';
   damage(bad_json, "header byte 0: expected '{'");
+  // The header's length prefix is fixed up after each edit that resizes it.
+  auto with_length = [](std::string bytes, size_t data) {
+    const uint64_t header = bytes.size() - 8 - data;
+    std::memcpy(bytes.data(), &header, 8);
+    return bytes;
+  };
+  std::string bad_escape = good;
+  bad_escape.replace(bad_escape.find("\"x\""), 3, "\"\\uZZ\"");
+  damage(with_length(bad_escape, 16), "a \\u escape with a digit that is not hexadecimal");
+  std::string huge_dim = good;
+  huge_dim.replace(huge_dim.find("[4]"), 3, "[9999999999999999999]");
+  huge_dim = with_length(huge_dim, 16);
+  damage(huge_dim, "an integer of more than 18 digits");
   std::string bad_shape = good;
   bad_shape.replace(bad_shape.find("[4]"), 3, "[5]");
   damage(bad_shape, "tensor 'x' has 16 bytes for shape [5] of F32");
