@@ -4,13 +4,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 
 namespace fulcrum::safetensors {
@@ -238,11 +237,7 @@ absl::Status Write(const std::string& path, const std::vector<Tensor>& tensors,
 }
 
 absl::StatusOr<File> Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-  std::ostringstream all;
-  all << in.rdbuf();
-  const std::string bytes = all.str();
+  ASSIGN_OR_RETURN(const std::string bytes, ReadFileToString(path, "safetensors"));
   auto loss = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
   uint64_t n = 0;
   if (bytes.size() < 8) return loss("shorter than the 8-byte header length");

@@ -464,18 +464,17 @@ absl::Status Job::CheckPush(const PushMessage& m) const {
   return absl::OkStatus();
 }
 
-absl::Status Job::AdmitPush(const PushMessage& m, PushResult* out, bool* taken) {
-  *taken = false;
+absl::StatusOr<bool> Job::AdmitPush(const PushMessage& m, PushResult* out) {
   // A retry of a push already taken is acknowledged before anything else:
   // its step may have been applied since.
   if (!dedup_.Begin(m.worker_id, m.seq)) {
     duplicates_.fetch_add(1, std::memory_order_relaxed);
-    out->duplicate = *taken = true;
+    out->duplicate = true;
     absl::MutexLock lock(&mu_);
     out->applied_step = applied_step_;
-    return absl::OkStatus();
+    return true;
   }
-  if (model_ == Model::kAsp) return absl::OkStatus();  // no steps to speak of: applied on arrival
+  if (model_ == Model::kAsp) return false;  // no steps to speak of: applied on arrival
   absl::Status bad;
   {
     absl::MutexLock lock(&mu_);
@@ -492,9 +491,9 @@ absl::Status Job::AdmitPush(const PushMessage& m, PushResult* out, bool* taken) 
     }
     if (done) {
       duplicates_.fetch_add(1, std::memory_order_relaxed);
-      out->duplicate = *taken = true;
+      out->duplicate = true;
       out->applied_step = applied_step_;
-      return absl::OkStatus();
+      return true;
     }
     if (model_ == Model::kBsp && m.step >= applied_step_ + kMaxPendingSteps) {
       bad = absl::FailedPreconditionError(absl::StrCat("push from ", Who(m.worker_id, m.rank), " is for step ", m.step,
@@ -505,8 +504,11 @@ absl::Status Job::AdmitPush(const PushMessage& m, PushResult* out, bool* taken) 
           absl::StrCat(Who(m.worker_id, m.rank), " is not an active worker of job '", id(), "'"));
     }
   }
-  if (!bad.ok()) dedup_.Abort(m.worker_id, m.seq);
-  return bad;
+  if (!bad.ok()) {
+    dedup_.Abort(m.worker_id, m.seq);
+    return bad;
+  }
+  return false;
 }
 
 float Job::PushRateScale(const PushMessage& m) {
@@ -567,9 +569,8 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   RETURN_IF_ERROR(CheckPush(m));
   // A push that leaves num_parts out (proto3: 0) is one message.
   const uint32_t num_parts = m.more_parts ? 0 : std::max<uint32_t>(1, m.num_parts);
-  bool taken;
-  RETURN_IF_ERROR(AdmitPush(m, out, &taken));
-  if (taken) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool taken_before, AdmitPush(m, out));
+  if (taken_before) return absl::OkStatus();
   Decoded decoded;
   decoded.seq = m.seq;
   decoded.step = m.step;

@@ -206,15 +206,15 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status CheckOwned(uint32_t vshard, const std::string& what, const ShardMap& map,
                           uint32_t self, uint64_t request_version) const;
   // Push, in the order it runs them. CheckPush: the message's own fields.
-  // AdmitPush: a push already taken (by its seq, or a step this rank
-  // completed) sets *taken and out->duplicate and is acknowledged; under BSP one too
+  // AdmitPush: true for a push already taken (by its seq, or a step this
+  // rank completed), with out->duplicate set: it is acknowledged; under BSP one too
   // far ahead, or from an inactive rank, is refused. PushRateScale: its
   // rate factor (samples' share outside BSP; staleness_aware_lr).
   // ChargeBufferedPush: a BSP push's buffer against the memory pool.
   // RecordPush: the part recorded, and what it completed applied (BSP) or
   // resumed.
   absl::Status CheckPush(const PushMessage& m) const;
-  absl::Status AdmitPush(const PushMessage& m, PushResult* out, bool* taken);
+  absl::StatusOr<bool> AdmitPush(const PushMessage& m, PushResult* out);
   float PushRateScale(const PushMessage& m);
   absl::Status ChargeBufferedPush(const PushMessage& m, Decoded* decoded);
   absl::Status RecordPush(const PushMessage& m, uint32_t num_parts, Decoded* decoded, PushResult* out);

@@ -79,6 +79,7 @@ namespace {
 
 using fulcrum::v1::Job;
 using fulcrum::v1::JobState;
+using fulcrum::safetensors::JsonQuoted;
 
 enum Exit {
   kOk = 0, kJobFailed = 1, kUsage = 2, kNotFound = 3, kUnavailable = 4, kPrecondition = 5, kOther = 6, kAuth = 7
@@ -424,8 +425,6 @@ std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {
                          c.trigger(), fulcrum::HumanBytes(c.bytes()), c.servers_size(), c.pause_seconds() * 1e3,
                          absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.created_unix_ms()), absl::LocalTimeZone()));
 }
-
-using fulcrum::safetensors::JsonQuoted;
 
 // A progress line on stderr: redrawn in place on a terminal, one line each
 // into a log.

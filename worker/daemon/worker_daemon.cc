@@ -55,7 +55,6 @@ DType DTypeOf(v1::DType d) {
   return t.ok() && *t != DType::kUnspecified ? *t : DType::kFp32;
 }
 
-
 }  // namespace
 
 // Datasets shared by every assignment of a daemon, by source.
@@ -896,7 +895,8 @@ void WorkerDaemon::OnUpdate(const v1::HeartbeatResponse& resp) {
       wanted.insert(k);
       if (auto it = runners_.find(k); it != runners_.end()) it->second->Update(a);
       if (runners_.count(k) || done_.count(k)) continue;
-      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), coordinator_.get(), data_.get(), gpu_utilization_));
+      runners_.emplace(k, std::make_unique<Runner>(a, options_, agent_->node_id(), coordinator_.get(), data_.get(),
+                                                   gpu_utilization_));
     }
     for (auto it = runners_.begin(); it != runners_.end();) {
       if (!wanted.count(it->first) || it->second->finished()) {
