@@ -35,6 +35,9 @@
 # --no-shared-memory sends everything over gRPC, as between hosts.
 # FULCRUM_SHM_POLL (default 500us) sets how long each side polls for the
 # other's next message before it sleeps (--shared_memory_poll; 0 never).
+# Workers take the first GPU, else the CPU (--device=auto);
+# FULCRUM_WORKER_DEVICES="cuda:0 cpu" gives worker i the i-th word (workers
+# beyond the list keep auto), to mix GPU and CPU workers in one job.
 #
 # Secure by default: on the first start RUN_DIR/tls/ gets a cluster CA, a
 # certificate for every process and a token file (deploy/tls/gen-certs.sh);
@@ -178,10 +181,12 @@ case "$cmd" in
     # each unless told (FULCRUM_CPU_THREADS). Idle BLAS threads spin, and a
     # spinning thread takes the core a server needs to answer (measured in
     # docs/benchmarks.md).
+    read -r -a devices <<<"${FULCRUM_WORKER_DEVICES:-}"
     for ((i = 0; i < workers; i++)); do
       # shellcheck disable=SC2046
       OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} supervise "worker-$i" "$bin/worker/fulcrum-worker" \
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
+        --device="${devices[i]:-auto}" \
         --shared_memory="$shm" --shared_memory_poll="${FULCRUM_SHM_POLL:-500us}" \
         --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"

@@ -15,7 +15,7 @@
 # is not installed, to check the script itself:
 #   tests/gpu/bench.sh --dry-run
 # Options: --bin DIR (binaries laid out like build/; default .gpu-bundle,
-# build with --dry-run), --epochs N (default 3; 1 with --dry-run), --jobs
+# build with --dry-run), --epochs N (default 5; 1 with --dry-run), --jobs
 # "NAME ..." (a subset). Results also go to $OUT/gpu-bench.txt when $OUT is
 # set.
 set -uo pipefail
@@ -39,7 +39,7 @@ if ((dry)); then
 else
   bin=${bin:-$root/.gpu-bundle}
   [[ ! -d $bin && -f $root/.gpu-bundle.tar.xz ]] && tar -C "$root" -xJf "$root/.gpu-bundle.tar.xz"
-  epochs=${epochs:-3}
+  epochs=${epochs:-5}
   data=$bin/data
   export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # The bundle carries MNIST gzipped (tests/gpu/bundle.sh).
@@ -68,25 +68,48 @@ echo "# tests/gpu/bench.sh on $(hostname), $(date -u +%FT%TZ), commit $(git rev-
 ((have_smi)) && nvidia-smi -L
 ((dry)) && echo "# dry run: CPU backend, $epochs epoch(s), at most 20 steps an epoch"
 
-# name servers workers hidden batch precision
+# name servers workers hidden batch precision sync security devices
+#   sync: bsp (per-step, Adam 1e-3 on the servers); local16 (local steps,
+#   H = 16, rounds overlapped, inner Adam 1e-3, outer SGD at rate 1: with one
+#   worker the trajectory of plain training); local16-ssp (H = 16, SSP(2)
+#   rounds, outer Nesterov 0.5 at 1.0, for workers of different speeds).
+#   security: tls (the local cluster's default, mutual TLS) or plain
+#   (--insecure). devices: auto, or one --device per worker joined by
+#   commas (cuda:0,cpu: a GPU worker beside a CPU worker).
 jobs=(
-  "demo 2 2 256 32 fp32"
-  "mlp1024-fp32 1 1 1024,1024 512 fp32"
-  "mlp1024-bf16 1 1 1024,1024 512 bf16"
-  "mlp4096-bf16 4 1 4096,4096 2048 bf16"
+  "mlp1024-local16 1 1 1024,1024 512 fp32 local16 tls auto"
+  "mlp4096-bf16-local16 4 1 4096,4096 2048 bf16 local16 tls auto"
+  "mlp1024-local16-plain 1 1 1024,1024 512 fp32 local16 plain auto"
+  "mixed-gpu-cpu 2 2 1024,1024 512 fp32 local16-ssp tls cuda:0,cpu"
+  "mlp1024-bsp 1 1 1024,1024 512 fp32 bsp tls auto"
+  "mlp1024-bsp-plain 1 1 1024,1024 512 fp32 bsp plain auto"
+  "mlp4096-bf16-bsp 4 1 4096,4096 2048 bf16 bsp tls auto"
 )
+target=0.975  # time to this test accuracy, training seconds (evaluations not counted)
 
-spec() {  # spec NAME WORKERS HIDDEN BATCH PRECISION -> a job spec file
+spec() {  # spec NAME WORKERS HIDDEN BATCH PRECISION SYNC -> a job spec file
   local f=$tmp/$1.yaml
   {
     echo "name: $1"
     echo "model: {type: mlp, hidden: [$3], activation: relu}"
     echo "precision: $5"
+    # 16-bit compute, 16-bit traffic: gradients, pseudo-gradients and pulled weights travel as bf16.
+    [[ $5 == bf16 ]] && echo "wire_dtype: DTYPE_BF16"
     echo "data:"
     echo "  train: {format: idx, path: mnist/train-images-idx3-ubyte, labels: mnist/train-labels-idx1-ubyte}"
     echo "  test:  {format: idx, path: mnist/t10k-images-idx3-ubyte, labels: mnist/t10k-labels-idx1-ubyte}"
-    echo "optimizer: {kind: adam, learning_rate: 0.001}"
-    echo "consistency: {model: bsp}"
+    case $6 in
+      bsp)
+        echo "optimizer: {kind: adam, learning_rate: 0.001}"
+        echo "consistency: {model: bsp}" ;;
+      local16)
+        echo "optimizer: {kind: sgd, learning_rate: 1.0}"
+        echo "consistency: {model: local, sync_every_steps: 16, overlap_rounds: true, inner_optimizer: {kind: adam, learning_rate: 0.001}}" ;;
+      local16-ssp)
+        echo "optimizer: {kind: momentum, nesterov: true, momentum: 0.5, learning_rate: 1.0}"
+        echo "consistency: {model: local, sync_every_steps: 16, staleness: 2, inner_optimizer: {kind: adam, learning_rate: 0.001}}" ;;
+      *) echo "bench.sh: unknown sync $6" >&2; return 1 ;;
+    esac
     echo "num_workers: $2"
     echo "batch_size: $4"
     echo "epochs: $epochs"
@@ -98,18 +121,27 @@ spec() {  # spec NAME WORKERS HIDDEN BATCH PRECISION -> a job spec file
 
 rows=()
 port=7400
+declare -A torch_cache  # one torch run per model, batch and precision
+header="| job | sync | security | Fulcrum samples/s | GPU utilisation | Fulcrum test accuracy | torch samples/s | torch test accuracy | Fulcrum / torch | s to $target, Fulcrum / torch | job state, wall |"
 for j in "${jobs[@]}"; do
-  read -r name servers workers hidden batch precision <<<"$j"
+  read -r name servers workers hidden batch precision sync security devices <<<"$j"
   [[ -n $only && " $only " != *" $name "* ]] && continue
-  f=$(spec "$name" "$workers" "$hidden" "$batch" "$precision")
+  f=$(spec "$name" "$workers" "$hidden" "$batch" "$precision" "$sync") || exit 2
   dir=$tmp/c-$name
   port=$((port + 10))
-  env_args=()
-  ((dry)) && env_args=(FULCRUM_CPU_THREADS=1)
+  env_args=(FULCRUM_WORKER_DEVICES="${devices//,/ }")
+  [[ $devices == auto ]] && env_args=()
+  if ((dry)); then
+    env_args+=(FULCRUM_CPU_THREADS=1 FULCRUM_WORKER_DEVICES=)  # the CPU backend for every worker
+  elif [[ $devices == *cpu* ]]; then
+    env_args+=(FULCRUM_CPU_THREADS=8)  # the CPU worker's compute threads beside a GPU worker
+  fi
+  flags=()
+  [[ $security == plain ]] && flags+=(--insecure)
   if ! env "${env_args[@]}" "$root/deploy/local/cluster.sh" start --servers "$servers" --workers "$workers" \
-      --dir "$dir" --port "$port" --metrics-port 0 --bin "$bin" --data "$data" >"$tmp/$name-start.log" 2>&1; then
+      --dir "$dir" --port "$port" --metrics-port 0 --bin "$bin" --data "$data" "${flags[@]}" >"$tmp/$name-start.log" 2>&1; then
     echo "FAILED: cluster for $name did not start:"; tail -5 "$tmp/$name-start.log"
-    rows+=("| $name | - | - | - | - | - | cluster did not start |")
+    rows+=("| $name | $sync | $security | - | - | - | - | - | - | - | cluster did not start |")
     continue
   fi
   ctl=(env)
@@ -122,19 +154,21 @@ for j in "${jobs[@]}"; do
   fi
   t0=$(date +%s.%N)
   id=$("${ctl[@]}" submit -f "$f" --no_wait 2>"$tmp/$name-submit.err" | sed -n 's/^submitted job //p')
-  "${ctl[@]}" watch "$id" >"$tmp/$name-watch.log" 2>&1
+  timeout 150 "${ctl[@]}" watch "$id" >"$tmp/$name-watch.log" 2>&1
   t1=$(date +%s.%N)
   [[ -n $smi_pid ]] && kill "$smi_pid" 2>/dev/null
   "${ctl[@]}" --output=json status "$id" >"$tmp/$name-status.json" 2>/dev/null
   "$root/deploy/local/cluster.sh" stop --dir "$dir" >/dev/null 2>&1
-  fulcrum=$(python3 - "$tmp/$name-status.json" "$tmp/$name-util.txt" <<'PY'
+  cp -r "$dir/logs" "$tmp/$name-logs" 2>/dev/null
+  fulcrum=$(python3 - "$tmp/$name-status.json" "$tmp/$name-util.txt" "$target" <<'PY'
 import json, sys
 try:
     st = json.load(open(sys.argv[1]))["status"]
 except Exception as e:  # the job did not report
-    print(f"- - - no status ({e})")
+    print(f"- - - - no status ({e})")
     sys.exit(0)
-eps = [e["samples_per_second"] for e in st.get("epochs", []) if e.get("samples_per_second")]
+epochs = st.get("epochs", [])
+eps = [e["samples_per_second"] for e in epochs if e.get("samples_per_second")]
 # The first epoch holds start-up (uploads, cuBLAS heuristics): the rest, when there are more.
 rate = sorted(eps[1:] or eps)[len(eps[1:] or eps) // 2] if eps else 0
 util = "-"
@@ -144,29 +178,51 @@ try:
     util = f"{sum(busy) / len(busy) / 100:.2f}" if busy else "-"
 except OSError:
     pass
-print(f"{rate:.0f} {util} {st.get('test_accuracy', 0):.4f} {st.get('state', '?')}")
+# Training seconds (epochs' own time, evaluations not counted) until the test accuracy first reached the target.
+reach, spent = "-", 0.0
+for e in epochs:
+    spent += e.get("seconds", 0)
+    if e.get("tested") and e.get("test_accuracy", 0) >= float(sys.argv[3]):
+        reach = f"{spent:.2f}"
+        break
+print(f"{rate:.0f} {util} {st.get('test_accuracy', 0):.4f} {reach} {st.get('state', '?')}")
+# Detail lines (stderr): each epoch, each rank.
+for e in epochs:
+    print(f"  epoch {e.get('epoch', 0)}: {e.get('seconds', 0):.2f} s, {e.get('samples_per_second', 0):.0f} samples/s, "
+          f"test accuracy {e.get('test_accuracy', 0):.4f}", file=sys.stderr)
+for w in st.get("workers", []):
+    print(f"  rank {w.get('rank', 0)} on {w.get('device', '?')}: {w.get('samples_per_second', 0):.0f} samples/s, "
+          f"{w.get('step', 0)} steps, data wait {w.get('data_wait_seconds', 0):.2f} s, "
+          f"GPU busy {w.get('gpu_busy_seconds', 0):.2f} s idle {w.get('gpu_idle_seconds', 0):.2f} s", file=sys.stderr)
 PY
 )
-  read -r f_rate f_util f_acc f_state <<<"$fulcrum"
+  read -r f_rate f_util f_acc f_reach f_state <<<"$fulcrum"
   [[ -s $tmp/$name-submit.err ]] && { echo "$name: submit said:"; cat "$tmp/$name-submit.err"; }
-  t_rate="-" t_acc="-" ratio="-"
-  if ((have_torch)); then
-    torch_out=$(python3 "$root/tests/gpu/torch_train.py" --data "$data/mnist" --hidden "$hidden" --batch "$batch" \
-      --precision "$precision" --epochs "$epochs" $( ((dry)) && echo "--max_steps 20 --device cpu") 2>"$tmp/$name-torch.err")
-    read -r t_rate t_acc <<<"$torch_out"
+  t_rate="-" t_acc="-" t_reach="-" ratio="-"
+  key="$hidden-$batch-$precision"
+  if ((have_torch)) && [[ $devices != *cpu* || $dry == 1 ]]; then
+    if [[ -z ${torch_cache[$key]:-} ]]; then
+      torch_cache[$key]=$(python3 "$root/tests/gpu/torch_train.py" --data "$data/mnist" --hidden "$hidden" \
+        --batch "$batch" --precision "$precision" --epochs "$epochs" --target "$target" \
+        $( ((dry)) && echo "--max_steps 20 --device cpu") 2>"$tmp/$name-torch.err")
+    fi
+    read -r t_rate t_acc t_reach <<<"${torch_cache[$key]}"
     [[ -z $t_rate ]] && { t_rate="-"; t_acc="error: $(tail -1 "$tmp/$name-torch.err")"; }
     [[ $t_rate != "-" && $f_rate != "-" && $t_rate != 0 ]] && ratio=$(python3 -c "print(f'{$f_rate / $t_rate:.2f}')")
-  else
+  elif ((!have_torch)); then
     t_acc="torch not installed"
   fi
   wall=$(python3 -c "print(f'{$t1 - $t0:.1f}')")
-  rows+=("| $name ($servers server(s), $workers worker(s), batch $batch, $precision) | $f_rate | $f_util | $f_acc | $t_rate | $t_acc | $ratio | $f_state, ${wall} s |")
+  row="| $name ($servers server(s), $workers worker(s) on $devices, batch $batch, $precision) | $sync | $security | $f_rate | $f_util | $f_acc | $t_rate | $t_acc | $ratio | ${f_reach:--} / ${t_reach:--} | $f_state, ${wall} s |"
+  echo "$header"; echo "$row"  # each row as it lands, so a run cut short keeps what it measured
+  rows+=("$row")
 done
 
 echo
-echo "| job | Fulcrum samples/s | GPU utilisation | Fulcrum test accuracy | torch samples/s | torch test accuracy | Fulcrum / torch | job state, wall |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "$header"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+[[ -n ${OUT:-} ]] && tar -C "$tmp" -czf "$OUT/gpu-bench-logs.tar.gz" --exclude='c-*' . 2>/dev/null
 bad=0
 for r in "${rows[@]}"; do [[ $r == *SUCCEEDED* ]] || bad=1; done
 exit $bad

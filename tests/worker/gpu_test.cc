@@ -265,6 +265,36 @@ TEST_CASE("GPU: element-wise kernels, reductions and losses match the CPU backen
   }
 }
 
+TEST_CASE("GPU: the inner optimizers (local steps) update weights and state as the CPU backend does", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(1);
+  const size_t n = 4099;  // not a multiple of a block
+  using Kind = InnerOptimizer::Kind;
+  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdam, Kind::kAdamW}) {
+    for (bool variant : {false, true}) {  // Nesterov for momentum; weight decay for the others
+      InnerOptimizer o;
+      o.kind = kind;
+      o.learning_rate = kind == Kind::kSgd || kind == Kind::kMomentum ? 0.05f : 0.001f;
+      o.momentum = kind == Kind::kMomentum ? 0.9f : 0;
+      o.nesterov = kind == Kind::kMomentum && variant;
+      o.weight_decay = kind != Kind::kMomentum && variant ? 0.01f : 0;
+      INFO("kind " << static_cast<int>(kind) << " variant " << variant);
+      auto w = Random<float>(n, 31), m = std::vector<float>(n), v = std::vector<float>(n);
+      Buffer dw = Up(*gpu, w), dm = Up(*gpu, m), dv = Up(*gpu, v);
+      for (uint64_t t = 1; t <= 3; ++t) {
+        auto g = Random<float>(n, 40 + static_cast<uint32_t>(t));
+        REQUIRE_OK(cpu->OptimizerUpdate(o, n, w.data(), g.data(), m.data(), v.data(), t));
+        Buffer dg = Up(*gpu, g);
+        REQUIRE_OK(gpu->OptimizerUpdate(o, n, dw.as<float>(), dg.as<float>(), dm.as<float>(), dv.as<float>(), t));
+      }
+      Close(Down<float>(*gpu, dw, n), w, 1e-5, 1e-6);
+      if (o.slots() >= 1) Close(Down<float>(*gpu, dm, n), m, 1e-5, 1e-6);
+      if (o.slots() >= 2) Close(Down<float>(*gpu, dv, n), v, 1e-5, 1e-9);
+    }
+  }
+}
+
 TEST_CASE("GPU: gather, scatter-add with duplicates, embedding bags, row ops match the CPU backend", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;
