@@ -265,6 +265,28 @@ TEST_CASE("GPU: element-wise kernels, reductions and losses match the CPU backen
   }
 }
 
+TEST_CASE("GPU: a download on its own stream sees the work queued before it and lands before its wait returns", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  const size_t n = size_t{1} << 22;  // 16 MiB: long enough for the copy to be in flight
+  auto x = Random<float>(n, 77);
+  Buffer d = Up(*gpu, x);
+  REQUIRE_OK(gpu->Synchronize());
+  REQUIRE_OK(gpu->Scale(n, 2.0f, d.as<float>()));  // queued, not waited for
+  auto host = gpu->AllocateHost(n * 4);
+  REQUIRE_OK(host.status());
+  UploadEvent done;
+  REQUIRE_OK(gpu->DownloadAsync(host->data(), d.data(), n * 4, &done));
+  REQUIRE(done.handle != nullptr);
+  REQUIRE_OK(gpu->WaitForDownload(done));
+  const float* got = host->as<float>();
+  for (size_t i = 0; i < n; i += 4099) {
+    INFO("element " << i);
+    REQUIRE(got[i] == 2.0f * x[i]);
+  }
+  REQUIRE(got[n - 1] == 2.0f * x[n - 1]);
+}
+
 TEST_CASE("GPU: the inner optimizers (local steps) update weights and state as the CPU backend does", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;

@@ -94,6 +94,14 @@ absl::Status Backend::UploadAsync(void* dst, const void* pinned_src, size_t byte
 
 absl::Status Backend::WaitForUpload(const UploadEvent&) { return absl::OkStatus(); }
 
+absl::Status Backend::DownloadAsync(void* pinned_dst, const void* src, size_t bytes, UploadEvent* done) {
+  RETURN_IF_ERROR(CopyToHost(pinned_dst, src, bytes));
+  done->handle.reset();
+  return Synchronize();
+}
+
+absl::Status Backend::WaitForDownload(const UploadEvent&) { return absl::OkStatus(); }
+
 size_t Backend::DenseAuxBytes(DType, Activation act, int M, int N) const {
   return act == Activation::kNone ? 0 : size_t{4} * M * N;  // the pre-activation, fp32
 }

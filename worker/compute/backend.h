@@ -128,6 +128,15 @@ class Backend {
   // So a batch's upload overlaps the step before it. The CPU copies at once.
   virtual absl::Status UploadAsync(void* dst, const void* pinned_src, size_t bytes, UploadEvent* ready);
   virtual absl::Status WaitForUpload(const UploadEvent& ready);
+  // Downloads on a stream of their own, so a large copy to the host runs
+  // beside the compute that follows it (local rounds' pseudo-gradients):
+  // DownloadAsync, called from the thread that drives this backend, queues a
+  // copy of device memory `src` into page-locked host memory (AllocateHost)
+  // after the work queued so far and records *done when it has landed;
+  // WaitForDownload, from any thread, blocks until then. `src` must not be
+  // written until *done. The CPU copies at once.
+  virtual absl::Status DownloadAsync(void* pinned_dst, const void* src, size_t bytes, UploadEvent* done);
+  virtual absl::Status WaitForDownload(const UploadEvent& done);
 
   // ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C, op(A) is M x K and
   // op(B) K x N; A is stored K x M when trans_a, B N x K when trans_b.

@@ -56,9 +56,10 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    if (upload_ != nullptr) {
-      cudaStreamSynchronize(upload_);
-      cudaStreamDestroy(upload_);
+    for (cudaStream_t s : {upload_, download_}) {
+      if (s == nullptr) continue;
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
     }
     blas_.reset();
     cudaFree(sum_);
@@ -116,6 +117,32 @@ class CudaBackend final : public Backend {
     if (ready.handle == nullptr) return absl::OkStatus();
     return CudaCall(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready.handle.get()), 0),
                     "cudaStreamWaitEvent(upload)");
+  }
+
+  absl::Status DownloadAsync(void* dst, const void* src, size_t bytes, UploadEvent* done) override {
+    RETURN_IF_ERROR(CudaCall(cudaSetDevice(info_.ordinal), "cudaSetDevice"));
+    if (download_ == nullptr) {
+      RETURN_IF_ERROR(
+          CudaCall(cudaStreamCreateWithFlags(&download_, cudaStreamNonBlocking), "cudaStreamCreate(download)"));
+    }
+    if (done->handle == nullptr) {
+      cudaEvent_t ev = nullptr;
+      RETURN_IF_ERROR(CudaCall(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+      done->handle = std::shared_ptr<void>(ev, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    }
+    auto ev = static_cast<cudaEvent_t>(done->handle.get());
+    // The copy waits for the work queued so far (the event as recorded now),
+    // then the same event marks the copy's end.
+    RETURN_IF_ERROR(CudaCall(cudaEventRecord(ev, stream_), "cudaEventRecord(compute)"));
+    RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(download_, ev, 0), "cudaStreamWaitEvent(download)"));
+    RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, download_), "cudaMemcpyAsync(download)"));
+    return CudaCall(cudaEventRecord(ev, download_), "cudaEventRecord(download)");
+  }
+  absl::Status WaitForDownload(const UploadEvent& done) override {
+    if (done.handle == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(CudaCall(cudaSetDevice(info_.ordinal), "cudaSetDevice"));
+    return CudaCall(cudaEventSynchronize(static_cast<cudaEvent_t>(done.handle.get())), "cudaEventSynchronize(download)");
   }
 
   absl::Status Gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, const float* B, float beta,
@@ -508,6 +535,7 @@ class CudaBackend final : public Backend {
   bool fused_bgrad_ = false;
   absl::Mutex upload_mu_;
   cudaStream_t upload_ = nullptr;  // the data pipeline's uploads (UploadAsync)
+  cudaStream_t download_ = nullptr;  // DownloadAsync's copies, queued from the training thread
   Buffer bias16_, dbias_;  // scratch for the fused dense layers
 };
 

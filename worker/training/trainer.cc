@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
@@ -561,14 +562,22 @@ absl::Status Trainer::EndRoundOverlapped() {
   }
   push_host_.resize(tables.size());
   pull_host_.resize(tables.size());
-  // Host staging for a table's round push or pull, grown to fit it.
-  auto host = [&](std::vector<compute::Buffer>& buffers, size_t i) -> absl::StatusOr<float*> {
+  const bool host_memory = !be->is_gpu();
+  if (!host_memory) {
+    push_dev_.resize(tables.size());
+    for (auto& p : pull_dev_) p.resize(tables.size());
+    push_ready_.resize(tables.size());
+    pull_ready_.resize(tables.size());
+  }
+  // Staging for a table's round push or pull, grown to fit it.
+  auto staged = [&](std::vector<compute::Buffer>& buffers, size_t i, bool device) -> absl::StatusOr<float*> {
     const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
     if (buffers[i].bytes() < bytes) {
-      ASSIGN_OR_RETURN(buffers[i], be->AllocateHost(bytes));
+      ASSIGN_OR_RETURN(buffers[i], device ? be->Allocate(bytes) : be->AllocateHost(bytes));
     }
     return buffers[i].as<float>();
   };
+  auto host = [&](std::vector<compute::Buffer>& buffers, size_t i) { return staged(buffers, i, false); };
   // The previous round's push used the host buffers: it must be done.
   if (round_push_) {
     absl::Status s = round_push_->Wait();
@@ -579,7 +588,6 @@ absl::Status Trainer::EndRoundOverlapped() {
   push.step = round_;
   push.samples = round_samples_;
   round_samples_ = 0;
-  const bool host_memory = !be->is_gpu();
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     ASSIGN_OR_RETURN(float* out, host(push_host_, i));
@@ -590,19 +598,25 @@ absl::Status Trainer::EndRoundOverlapped() {
       push.dense.push_back({t.spec.name(), push_host_[i].as<float>(), t.elements});
       continue;
     }
-    RETURN_IF_ERROR(be->CopyToHost(out, anchor_[i].data(), t.elements * 4));
+    // A device-side copy (the anchor is rewritten below), then the download
+    // on its own stream while the next round computes.
+    ASSIGN_OR_RETURN(float* pseudo, staged(push_dev_, i, true));
+    RETURN_IF_ERROR(be->Copy(pseudo, anchor_[i].data(), t.elements * 4));
+    RETURN_IF_ERROR(be->DownloadAsync(out, pseudo, t.elements * 4, &push_ready_[i]));
     push.dense.push_back({t.spec.name(), out, t.elements});
   }
-  RETURN_IF_ERROR(be->Synchronize());
-  // Slicing and encoding the push (copies of the whole model into shared
-  // memory or gRPC buffers) run on the sender thread, while the next
-  // round computes.
+  // Waiting for the download, then slicing and encoding the push (copies of
+  // the whole model into shared memory or gRPC buffers) run on the sender
+  // thread, while the next round computes.
   if (round_sender_ == nullptr) round_sender_ = std::make_unique<BoundedExecutor>("round pushes", 1, 1);
   Promise<absl::Status> sent;
   round_push_ = sent.future();
-  absl::Status accepted = round_sender_->Submit([this, push = std::move(push), sent] {
-    sent.Set(client_->PushAsync(options_.job_id, push).Wait());
-  });
+  absl::Status accepted =
+      round_sender_->Submit([this, be, push = std::move(push), sent, downloads = push_ready_] {
+        absl::Status landed;
+        for (const compute::UploadEvent& e : downloads) landed.Update(be->WaitForDownload(e));
+        sent.Set(landed.ok() ? client_->PushAsync(options_.job_id, push).Wait() : landed);
+      });
   if (!accepted.ok()) {
     round_push_.reset();
     return accepted;
@@ -612,6 +626,8 @@ absl::Status Trainer::EndRoundOverlapped() {
   if (round_pull_) {
     absl::Status s = round_pull_->Wait();
     round_pull_.reset();
+    // On a GPU the result is on the device already unless its pull failed.
+    bool uploaded = !host_memory && s.ok();
     // A consistency wait that ran out is asked again, as Pull does.
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       PullBatch again;
@@ -622,12 +638,16 @@ absl::Status Trainer::EndRoundOverlapped() {
       s = Pull(again);
     }
     RETURN_IF_ERROR(s);
+    const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];  // the previous round's result
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
       // This round's pseudo-gradient: in the push's buffer on the CPU.
       const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
       if (host_memory) {
         std::swap(t.value, pull_host_[i]);  // the pulled weights, without a copy
+      } else if (uploaded) {
+        RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
+        RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
       } else {
         RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
       }
@@ -641,14 +661,37 @@ absl::Status Trainer::EndRoundOverlapped() {
   // while it computes (under BSP once every rank pushed it).
   PullBatch pull;
   pull.step = round_;
+  std::vector<std::tuple<void*, const void*, size_t>> uploads;  // device, host, bytes
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
     pull.dense.push_back({t.spec.name(), in, t.elements});
+    if (!host_memory) {
+      ASSIGN_OR_RETURN(float* dev, staged(pull_dev_[(round_ - 1) % 2], i, true));
+      uploads.emplace_back(dev, in, t.elements * 4);
+    }
     ScopeTimer device(&round_device_seconds_);
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
   }
-  round_pull_ = client_->PullAsync(options_.job_id, pull);
+  Future<absl::Status> pulled = client_->PullAsync(options_.job_id, pull);
+  if (host_memory) {
+    round_pull_ = pulled;
+    return absl::OkStatus();
+  }
+  // On a GPU the result goes up to the device the moment it arrives, on the
+  // upload stream, while this round still computes.
+  Promise<absl::Status> up;
+  round_pull_ = up.future();
+  pulled.Then([be, up, uploads = std::move(uploads), events = &pull_ready_](const absl::Status& s) {
+    absl::Status u = s;
+    for (size_t i = 0; u.ok() && i < uploads.size(); ++i) {
+      const auto& [dev, from, bytes] = uploads[i];
+      u = be->UploadAsync(dev, from, bytes, &(*events)[i]);
+    }
+    // A failed upload is a failed pull: the merge then pulls and copies on
+    // its own (DeadlineExceeded), or reports it.
+    up.Set(s.ok() ? u : s);
+  });
   return absl::OkStatus();
 }
 
@@ -674,7 +717,10 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     }
     const auto b = Clock::now();
     ASSIGN_OR_RETURN(models::Metrics m, LocalStep(*batch));
-    RETURN_IF_ERROR(model_->backend()->Synchronize());
+    // Overlapped rounds leave the step's inner update queued: the next
+    // batch's host work runs while the device finishes it (the step's
+    // metrics were read after its backward pass).
+    if (!options_.overlap_rounds) RETURN_IF_ERROR(model_->backend()->Synchronize());
     const auto c = Clock::now();
     // A round ends after sync_every steps, and at the epoch's end (every
     // rank has the same steps per epoch, so the same rounds).

@@ -249,6 +249,15 @@ class Trainer {
   bool rounds_started_ = false;
   std::optional<Future<absl::Status>> round_push_, round_pull_;
   std::vector<compute::Buffer> push_host_, pull_host_;
+  // On a GPU the round's copies run beside the next round's compute, on
+  // their own streams: the pseudo-gradient is copied to push_dev_ and
+  // downloaded from there (push_ready_ marks its arrival, which the sender
+  // waits for); a pulled result is uploaded into pull_dev_[round % 2] as
+  // soon as it arrives (pull_ready_), and the merge copies it from there.
+  // Two pull buffers, so an upload never overwrites the one a merge still
+  // reads.
+  std::vector<compute::Buffer> push_dev_, pull_dev_[2];
+  std::vector<compute::UploadEvent> push_ready_, pull_ready_;
   // Overlapped rounds: sends a round's push (one at a time), so its host
   // work runs while the next round computes. Created on first use.
   std::unique_ptr<BoundedExecutor> round_sender_;
