@@ -4,7 +4,7 @@
 # mutual TLS and shared memory, the local cluster's defaults), and the same
 # model, data, optimizer, batch and epochs in plain PyTorch on the same GPU.
 # Prints one table: samples/s, GPU utilisation (nvidia-smi, sampled every
-# 200 ms while the job trains), test accuracy, and Fulcrum's samples/s as a
+# 100 ms while the job trains), test accuracy, and Fulcrum's samples/s as a
 # ratio to torch's.
 #
 # On a GPU machine (CUDA toolkit, python with torch and numpy; none of
@@ -75,7 +75,9 @@ echo "# tests/gpu/bench.sh on $(hostname), $(date -u +%FT%TZ), commit $(git rev-
 #   rounds, outer Nesterov 0.5 at 1.0, for workers of different speeds).
 #   security: tls (the local cluster's default, mutual TLS) or plain
 #   (--insecure). devices: auto, or one --device per worker joined by
-#   commas (cuda:0,cpu: a GPU worker beside a CPU worker).
+#   commas (cuda:0,cpu: a GPU worker beside a CPU worker). A name ending
+#   in -notest leaves the test set out: no evaluation between epochs, so
+#   the sampled GPU utilisation is the training's alone.
 jobs=(
   "mlp1024-local16 1 1 1024,1024 512 fp32 local16 tls auto"
   "mlp4096-bf16-local16 4 1 4096,4096 2048 bf16 local16 tls auto"
@@ -84,6 +86,8 @@ jobs=(
   "mlp1024-bsp 1 1 1024,1024 512 fp32 bsp tls auto"
   "mlp1024-bsp-plain 1 1 1024,1024 512 fp32 bsp plain auto"
   "mlp4096-bf16-bsp 4 1 4096,4096 2048 bf16 bsp tls auto"
+  "mlp1024-local16-notest 1 1 1024,1024 512 fp32 local16 tls auto"
+  "mlp4096-bf16-local16-notest 4 1 4096,4096 2048 bf16 local16 tls auto"
 )
 target=0.975  # time to this test accuracy, training seconds (evaluations not counted)
 
@@ -97,7 +101,8 @@ spec() {  # spec NAME WORKERS HIDDEN BATCH PRECISION SYNC -> a job spec file
     [[ $5 == bf16 ]] && echo "wire_dtype: DTYPE_BF16"
     echo "data:"
     echo "  train: {format: idx, path: mnist/train-images-idx3-ubyte, labels: mnist/train-labels-idx1-ubyte}"
-    echo "  test:  {format: idx, path: mnist/t10k-images-idx3-ubyte, labels: mnist/t10k-labels-idx1-ubyte}"
+    [[ $1 == *-notest ]] ||
+      echo "  test:  {format: idx, path: mnist/t10k-images-idx3-ubyte, labels: mnist/t10k-labels-idx1-ubyte}"
     case $6 in
       bsp)
         echo "optimizer: {kind: adam, learning_rate: 0.001}"
@@ -117,6 +122,33 @@ spec() {  # spec NAME WORKERS HIDDEN BATCH PRECISION SYNC -> a job spec file
     ((dry)) && echo "max_steps_per_epoch: 20"
   } >"$f"
   echo "$f"
+}
+
+# GPU utilisation (nvidia-smi's, sampled every 100 ms into a file) while a
+# command runs; `busy` averages the samples that saw any work, leaving out
+# start-up before the first kernel.
+sample_gpu() {  # sample_gpu FILE COMMAND...
+  local file=$1 pid=""
+  shift
+  if ((have_smi)); then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 >"$file" 2>/dev/null &
+    pid=$!
+  fi
+  "$@"
+  local rc=$?
+  [[ -n $pid ]] && kill "$pid" 2>/dev/null
+  return $rc
+}
+busy() {  # busy FILE -> mean utilisation over the non-zero samples, 0-1, or -
+  python3 - "$1" <<'PY'
+import sys
+try:
+    u = [float(x) for x in open(sys.argv[1]) if x.strip()]
+except OSError:
+    u = []
+busy = [x for x in u if x > 0]
+print(f"{sum(busy) / len(busy) / 100:.2f}" if busy else "-")
+PY
 }
 
 rows=()
@@ -147,20 +179,14 @@ for j in "${jobs[@]}"; do
   ctl=(env)
   mapfile -t -O 1 ctl <"$dir/env"
   ctl+=("$bin/server/fulcrumctl")
-  smi_pid=""
-  if ((have_smi)); then
-    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >"$tmp/$name-util.txt" 2>/dev/null &
-    smi_pid=$!
-  fi
   t0=$(date +%s.%N)
   id=$("${ctl[@]}" submit -f "$f" --no_wait 2>"$tmp/$name-submit.err" | sed -n 's/^submitted job //p')
-  timeout 150 "${ctl[@]}" watch "$id" >"$tmp/$name-watch.log" 2>&1
+  sample_gpu "$tmp/$name-util.txt" timeout 150 "${ctl[@]}" watch "$id" >"$tmp/$name-watch.log" 2>&1
   t1=$(date +%s.%N)
-  [[ -n $smi_pid ]] && kill "$smi_pid" 2>/dev/null
   "${ctl[@]}" --output=json status "$id" >"$tmp/$name-status.json" 2>/dev/null
   "$root/deploy/local/cluster.sh" stop --dir "$dir" >/dev/null 2>&1
   cp -r "$dir/logs" "$tmp/$name-logs" 2>/dev/null
-  fulcrum=$(python3 - "$tmp/$name-status.json" "$tmp/$name-util.txt" "$target" <<'PY'
+  fulcrum=$(python3 - "$tmp/$name-status.json" "$tmp/$name-util.txt" "$target" "$tmp/$name-logs" <<'PY'
 import json, sys
 try:
     st = json.load(open(sys.argv[1]))["status"]
@@ -174,7 +200,7 @@ rate = sorted(eps[1:] or eps)[len(eps[1:] or eps) // 2] if eps else 0
 util = "-"
 try:
     u = [float(x) for x in open(sys.argv[2]) if x.strip()]
-    busy = [x for x in u if x > 0] or u
+    busy = [x for x in u if x > 0]
     util = f"{sum(busy) / len(busy) / 100:.2f}" if busy else "-"
 except OSError:
     pass
@@ -190,6 +216,20 @@ print(f"{rate:.0f} {util} {st.get('test_accuracy', 0):.4f} {reach} {st.get('stat
 for e in epochs:
     print(f"  epoch {e.get('epoch', 0)}: {e.get('seconds', 0):.2f} s, {e.get('samples_per_second', 0):.0f} samples/s, "
           f"test accuracy {e.get('test_accuracy', 0):.4f}", file=sys.stderr)
+# Each worker's own account of its epochs (its log): the share of the
+# epochs after the first spent computing, against pulling, pushing and
+# waiting for data.
+import glob, re
+for log in sorted(glob.glob(sys.argv[4] + "/worker-*.log")):
+    took = [tuple(map(float, m)) for m in re.findall(
+        r"took ([0-9.e-]+) s: pull ([0-9.e-]+) s, compute ([0-9.e-]+) s, push ([0-9.e-]+) s, data ([0-9.e-]+) s",
+        open(log, errors="replace").read())][1:]
+    if took:
+        total = sum(t[0] for t in took)
+        print(f"  {log.split('/')[-1]}: epochs after the first: {total:.3f} s, compute "
+              f"{sum(t[2] for t in took) / total:.2f}, pull {sum(t[1] for t in took) / total:.2f}, "
+              f"push {sum(t[3] for t in took) / total:.2f}, data {sum(t[4] for t in took) / total:.2f}",
+              file=sys.stderr)
 for w in st.get("workers", []):
     print(f"  rank {w.get('rank', 0)} on {w.get('device', '?')}: {w.get('samples_per_second', 0):.0f} samples/s, "
           f"{w.get('step', 0)} steps, data wait {w.get('data_wait_seconds', 0):.2f} s, "
@@ -202,9 +242,10 @@ PY
   key="$hidden-$batch-$precision"
   if ((have_torch)) && [[ $devices != *cpu* || $dry == 1 ]]; then
     if [[ -z ${torch_cache[$key]:-} ]]; then
-      torch_cache[$key]=$(python3 "$root/tests/gpu/torch_train.py" --data "$data/mnist" --hidden "$hidden" \
-        --batch "$batch" --precision "$precision" --epochs "$epochs" --target "$target" \
-        $( ((dry)) && echo "--max_steps 20 --device cpu") 2>"$tmp/$name-torch.err")
+      torch_cache[$key]=$(sample_gpu "$tmp/$name-torch-util.txt" python3 "$root/tests/gpu/torch_train.py" \
+        --data "$data/mnist" --hidden "$hidden" --batch "$batch" --precision "$precision" --epochs "$epochs" \
+        --target "$target" $( ((dry)) && echo "--max_steps 20 --device cpu") 2>"$tmp/$name-torch.err")
+      ((have_smi)) && echo "  torch's GPU utilisation for $key: $(busy "$tmp/$name-torch-util.txt")"
     fi
     read -r t_rate t_acc t_reach <<<"${torch_cache[$key]}"
     [[ -z $t_rate ]] && { t_rate="-"; t_acc="error: $(tail -1 "$tmp/$name-torch.err")"; }

@@ -33,6 +33,7 @@ struct RoundLog {
   std::vector<int64_t> pushed ABSL_GUARDED_BY(mu);
   std::vector<std::vector<uint64_t>> samples ABSL_GUARDED_BY(mu);
   std::vector<int64_t> max_lead ABSL_GUARDED_BY(mu);
+  int64_t pulls ABSL_GUARDED_BY(mu) = 0;  // every rank's together
 };
 
 // A rank's client as its trainer sees it. A slowed rank sleeps `delay`
@@ -40,7 +41,7 @@ struct RoundLog {
 // push is held (copied) and sent once the rank pushes a step `lag` later,
 // as a device whose pushes are still in flight while it computes ahead:
 // its gradients reach the servers `lag` steps stale. Pushes are logged
-// into `log` when one is given.
+// into `log` when one is given, and pulls counted there.
 class ShapedClient final : public PsClient {
  public:
   ShapedClient(PsClient* inner, int rank, absl::Duration delay, uint64_t lag, RoundLog* log)
@@ -49,6 +50,10 @@ class ShapedClient final : public PsClient {
   absl::Status OpenJob(const std::string& job_id) override { return inner_->OpenJob(job_id); }
   absl::Status DeleteJob(const std::string& job_id) override { return inner_->DeleteJob(job_id); }
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override {
+    if (log_ != nullptr) {
+      absl::MutexLock lock(&log_->mu);
+      ++log_->pulls;
+    }
     return inner_->PullAsync(job_id, batch);
   }
   Future<absl::Status> PushAsync(const std::string& job_id, const PushBatch& batch) override;

@@ -156,6 +156,76 @@ TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch 
   CHECK(eval->accuracy > 0.25);
 }
 
+TEST_CASE("an evaluation between overlapped epochs lands the round in flight: the next epoch starts without a pull",
+          "[local]") {
+  const Mnist d = LoadMnist(20);
+  // Between the two epochs: an evaluation (which lands the round in flight)
+  // or a Flush (which drops the replica: the next round pulls afresh).
+  // Either way the next epoch starts from the servers' weights, so the two
+  // end bit-identical; only the pulls differ.
+  struct Run {
+    std::string weights;
+    int64_t second_epoch_pulls = 0;
+  };
+  auto train = [&](bool evaluate) -> Run {
+    Run r;
+    auto server = LocalPsClient::NewServer();
+    REQUIRE_OK(server.status());
+    LocalPsClient local(*server, "w0");
+    RoundLog log;
+    {
+      absl::MutexLock lock(&log.mu);
+      log.pushed.assign(1, 0);
+      log.samples.assign(1, {});
+      log.max_lead.assign(1, 0);
+    }
+    testing::ShapedClient client(&local, 0, absl::ZeroDuration(), 0, &log);
+    auto be = compute::NewCpuBackend(1);
+    auto model = models::CreateModel(Mlp(), be.get());
+    REQUIRE_OK(model.status());
+    v1::ConsistencySpec c;
+    c.set_model(v1::ConsistencySpec::LOCAL);
+    c.set_sync_every_steps(4);
+    const auto outer = Opt(v1::OptimizerSpec::MOMENTUM, 0.5f, 0.7f, true);
+    REQUIRE_OK(client.CreateJob(JobSpecFor(**model, "j", outer, c, 1)));
+    TrainerOptions o;
+    o.job_id = "j";
+    o.batch_size = 32;
+    o.sync_every = 4;
+    o.overlap_rounds = true;
+    o.max_steps_per_epoch = 8;  // two rounds an epoch
+    auto in = InnerOptimizerFromSpec(Opt(v1::OptimizerSpec::ADAM, 0.001f));
+    REQUIRE_OK(in.status());
+    o.inner = *in;
+    Trainer t(model->get(), &client, o);
+    auto pulls = [&] {
+      absl::MutexLock lock(&log.mu);
+      return log.pulls;
+    };
+    REQUIRE_OK(t.TrainEpoch(*d.train, 0).status());
+    if (evaluate) {
+      auto eval = t.Evaluate(*d.test);
+      REQUIRE_OK(eval.status());
+    } else {
+      REQUIRE_OK(t.Flush());
+    }
+    const int64_t before = pulls();
+    REQUIRE_OK(t.TrainEpoch(*d.train, 1).status());
+    r.second_epoch_pulls = pulls() - before;
+    auto fp = t.DenseFingerprint();
+    REQUIRE_OK(fp.status());
+    r.weights = *fp;
+    return r;
+  };
+  const Run landed = train(true);
+  const Run fresh = train(false);
+  // Two rounds, each pulling its result while the next computes; after a
+  // Flush the epoch's first round pulls its start weights too.
+  CHECK(landed.second_epoch_pulls == 2);
+  CHECK(fresh.second_epoch_pulls == 3);
+  CHECK(landed.weights == fresh.weights);
+}
+
 TEST_CASE("mixed speeds under local SSP: the slow rank holds the fast one back only at the bound, "
           "and each round carries the samples it covered",
           "[local][mixed]") {

@@ -549,6 +549,33 @@ absl::Status Trainer::FinishRounds() {
   return s;
 }
 
+absl::Status Trainer::LandRounds() {
+  if (!round_pull_) return FinishRounds();
+  absl::Status s;
+  if (round_push_) s.Update(round_push_->Wait());
+  s.Update(round_pull_->Wait());
+  if (!s.ok()) return FinishRounds();
+  round_push_.reset();
+  round_pull_.reset();
+  // No step ran since the round ended: the replica is the result as pulled
+  // (the servers' weights at this rank's clock), and so is the next anchor.
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    if (!be->is_gpu()) {
+      std::swap(t.value, pull_host_[i]);
+    } else {
+      RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
+      RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
+    }
+    ScopeTimer device(&round_device_seconds_);
+    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::EndRoundOverlapped() {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
@@ -767,9 +794,9 @@ absl::StatusOr<const data::DeviceData*> Trainer::DeviceDataFor(const data::Datas
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
-  // An overlapped round in flight: its result first (the evaluation's pull
-  // replaces the replica, and the next round starts from a fresh pull).
-  RETURN_IF_ERROR(FinishRounds());
+  // An overlapped round in flight: its result first. It becomes the
+  // replica, so the next epoch's first round starts without another pull.
+  RETURN_IF_ERROR(LandRounds());
   ScopedFlushDenormals flush;
   data::PrefetchOptions po;
   po.batch_size = std::max(options_.batch_size, 256);

@@ -214,8 +214,13 @@ class Trainer {
   absl::StatusOr<models::Metrics> LocalStep(const data::Batch& batch);
   absl::Status EndRound();
   absl::Status EndRoundOverlapped();
-  // Waits for the round push and pull in flight (overlapped rounds).
+  // Waits for the round push and pull in flight (overlapped rounds); the
+  // next round starts from a fresh pull.
   absl::Status FinishRounds();
+  // As FinishRounds, but the pulled result becomes the replica and the next
+  // round's start, so training goes on without another pull (the
+  // evaluation between epochs).
+  absl::Status LandRounds();
   // Scales every table's gradient down to options_.clip_global_norm when
   // their global L2 norm is larger; records the norm in *m.
   absl::Status ClipGradients(models::Metrics* m);
