@@ -776,6 +776,41 @@ TEST_CASE("tensors larger than one gRPC message are split and reassembled", "[ch
   }
 }
 
+TEST_CASE("a large push to several servers goes out on a sender thread per server and lands whole", "[chunking]") {
+  auto cluster = TestCluster::Start();  // 2 servers
+  constexpr size_t n = 3'000'000;       // 12 MB of fp32: past the size at which a push is spread
+  for (bool shm : {true, false}) {
+    INFO("shared memory " << shm);
+    GrpcPsClientOptions o;
+    o.wire_dtype = DType::kBf16;
+    o.shared_memory = shm;
+    auto c = cluster->Client(0, o);
+    const std::string job = shm ? "spread-shm" : "spread-grpc";
+    REQUIRE_OK(c->CreateJob(JobSpec(job, {DenseTableSpec("w", n), DenseTableSpec("b", 1000)}, 1)));
+    // Small integers: exact in bf16, so three steps of SGD at rate 1 give
+    // exactly -3 g whatever the parts' order.
+    std::vector<float> g(n), gb(1000), w(n), wb(1000);
+    for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 61);
+    for (size_t i = 0; i < gb.size(); ++i) gb[i] = static_cast<float>(i % 7);
+    for (uint64_t step = 0; step < 3; ++step) {
+      REQUIRE_OK(c->Push(job, {step, {{"w", g.data(), n}, {"b", gb.data(), gb.size()}}, {}}));
+    }
+    REQUIRE_OK(c->Pull(job, {3, {{"w", w.data(), n}, {"b", wb.data(), wb.size()}}, {}}));
+    for (size_t i = 0; i < n; ++i) {
+      if (w[i] != -3 * g[i]) FAIL("w element " << i << ": " << w[i] << " != " << -3 * g[i]);
+    }
+    for (size_t i = 0; i < wb.size(); ++i) {
+      if (wb[i] != -3 * gb[i]) FAIL("b element " << i << ": " << wb[i] << " != " << -3 * gb[i]);
+    }
+    // Both servers hold part of the table and applied all three steps.
+    for (size_t s = 0; s < cluster->size(); ++s) {
+      auto stats = c->GetJobStats(job, s);
+      REQUIRE_OK(stats.status());
+      CHECK(stats->applied_step() == 3);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ initializers
 
 TEST_CASE("sparse pull creates rows with the table initializer", "[sparse]") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 
 #include <grpcpp/client_context.h>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/bounded_executor.h"
 #include "common/deadline_timer.h"
 #include "common/errors.h"
 #include "common/rpc/grpc_util.h"
@@ -35,6 +37,9 @@ using routing::PushPart;
 constexpr char kPushMethod[] = "/fulcrum.v1.ParameterService/Push";
 constexpr char kPullMethod[] = "/fulcrum.v1.ParameterService/Pull";
 constexpr char kStreamMethod[] = "/fulcrum.v1.ParameterService/Stream";
+// Pushes of at least this many fp32 bytes to several servers are sent on
+// one thread per server (PushAsync).
+constexpr size_t kSpreadPushBytes = size_t{8} << 20;
 
 using ResponseCallback =
     std::function<void(absl::Status, Payload body, std::shared_ptr<const void> keepalive)>;
@@ -290,6 +295,7 @@ class GrpcPsClient::Impl {
   }
 
   ~Impl() {
+    push_senders_.reset();
     // Unary calls still in flight hold their ClientContext, and with it a
     // reference to a channel: wait until each has dropped it, so the last
     // reference goes with conns_ here, never on gRPC's callback thread
@@ -601,11 +607,34 @@ class GrpcPsClient::Impl {
       }
     }
     op->Add(static_cast<int>(parts.size()));
+    size_t bytes = 0;
+    for (const DenseGradient& g : batch.dense) bytes += g.size * 4;
+    // A large push to several servers (a local round's pseudo-gradient):
+    // each server's parts are encoded and sent on a thread of their own, in
+    // order. On one thread, converting 20M parameters to bf16 and copying
+    // them into shared memory took longer than a GPU's round of 16 steps.
+    const bool spread = n > 1 && bytes >= kSpreadPushBytes;
+    std::vector<std::vector<std::function<void()>>> per_server(spread ? n : 0);
     for (auto& [s, p] : parts) {
       p->lr_scale = batch.lr_scale;
       p->samples = batch.samples;
-      SendPush(op, *job, m, s, job_id, batch.step, batch.last ? earlier[s] + count[s] : 0, std::move(p),
-               next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
+      auto send = [this, op, job = *job, m, s = s, job_id, step = batch.step,
+                   num_parts = batch.last ? earlier[s] + count[s] : 0, p = std::move(p),
+                   seq = next_seq_.fetch_add(1, std::memory_order_relaxed)]() mutable {
+        SendPush(op, job, m, s, job_id, step, num_parts, std::move(p), seq, 0);
+      };
+      if (spread) {
+        per_server[s].push_back(std::move(send));
+      } else {
+        send();
+      }
+    }
+    for (auto& sends : per_server) {
+      if (sends.empty()) continue;
+      auto run = [sends = std::move(sends)]() mutable {
+        for (auto& send : sends) send();
+      };
+      if (!push_senders_->Submit(run).ok()) run();  // every sender busy and its queue full: on this thread
     }
     op->Done(absl::OkStatus());
     return f;
@@ -889,6 +918,9 @@ class GrpcPsClient::Impl {
   // Runs retries and re-routes off gRPC's threads. Declared last so it stops
   // (and drops its pending closures) before the members they use go away.
   DeadlineTimer timer_;
+  // Large pushes' per-server sends (PushAsync); the destructor finishes
+  // those it accepted before anything else goes.
+  std::unique_ptr<BoundedExecutor> push_senders_ = std::make_unique<BoundedExecutor>("push senders", 8, 4096);
 };
 
 absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Create(GrpcPsClientOptions options) {
