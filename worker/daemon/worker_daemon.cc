@@ -28,7 +28,7 @@
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/rpc/coordinator_client.h"
-#include "worker/rpc/grpc_ps_client.h"
+#include "worker/rpc/remote_ps_client.h"
 #include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
 
@@ -436,7 +436,7 @@ class WorkerDaemon::Runner {
     lr_scaling_ = lr_scaling;
 
     reason_ = "ParameterServerError";
-    GrpcPsClientOptions po;
+    RemotePsClientOptions po;
     po.shard_map = a_.shard_map();
     po.worker_id = absl::StrCat(node_id_, "/", a_.job_id(), "/r", a_.rank(), "/i", a_.incarnation());
     po.rank = a_.rank();
@@ -449,12 +449,12 @@ class WorkerDaemon::Runner {
     // A long-lived stream per connection: a step's few large requests do not
     // each pay for a new call (+6-24% samples/s on the MNIST MLP cluster
     // bench, docs/benchmarks.md).
-    po.transport = GrpcPsClientOptions::Transport::kStream;
+    po.transport = RemotePsClientOptions::Transport::kStream;
     // With a server on this host, shared memory in front of the stream: no
     // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
     po.shared_memory = options_.shared_memory;
     po.shared_memory_poll = options_.shared_memory_poll;
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, GrpcPsClient::Create(po));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, NewRemotePsClient(po));
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
                                                  a_.world_size());
     ps_spec.set_quota_bytes(spec.quota_bytes());

@@ -46,8 +46,8 @@ struct WorkerDaemonOptions {
   std::string device = "auto"; // auto | cpu | cuda:N
   uint32_t slots = 1;          // assignments run at once
   int cpu_threads = 0;         // CPU backend threads per assignment; 0: cores / slots
-  bool shared_memory = true;   // with servers on this host (GrpcPsClientOptions)
-  absl::Duration shared_memory_poll = absl::Microseconds(500);  // GrpcPsClientOptions
+  bool shared_memory = true;   // with servers on this host (RemotePsClientOptions)
+  absl::Duration shared_memory_poll = absl::Microseconds(500);  // RemotePsClientOptions
   absl::Duration progress_interval = absl::Milliseconds(500);
   // Threads decoding batches per assignment; 0: data::DefaultDecodeThreads
   // for the device (a GPU leaves the cores to the pipeline).

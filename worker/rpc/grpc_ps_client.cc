@@ -923,6 +923,11 @@ class GrpcPsClient::Impl {
   std::unique_ptr<BoundedExecutor> push_senders_ = std::make_unique<BoundedExecutor>("push senders", 8, 4096);
 };
 
+absl::StatusOr<std::unique_ptr<PsClient>> NewRemotePsClient(RemotePsClientOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GrpcPsClient> client, GrpcPsClient::Create(std::move(options)));
+  return std::unique_ptr<PsClient>(std::move(client));
+}
+
 absl::StatusOr<std::unique_ptr<GrpcPsClient>> GrpcPsClient::Create(GrpcPsClientOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
   RETURN_IF_ERROR(impl->Init());

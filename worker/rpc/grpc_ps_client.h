@@ -27,40 +27,13 @@
 #include "common/dtype.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "worker/ps_client.h"
+#include "worker/rpc/remote_ps_client.h"
 
 namespace fulcrum {
 
-struct GrpcPsClientOptions {
-  // Asked for the shard map when `shard_map` is not given.
-  std::vector<std::string> bootstrap_servers;
-  std::optional<v1::ShardMap> shard_map;
-  std::string worker_id;  // required; with seq, identifies every push
-  // The rank's incarnation, sent with every push and pull: a job restored
-  // from a checkpoint refuses older ones.
-  uint32_t incarnation = 0;
-  uint32_t rank = 0;
-  DType wire_dtype = DType::kFp32;  // of gradients pushed and weights pulled
-  int channels_per_server = 4;
-  enum class Transport { kUnary, kStream };
-  Transport transport = Transport::kUnary;
-  // With a server on this host, send requests
-  // through shared memory (docs/wire-protocol.md, "Shared memory"); a
-  // request that does not fit, or finds the slots busy, takes `transport`.
-  bool shared_memory = false;
-  uint32_t shared_memory_slots = 8;
-  // How long a thread waiting for a push or pull polls shared memory for
-  // the answer before it sleeps until the client's dispatcher wakes it
-  // (polling yields the core to any thread that wants it); zero never polls.
-  absl::Duration shared_memory_poll = absl::Microseconds(500);
-  absl::Duration rpc_timeout = absl::Seconds(60);
-  // How long a pull may wait for the consistency model (sent to the server).
-  absl::Duration pull_wait_timeout = absl::Minutes(5);
-  // Total time spent retrying UNAVAILABLE before giving up.
-  absl::Duration retry_budget = absl::Seconds(30);
-  // Payload per message. 1 MiB keeps several messages of a big tensor in
-  // flight over the connections (docs/benchmarks.md); at most 4 MiB.
-  size_t max_payload_bytes = 1 << 20;
-};
+// Its options are transport-neutral (worker/rpc/remote_ps_client.h), so
+// code outside rpc/ names them without naming gRPC.
+using GrpcPsClientOptions = RemotePsClientOptions;
 
 class GrpcPsClient final : public PsClient {
  public:
