@@ -1,0 +1,367 @@
+// The Trainer's local steps (consistency.model local): rounds of H inner
+// steps on the device, the round's pseudo-gradient pushed at its end,
+// waited for or overlapped with the next round (docs/consistency.md,
+// "Local steps"). The rest of the Trainer is in trainer.cc.
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/data/pipeline.h"
+#include "worker/training/trainer.h"
+
+namespace fulcrum::training {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Adds the wall time of its scope to `*seconds`.
+class ScopeTimer {
+ public:
+  explicit ScopeTimer(double* seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~ScopeTimer() { *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double* const seconds_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+uint64_t Trainer::StepOfClock(uint64_t clock, int64_t steps_per_epoch) const {
+  if (!local() || steps_per_epoch <= 0) return clock;
+  const uint64_t spe = static_cast<uint64_t>(steps_per_epoch), h = static_cast<uint64_t>(options_.sync_every);
+  const uint64_t rounds_per_epoch = (spe + h - 1) / h;
+  return clock / rounds_per_epoch * spe + clock % rounds_per_epoch * h;
+}
+
+void Trainer::ResumeAtClock(uint64_t clock, int64_t steps_per_epoch) {
+  step_ = StepOfClock(clock, steps_per_epoch);
+  if (local()) {
+    round_ = clock;
+    in_round_ = 0;
+    round_samples_ = 0;
+  }
+}
+
+absl::Status Trainer::BeginRound() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // The servers' weights after every round before this one (BSP) or within
+  // the bound (SSP), as the replica's start and the pseudo-gradient's anchor.
+  RETURN_IF_ERROR(Stage(0, /*values=*/true, /*grads=*/false));
+  RETURN_IF_ERROR(Pull(PullFor(round_, 0, /*dense=*/true, /*sparse=*/false)));
+  RETURN_IF_ERROR(CopyToDevice(0));
+  anchor_.resize(tables.size());
+  inner_m_.resize(tables.size());
+  inner_v_.resize(tables.size());
+  const int slots = options_.inner.slots();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
+    if (anchor_[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(anchor_[i], be->Allocate(bytes));
+    }
+    {
+      ScopeTimer device(&round_device_seconds_);
+      RETURN_IF_ERROR(be->Copy(anchor_[i].data(), tables[i].value.data(), tables[i].elements * 4));
+    }
+    // The inner optimizer's state lives on the device across rounds.
+    for (int k = 0; k < slots; ++k) {
+      compute::Buffer& b = k == 0 ? inner_m_[i] : inner_v_[i];
+      if (b.bytes() >= bytes) continue;
+      ASSIGN_OR_RETURN(b, be->Allocate(bytes));
+      RETURN_IF_ERROR(be->Zero(b.data(), bytes));
+    }
+  }
+  in_round_ = 0;
+  round_samples_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<models::Metrics> Trainer::LocalStep(const data::Batch& batch) {
+  compute::Backend* be = model_->backend();
+  ASSIGN_OR_RETURN(models::Metrics m, model_->Run(batch, /*train=*/true));
+  if (options_.clip_global_norm > 0) RETURN_IF_ERROR(ClipGradients(&m));
+  ++inner_updates_;
+  for (size_t i = 0; i < model_->tables().size(); ++i) {
+    models::Table& t = model_->tables()[i];
+    RETURN_IF_ERROR(be->OptimizerUpdate(options_.inner, t.elements, t.value.as<float>(), t.grad.as<float>(),
+                                        inner_m_[i].as<float>(), inner_v_[i].as<float>(), inner_updates_));
+  }
+  ++in_round_;
+  round_samples_ += batch.size;
+  return m;
+}
+
+absl::Status Trainer::EndRound() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // The pseudo-gradient, start minus end weights, replaces the anchor.
+  RETURN_IF_ERROR(Stage(0, /*values=*/false, /*grads=*/true));
+  PushBatch push;
+  push.step = round_;
+  push.samples = round_samples_;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    {
+      ScopeTimer device(&round_device_seconds_);
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    }
+    if (!be->is_gpu()) {
+      // The CPU's device memory is host memory: push the anchor itself.
+      push.dense.push_back({t.spec.name(), anchor_[i].as<float>(), t.elements});
+      continue;
+    }
+    RETURN_IF_ERROR(be->CopyToHost(staging_[0].grad[i].data(), anchor_[i].data(), t.elements * 4));
+    push.dense.push_back({t.spec.name(), staging_[0].grad[i].as<float>(), t.elements});
+  }
+  RETURN_IF_ERROR(be->Synchronize());
+  Future<absl::Status> done = client_->PushAsync(options_.job_id, push);
+  RETURN_IF_ERROR(done.Wait());
+  ++round_;
+  in_round_ = 0;
+  round_samples_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FinishRounds() {
+  absl::Status s;
+  if (round_push_) s.Update(round_push_->Wait());
+  if (round_pull_) s.Update(round_pull_->Wait());
+  round_push_.reset();
+  round_pull_.reset();
+  rounds_started_ = false;  // the next round starts from the servers' weights
+  return s;
+}
+
+absl::Status Trainer::LandRounds() {
+  if (!round_pull_) return FinishRounds();
+  absl::Status s;
+  if (round_push_) s.Update(round_push_->Wait());
+  s.Update(round_pull_->Wait());
+  if (!s.ok()) return FinishRounds();
+  round_push_.reset();
+  round_pull_.reset();
+  // No step ran since the round ended: the replica is the result as pulled
+  // (the servers' weights at this rank's clock), and so is the next anchor.
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    if (!be->is_gpu()) {
+      std::swap(t.value, pull_host_[i]);
+    } else {
+      RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
+      RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
+    }
+    ScopeTimer device(&round_device_seconds_);
+    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::EndRoundOverlapped() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  // This round's pseudo-gradient into the anchor: start minus end weights.
+  {
+    ScopeTimer device(&round_device_seconds_);
+    for (size_t i = 0; i < tables.size(); ++i) {
+      models::Table& t = tables[i];
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+    }
+  }
+  push_host_.resize(tables.size());
+  pull_host_.resize(tables.size());
+  const bool host_memory = !be->is_gpu();
+  if (!host_memory) {
+    push_dev_.resize(tables.size());
+    for (auto& p : pull_dev_) p.resize(tables.size());
+    push_ready_.resize(tables.size());
+    pull_ready_.resize(tables.size());
+  }
+  // Staging for a table's round push or pull, grown to fit it.
+  auto staged = [&](std::vector<compute::Buffer>& buffers, size_t i, bool device) -> absl::StatusOr<float*> {
+    const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
+    if (buffers[i].bytes() < bytes) {
+      ASSIGN_OR_RETURN(buffers[i], device ? be->Allocate(bytes) : be->AllocateHost(bytes));
+    }
+    return buffers[i].as<float>();
+  };
+  auto host = [&](std::vector<compute::Buffer>& buffers, size_t i) { return staged(buffers, i, false); };
+  // The previous round's push used the host buffers: it must be done.
+  if (round_push_) {
+    absl::Status s = round_push_->Wait();
+    round_push_.reset();
+    RETURN_IF_ERROR(s);
+  }
+  PushBatch push;
+  push.step = round_;
+  push.samples = round_samples_;
+  round_samples_ = 0;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    ASSIGN_OR_RETURN(float* out, host(push_host_, i));
+    if (host_memory) {
+      // The CPU's device memory is host memory: the pseudo-gradient's buffer
+      // becomes the push's, and the push's last buffer the next anchor.
+      std::swap(anchor_[i], push_host_[i]);
+      push.dense.push_back({t.spec.name(), push_host_[i].as<float>(), t.elements});
+      continue;
+    }
+    // A device-side copy (the anchor is rewritten below), then the download
+    // on its own stream while the next round computes.
+    ASSIGN_OR_RETURN(float* pseudo, staged(push_dev_, i, true));
+    RETURN_IF_ERROR(be->Copy(pseudo, anchor_[i].data(), t.elements * 4));
+    RETURN_IF_ERROR(be->DownloadAsync(out, pseudo, t.elements * 4, &push_ready_[i]));
+    push.dense.push_back({t.spec.name(), out, t.elements});
+  }
+  // Waiting for the download, then slicing and encoding the push (copies of
+  // the whole model into shared memory or gRPC buffers) run on the sender
+  // thread, while the next round computes.
+  if (round_sender_ == nullptr) round_sender_ = std::make_unique<BoundedExecutor>("round pushes", 1, 1);
+  Promise<absl::Status> sent;
+  round_push_ = sent.future();
+  absl::Status accepted =
+      round_sender_->Submit([this, be, push = std::move(push), sent, downloads = push_ready_] {
+        absl::Status landed;
+        for (const compute::UploadEvent& e : downloads) landed.Update(be->WaitForDownload(e));
+        sent.Set(landed.ok() ? client_->PushAsync(options_.job_id, push).Wait() : landed);
+      });
+  if (!accepted.ok()) {
+    round_push_.reset();
+    return accepted;
+  }
+  // Merge the previous round's result: replica = its weights minus this
+  // round's pseudo-gradient (this round's progress on top of them).
+  if (round_pull_) {
+    absl::Status s = round_pull_->Wait();
+    round_pull_.reset();
+    // On a GPU the result is on the device already unless its pull failed.
+    bool uploaded = !host_memory && s.ok();
+    // A consistency wait that ran out is asked again, as Pull does.
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+      PullBatch again;
+      again.step = round_;
+      for (size_t i = 0; i < tables.size(); ++i) {
+        again.dense.push_back({tables[i].spec.name(), pull_host_[i].as<float>(), tables[i].elements});
+      }
+      s = Pull(again);
+    }
+    RETURN_IF_ERROR(s);
+    const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];  // the previous round's result
+    for (size_t i = 0; i < tables.size(); ++i) {
+      models::Table& t = tables[i];
+      // This round's pseudo-gradient: in the push's buffer on the CPU.
+      const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
+      if (host_memory) {
+        std::swap(t.value, pull_host_[i]);  // the pulled weights, without a copy
+      } else if (uploaded) {
+        RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
+        RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
+      } else {
+        RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
+      }
+      ScopeTimer device(&round_device_seconds_);
+      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, delta, t.value.as<float>()));
+    }
+  }
+  ++round_;
+  in_round_ = 0;
+  // The next round starts here; the servers' weights after this round come
+  // while it computes (under BSP once every rank pushed it).
+  PullBatch pull;
+  pull.step = round_;
+  std::vector<std::tuple<void*, const void*, size_t>> uploads;  // device, host, bytes
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
+    pull.dense.push_back({t.spec.name(), in, t.elements});
+    if (!host_memory) {
+      ASSIGN_OR_RETURN(float* dev, staged(pull_dev_[(round_ - 1) % 2], i, true));
+      uploads.emplace_back(dev, in, t.elements * 4);
+    }
+    ScopeTimer device(&round_device_seconds_);
+    RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
+  }
+  Future<absl::Status> pulled = client_->PullAsync(options_.job_id, pull);
+  if (host_memory) {
+    round_pull_ = pulled;
+    return absl::OkStatus();
+  }
+  // On a GPU the result goes up to the device the moment it arrives, on the
+  // upload stream, while this round still computes.
+  Promise<absl::Status> up;
+  round_pull_ = up.future();
+  pulled.Then([be, up, uploads = std::move(uploads), events = &pull_ready_](const absl::Status& s) {
+    absl::Status u = s;
+    for (size_t i = 0; u.ok() && i < uploads.size(); ++i) {
+      const auto& [dev, from, bytes] = uploads[i];
+      u = be->UploadAsync(dev, from, bytes, &(*events)[i]);
+    }
+    // A failed upload is a failed pull: the merge then pulls and copies on
+    // its own (DeadlineExceeded), or reports it.
+    up.Set(s.ok() ? u : s);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result) {
+  round_device_seconds_ = 0;
+  for (const models::Table& t : model_->tables()) {
+    if (t.sparse) {
+      return absl::InvalidArgumentError(absl::StrCat("consistency.model local: table '", t.spec.name(),
+                                                     "' is sparse; local steps cover dense models only"));
+    }
+  }
+  while (result->steps < steps) {
+    if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
+    const auto t_data = Clock::now();
+    ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
+    if (!batch) break;
+    const auto t_batch = Clock::now();
+    RETURN_IF_ERROR(model_->Prepare(*batch));
+    const auto a = Clock::now();
+    if (in_round_ == 0 && (!options_.overlap_rounds || !rounds_started_)) {
+      RETURN_IF_ERROR(BeginRound());
+      rounds_started_ = true;
+    }
+    const auto b = Clock::now();
+    ASSIGN_OR_RETURN(models::Metrics m, LocalStep(*batch));
+    // Overlapped rounds leave the step's inner update queued: the next
+    // batch's host work runs while the device finishes it (the step's
+    // metrics were read after its backward pass).
+    if (!options_.overlap_rounds) RETURN_IF_ERROR(model_->backend()->Synchronize());
+    const auto c = Clock::now();
+    // A round ends after sync_every steps, and at the epoch's end (every
+    // rank has the same steps per epoch, so the same rounds).
+    const bool last = result->steps + 1 == steps;
+    if (in_round_ >= options_.sync_every || last) {
+      RETURN_IF_ERROR(options_.overlap_rounds ? EndRoundOverlapped() : EndRound());
+    }
+    const auto d = Clock::now();
+    StepTiming t;
+    t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+    t.pull = std::chrono::duration<double>(b - a).count();
+    t.compute = std::chrono::duration<double>(c - b).count();
+    t.push = std::chrono::duration<double>(d - c).count();
+    t.total = std::chrono::duration<double>(d - t_data).count();
+    CloseStep(t, m, result);
+    prefetch.Recycle(std::move(batch));
+  }
+  const bool short_shard = in_round_ > 0;  // a shard shorter than expected
+  if (short_shard) RETURN_IF_ERROR(EndRound());
+  result->round_device_seconds += round_device_seconds_;
+  round_device_seconds_ = 0;
+  // Overlapped rounds stay in flight across the epoch's end: the next
+  // epoch's first round computes while this one's last round is sent and
+  // applied (Flush and Evaluate wait for it). A round still ends with the
+  // epoch, so every rank has the same rounds per epoch.
+  if (options_.overlap_rounds && !short_shard) return absl::OkStatus();
+  return FinishRounds();
+}
+
+}  // namespace fulcrum::training
