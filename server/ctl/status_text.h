@@ -1,0 +1,29 @@
+// fulcrumctl's text for people: a job's line in `list`, its status in
+// detail (`status`, the end of `watch`), a checkpoint's line.
+#ifndef FULCRUM_SERVER_CTL_STATUS_TEXT_H_
+#define FULCRUM_SERVER_CTL_STATUS_TEXT_H_
+
+#include <string>
+#include <vector>
+
+#include "fulcrum/v1/cluster.pb.h"
+
+namespace fulcrum::ctl {
+
+// A job state's name (RUNNING, SUCCEEDED...).
+std::string State(v1::JobState s);
+// Seconds as "42s", "3m07s" or "2h05m"; "-" when not positive.
+std::string Duration(double seconds);
+// One line of `fulcrumctl list`.
+std::string JobLine(const v1::Job& j);
+// A line per rank: where it is, on what, how fast (`status`, and under
+// `watch`'s progress line).
+std::vector<std::string> WorkerLines(const v1::Job& j);
+// One checkpoint, indented under a job's status.
+std::string CheckpointLine(const v1::CheckpointInfo& c);
+// `fulcrumctl status JOB` in text, on standard output.
+void PrintStatus(const v1::Job& j);
+
+}  // namespace fulcrum::ctl
+
+#endif  // FULCRUM_SERVER_CTL_STATUS_TEXT_H_
