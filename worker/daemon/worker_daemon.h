@@ -28,6 +28,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/node_agent.h"
 #include "fulcrum/v1/cluster.pb.h"
+#include "worker/daemon/job_data.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
 
@@ -61,7 +62,6 @@ struct WorkerDaemonOptions {
 };
 
 class CoordinatorClient;  // worker/rpc/coordinator_client.h
-class DataCache;          // datasets loaded once per daemon
 
 class WorkerDaemon {
  public:
@@ -95,35 +95,6 @@ class WorkerDaemon {
   std::vector<std::unique_ptr<Runner>> retiring_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-// Where relative data paths resolve by default: $FULCRUM_DATA_DIR, else
-// ~/.cache/fulcrum/data (where deploy/local/fetch_data.sh puts datasets).
-std::string DefaultDataDir();
-
-// Loads one DataSource (paths relative to `data_dir`). With `roots`, every
-// path must resolve inside one of them, else PERMISSION_DENIED naming the
-// path and the roots (train_local, which reads the user's own spec, passes
-// none).
-absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& source,
-                                                              const std::string& data_dir,
-                                                              const std::vector<std::string>* roots = nullptr);
-
-// `path` (relative ones under `dir`) made canonical and checked to lie inside
-// one of `roots`.
-absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std::string& dir,
-                                             const std::vector<std::string>& roots);
-// The model a job spec asks for, completed from the training data.
-absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
-
-// What a worker read from `source`: examples, features, classes, the label
-// column (counted from 0), for its log and the job's status.
-v1::DataSummary SummarizeData(const v1::DataSource& source, const data::Dataset& data);
-// INVALID_ARGUMENT when the classes in the data disagree with the model's:
-// training labels that span another count than model.num_classes (when the
-// spec sets it), or test labels beyond the model's classes. The message
-// names the label column and how to fix the spec.
-absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
-                          const v1::DataSummary* test);
 
 }  // namespace fulcrum
 

@@ -1,0 +1,166 @@
+// A job's data and model as its spec names them: data paths resolved and
+// confined to the worker's roots, datasets read and summarized, the model's
+// configuration completed from the data.
+#include "worker/daemon/job_data.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace fulcrum {
+namespace {
+
+std::string Resolve(const std::string& path, const std::string& dir) {
+  if (path.empty() || path[0] == '/' || dir.empty()) return path;
+  return (std::filesystem::path(dir) / path).string();
+}
+
+data::LabelKind LabelKindOf(const std::string& s, data::LabelKind fallback) {
+  if (s == "class") return data::LabelKind::kClass;
+  if (s == "binary") return data::LabelKind::kBinary;
+  if (s == "real") return data::LabelKind::kValue;
+  return fallback;
+}
+
+}  // namespace
+
+DType DTypeOf(v1::DType d) {
+  auto t = DTypeFromWire(d);
+  return t.ok() && *t != DType::kUnspecified ? *t : DType::kFp32;
+}
+
+std::string DefaultDataDir() {
+  if (const char* env = std::getenv("FULCRUM_DATA_DIR"); env != nullptr && *env != 0) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr ? home : ".") + "/.cache/fulcrum/data";
+}
+
+absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std::string& dir,
+                                             const std::vector<std::string>& roots) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(Resolve(path, dir), ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("data path '", path, "': ", ec.message()));
+  for (const std::string& root : roots) {
+    const fs::path r = fs::weakly_canonical(root, ec);
+    if (ec) continue;
+    // Inside when every component of the root starts the path.
+    if (std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end()).first == r.end()) return resolved.string();
+  }
+  return absl::PermissionDeniedError(absl::StrCat("data path '", path, "' resolves to ", resolved.string(),
+                                                  ", outside this worker's data roots (", absl::StrJoin(roots, ", "),
+                                                  "); place the data there or add a root with --data_roots"));
+}
+
+absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSource& s, const std::string& dir,
+                                                              const std::vector<std::string>* roots) {
+  auto resolve = [&](const std::string& p) -> absl::StatusOr<std::string> {
+    if (roots == nullptr || p.empty()) return Resolve(p, dir);
+    return ConfinedDataPath(p, dir, *roots);
+  };
+  ASSIGN_OR_RETURN(const std::string path, resolve(s.path()));
+  if (s.format() == "idx") {
+    data::IdxOptions o;
+    if (s.scale() > 0) o.scale = s.scale();
+    ASSIGN_OR_RETURN(const std::string labels, resolve(s.labels()));
+    return data::ReadIdx(path, labels, o);
+  }
+  if (s.format() == "libsvm") {
+    data::LibSvmOptions o;
+    o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kBinary);
+    return data::ReadLibSvm(path, o);
+  }
+  if (s.format() == "csv") {
+    data::CsvOptions o;
+    o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kClass);
+    o.header = s.header();
+    // Counted from 0; unset and -1 name the last column.
+    if (s.has_label_column()) o.label_column = s.label_column();
+    if (s.scale() > 0) o.scale = s.scale();
+    return data::ReadCsv(path, o);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv"));
+}
+
+absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train) {
+  models::ModelConfig mc;
+  mc.type = spec.model().type();
+  mc.num_features = spec.model().num_features() > 0 ? spec.model().num_features() : train.num_features();
+  mc.num_classes = spec.model().num_classes() > 0 ? spec.model().num_classes() : train.num_classes();
+  if (!train.sparse() && spec.model().num_features() > 0 && spec.model().num_features() != train.num_features()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.num_features is ", spec.model().num_features(),
+                                                   " but the training data has ", train.num_features()));
+  }
+  for (int h : spec.model().hidden()) mc.hidden.push_back(h);
+  if (!spec.model().activation().empty()) {
+    ASSIGN_OR_RETURN(mc.activation, compute::ActivationFromName(spec.model().activation()));
+  }
+  if (spec.model().factors() > 0) mc.factors = spec.model().factors();
+  if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
+  mc.precision = DTypeOf(spec.precision());
+  mc.seed = spec.seed();
+  return mc;
+}
+
+v1::DataSummary SummarizeData(const v1::DataSource& s, const data::Dataset& d) {
+  v1::DataSummary out;
+  out.set_source(d.source());
+  out.set_examples(d.size());
+  out.set_features(static_cast<uint32_t>(d.num_features()));
+  const data::LabelKind kind =
+      LabelKindOf(s.label_kind(), s.format() == "libsvm" ? data::LabelKind::kBinary : data::LabelKind::kClass);
+  out.set_label_kind(kind == data::LabelKind::kClass ? "class" : kind == data::LabelKind::kBinary ? "binary" : "real");
+  out.set_classes(kind == data::LabelKind::kClass ? static_cast<uint32_t>(d.num_classes()) : 0);
+  // A CSV row is the features and the label: the last column is number
+  // num_features, counted from 0.
+  int32_t column = -1;
+  if (s.format() == "csv") column = s.has_label_column() && s.label_column() >= 0 ? s.label_column() : d.num_features();
+  out.set_label_column(column);
+  return out;
+}
+
+absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
+                          const v1::DataSummary* test) {
+  if (model.type != "softmax" && model.type != "mlp") return absl::OkStatus();
+  auto where = [](const char* field, const v1::DataSummary& d) {
+    return absl::StrCat(field, " (", d.source(),
+                        d.label_column() >= 0 ? absl::StrCat(", labels in column ", d.label_column(), " counted from 0")
+                                              : std::string(),
+                        ")");
+  };
+  const std::string fix = "; check data.train.label_column (counted from 0; -1 or unset: the last column) "
+                          "and model.num_classes (0: from the training data)";
+  if (train.label_kind() == "class" && spec.model().num_classes() > 0 &&
+      train.classes() != static_cast<uint32_t>(model.num_classes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where("data.train", train), " has labels 0 to ",
+                                                   train.classes() - 1, " (", train.classes(),
+                                                   " classes), but model.num_classes is ", model.num_classes, fix));
+  }
+  if (test != nullptr && test->label_kind() == "class" && test->classes() > static_cast<uint32_t>(model.num_classes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where("data.test", *test), " has labels up to ",
+                                                   test->classes() - 1, ", beyond the model's ", model.num_classes,
+                                                   " classes (0 to ", model.num_classes - 1, ")", fix));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const data::Dataset>> DataCache::Get(const v1::DataSource& source, const std::string& dir,
+                                                                  const std::vector<std::string>& roots) {
+  const std::string key = source.SerializeAsString();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<data::Dataset> d, LoadDataSource(source, dir, &roots));
+  std::shared_ptr<const data::Dataset> shared(std::move(d));
+  absl::MutexLock lock(&mu_);
+  cache_.emplace(key, shared);
+  return shared;
+}
+
+}  // namespace fulcrum
