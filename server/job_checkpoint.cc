@@ -1,0 +1,122 @@
+// Job: checkpoint capture at a step boundary, and restore.
+#include "server/job.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/errors.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "common/status_macros.h"
+#include "server/job_internal.h"
+
+namespace fulcrum {
+
+using job_internal::CheckDType;
+using job_internal::CheckKeyCount;
+using job_internal::DecodeKeys;
+using job_internal::DecodePayload;
+using job_internal::kMaxKeysPerRequest;
+using job_internal::kMaxParts;
+using job_internal::kMaxPendingSteps;
+using job_internal::kMaxTables;
+using job_internal::kMaxWorkers;
+using job_internal::kParallelApplyElements;
+using job_internal::Who;
+
+absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
+  JobState state;
+  const bool bsp = model_ == Model::kBsp;
+  absl::Time paused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (bsp) {
+      if (applied_step_ > at_step) {
+        return absl::FailedPreconditionError(absl::StrCat("job '", id(), "': a cut at step ", at_step,
+                                                          " is too late, step ", applied_step_ - 1,
+                                                          " is already applied on this server"));
+      }
+      holds_.insert(at_step);
+      auto reached = [this, at_step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shut_down_ || (applied_step_ == at_step && !applying_);
+      };
+      const bool ok = mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
+      if (!ok || shut_down_) {
+        holds_.erase(holds_.find(at_step));
+        if (shut_down_) return shutdown_reason_;
+        return absl::DeadlineExceededError(absl::StrCat("job '", id(), "': a cut at step ", at_step,
+                                                        " timed out with step ", applied_step_,
+                                                        " next to apply (", WaitReasonLocked(applied_step_), ")"));
+      }
+      applying_ = true;  // nothing applies while the state is taken
+    }
+    paused = absl::Now();
+    state.step = bsp ? applied_step_ : MinClockLocked();
+  }
+  v1::GetJobResponse stats = Stats();
+  state.rank_clock.assign(stats.rank_clock().begin(), stats.rank_clock().end());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tables_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const Table* t = tables_.at(name).get();
+    if (t->is_dense()) {
+      const auto* d = static_cast<const DenseTable*>(t);
+      state.dense.push_back({d, d->Capture()});
+    } else {
+      const auto* s = static_cast<const SparseTable*>(t);
+      state.sparse.push_back({s, s->Capture()});
+    }
+  }
+  if (bsp) {
+    std::vector<std::function<void(absl::Status)>> ready;
+    bool drain;
+    {
+      absl::MutexLock lock(&mu_);
+      applying_ = false;
+      holds_.erase(holds_.find(at_step));
+      drain = StepCompleteLocked(applied_step_);
+    }
+    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
+    // Steps that completed meanwhile apply now.
+    RETURN_IF_ERROR(Resume(drain, &ready));
+  } else {
+    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
+  }
+  return state;
+}
+
+absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
+                               uint32_t slots, const void* block) {
+  absl::StatusOr<Table*> t = FindTable(table, /*dense=*/true);
+  if (!t.ok()) return absl::DataLossError(absl::StrCat("checkpoint record for job '", id(), "': ", t.status().message()));
+  return static_cast<DenseTable*>(*t)->Restore(chunk, updates, length, slots, block);
+}
+
+absl::Status Job::RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
+                                const uint64_t* keys, const uint32_t* updates, const float* rows) {
+  absl::StatusOr<Table*> t = FindTable(table, /*dense=*/false);
+  if (!t.ok()) return absl::DataLossError(absl::StrCat("checkpoint record for job '", id(), "': ", t.status().message()));
+  return static_cast<SparseTable*>(*t)->Restore(vshard, dim, slots, n, keys, updates, rows);
+}
+
+absl::Status Job::RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock) {
+  if (rank_clock.size() != num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", id(), "': a checkpoint with ", rank_clock.size(),
+                                                   " ranks restored into a job of ", num_workers_, " workers"));
+  }
+  absl::MutexLock lock(&mu_);
+  steps_.clear();
+  for (auto& d : done_ahead_) d.clear();
+  if (model_ == Model::kBsp) {
+    applied_step_ = step;
+  } else {
+    clock_ = rank_clock;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,137 @@
+// Job: statistics (GetJob) and Prometheus metrics.
+#include "server/job.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/errors.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "common/status_macros.h"
+#include "server/job_internal.h"
+
+namespace fulcrum {
+
+using job_internal::CheckDType;
+using job_internal::CheckKeyCount;
+using job_internal::DecodeKeys;
+using job_internal::DecodePayload;
+using job_internal::kMaxKeysPerRequest;
+using job_internal::kMaxParts;
+using job_internal::kMaxPendingSteps;
+using job_internal::kMaxTables;
+using job_internal::kMaxWorkers;
+using job_internal::kParallelApplyElements;
+using job_internal::Who;
+
+v1::GetJobResponse Job::Stats() const {
+  v1::GetJobResponse r;
+  *r.mutable_spec() = spec_;
+  r.set_bytes_used(quota_.used());
+  r.set_quota_bytes(quota_.limit());
+  r.set_pushes_applied(pushes_applied_.load());
+  r.set_duplicate_pushes(duplicates_.load());
+  r.set_rejected_nonfinite(rejected_nonfinite_.load());
+  uint64_t rows = 0;
+  for (const auto& [name, t] : tables_) {
+    if (!t->is_dense()) rows += static_cast<const SparseTable*>(t.get())->num_rows();
+  }
+  r.set_sparse_rows(rows);
+  absl::MutexLock lock(&mu_);
+  r.set_applied_step(applied_step_);
+  for (uint32_t rank = 0; rank < num_workers_; ++rank) {
+    uint64_t c = clock_[rank];
+    if (model_ == Model::kBsp) {
+      c = applied_step_;
+      for (auto it = steps_.find(c); it != steps_.end() && it->first == c; it = steps_.find(++c)) {
+        const RankStep& rs = it->second[rank];
+        if (!rs.complete()) break;
+      }
+    }
+    r.add_rank_clock(c);
+  }
+  return r;
+}
+
+void Job::CollectMetrics(metrics::Scrape* out) const {
+  const metrics::Labels job = {{"job", id()}};
+  const JobMetrics& m = metrics_;
+  out->Counter("fulcrum_server_requests_total", "Push and pull requests a job served", {{"job", id()}, {"op", "push"}},
+               static_cast<double>(m.push_requests.load()));
+  out->Counter("fulcrum_server_requests_total", "Push and pull requests a job served", {{"job", id()}, {"op", "pull"}},
+               static_cast<double>(m.pull_requests.load()));
+  out->Counter("fulcrum_server_payload_bytes_total", "Tensor payload bytes: gradients received, parameters sent",
+               {{"job", id()}, {"op", "push"}}, m.push_bytes.load());
+  out->Counter("fulcrum_server_payload_bytes_total", "Tensor payload bytes: gradients received, parameters sent",
+               {{"job", id()}, {"op", "pull"}}, m.pull_bytes.load());
+  out->Histogram("fulcrum_server_request_duration_seconds",
+                 "Time to handle a push or pull, from receipt to reply (pulls include the consistency wait)",
+                 {{"job", id()}, {"op", "push"}}, m.push_seconds);
+  out->Histogram("fulcrum_server_request_duration_seconds",
+                 "Time to handle a push or pull, from receipt to reply (pulls include the consistency wait)",
+                 {{"job", id()}, {"op", "pull"}}, m.pull_seconds);
+  out->Histogram("fulcrum_server_consistency_wait_seconds",
+                 "Time a pull waited for the consistency model (BSP step or SSP bound); 0 when it did not wait",
+                 job, m.pull_wait_seconds);
+  out->Histogram("fulcrum_server_optimizer_apply_seconds",
+                 "Time the optimizer took over one push (ASP/SSP) or one combined BSP step", job, m.apply_seconds);
+  if (model_ != Model::kBsp) {
+    out->Histogram("fulcrum_server_staleness_steps",
+                   "SSP/ASP: how many steps a pull's clock was ahead of the slowest worker's", job, m.staleness);
+    if (staleness_lr_) {
+      out->Histogram("fulcrum_server_push_staleness_updates",
+                     "staleness_aware_lr: updates applied between a gradient's pull and its push, plus one "
+                     "(its learning rate is divided by this)",
+                     job, m.push_staleness);
+    }
+  }
+  out->Counter("fulcrum_server_pushes_applied_total", "Pushes applied to the job's tables", job,
+               static_cast<double>(pushes_applied_.load()));
+  out->Counter("fulcrum_server_dedup_hits_total", "Retried pushes recognised by request id and not applied again",
+               job, static_cast<double>(duplicates_.load()));
+  out->Counter("fulcrum_server_superseded_push_parts_total",
+               "Parts of a step from a rank's lost incarnation, dropped when its replacement sent the step again",
+               job, static_cast<double>(superseded_parts_.load()));
+  out->Counter("fulcrum_server_nonfinite_rejected_total", "Pushes refused for a NaN or Inf gradient", job,
+               static_cast<double>(rejected_nonfinite_.load()));
+  out->Gauge("fulcrum_server_job_memory_bytes", "Memory the job's parameters and optimizer state use here", job,
+             static_cast<double>(quota_.used()));
+  out->Gauge("fulcrum_server_job_quota_bytes", "The job's memory quota on this server", job,
+             static_cast<double>(quota_.limit()));
+  for (const auto& [name, t] : tables_) {
+    double params = 0;
+    if (t->is_dense()) {
+      const auto* d = static_cast<const DenseTable*>(t.get());
+      params = std::min(static_cast<double>(d->materialized_chunks()) * d->chunk_elements(),
+                        static_cast<double>(d->num_elements()));
+    } else {
+      const auto* sp = static_cast<const SparseTable*>(t.get());
+      params = static_cast<double>(sp->num_rows()) * sp->dim();
+    }
+    out->Gauge("fulcrum_server_parameters",
+               "Parameters of a table held on this server (dense: whole chunks; sparse: rows x dim)",
+               {{"job", id()}, {"table", name}}, params);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t step = applied_step_;
+    if (model_ != Model::kBsp) step = MinClockLocked();
+    out->Gauge("fulcrum_server_job_step", "BSP: steps fully applied; SSP/ASP: the slowest worker's clock", job,
+               static_cast<double>(step));
+  }
+  if (m.checkpoint_seconds.count() > 0) {
+    out->Histogram("fulcrum_server_checkpoint_duration_seconds",
+                   "Time to capture and durably write this server's part of a checkpoint", job, m.checkpoint_seconds);
+    out->Gauge("fulcrum_server_checkpoint_bytes", "Size of the job's last checkpoint part written here", job,
+               m.last_checkpoint_bytes.load());
+    out->Gauge("fulcrum_server_checkpoint_timestamp_seconds", "When the job's last checkpoint part here was written",
+               job, m.last_checkpoint_time.load());
+    out->Gauge("fulcrum_server_checkpoint_age_seconds", "Seconds since the job's last checkpoint part here", job,
+               absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - m.last_checkpoint_time.load());
+  }
+}
+
+}  // namespace fulcrum
