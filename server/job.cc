@@ -64,7 +64,6 @@ using job_internal::kMaxParts;
 using job_internal::kMaxPendingSteps;
 using job_internal::kMaxTables;
 using job_internal::kMaxWorkers;
-using job_internal::kParallelApplyElements;
 using job_internal::Who;
 
 absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,

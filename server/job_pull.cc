@@ -19,13 +19,7 @@ namespace fulcrum {
 using job_internal::CheckDType;
 using job_internal::CheckKeyCount;
 using job_internal::DecodeKeys;
-using job_internal::DecodePayload;
-using job_internal::kMaxKeysPerRequest;
-using job_internal::kMaxParts;
 using job_internal::kMaxPendingSteps;
-using job_internal::kMaxTables;
-using job_internal::kMaxWorkers;
-using job_internal::kParallelApplyElements;
 using job_internal::Who;
 
 absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,

@@ -11,21 +11,9 @@
 #include "common/logging.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
-#include "server/job_internal.h"
 
 namespace fulcrum {
 
-using job_internal::CheckDType;
-using job_internal::CheckKeyCount;
-using job_internal::DecodeKeys;
-using job_internal::DecodePayload;
-using job_internal::kMaxKeysPerRequest;
-using job_internal::kMaxParts;
-using job_internal::kMaxPendingSteps;
-using job_internal::kMaxTables;
-using job_internal::kMaxWorkers;
-using job_internal::kParallelApplyElements;
-using job_internal::Who;
 
 v1::GetJobResponse Job::Stats() const {
   v1::GetJobResponse r;
