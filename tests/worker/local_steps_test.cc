@@ -95,6 +95,28 @@ TEST_CASE("overlapped rounds (one-round delay) reach the accuracy of waited roun
   CHECK(overlapped.clock == waited.clock);
 }
 
+// A log for one rank's pushes and pulls.
+void OneRank(RoundLog* log) {
+  absl::MutexLock lock(&log->mu);
+  log->pushed.assign(1, 0);
+  log->samples.assign(1, {});
+  log->max_lead.assign(1, 0);
+}
+
+// Job "j", batch 32, rounds of 4 steps overlapped, two rounds an epoch.
+TrainerOptions OverlappedEvery4(const v1::OptimizerSpec& inner) {
+  TrainerOptions o;
+  o.job_id = "j";
+  o.batch_size = 32;
+  o.sync_every = 4;
+  o.overlap_rounds = true;
+  o.max_steps_per_epoch = 8;
+  auto in = InnerOptimizerFromSpec(inner);
+  REQUIRE_OK(in.status());
+  o.inner = *in;
+  return o;
+}
+
 TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch and Flush lands it", "[local]") {
   const Mnist d = LoadMnist(20);
   auto server = LocalPsClient::NewServer();
@@ -103,12 +125,7 @@ TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch 
   // Every push waits half a second before it reaches the server (the log
   // counts it then): a round sent at an epoch's end is visibly in flight.
   RoundLog log;
-  {
-    absl::MutexLock lock(&log.mu);
-    log.pushed.assign(1, 0);
-    log.samples.assign(1, {});
-    log.max_lead.assign(1, 0);
-  }
+  OneRank(&log);
   testing::ShapedClient client(&local, 0, absl::Milliseconds(500), 0, &log);
   auto be = compute::NewCpuBackend(1);
   auto model = models::CreateModel(Mlp(), be.get());
@@ -117,15 +134,7 @@ TEST_CASE("an overlapped epoch's last round stays in flight into the next epoch 
   c.set_model(v1::ConsistencySpec::LOCAL);
   c.set_sync_every_steps(4);
   REQUIRE_OK(client.CreateJob(JobSpecFor(**model, "j", Opt(v1::OptimizerSpec::SGD, 1.0f), c, 1)));
-  TrainerOptions o;
-  o.job_id = "j";
-  o.batch_size = 32;
-  o.sync_every = 4;
-  o.overlap_rounds = true;
-  o.max_steps_per_epoch = 8;  // two rounds an epoch
-  auto in = InnerOptimizerFromSpec(Opt(v1::OptimizerSpec::SGD, 0.05f));
-  REQUIRE_OK(in.status());
-  o.inner = *in;
+  const TrainerOptions o = OverlappedEvery4(Opt(v1::OptimizerSpec::SGD, 0.05f));
   Trainer t(model->get(), &client, o);
   auto pushed = [&] {
     absl::MutexLock lock(&log.mu);
@@ -173,12 +182,7 @@ TEST_CASE("an evaluation between overlapped epochs lands the round in flight: th
     REQUIRE_OK(server.status());
     LocalPsClient local(*server, "w0");
     RoundLog log;
-    {
-      absl::MutexLock lock(&log.mu);
-      log.pushed.assign(1, 0);
-      log.samples.assign(1, {});
-      log.max_lead.assign(1, 0);
-    }
+    OneRank(&log);
     testing::ShapedClient client(&local, 0, absl::ZeroDuration(), 0, &log);
     auto be = compute::NewCpuBackend(1);
     auto model = models::CreateModel(Mlp(), be.get());
@@ -188,15 +192,7 @@ TEST_CASE("an evaluation between overlapped epochs lands the round in flight: th
     c.set_sync_every_steps(4);
     const auto outer = Opt(v1::OptimizerSpec::MOMENTUM, 0.5f, 0.7f, true);
     REQUIRE_OK(client.CreateJob(JobSpecFor(**model, "j", outer, c, 1)));
-    TrainerOptions o;
-    o.job_id = "j";
-    o.batch_size = 32;
-    o.sync_every = 4;
-    o.overlap_rounds = true;
-    o.max_steps_per_epoch = 8;  // two rounds an epoch
-    auto in = InnerOptimizerFromSpec(Opt(v1::OptimizerSpec::ADAM, 0.001f));
-    REQUIRE_OK(in.status());
-    o.inner = *in;
+    const TrainerOptions o = OverlappedEvery4(Opt(v1::OptimizerSpec::ADAM, 0.001f));
     Trainer t(model->get(), &client, o);
     auto pulls = [&] {
       absl::MutexLock lock(&log.mu);

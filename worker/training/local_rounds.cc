@@ -136,6 +136,19 @@ absl::Status Trainer::FinishRounds() {
   return s;
 }
 
+absl::Status Trainer::TakePulled(size_t i, bool uploaded) {
+  compute::Backend* be = model_->backend();
+  models::Table& t = model_->tables()[i];
+  if (!be->is_gpu()) {
+    std::swap(t.value, pull_host_[i]);  // the pulled weights, without a copy
+    return absl::OkStatus();
+  }
+  if (!uploaded) return be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4);
+  // The result of the pull posted at the previous round's end.
+  RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
+  return be->Copy(t.value.data(), pull_dev_[(round_ - 1) % 2][i].data(), t.elements * 4);
+}
+
 absl::Status Trainer::LandRounds() {
   if (!round_pull_) return FinishRounds();
   absl::Status s;
@@ -148,15 +161,9 @@ absl::Status Trainer::LandRounds() {
   // (the servers' weights at this rank's clock), and so is the next anchor.
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
-  const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
-    if (!be->is_gpu()) {
-      std::swap(t.value, pull_host_[i]);
-    } else {
-      RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
-      RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
-    }
+    RETURN_IF_ERROR(TakePulled(i, /*uploaded=*/true));
     ScopeTimer device(&round_device_seconds_);
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
   }
@@ -252,19 +259,11 @@ absl::Status Trainer::EndRoundOverlapped() {
       s = Pull(again);
     }
     RETURN_IF_ERROR(s);
-    const std::vector<compute::Buffer>& pulled = pull_dev_[(round_ - 1) % 2];  // the previous round's result
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
       // This round's pseudo-gradient: in the push's buffer on the CPU.
       const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
-      if (host_memory) {
-        std::swap(t.value, pull_host_[i]);  // the pulled weights, without a copy
-      } else if (uploaded) {
-        RETURN_IF_ERROR(be->WaitForUpload(pull_ready_[i]));
-        RETURN_IF_ERROR(be->Copy(t.value.data(), pulled[i].data(), t.elements * 4));
-      } else {
-        RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), pull_host_[i].data(), t.elements * 4));
-      }
+      RETURN_IF_ERROR(TakePulled(i, uploaded));
       ScopeTimer device(&round_device_seconds_);
       RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, delta, t.value.as<float>()));
     }

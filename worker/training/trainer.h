@@ -221,6 +221,10 @@ class Trainer {
   // round's start, so training goes on without another pull (the
   // evaluation between epochs).
   absl::Status LandRounds();
+  // Table i's replica becomes the round result pulled last: on the CPU
+  // swapped in from the host buffer; on a GPU copied from its upload
+  // (`uploaded`) or, when the pull was asked again, from the host buffer.
+  absl::Status TakePulled(size_t i, bool uploaded);
   // Scales every table's gradient down to options_.clip_global_norm when
   // their global L2 norm is larger; records the norm in *m.
   absl::Status ClipGradients(models::Metrics* m);
