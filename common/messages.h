@@ -59,6 +59,9 @@ struct PushMessage {
   float lr_scale = 1.0f;
   // The samples this gradient covers; 0 when not given (PushRequest.samples).
   uint64_t samples = 0;
+  // Sparse rows of a step inside a local-steps round: applied on arrival,
+  // counted toward no step (PushRequest.unclocked).
+  bool unclocked = false;
   uint64_t shard_map_version = 0;
   std::vector<DenseSliceView> dense;
   std::vector<SparseSliceView> sparse;
@@ -92,6 +95,7 @@ struct PullMessage {
   DType dtype = DType::kFp32;
   uint32_t wait_timeout_ms = 0;
   uint32_t incarnation = 0;
+  bool unclocked = false;  // served without waiting (PullRequest.unclocked)
   std::vector<DenseChunkRef> dense;
   std::vector<SparseKeysView> sparse;
   std::shared_ptr<const void> keepalive;

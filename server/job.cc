@@ -462,6 +462,11 @@ absl::Status Job::CheckPush(const PushMessage& m) const {
     return absl::ResourceExhaustedError(
         absl::StrCat("push num_parts ", m.num_parts, " exceeds the limit of ", kMaxParts, " parts per step"));
   }
+  if (m.unclocked && !m.dense.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unclocked push from ", Who(m.worker_id, m.rank),
+                                                   " carries dense table '", m.dense.front().table,
+                                                   "'; unclocked pushes carry sparse rows only"));
+  }
   return absl::OkStatus();
 }
 
@@ -475,7 +480,8 @@ absl::StatusOr<bool> Job::AdmitPush(const PushMessage& m, PushResult* out) {
     out->applied_step = applied_step_;
     return true;
   }
-  if (model_ == Model::kAsp) return false;  // no steps to speak of: applied on arrival
+  // No steps to speak of: applied on arrival.
+  if (model_ == Model::kAsp || m.unclocked) return false;
   absl::Status bad;
   {
     absl::MutexLock lock(&mu_);
@@ -514,6 +520,7 @@ absl::StatusOr<bool> Job::AdmitPush(const PushMessage& m, PushResult* out) {
 
 float Job::PushRateScale(const PushMessage& m) {
   float scale = m.lr_scale;
+  if (m.unclocked) return scale;  // a step's rows, not a round's
   const bool by_samples = m.samples != 0 && model_ != Model::kBsp;
   if (!by_samples && !staleness_lr_) return scale;
   uint64_t tau = 1;
@@ -582,7 +589,8 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   // BSP's are buffered until their step is applied, then kept for the
   // next step's pushes (Job::spare_grads_), for the same reason.
   thread_local GradBuffer scratch;
-  const bool reuse = model_ != Model::kBsp;
+  const bool applied_now = model_ != Model::kBsp || m.unclocked;
+  const bool reuse = applied_now;
   if (reuse) {
     decoded.grads.swap(scratch);
   } else {
@@ -595,8 +603,8 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   }
   absl::Status s = Decode(m, map, self, &decoded);
   if (s.ok()) s = Prepare(decoded);
-  if (s.ok()) s = ChargeBufferedPush(m, &decoded);
-  if (s.ok() && model_ != Model::kBsp) {
+  if (s.ok() && !applied_now) s = ChargeBufferedPush(m, &decoded);
+  if (s.ok() && applied_now) {
     const absl::Time t0 = absl::Now();
     s = ApplyDecoded(decoded);
     metrics_.apply_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
@@ -605,6 +613,14 @@ absl::Status Job::Push(const PushMessage& m, const ShardMap& map, uint32_t self,
   if (!s.ok()) {
     dedup_.Abort(m.worker_id, m.seq);
     return s;
+  }
+  if (m.unclocked) {
+    // Rows of a step inside a local round: no part of a step or clock.
+    pushes_applied_.fetch_add(1, std::memory_order_relaxed);
+    unclocked_pushes_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    out->applied_step = applied_step_;
+    return absl::OkStatus();
   }
   return RecordPush(m, num_parts, &decoded, out);
 }

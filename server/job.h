@@ -309,6 +309,7 @@ class Job : public std::enable_shared_from_this<Job> {
   mutable JobMetrics metrics_;
   std::atomic<uint32_t> min_incarnation_{0};
   std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> unclocked_pushes_{0};  // of pushes_applied_: PushMessage::unclocked
   std::atomic<uint64_t> duplicates_{0};
   // Parts of a step left by a rank's lost incarnation, dropped when its
   // replacement sent the step again.

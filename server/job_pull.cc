@@ -26,6 +26,11 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
                               std::vector<KeyGroups>* sparse) const {
   RETURN_IF_ERROR(CheckIncarnation(m.incarnation, m.worker_id, m.rank, "pull"));
   RETURN_IF_ERROR(CheckDType(m.dtype, "<response>", "pull"));
+  if (m.unclocked && !m.dense.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unclocked pull from ", Who(m.worker_id, m.rank),
+                                                   " names dense table '", m.dense.front().table,
+                                                   "'; unclocked pulls read sparse rows only"));
+  }
   if (m.rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("pull from worker '", m.worker_id, "' has rank ",
                                                    m.rank, " but job '", id(), "' has ",
@@ -91,7 +96,7 @@ void Job::RecordReadLocked(uint32_t rank, uint64_t step) {
 
 absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse) {
   PullResult result;
-  if (staleness_lr_) {
+  if (staleness_lr_ && !m.unclocked) {
     // Before the weights are read: an update landing during the read counts
     // as not seen, so staleness errs high (a smaller rate), never low.
     absl::MutexLock lock(&mu_);
@@ -156,6 +161,16 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
     done(me->Serve(*m, *sparse));
   };
   absl::Status refused;
+  if (m->unclocked) {
+    // A step's sparse rows inside a local round: read as they are now.
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) refused = shutdown_reason_;
+    }
+    metrics_.pull_wait_seconds.Observe(0);
+    serve(refused);
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (model_ != Model::kBsp && !shut_down_) {

@@ -21,6 +21,7 @@ v1::GetJobResponse Job::Stats() const {
   r.set_bytes_used(quota_.used());
   r.set_quota_bytes(quota_.limit());
   r.set_pushes_applied(pushes_applied_.load());
+  r.set_unclocked_pushes(unclocked_pushes_.load());
   r.set_duplicate_pushes(duplicates_.load());
   r.set_rejected_nonfinite(rejected_nonfinite_.load());
   uint64_t rows = 0;
@@ -78,6 +79,9 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
   }
   out->Counter("fulcrum_server_pushes_applied_total", "Pushes applied to the job's tables", job,
                static_cast<double>(pushes_applied_.load()));
+  out->Counter("fulcrum_server_unclocked_pushes_total",
+               "Sparse rows pushed by steps inside local-steps rounds, applied on arrival", job,
+               static_cast<double>(unclocked_pushes_.load()));
   out->Counter("fulcrum_server_dedup_hits_total", "Retried pushes recognised by request id and not applied again",
                job, static_cast<double>(duplicates_.load()));
   out->Counter("fulcrum_server_superseded_push_parts_total",

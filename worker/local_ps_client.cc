@@ -89,6 +89,7 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   m.step = batch.step;
   m.lr_scale = batch.lr_scale;
   m.samples = batch.samples;
+  m.unclocked = batch.unclocked;
   m.shard_map_version = map->version();
   for (const DenseGradient& g : batch.dense) {
     absl::StatusOr<const v1::TableSpec*> found = FindTable(**spec, g.table);
@@ -111,7 +112,7 @@ Future<absl::Status> LocalPsClient::PushAsync(const std::string& job_id, const P
   }
   // Groups of one step (PushBatch::last): "more follow" until the last,
   // which counts them all. Counted once the message is known to be sent.
-  {
+  if (!batch.unclocked) {
     absl::MutexLock l(&mu_);
     uint32_t& sent = open_steps_[{job_id, batch.step}];
     ++sent;
@@ -133,6 +134,7 @@ Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const P
   m->worker_id = worker_id_;
   m->rank = rank_;
   m->step = batch.step;
+  m->unclocked = batch.unclocked;
   m->shard_map_version = map->version();
   m->dtype = DType::kFp32;
   // Where each result goes: dense chunk starts and sparse outputs.

@@ -54,6 +54,10 @@ struct PushBatch {
   // (PushRequest.samples): local steps' rounds weigh their pseudo-gradients
   // by it.
   uint64_t samples = 0;
+  // Sparse rows of a step inside a local-steps round: applied on arrival,
+  // counted toward no step (PushRequest.unclocked); `step` then only picks
+  // the learning-rate schedule. Sparse gradients only.
+  bool unclocked = false;
 };
 
 struct DenseTarget {
@@ -75,6 +79,9 @@ struct PullBatch {
   uint64_t step = 0;
   std::vector<DenseTarget> dense;
   std::vector<SparseTarget> sparse;
+  // Sparse rows for a step inside a local-steps round: served as they are,
+  // without waiting (PullRequest.unclocked). Sparse targets only.
+  bool unclocked = false;
 };
 
 class PsClient {

@@ -189,10 +189,6 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
       p.push_back(absl::StrCat("consistency.inner_optimizer.learning_rate: ", in.learning_rate(),
                                " must be a finite value > 0"));
     }
-    if (!OneOf(spec.model().type(), {"softmax", "mlp"})) {
-      p.push_back(absl::StrCat("consistency.model: local covers dense models (softmax, mlp); model '",
-                               spec.model().type(), "' has sparse tables"));
-    }
   } else if (c.sync_every_steps() != 0 || c.has_inner_optimizer() || c.overlap_rounds()) {
     p.push_back("consistency.sync_every_steps, inner_optimizer, overlap_rounds: only the local model has rounds");
   }

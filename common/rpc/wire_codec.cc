@@ -256,6 +256,13 @@ absl::Status ReadU64(Reader& r, uint32_t wt, const char* name, uint64_t* out) {
   return r.Varint(out);
 }
 
+absl::Status ReadBool(Reader& r, uint32_t wt, const char* name, bool* out) {
+  uint64_t v = 0;
+  RETURN_IF_ERROR(ReadU64(r, wt, name, &v));
+  *out = v != 0;
+  return absl::OkStatus();
+}
+
 absl::Status ReadFloat(Reader& r, uint32_t wt, const char* name, float* out) {
   EXPECT_WIRE(kFixed32, name);
   uint32_t bits;
@@ -340,6 +347,7 @@ Writer EncodePush(const PushMessage& m) {
   w.Varint(11, m.incarnation);
   w.Float(12, m.lr_scale == 1.0f ? 0.0f : m.lr_scale);
   if (m.samples != 0) w.Varint(13, m.samples);
+  if (m.unclocked) w.Varint(14, 1);
   for (const DenseSliceView& d : m.dense) {
     Writer inner = DenseSliceWriter(d.table, d.chunk, d.dtype);
     inner.External(15, d.data);
@@ -364,6 +372,7 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
   m->incarnation = 0;
   m->lr_scale = 1.0f;
   m->samples = 0;
+  m->unclocked = false;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -390,13 +399,9 @@ absl::Status DecodePush(const Payload& p, PushMessage* m) {
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;
       case 6: RETURN_IF_ERROR(ReadU32(r, wt, "num_parts", &m->num_parts)); break;
       case 7: RETURN_IF_ERROR(ReadU64(r, wt, "shard_map_version", &m->shard_map_version)); break;
-      case 10: {
-        uint64_t v = 0;
-        RETURN_IF_ERROR(ReadU64(r, wt, "more_parts", &v));
-        m->more_parts = v != 0;
-        break;
-      }
+      case 10: RETURN_IF_ERROR(ReadBool(r, wt, "more_parts", &m->more_parts)); break;
       case 11: RETURN_IF_ERROR(ReadU32(r, wt, "incarnation", &m->incarnation)); break;
+      case 14: RETURN_IF_ERROR(ReadBool(r, wt, "unclocked", &m->unclocked)); break;
       case 8: {
         Payload sub;
         RETURN_IF_ERROR(ReadPayload(r, wt, "dense", &sub));
@@ -437,6 +442,7 @@ Writer EncodePull(const PullMessage& m) {
   }
   w.Varint(9, m.wait_timeout_ms);
   w.Varint(10, m.incarnation);
+  if (m.unclocked) w.Varint(11, 1);
   return w;
 }
 
@@ -444,6 +450,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
   Reader r(p);
   m->dtype = DType::kUnspecified;
   m->incarnation = 0;
+  m->unclocked = false;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -451,6 +458,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
       case 1: RETURN_IF_ERROR(ReadStr(r, wt, "job_id", &m->job_id)); break;
       case 2: RETURN_IF_ERROR(ReadStr(r, wt, "worker_id", &m->worker_id)); break;
       case 3: RETURN_IF_ERROR(ReadU32(r, wt, "rank", &m->rank)); break;
+      case 11: RETURN_IF_ERROR(ReadBool(r, wt, "unclocked", &m->unclocked)); break;
       case 4: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "shard_map_version", &m->shard_map_version)); break;
       case 6: RETURN_IF_ERROR(ReadDType(r, wt, &m->dtype)); break;

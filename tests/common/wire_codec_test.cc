@@ -102,6 +102,39 @@ TEST_CASE("a push's samples travel as a varint, are 0 when absent and are refuse
   CHECK(absl::StrContains(bad.message(), "samples 2199023255552 is over"));
 }
 
+TEST_CASE("unclocked travels on pushes and pulls, false when absent", "[wire]") {
+  PushMessage m;
+  m.job_id = "job";
+  m.unclocked = true;
+  grpc::ByteBuffer buf = wire::EncodePush(m).Finish();
+  v1::PushRequest parsed;
+  REQUIRE(parsed.ParseFromString(Flatten(buf)));
+  CHECK(parsed.unclocked());
+  std::string bytes = parsed.SerializeAsString();
+  PushMessage back;
+  REQUIRE(wire::DecodePush(Payload(bytes.data(), bytes.size()), &back).ok());
+  CHECK(back.unclocked);
+  parsed.set_unclocked(false);
+  bytes = parsed.SerializeAsString();
+  REQUIRE(wire::DecodePush(Payload(bytes.data(), bytes.size()), &back).ok());
+  CHECK_FALSE(back.unclocked);
+  PullMessage pm;
+  pm.job_id = "job";
+  pm.unclocked = true;
+  buf = wire::EncodePull(pm).Finish();
+  v1::PullRequest pulled;
+  REQUIRE(pulled.ParseFromString(Flatten(buf)));
+  CHECK(pulled.unclocked());
+  bytes = pulled.SerializeAsString();
+  PullMessage pback;
+  REQUIRE(wire::DecodePull(Payload(bytes.data(), bytes.size()), &pback).ok());
+  CHECK(pback.unclocked);
+  pulled.set_unclocked(false);
+  bytes = pulled.SerializeAsString();
+  REQUIRE(wire::DecodePull(Payload(bytes.data(), bytes.size()), &pback).ok());
+  CHECK_FALSE(pback.unclocked);
+}
+
 TEST_CASE("protoc-encoded pull decodes, including from many small pieces", "[wire]") {
   v1::PullRequest req;
   req.set_job_id("j");

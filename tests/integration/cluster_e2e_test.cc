@@ -430,7 +430,9 @@ TEST_CASE("local steps (H = 16): MNIST reaches >= 0.955 in 3 epochs, a worker ki
   CHECK(absl::StrContains(status, "rounds:    177 of 177 done (16 inner steps each"));
 }
 
-TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "[e2e]") {
+TEST_CASE("sparse logistic regression (ASP) and a factorization machine with local steps on hashed SpamAssassin "
+          "reach >= 0.97",
+          "[e2e]") {
   // The hashed corpus, made from the fetched mails (deterministic; cached).
   const std::string d = std::string(FULCRUM_TEST_DATA_DIR) + "/spam-assassin";
   if (!fs::exists(d + "/hashed.test")) {
@@ -448,6 +450,18 @@ TEST_CASE("sparse logistic regression on hashed SpamAssassin reaches >= 0.97", "
   Report(j);
   CHECK(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.97);
+  // Sparse rows by step, the dense bias by rounds, over gRPC and shared memory.
+  const int rc_fm = cluster.Ctl({"submit", "-f", Example("spam-fm-local.yaml")}, &out);
+  INFO(out);
+  CHECK(rc_fm == 0);
+  const v1::Job fm = cluster.Get("spam-fm-local-2");
+  Report(fm);
+  CHECK(fm.status().state() == v1::SUCCEEDED);
+  CHECK(fm.status().test_accuracy() >= 0.97);
+  std::string status;
+  REQUIRE(cluster.Ctl({"status", "spam-fm-local-2"}, &status) == 0);
+  INFO(status);
+  CHECK(absl::StrContains(status, "rounds:"));
 }
 
 TEST_CASE("fulcrumctl list reads every page of a registry of 1001 jobs", "[e2e]") {

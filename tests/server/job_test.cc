@@ -100,6 +100,78 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
 }
 
+TEST_CASE("unclocked rows (local steps' sparse tables) apply on arrival under BSP and count toward no step",
+          "[bsp][job][local]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  using testing::SparseTableSpec;
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4), SparseTableSpec("emb", 2, 0.5f)}, 2),
+                                              4, 1 << 20, &timer));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  std::vector<uint64_t> keys = {7, 7, 9};
+  std::vector<float> rows = {1, 1, 1, 1, 2, 2};  // key 7 twice: summed
+  auto unclocked = [&](uint32_t rank, uint64_t seq) {
+    PushMessage m = Header(rank, 5);
+    m.seq = seq;
+    m.unclocked = true;
+    m.sparse.push_back({"emb", DType::kFp32, Payload(keys.data(), keys.size() * 8), Payload(rows.data(), rows.size() * 4)});
+    return m;
+  };
+  // Rank 0's rows apply at once, though rank 1 has pushed no round.
+  PushResult r;
+  REQUIRE_OK(job->Push(unclocked(0, 100), *map, 0, &r));
+  CHECK(r.applied_step == 0);
+  // Read back unclocked, for a step BSP would make wait: served now.
+  auto read = [&](bool unclocked_pull, uint64_t step) {
+    auto pull = std::make_shared<PullMessage>();
+    pull->job_id = "j";
+    pull->worker_id = "w0";
+    pull->step = step;
+    pull->unclocked = unclocked_pull;
+    pull->sparse.push_back({"emb", Payload(keys.data() + 1, 16)});
+    absl::Notification done;
+    absl::StatusOr<PullResult> result;
+    job->Pull(pull, map, 0, absl::Now() + absl::Milliseconds(300), [&](absl::StatusOr<PullResult> res) {
+      result = std::move(res);
+      done.Notify();
+    });
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return result;
+  };
+  absl::StatusOr<PullResult> got = read(true, 1);
+  REQUIRE_OK(got.status());
+  std::vector<float> v(4);
+  std::memcpy(v.data(), got->sparse[0].values.data.get(), 16);
+  CHECK(v == std::vector<float>{-1, -1, -1, -1});  // key 7: -(1 + 1) x 0.5, key 9: -2 x 0.5
+  // The same pull with the clock waits for step 0's rounds and times out.
+  CHECK(read(false, 1).status().code() == absl::StatusCode::kDeadlineExceeded);
+  // A retry is acknowledged, not applied again.
+  REQUIRE_OK(job->Push(unclocked(0, 100), *map, 0, &r));
+  CHECK(r.duplicate);
+  // Rounds still need every rank: one dense round each, then step 0 applies.
+  std::vector<float> g(4, 1.0f);
+  REQUIRE_OK(job->Push(Push(0, 0, g), *map, 0, &r));
+  CHECK(r.applied_step == 0);
+  REQUIRE_OK(job->Push(Push(1, 0, g), *map, 0, &r));
+  CHECK(r.applied_step == 1);
+  const v1::GetJobResponse stats = job->Stats();
+  CHECK(stats.unclocked_pushes() == 1);
+  CHECK(stats.pushes_applied() == 3);
+  // Dense tables go by rounds only.
+  PushMessage dense = Push(0, 1, g);
+  dense.unclocked = true;
+  REQUIRE_STATUS(job->Push(dense, *map, 0, &r), absl::StatusCode::kInvalidArgument,
+                 "unclocked push from worker 'w0' (rank 0) carries dense table 'w'");
+  auto pull = std::make_shared<PullMessage>();
+  pull->job_id = "j";
+  pull->worker_id = "w0";
+  pull->unclocked = true;
+  pull->dense.push_back({"w", 0});
+  absl::Status refused;
+  job->Pull(pull, map, 0, absl::Now() + absl::Seconds(1), [&](absl::StatusOr<PullResult> res) { refused = res.status(); });
+  REQUIRE_STATUS(refused, absl::StatusCode::kInvalidArgument, "unclocked pulls read sparse rows only");
+}
+
 TEST_CASE("a push's lr_scale multiplies the learning rate: alone under ASP, the ranks' mean under BSP",
           "[job][lr_scale]") {
   DeadlineTimer timer;

@@ -394,7 +394,7 @@ class GrpcPsClient::Impl {
     // (num_parts 0); the last group's carry each server's total, and a
     // server with earlier parts but nothing now gets an empty part with it.
     std::vector<uint32_t> earlier;
-    {
+    if (!batch.unclocked) {
       absl::MutexLock lock(&open_mu_);
       auto key = std::make_pair(job_id, batch.step);
       if (!batch.last) {
@@ -407,7 +407,7 @@ class GrpcPsClient::Impl {
       }
     }
     earlier.resize(std::max(earlier.size(), n), 0);
-    for (uint32_t s = 0; s < n; ++s) {
+    for (uint32_t s = 0; s < n && !batch.unclocked; ++s) {
       if (batch.last && earlier[s] > 0 && count[s] == 0) {
         parts.emplace_back(s, std::make_shared<PushPart>());
         ++count[s];
@@ -425,6 +425,7 @@ class GrpcPsClient::Impl {
     for (auto& [s, p] : parts) {
       p->lr_scale = batch.lr_scale;
       p->samples = batch.samples;
+      p->unclocked = batch.unclocked;
       auto send = [this, op, job = *job, m, s = s, job_id, step = batch.step,
                    num_parts = batch.last ? earlier[s] + count[s] : 0, p = std::move(p),
                    seq = next_seq_.fetch_add(1, std::memory_order_relaxed)]() mutable {
@@ -460,6 +461,7 @@ class GrpcPsClient::Impl {
     msg.step = step;
     msg.lr_scale = part->lr_scale;
     msg.samples = part->samples;
+    msg.unclocked = part->unclocked;
     msg.num_parts = num_parts;
     msg.more_parts = num_parts == 0;
     msg.shard_map_version = m->version();
@@ -499,7 +501,9 @@ class GrpcPsClient::Impl {
              });
              return;
            }
-           if (auto version = WrongShardVersion(s); version && !job->synchronous) {
+           // Parts applied on arrival are independent: re-sliced under a
+           // new map. A synchronous step's are not (they count toward it).
+           if (auto version = WrongShardVersion(s); version && (!job->synchronous || part->unclocked)) {
              timer_.Schedule(absl::Now(),
                              [=, this] { ReroutePush(op, job, address, *version, job_id, step, num_parts, part); });
              return;
@@ -523,6 +527,7 @@ class GrpcPsClient::Impl {
     for (auto& [srv, p] : parts) {
       p->lr_scale = part->lr_scale;
       p->samples = part->samples;
+      p->unclocked = part->unclocked;
       SendPush(op, job, m, srv, job_id, step, num_parts == 0 ? 0 : 1, std::move(p),
                next_seq_.fetch_add(1, std::memory_order_relaxed), 0);
     }
@@ -579,7 +584,10 @@ class GrpcPsClient::Impl {
     auto m = map();
     auto parts = PlanPull(*m, dense, sparse);
     op->Add(static_cast<int>(parts.size()));
-    for (auto& [s, p] : parts) SendPull(op, *job, m, s, job_id, batch.step, std::move(p), 0);
+    for (auto& [s, p] : parts) {
+      p->unclocked = batch.unclocked;
+      SendPull(op, *job, m, s, job_id, batch.step, std::move(p), 0);
+    }
     op->Done(absl::OkStatus());
     return f;
   }
@@ -644,6 +652,7 @@ class GrpcPsClient::Impl {
     msg.incarnation = options_.incarnation;
     msg.rank = options_.rank;
     msg.step = step;
+    msg.unclocked = part->unclocked;
     msg.shard_map_version = m->version();
     msg.dtype = options_.wire_dtype;
     msg.wait_timeout_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.pull_wait_timeout));
@@ -690,7 +699,10 @@ class GrpcPsClient::Impl {
                auto nm = map();
                auto parts = PlanPull(*nm, part->dense, part->sparse);
                op->Add(static_cast<int>(parts.size()));
-               for (auto& [srv, p] : parts) SendPull(op, job, nm, srv, job_id, step, p, 0);
+               for (auto& [srv, p] : parts) {
+                 p->unclocked = part->unclocked;
+                 SendPull(op, job, nm, srv, job_id, step, p, 0);
+               }
                op->Done(absl::OkStatus());
              });
              return;

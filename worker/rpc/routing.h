@@ -60,6 +60,7 @@ struct PushPart {
   std::vector<Sparse> sparse;
   float lr_scale = 1.0f;  // PushBatch::lr_scale
   uint64_t samples = 0;   // PushBatch::samples
+  bool unclocked = false;  // PushBatch::unclocked
   size_t bytes = 0;
 };
 
@@ -77,6 +78,7 @@ struct PullPart {
   };
   std::vector<Dense> dense;
   std::vector<Sparse> sparse;
+  bool unclocked = false;  // PullBatch::unclocked
   size_t bytes = 0;
 };
 

@@ -59,6 +59,7 @@ absl::Status Trainer::BeginRound() {
   inner_v_.resize(tables.size());
   const int slots = options_.inner.slots();
   for (size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i].sparse) continue;  // rows go by step (PullRows, PushRows)
     const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
     if (anchor_[i].bytes() < bytes) {
       ASSIGN_OR_RETURN(anchor_[i], be->Allocate(bytes));
@@ -82,17 +83,76 @@ absl::Status Trainer::BeginRound() {
 
 absl::StatusOr<models::Metrics> Trainer::LocalStep(const data::Batch& batch) {
   compute::Backend* be = model_->backend();
+  RETURN_IF_ERROR(PullRows());
   ASSIGN_OR_RETURN(models::Metrics m, model_->Run(batch, /*train=*/true));
   if (options_.clip_global_norm > 0) RETURN_IF_ERROR(ClipGradients(&m));
   ++inner_updates_;
   for (size_t i = 0; i < model_->tables().size(); ++i) {
     models::Table& t = model_->tables()[i];
+    if (t.sparse) continue;
     RETURN_IF_ERROR(be->OptimizerUpdate(options_.inner, t.elements, t.value.as<float>(), t.grad.as<float>(),
                                         inner_m_[i].as<float>(), inner_v_[i].as<float>(), inner_updates_));
   }
+  RETURN_IF_ERROR(PushRows());
   ++in_round_;
   round_samples_ += batch.size;
   return m;
+}
+
+absl::Status Trainer::PullRows() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  PullBatch pull;
+  pull.step = step_;
+  pull.unclocked = true;
+  Staging& st = staging_[1];
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const models::Table& t = tables[i];
+    if (t.sparse && !t.keys.empty()) pull.sparse.push_back({t.spec.name(), t.keys.data(), t.keys.size(), nullptr});
+  }
+  if (pull.sparse.empty()) return absl::OkStatus();
+  // This rank reads its own writes: the previous step's rows first (a push
+  // of a few rows, sent while the next batch was prepared).
+  RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
+  RETURN_IF_ERROR(Stage(1, /*values=*/true, /*grads=*/true, /*sparse_only=*/true));
+  for (size_t i = 0, k = 0; i < tables.size(); ++i) {
+    if (tables[i].sparse && !tables[i].keys.empty()) pull.sparse[k++].out = st.value[i].as<float>();
+  }
+  RETURN_IF_ERROR(Pull(pull));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    if (!t.sparse || t.keys.empty()) continue;
+    if (!be->is_gpu()) {
+      std::swap(t.value, st.value[i]);  // host memory: the pulled rows as they are
+      continue;
+    }
+    RETURN_IF_ERROR(be->CopyToDevice(t.value.data(), st.value[i].data(), t.elements * 4));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PushRows() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  Staging& st = staging_[1];
+  PushBatch push;
+  push.step = step_;  // picks the inner optimizer's schedule, not a clock
+  push.unclocked = true;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    if (!t.sparse || t.keys.empty()) continue;
+    if (!be->is_gpu()) {
+      std::swap(t.grad, st.grad[i]);  // the model's next backward gets the free buffer
+    } else {
+      RETURN_IF_ERROR(be->CopyToHost(st.grad[i].data(), t.grad.data(), t.elements * 4));
+    }
+    st.keys[i] = t.keys;  // the push outlives the batch's keys
+    push.sparse.push_back({t.spec.name(), st.keys[i].data(), st.keys[i].size(), st.grad[i].as<float>()});
+  }
+  if (push.sparse.empty()) return absl::OkStatus();
+  if (be->is_gpu()) RETURN_IF_ERROR(be->Synchronize());
+  pushes_.push_back({step_, client_->PushAsync(options_.job_id, push)});
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::EndRound() {
@@ -105,6 +165,7 @@ absl::Status Trainer::EndRound() {
   push.samples = round_samples_;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
+    if (t.sparse) continue;
     {
       ScopeTimer device(&round_device_seconds_);
       RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
@@ -163,6 +224,7 @@ absl::Status Trainer::LandRounds() {
   auto& tables = model_->tables();
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
+    if (t.sparse) continue;
     RETURN_IF_ERROR(TakePulled(i, /*uploaded=*/true));
     ScopeTimer device(&round_device_seconds_);
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
@@ -178,7 +240,7 @@ absl::Status Trainer::EndRoundOverlapped() {
     ScopeTimer device(&round_device_seconds_);
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
-      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
+      if (!t.sparse) RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, t.value.as<float>(), anchor_[i].as<float>()));
     }
   }
   push_host_.resize(tables.size());
@@ -211,6 +273,7 @@ absl::Status Trainer::EndRoundOverlapped() {
   round_samples_ = 0;
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
+    if (t.sparse) continue;
     ASSIGN_OR_RETURN(float* out, host(push_host_, i));
     if (host_memory) {
       // The CPU's device memory is host memory: the pseudo-gradient's buffer
@@ -254,6 +317,7 @@ absl::Status Trainer::EndRoundOverlapped() {
       PullBatch again;
       again.step = round_;
       for (size_t i = 0; i < tables.size(); ++i) {
+        if (tables[i].sparse) continue;
         again.dense.push_back({tables[i].spec.name(), pull_host_[i].as<float>(), tables[i].elements});
       }
       s = Pull(again);
@@ -261,6 +325,7 @@ absl::Status Trainer::EndRoundOverlapped() {
     RETURN_IF_ERROR(s);
     for (size_t i = 0; i < tables.size(); ++i) {
       models::Table& t = tables[i];
+      if (t.sparse) continue;
       // This round's pseudo-gradient: in the push's buffer on the CPU.
       const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
       RETURN_IF_ERROR(TakePulled(i, uploaded));
@@ -277,6 +342,7 @@ absl::Status Trainer::EndRoundOverlapped() {
   std::vector<std::tuple<void*, const void*, size_t>> uploads;  // device, host, bytes
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
+    if (t.sparse) continue;
     ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
     pull.dense.push_back({t.spec.name(), in, t.elements});
     if (!host_memory) {
@@ -310,12 +376,6 @@ absl::Status Trainer::EndRoundOverlapped() {
 
 absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, EpochResult* result) {
   round_device_seconds_ = 0;
-  for (const models::Table& t : model_->tables()) {
-    if (t.sparse) {
-      return absl::InvalidArgumentError(absl::StrCat("consistency.model local: table '", t.spec.name(),
-                                                     "' is sparse; local steps cover dense models only"));
-    }
-  }
   while (result->steps < steps) {
     if (options_.stop != nullptr && options_.stop->load()) return absl::CancelledError("training stopped");
     const auto t_data = Clock::now();
@@ -351,6 +411,8 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     CloseStep(t, m, result);
     prefetch.Recycle(std::move(batch));
   }
+  // The epoch's sparse rows are on the servers before it ends.
+  RETURN_IF_ERROR(WaitPushes(UINT64_MAX));
   const bool short_shard = in_round_ > 0;  // a shard shorter than expected
   if (short_shard) RETURN_IF_ERROR(EndRound());
   result->round_device_seconds += round_device_seconds_;

@@ -32,7 +32,11 @@ v1::PsJobSpec JobSpecFor(models::Model& model, const std::string& job_id, const 
   for (const models::Table& t : model.tables()) {
     v1::TableSpec* ts = spec.add_tables();
     *ts = t.spec;
-    *ts->mutable_optimizer() = optimizer;
+    // Under local steps the job's optimizer is the outer one, for rounds'
+    // pseudo-gradients; sparse rows are pushed by every step and trained by
+    // the servers with the inner optimizer.
+    const bool per_step_rows = t.sparse && consistency.model() == v1::ConsistencySpec::LOCAL;
+    *ts->mutable_optimizer() = per_step_rows ? consistency.inner_optimizer() : optimizer;
   }
   return spec;
 }
@@ -88,12 +92,13 @@ void Trainer::Drain() {
   pushes_.clear();
 }
 
-absl::Status Trainer::Stage(int set, bool values, bool grads) {
+absl::Status Trainer::Stage(int set, bool values, bool grads, bool sparse_only) {
   // Only `set`'s buffers may grow (sparse tables' rows vary by batch): the
   // other set's may be in flight.
   compute::Backend* be = model_->backend();
   Staging& st = staging_[set];
   for (size_t i = 0; i < model_->tables().size(); ++i) {
+    if (sparse_only && !model_->tables()[i].sparse) continue;
     const size_t bytes = std::max<size_t>(64, model_->tables()[i].elements * 4);
     for (compute::Buffer* b : {values ? &st.value[i] : nullptr, grads ? &st.grad[i] : nullptr}) {
       if (b == nullptr || (b->data() != nullptr && b->bytes() >= bytes)) continue;

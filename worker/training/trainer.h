@@ -214,6 +214,11 @@ class Trainer {
   absl::StatusOr<models::Metrics> LocalStep(const data::Batch& batch);
   absl::Status EndRound();
   absl::Status EndRoundOverlapped();
+  // A local step's sparse rows: pulled before it (after this rank's previous
+  // rows landed) and their gradients pushed after it, both unclocked, in
+  // staging set 1 (rounds stage dense tables in set 0).
+  absl::Status PullRows();
+  absl::Status PushRows();
   // Waits for the round push and pull in flight (overlapped rounds); the
   // next round starts from a fresh pull.
   absl::Status FinishRounds();
@@ -235,7 +240,7 @@ class Trainer {
   // Waits for everything in flight, ignoring errors (cleanup paths).
   void Drain();
   // Sizes `set`'s value and/or grad buffers for this step's tables.
-  absl::Status Stage(int set, bool values, bool grads);
+  absl::Status Stage(int set, bool values, bool grads, bool sparse_only = false);
   static void Accumulate(const models::Metrics& m, EvalResult* r);
   static void Finish(models::Task task, EvalResult* r);
 
