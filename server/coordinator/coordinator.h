@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/deadline_timer.h"
 #include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
@@ -83,6 +84,13 @@ struct CoordinatorOptions {
   // The environment RocksDB works through (nullptr: the default). Tests give
   // one whose writes fail on demand.
   rocksdb::Env* env = nullptr;
+  // The time of day for liveness, deadlines, TTLs, checkpoint cadence and
+  // timestamps (nullptr: the real one). Long polls' timeouts stay on real
+  // time. Tests give a fake one and call TickForTesting.
+  const Clock* clock = nullptr;
+  // Whether a thread runs the scheduler every `tick`; tests that drive it
+  // with TickForTesting turn it off.
+  bool run_scheduler = true;
 };
 
 // Talks to parameter servers on the coordinator's behalf (the gRPC one in
@@ -188,6 +196,9 @@ class Coordinator {
   // Holds the coordinator's lock for `d`, as a write stuck on a slow disk
   // would: heartbeats and the scheduler wait behind it (tests).
   void StallForTesting(absl::Duration d);
+  // Runs one pass of the scheduler now, on the caller's thread (tests with
+  // CoordinatorOptions::clock and run_scheduler false).
+  void TickForTesting() { Tick(); }
 
  private:
   struct RankSlot {
@@ -250,9 +261,9 @@ class Coordinator {
     // loaded, until it registers, heartbeats or reports: it keeps the ranks
     // it had for its grace period, but gets no new ones (it may be gone).
     bool heard = true;
-    // The node spoke to us (registered, heartbeated or reported) just now.
-    void Heard() {
-      last_heartbeat = absl::Now();
+    // The node spoke to us (registered, heartbeated or reported) at `now`.
+    void Heard(absl::Time now) {
+      last_heartbeat = now;
       heard = true;
     }
   };
@@ -260,7 +271,31 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);
   absl::Status Load();
   void SchedulerLoop();
+  // One pass of the scheduler, in stages (coordinator_scheduler.cc).
   void Tick();
+  // After a gap in the scheduler's runs (its lock held, the process paused):
+  // nodes get a fresh node_timeout rather than all being declared dead.
+  void SpareNodesAfterStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A node past node_timeout: a server's running jobs roll back (or fail),
+  // a worker's ranks wait for another worker.
+  void DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // activeDeadlineSeconds and ttlSecondsAfterFinished.
+  void ExpireJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While no job runs the shard map follows the live servers; it is
+  // installed on those that lack it.
+  void FollowLiveServersLocked(const std::vector<std::string>& live, bool running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live worker with the most free slots, preferring those not in
+  // `avoid`; "" when none has one. Takes the slot from `free`.
+  static std::string TakeSlot(std::map<std::string, int>& free, const std::set<std::string>& avoid);
+  void ReassignLostRanksLocked(JobRecord& r, std::map<std::string, int>& free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a pending job cannot start now ("" when it can), and the reason code.
+  std::string WhyPendingLocked(const JobRecord& r, const std::map<std::string, int>& free,
+                               const std::vector<std::string>& live, bool running, bool blocked,
+                               std::string* reason) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartPendingJobsLocked(const std::vector<JobRecord*>& order, std::map<std::string, int>& free,
+                              const std::vector<std::string>& live, bool running) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Persistence. Each record (the meta record, job/<id>, node/<id>) is
   // written whole from memory; `sync` for state changes, not for progress.
@@ -350,7 +385,7 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record of a cut every server wrote: its step, each rank's position,
   // sizes and the longest pause.
-  static v1::CheckpointInfo CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas);
+  v1::CheckpointInfo CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) const;
   void RunCut(CutTask task);
   void RunRestore(RestoreTask task);
   // Rolls a running job back to its latest committed cut (or `cut_id`);
@@ -380,14 +415,18 @@ class Coordinator {
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  absl::Time Now() const { return clock_->Now(); }
+  int64_t NowMs() const { return absl::ToUnixMillis(Now()); }
+
   const CoordinatorOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<ServerControl> servers_;
 
   mutable absl::Mutex mu_;
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);  // null after a failed reopen
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
-  absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::Now();  // the scheduler's last liveness check
+  absl::Time last_tick_ ABSL_GUARDED_BY(mu_);  // the scheduler's last liveness check
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_node_ ABSL_GUARDED_BY(mu_) = 0;

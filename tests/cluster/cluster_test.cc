@@ -832,69 +832,6 @@ TEST_CASE("RegisterNode refuses a node it could not keep or dial, naming the fie
   CHECK(coordinator.GetCluster().nodes_size() == 2);
 }
 
-// "alive", "dead" or "forgotten": node `id` in the coordinator's cluster state.
-std::string NodeState(const Coordinator& coordinator, const std::string& id) {
-  const v1::ClusterState cs = coordinator.GetCluster();
-  for (const auto& n : cs.nodes()) {
-    if (n.info().node_id() == id) return n.alive() ? "alive" : "dead";
-  }
-  return "forgotten";
-}
-
-// Registers a worker that never heartbeats; returns its node id.
-std::string RegisterSilentWorker(Coordinator& coordinator) {
-  v1::NodeInfo info;
-  info.set_role(v1::WORKER);
-  auto node = coordinator.RegisterNode(info);
-  REQUIRE(node.ok());
-  return node->node_id();
-}
-
-TEST_CASE("a coordinator that could not run for a while gives nodes a fresh node_timeout before declaring them dead",
-          "[cluster]") {
-  BareCoordinator bare([](CoordinatorOptions& o) {
-    o.heartbeat_interval = absl::Milliseconds(200);
-    o.node_timeout = absl::Seconds(1);
-  });
-  Coordinator& coordinator = *bare;
-  const std::string node = RegisterSilentWorker(coordinator);
-  auto alive = [&]() { return NodeState(coordinator, node) == "alive"; };
-  // The lock held for 2.5 s, as by a write stuck on a slow disk: the node's
-  // heartbeats, had it sent any, would have waited behind it.
-  coordinator.StallForTesting(absl::Milliseconds(2500));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // three scheduler ticks
-  CHECK(alive());  // spared: not declared dead for silence the stall may have caused
-  // The grace is one node_timeout, not immunity.
-  const absl::Time end = absl::Now() + absl::Seconds(20);
-  while (alive() && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  CHECK_FALSE(alive());
-}
-
-TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotten", "[cluster]") {
-  BareCoordinator bare([](CoordinatorOptions& o) {
-    o.heartbeat_interval = absl::Milliseconds(100);
-    o.node_timeout = absl::Milliseconds(300);
-    o.dead_node_retention = absl::Seconds(1);
-  });
-  Coordinator& coordinator = *bare;
-  const std::string gone = RegisterSilentWorker(coordinator);
-  auto state = [&]() { return NodeState(coordinator, gone); };
-  auto wait_for = [&](const std::string& want) {
-    const absl::Time end = absl::Now() + absl::Seconds(20);
-    while (state() != want && absl::Now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return absl::Now();
-  };
-  const absl::Time dead = wait_for("dead");
-  REQUIRE(state() == "dead");
-  const absl::Time forgotten = wait_for("forgotten");
-  REQUIRE(state() == "forgotten");
-  CHECK(forgotten - dead >= absl::Milliseconds(900));  // listed for its retention first
-  // It heartbeats again after a long pause: told to register anew.
-  v1::HeartbeatRequest hb;
-  hb.set_node_id(gone);
-  CHECK(coordinator.Heartbeat(hb).status().code() == absl::StatusCode::kNotFound);
-}
-
 TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   InProcessCluster cluster(1, 1);
   v1::JobSpec spec = DigitsSpec();

@@ -1,0 +1,699 @@
+// The Coordinator's checkpoints: cuts, rollbacks and restores, exports, and
+// the calls to servers the scheduler runs in the background.
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/config/job_spec.h"
+#include "common/logging.h"
+#include "common/shard_map.h"
+#include "common/rocksdb_status.h"
+#include "common/status_macros.h"
+#include "server/coordinator/coordinator_internal.h"
+
+namespace fulcrum {
+
+using coordinator_internal::kInstallingShardMap;
+using coordinator_internal::kJobPrefix;
+using coordinator_internal::kMetaKey;
+using coordinator_internal::kNodePrefix;
+using coordinator_internal::Serial;
+
+// ---------------------------------------------------------------- checkpoints
+
+namespace {
+
+const v1::CheckpointInfo* FindCut(const v1::JobStatus& st, uint64_t cut_id) {
+  if (st.checkpoints_size() == 0) return nullptr;
+  if (cut_id == 0) return &*st.checkpoints().rbegin();
+  for (const v1::CheckpointInfo& c : st.checkpoints()) {
+    if (c.cut_id() == cut_id) return &c;
+  }
+  return nullptr;
+}
+
+std::string CutIds(const v1::JobStatus& st) {
+  std::vector<std::string> ids;
+  for (const v1::CheckpointInfo& c : st.checkpoints()) ids.push_back(absl::StrCat(c.cut_id()));
+  return ids.empty() ? std::string("none") : absl::StrJoin(ids, ", ");
+}
+
+// Calls `call` for every server at once, each on its own thread; returns
+// the answers in the servers' order.
+template <typename Result>
+std::vector<Result> CallEachServer(const std::vector<std::string>& servers,
+                                   const std::function<Result(const std::string&)>& call) {
+  std::vector<Result> results(servers.size(), Result(absl::UnknownError("not asked")));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
+  for (std::thread& th : threads) th.join();
+  return results;
+}
+
+// CallEachServer for cuts and restores. On success *out holds the answers
+// in the servers' order; otherwise the first failure, naming its server.
+absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v1::ShardCutMeta>* out,
+                          const std::function<absl::StatusOr<v1::ShardCutMeta>(const std::string&)>& call) {
+  std::vector<absl::StatusOr<v1::ShardCutMeta>> results = CallEachServer(servers, call);
+  out->clear();
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].ok()) {
+      return absl::Status(results[i].status().code(),
+                          absl::StrCat("server ", servers[i], ": ", results[i].status().message()));
+    }
+    out->push_back(*std::move(results[i]));
+  }
+  return absl::OkStatus();
+}
+
+// Whether the servers collect the job's steps in order. Local steps with
+// no staleness run BSP rounds there.
+bool IsBsp(const v1::JobSpec& spec) {
+  const auto& c = spec.consistency();
+  return c.model() == v1::ConsistencySpec::BSP || c.model() == v1::ConsistencySpec::MODEL_UNSPECIFIED ||
+         (c.model() == v1::ConsistencySpec::LOCAL && c.staleness() == 0);
+}
+
+// Local steps: the servers' clock counts rounds of sync_every_steps, and
+// each epoch ends one (worker/training/trainer.h). The rounds a rank has
+// completed after `step` inner steps, and the inner steps a clock of
+// `rounds` stands for; both the identity for other models.
+uint64_t RoundsOfSteps(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t step) {
+  const auto& c = spec.consistency();
+  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return step;
+  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
+  const uint64_t in_epoch = step % steps_per_epoch;
+  return step / steps_per_epoch * per_epoch + in_epoch / h;
+}
+uint64_t StepsOfRounds(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t rounds) {
+  const auto& c = spec.consistency();
+  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return rounds;
+  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
+  return rounds / per_epoch * steps_per_epoch + std::min(steps_per_epoch, rounds % per_epoch * h);
+}
+
+}  // namespace
+
+void Coordinator::SucceedLocked(JobRecord& r, const std::string& note) {
+  const v1::JobStatus& s = r.job.status();
+  const std::string accuracy = absl::StrCat(s.test_accuracy());
+  FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
+               absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", accuracy, note));
+  FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << accuracy << ", " << s.step()
+             << " steps per rank" << note;
+}
+
+bool Coordinator::CountFailureLocked(JobRecord& r, const std::string& message) {
+  v1::JobStatus* st = r.job.mutable_status();
+  st->set_restarts(st->restarts() + 1);
+  ++reassignments_;
+  // Progress since the last failure starts the count again.
+  if (st->failures_in_a_row() > 0 && st->step() > st->step_at_last_failure()) st->set_failures_in_a_row(0);
+  st->set_failures_in_a_row(st->failures_in_a_row() + 1);
+  st->set_step_at_last_failure(std::max(st->step_at_last_failure(), st->step()));
+  const uint32_t limit =
+      r.job.spec().run_policy().backoff_limit() == 0 ? 6 : r.job.spec().run_policy().backoff_limit();
+  if (st->failures_in_a_row() <= limit) return false;
+  FinishLocked(r, v1::FAILED, "BackoffLimitExceeded",
+               absl::StrCat(message, "; ", st->failures_in_a_row(), " failures in a row without progress (stuck at "
+                            "step ", st->step_at_last_failure(), ") exceed the backoff limit of ", limit));
+  return true;
+}
+
+bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason,
+                                      const std::string& message, bool counts_as_restart) {
+  v1::JobStatus* st = r.job.mutable_status();
+  const v1::CheckpointInfo* cut = FindCut(*st, cut_id);
+  if (cut == nullptr) return false;
+  const uint64_t id = cut->cut_id(), step = cut->step();
+  if (counts_as_restart && CountFailureLocked(r, message)) return true;
+  st->set_restoring_cut(id);
+  st->set_rollbacks(st->rollbacks() + 1);
+  st->set_end_time_unix_ms(0);
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    r.ranks[i].node_id.clear();
+    r.ranks[i].finished = false;
+    st->mutable_workers(static_cast<int>(i))->set_state("restoring");
+  }
+  r.final_cut_pending = false;
+  r.restore_since = Now();
+  if (r.started == absl::InfinitePast()) r.started = Now();
+  SetStateLocked(r, v1::RUNNING, "Restarting", reason,
+                 absl::StrCat(message, "; rolling back to checkpoint ", id, " (step ", step, ")"));
+  RecomputeLocked(r);
+  SaveJobLocked(r, true);
+  BumpGenerationLocked();
+  FLOG(WARNING) << "job " << r.job.id() << ": " << message << "; rolling back to checkpoint " << id << " (step "
+                << step << ")";
+  return true;
+}
+
+void Coordinator::ScheduleCheckpointsLocked() {
+  if (!shard_map_ || shutdown_) return;
+  const std::vector<std::string> live = LiveServersLocked();
+  const std::set<std::string> live_set(live.begin(), live.end());
+  const bool map_ready = MapInstalledLocked(live);
+  const absl::Time now = Now();
+  for (auto& [jid, r] : jobs_) {
+    if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() != 0) {
+      MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
+    } else if (map_ready && !r.cut_in_flight) {
+      MaybeStartCutLocked(jid, r, now);
+    }
+  }
+}
+
+void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, const std::set<std::string>& live,
+                                          bool map_ready, absl::Time now) {
+  if (r.restore_in_flight || r.release_pending) return;
+  v1::JobStatus* st = r.job.mutable_status();
+  const v1::CheckpointInfo* cut = FindCut(*st, st->restoring_cut());
+  if (cut == nullptr) {
+    FinishLocked(r, v1::FAILED, "CheckpointLost",
+                 absl::StrCat("checkpoint ", st->restoring_cut(), " is no longer recorded"));
+    return;
+  }
+  // Restore once every server holding the cut is back and the map is in place.
+  std::vector<std::string> missing;
+  for (const std::string& s : cut->servers()) {
+    if (!live.count(s)) missing.push_back(s);
+  }
+  if (!missing.empty() || !map_ready) {
+    if (now - r.restore_since > options_.restore_timeout) {
+      FinishLocked(r, v1::FAILED, "ServerLost",
+                   absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
+                                ", not back after ", absl::FormatDuration(options_.restore_timeout)));
+      return;
+    }
+    const std::string why =
+        missing.empty() ? absl::StrCat("installing the shard map before restoring checkpoint ", cut->cut_id())
+                        : absl::StrCat("waiting for ", absl::StrJoin(missing, ", "),
+                                       " to come back: it holds part of checkpoint ", cut->cut_id());
+    if (st->message() != why) {
+      st->set_message(why);
+      SaveJobLocked(r, false);
+    }
+    return;
+  }
+  RestoreTask t;
+  t.job_id = jid;
+  t.cut = *cut;
+  t.targets.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+  for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
+  ++t.min_incarnation;
+  r.restore_in_flight = true;
+  FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
+             << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto " << absl::StrJoin(t.targets, ", ");
+  Spawn([this, t = std::move(t)]() mutable { RunRestore(std::move(t)); });
+}
+
+void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl::Time now) {
+  v1::JobStatus* st = r.job.mutable_status();
+  if (st->state() != v1::RUNNING || r.ranks.empty()) return;
+  const bool final = r.final_cut_pending;
+  if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) return;
+  const v1::JobSpec& spec = r.job.spec();
+  const v1::CheckpointPolicy& policy = spec.checkpoint();
+  uint64_t cur = 0;
+  for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
+  const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, std::max(spec.batch_size(), st->batch_size()));
+  // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
+  const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
+  const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
+  CutTask t;
+  if (final) {
+    if (st->total_steps() == 0) {
+      SucceedLocked(r, "");
+      return;
+    }
+    t.trigger = "final";
+    t.at_step = st->total_steps();
+  } else if (r.manual_requested > r.manual_served) {
+    t.trigger = "manual";
+    t.manual_ticket = r.manual_requested;
+    t.at_step = cur + lead;
+  } else if (st->checkpoints_size() == 0 && !r.first_cut_failed && cur > 0) {
+    // A cut soon after training starts, whatever the policy: a server lost
+    // before the first periodic cut then costs a rollback, not the job.
+    t.trigger = "first";
+    t.at_step = cur + lead;
+  } else if (policy.every_steps() > 0 && cur > 0) {
+    const uint64_t n = policy.every_steps();
+    if (IsBsp(spec)) {
+      // BSP cuts name a step ahead, which the servers wait for.
+      const uint64_t next = (last_step / n + 1) * n;
+      if (cur + 2 * lead < next) return;
+      t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
+    } else {
+      // SSP/ASP cuts are taken when asked: ask once the fastest rank has
+      // crossed the next boundary, once per boundary.
+      const uint64_t next = (std::max(last_step, r.steps_boundary_asked) / n + 1) * n;
+      if (cur < next) return;
+      r.steps_boundary_asked = cur / n * n;
+    }
+    t.trigger = "steps";
+  } else if (policy.every_seconds() > 0 &&
+             now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {
+    t.trigger = "seconds";
+    t.at_step = cur + lead;
+  } else {
+    return;
+  }
+  if (!IsBsp(spec)) {
+    t.at_step = 0;  // SSP/ASP cuts are taken when asked
+  } else if (!final && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
+    return;  // the final cut covers the end
+  }
+  const uint64_t spe = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
+  if (t.at_step > 0 && spec.consistency().model() == v1::ConsistencySpec::LOCAL) {
+    // The servers count rounds: name the first round that ends at or after
+    // the step (the final cut: every round).
+    const uint64_t rounds = RoundsOfSteps(spec, spe, t.at_step);
+    t.at_step = StepsOfRounds(spec, spe, rounds) < t.at_step ? rounds + 1 : rounds;
+  }
+  // No cut while state cannot be saved: a cut id is never used twice.
+  if (!unsaved_.empty()) return;
+  t.job_id = jid;
+  t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
+  st->set_next_cut_id(t.cut_id + 1);
+  t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+  t.map_version = shard_map_->version();
+  t.steps_per_epoch = spe;
+  t.spec = spec;
+  t.rollbacks = st->rollbacks();
+  SaveJobLocked(r, true);
+  if (!SavedLocked(kJobPrefix + jid)) return;
+  r.cut_in_flight = true;
+  Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
+}
+
+v1::CheckpointInfo Coordinator::CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) const {
+  v1::CheckpointInfo info;
+  info.set_cut_id(t.cut_id);
+  info.set_trigger(t.trigger);
+  info.set_shard_map_version(t.map_version);
+  info.set_created_unix_ms(NowMs());
+  for (const std::string& s : t.servers) info.add_servers(s);
+  uint64_t step = UINT64_MAX;
+  std::vector<uint64_t> clocks;  // per rank, the lowest over the servers
+  for (const auto& m : metas) {
+    step = std::min(step, m.step());
+    info.set_bytes(info.bytes() + m.bytes());
+    info.set_pause_seconds(std::max(info.pause_seconds(), m.capture_seconds()));
+    info.set_write_seconds(std::max(info.write_seconds(), m.write_seconds()));
+    if (clocks.empty()) clocks.assign(m.rank_clock().begin(), m.rank_clock().end());
+    for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m.rank_clock_size()); ++k) {
+      clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
+    }
+  }
+  info.set_step(StepsOfRounds(t.spec, t.steps_per_epoch, step));
+  for (size_t k = 0; k < clocks.size(); ++k) {
+    v1::RankPosition* p = info.add_positions();
+    p->set_rank(static_cast<uint32_t>(k));
+    // Under local steps the servers' clock counts rounds: positions are in
+    // the ranks' steps.
+    const uint64_t rank_step = StepsOfRounds(t.spec, t.steps_per_epoch, clocks[k]);
+    p->set_step(rank_step);
+    if (t.steps_per_epoch > 0) {
+      p->set_epoch(static_cast<uint32_t>(rank_step / t.steps_per_epoch));
+      p->set_batch(rank_step % t.steps_per_epoch);
+    }
+  }
+  return info;
+}
+
+void Coordinator::RunCut(CutTask t) {
+  const absl::Time t0 = Now();
+  std::vector<v1::ShardCutMeta> metas;
+  absl::Status failed = OnEachServer(t.servers, &metas, [&](const std::string& server) {
+    return servers_->Checkpoint(server, t.job_id, t.cut_id, t.at_step, options_.checkpoint_wait);
+  });
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> to_delete;
+  std::set<uint64_t> kept;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(t.job_id);
+    if (it == jobs_.end()) {
+      to_delete.emplace_back(t.cut_id, t.servers);
+    } else {
+      JobRecord& r = it->second;
+      v1::JobStatus* st = r.job.mutable_status();
+      r.cut_in_flight = false;
+      const bool current = st->state() == v1::RUNNING && st->restoring_cut() == 0 &&
+                           (t.trigger != "final" || r.final_cut_pending);
+      if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
+      // Parts captured on both sides of a rollback would mix two histories
+      // of the job: a cut commits only if no rollback began while it ran.
+      if (failed.ok() && st->rollbacks() != t.rollbacks) {
+        failed = absl::AbortedError("the job rolled back while the cut was taken");
+      }
+      if (failed.ok() && (!shard_map_ || shard_map_->version() != t.map_version)) {
+        failed = absl::AbortedError("the shard map changed while the cut was taken");
+      }
+      v1::CheckpointInfo info;
+      const bool too_late = failed.code() == absl::StatusCode::kFailedPrecondition &&
+                            absl::StrContains(failed.message(), "too late");
+      if (failed.ok()) {
+        info = CommittedCut(t, metas);
+        *st->add_checkpoints() = info;
+        const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
+        while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
+          const v1::CheckpointInfo& old = st->checkpoints(0);
+          to_delete.emplace_back(old.cut_id(), std::vector<std::string>(old.servers().begin(), old.servers().end()));
+          st->mutable_checkpoints()->DeleteSubrange(0, 1);
+        }
+        for (const v1::CheckpointInfo& c : st->checkpoints()) kept.insert(c.cut_id());
+        st->clear_last_checkpoint_error();
+        r.last_cut = Now();
+        SaveJobLocked(r, true);
+        FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
+                   << info.step() << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
+                   << info.pause_seconds() << " s, " << absl::FormatDuration(Now() - t0) << " in all)";
+      } else if (too_late) {
+        // The step went by before a server was asked: ask again at once,
+        // further ahead (a manual request stays pending).
+        r.extra_lead = std::max<uint64_t>(16, r.extra_lead * 2);
+        to_delete.emplace_back(t.cut_id, t.servers);
+        FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " at step " << t.at_step
+                   << " came too late; asking again " << r.extra_lead << " steps further ahead";
+      } else {
+        st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
+        r.cut_backoff_until = Now() + absl::Seconds(5);
+        if (t.trigger == "first") r.first_cut_failed = true;
+        SaveJobLocked(r, false);
+        to_delete.emplace_back(t.cut_id, t.servers);
+        FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;
+      }
+      // A manual cut answers the requests made before it; the final cut
+      // answers every one still waiting.
+      const uint64_t answers = t.trigger == "final" ? r.manual_requested : t.manual_ticket;
+      if (!too_late && answers > r.manual_served) {
+        r.manual_served = answers;
+        if (failed.ok()) {
+          r.manual_result = info;
+        } else {
+          r.manual_result = failed;
+        }
+      }
+      if (t.trigger == "final" && r.final_cut_pending && st->state() == v1::RUNNING && st->restoring_cut() == 0) {
+        SucceedLocked(r, failed.ok() ? absl::StrCat("; final checkpoint ", t.cut_id)
+                                     : absl::StrCat("; no final checkpoint (", failed.message(), ")"));
+      }
+      // Its waiters learn the answer (a cut that came too late saves nothing).
+      WakeJobLocked(t.job_id);
+    }
+  }
+  DeleteCuts(t.job_id, to_delete);
+  if (!failed.ok()) return;
+  if (t.trigger == "final") return;  // the job's tables are being released
+  // Parts of cuts this coordinator never committed (it stopped mid-cut, or
+  // a server failed one) are deleted once a later cut commits.
+  for (const std::string& s : t.servers) {
+    absl::StatusOr<std::vector<v1::ShardCutMeta>> cuts = servers_->ListCuts(s, t.job_id);
+    if (!cuts.ok()) continue;
+    for (const v1::ShardCutMeta& m : *cuts) {
+      if (m.cut_id() < t.cut_id && !kept.count(m.cut_id())) (void)servers_->DeleteCut(s, t.job_id, m.cut_id());
+    }
+  }
+}
+
+void Coordinator::RunRestore(RestoreTask t) {
+  const absl::Time t0 = Now();
+  const std::vector<std::string> sources(t.cut.servers().begin(), t.cut.servers().end());
+  std::vector<v1::ShardCutMeta> results;
+  const absl::Status failed = OnEachServer(t.targets, &results, [&](const std::string& server) {
+    return servers_->Restore(server, t.job_id, t.cut.cut_id(), sources, t.min_incarnation);
+  });
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(t.job_id);
+  if (it == jobs_.end()) return;
+  JobRecord& r = it->second;
+  r.restore_in_flight = false;
+  v1::JobStatus* st = r.job.mutable_status();
+  if (st->state() != v1::RUNNING || st->restoring_cut() != t.cut.cut_id()) return;  // superseded
+  if (!failed.ok()) {
+    st->set_last_checkpoint_error(absl::StrCat("restoring checkpoint ", t.cut.cut_id(), ": ", failed.message()));
+    FLOG(WARNING) << "job " << t.job_id << ": restoring checkpoint " << t.cut.cut_id() << " failed: " << failed;
+    if (failed.code() == absl::StatusCode::kNotFound || failed.code() == absl::StatusCode::kDataLoss) {
+      // That cut is gone or damaged: fall back to the one before it.
+      auto* cps = st->mutable_checkpoints();
+      for (int i = 0; i < cps->size(); ++i) {
+        if (cps->Get(i).cut_id() == t.cut.cut_id()) {
+          cps->DeleteSubrange(i, 1);
+          break;
+        }
+      }
+      if (cps->empty()) {
+        FinishLocked(r, v1::FAILED, "CheckpointLost",
+                     absl::StrCat("no usable checkpoint left: ", failed.message()));
+        return;
+      }
+      st->set_restoring_cut(cps->rbegin()->cut_id());
+    } else if (Now() - r.restore_since > options_.restore_timeout) {
+      // Retried at every tick until then; a failure that persists (a server
+      // that cannot hold the job, a source that never answers) must end the
+      // job with its cause, not leave it restoring for ever.
+      FinishLocked(r, v1::FAILED, "RestoreFailed",
+                   absl::StrCat("restoring checkpoint ", t.cut.cut_id(), " still failed after ",
+                                absl::FormatDuration(options_.restore_timeout), ": ", failed.message()));
+      return;
+    }
+    SaveJobLocked(r, true);
+    return;
+  }
+  // Every server holds the cut: the ranks start again from it, as new
+  // incarnations (the servers refuse the old ones).
+  st->set_restoring_cut(0);
+  uint32_t min_epoch = UINT32_MAX;
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    r.ranks[i].node_id.clear();
+    r.ranks[i].finished = false;
+    r.ranks[i].incarnation = t.min_incarnation - 1;  // the reassignment bumps it to min_incarnation
+    v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(i));
+    w->set_state("restored");
+    if (i < static_cast<size_t>(t.cut.positions_size())) {
+      w->set_step(t.cut.positions(static_cast<int>(i)).step());
+      w->set_epoch(t.cut.positions(static_cast<int>(i)).epoch());
+      min_epoch = std::min(min_epoch, w->epoch());
+    }
+  }
+  // Epochs from the cut's on will be trained (and reported) again.
+  auto* epochs = st->mutable_epochs();
+  for (int i = epochs->size() - 1; i >= 0; --i) {
+    if (epochs->Get(i).epoch() >= min_epoch) {
+      epochs->DeleteSubrange(i, 1);
+    }
+  }
+  st->clear_weights_fingerprint();
+  SetStateLocked(r, v1::RUNNING, "Running", "CheckpointRestored",
+                 absl::StrCat("restored checkpoint ", t.cut.cut_id(), " (step ", t.cut.step(), ") onto ",
+                              t.targets.size(), " servers in ", absl::FormatDuration(Now() - t0),
+                              "; workers resume there"));
+  RecomputeLocked(r);
+  SaveJobLocked(r, true);
+  BumpGenerationLocked();
+  FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut.cut_id() << " restored onto " << t.targets.size()
+             << " servers in " << absl::FormatDuration(Now() - t0);
+}
+
+void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers) {
+  const std::vector<absl::Status> results = CallEachServer<absl::Status>(
+      servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
+  absl::MutexLock lock(&mu_);
+  install_in_flight_ = false;
+  // A map replaced meanwhile is no longer wanted: a server that refused it
+  // for having the newer one (from its heartbeat) did right.
+  if (!shard_map_ || shard_map_->version() != map.version()) return;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    NoteRetriedCallLocked("install_shard_map", kInstallingShardMap, servers[i], results[i]);
+    if (results[i].ok()) {
+      installed_[servers[i]] = map.version();
+      kick_ = true;  // pending jobs may start now (failures wait for the next tick)
+    }
+  }
+}
+
+void Coordinator::NoteRetriedCallLocked(const char* call, const std::string& what, const std::string& server,
+                                        const absl::Status& s) {
+  const auto key = std::make_pair(what, server);
+  auto it = failing_calls_.find(key);
+  const absl::Time now = Now();
+  if (s.ok()) {
+    if (it != failing_calls_.end()) {
+      FLOG(INFO) << what << " on " << server << " worked after " << it->second.failures << " failed tries over "
+                 << absl::FormatDuration(absl::Trunc(now - it->second.first_failure, absl::Milliseconds(1)));
+      failing_calls_.erase(it);
+    }
+    return;
+  }
+  ++call_failures_[call];
+  RetriedCall& f = failing_calls_[key];
+  if (f.failures++ == 0) f.first_failure = now;
+  f.last_failure = now;
+  f.error = s.ToString();
+  if (f.failures == 1 || now - f.last_logged >= absl::Minutes(1)) {
+    FLOG(WARNING) << what << " on " << server << " failed: " << f.error << " (" << f.failures
+                  << (f.failures == 1 ? " failure" : " failures in a row")
+                  << "; retried every tick, logged once a minute)";
+    f.last_logged = now;
+  }
+}
+
+void Coordinator::ReleaseOnServers(const std::string& job_id, const std::vector<std::string>& servers) {
+  const std::vector<absl::Status> results = CallEachServer<absl::Status>(
+      servers, [&](const std::string& s) { return servers_->DeleteJob(s, job_id); });
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  it->second.release_in_flight = false;
+  bool all = true;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    NoteRetriedCallLocked("delete_job", absl::StrCat("releasing job ", job_id), servers[i], results[i]);
+    all = all && results[i].ok();
+  }
+  if (all && it->second.release_pending) {
+    it->second.release_pending = false;
+    FLOG(INFO) << "job " << job_id << " released: tables dropped on every server";
+  }
+}
+
+void Coordinator::DeleteCuts(const std::string& job_id,
+                             const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts) {
+  for (const auto& [cut, servers] : cuts) {
+    for (const std::string& s : servers) {
+      absl::Status st = servers_->DeleteCut(s, job_id, cut);
+      if (!st.ok()) FLOG(WARNING) << "deleting checkpoint " << cut << " of job " << job_id << " on " << s << ": " << st;
+    }
+  }
+}
+
+uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Duration timeout,
+                                         CheckpointCallback done) {
+  absl::MutexLock lock(&mu_);
+  auto at_once = [&](absl::Status refused) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ParkLocked(PollKind::kCheckpoint, job_id, true, absl::InfinitePast(),
+                      [refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        return std::function<void()>([done, refused] { done(refused); });
+                      });
+  };
+  if (shutdown_) return at_once(absl::UnavailableError("coordinator is shutting down"));
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return at_once(absl::NotFoundError(absl::StrCat("no job '", job_id, "'")));
+  const v1::JobStatus& st = it->second.job.status();
+  if (st.state() != v1::RUNNING) {
+    return at_once(absl::FailedPreconditionError(
+        absl::StrCat("job '", job_id, "' is ", v1::JobState_Name(st.state()),
+                     "; only a running job can be checkpointed (its checkpoints: ", CutIds(st), ")")));
+  }
+  const uint64_t ticket = ++it->second.manual_requested;
+  kick_ = true;
+  // Real time: the waker's, which answers the call at its deadline.
+  const absl::Time deadline = absl::Now() + timeout;
+  auto answer = [this, job_id, ticket, timeout, deadline, done = std::move(done)]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::function<void()> {
+    absl::StatusOr<v1::CheckpointInfo> r;
+    auto j = jobs_.find(job_id);
+    if (shutdown_) {
+      r = absl::UnavailableError("coordinator is shutting down");
+    } else if (j == jobs_.end()) {
+      r = absl::NotFoundError(absl::StrCat("job '", job_id, "' was deleted"));
+    } else if (j->second.manual_served >= ticket) {
+      r = j->second.manual_result;
+    } else if (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
+               !j->second.cut_in_flight) {
+      r = absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
+    } else if (absl::Now() >= deadline) {
+      r = absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
+          unsaved_.empty() ? std::string() : absl::StrCat("; ", StoreTroubleLocked(), ", and starts no cut until it can")));
+    } else {
+      return nullptr;  // not yet
+    }
+    return [done, r = std::move(r)]() mutable { done(std::move(r)); };
+  };
+  return ParkLocked(PollKind::kCheckpoint, job_id, false, deadline, std::move(answer));
+}
+
+absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  JobRecord& r = it->second;
+  const v1::JobStatus& st = r.job.status();
+  if (FindCut(st, cut_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
+                                            cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
+                                            " (its checkpoints: ", CutIds(st), ")"));
+  }
+  if (st.state() == v1::PENDING) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' has not started"));
+  }
+  auto restore = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (config::JobEnded(r.job.status().state())) r.started = Now();
+    BeginRollbackLocked(r, cut_id, "RestoreRequested", "restore requested", false);
+  };
+  RETURN_IF_ERROR(ChangeJobLocked(r, absl::StrCat("job '", job_id, "' was not restored"), restore));
+  kick_ = true;
+  return r.job;
+}
+
+absl::Status Coordinator::ExportCheckpoint(const std::string& job_id, uint64_t cut_id,
+                                           const std::function<bool(const v1::ExportCheckpointChunk&)>& write) {
+  v1::CheckpointInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    const v1::CheckpointInfo* cut = FindCut(it->second.job.status(), cut_id);
+    if (cut == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
+                                              cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
+                                              " (its checkpoints: ", CutIds(it->second.job.status()), ")"));
+    }
+    info = *cut;
+  }
+  bool first = true;
+  for (const std::string& server : info.servers()) {
+    v1::ReadCheckpointRequest req;
+    req.set_job_id(job_id);
+    req.set_cut_id(info.cut_id());
+    for (;;) {
+      absl::StatusOr<v1::ReadCheckpointResponse> page = servers_->ReadCut(server, req);
+      if (!page.ok()) {
+        return absl::Status(page.status().code(), absl::StrCat("reading checkpoint ", info.cut_id(), " from ", server,
+                                                               ": ", page.status().message()));
+      }
+      v1::ExportCheckpointChunk chunk;
+      if (first) {
+        *chunk.mutable_checkpoint() = info;
+        *chunk.mutable_meta() = page->meta();
+        first = false;
+      }
+      chunk.mutable_records()->Swap(page->mutable_records());
+      if (!write(chunk)) return absl::CancelledError("the reader went away");
+      if (page->next_start_after().empty()) break;
+      req.set_start_after(page->next_start_after());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum

@@ -1,0 +1,371 @@
+// The Coordinator's scheduler: one Tick every CoordinatorOptions::tick, in
+// stages (liveness, deadlines, the shard map, releases, rank assignment,
+// job starts, checkpoints).
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/config/job_spec.h"
+#include "common/logging.h"
+#include "common/shard_map.h"
+#include "common/rocksdb_status.h"
+#include "common/status_macros.h"
+#include "server/coordinator/coordinator_internal.h"
+
+namespace fulcrum {
+
+using coordinator_internal::kInstallingShardMap;
+using coordinator_internal::kJobPrefix;
+using coordinator_internal::kMetaKey;
+using coordinator_internal::kNodePrefix;
+using coordinator_internal::Serial;
+
+void Coordinator::SchedulerLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || kick_; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), options_.tick);
+      if (shutdown_) return;
+      kick_ = false;
+    }
+    Tick();
+  }
+}
+
+void Coordinator::StallForTesting(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  absl::SleepFor(d);
+}
+
+void Coordinator::Tick() {
+  absl::MutexLock lock(&mu_);
+  // 0. Records a failed write left unsaved are written again.
+  RepairStoreLocked();
+  const absl::Time now = Now();
+  // 1. Liveness. Dead nodes are forgotten after their retention.
+  SpareNodesAfterStallLocked(now);
+  const size_t known = nodes_.size();
+  std::erase_if(nodes_, [&](const auto& kv) {
+    return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
+  });
+  if (nodes_.size() != known) BumpGenerationLocked();
+  std::erase_if(failing_calls_, [&](const auto& kv) { return now - kv.second.last_failure > absl::Minutes(10); });
+  for (auto& [id, n] : nodes_) {
+    if (n.alive && now - n.last_heartbeat >= options_.node_timeout) DeclareDeadLocked(id, n, now);
+  }
+  // 2. Active deadlines and TTLs.
+  ExpireJobsLocked(now);
+  // 3. The shard map follows the live servers while no job runs.
+  const std::vector<std::string> live = LiveServersLocked();
+  const bool running = AnyRunningLocked();
+  FollowLiveServersLocked(live, running);
+  // 4. Releases of finished jobs.
+  ReleaseFinishedJobsLocked();
+  // 5. Reassign lost ranks, then start pending jobs, in submission order.
+  std::vector<JobRecord*> order;
+  for (auto& [jid, r] : jobs_) order.push_back(&r);
+  std::sort(order.begin(), order.end(),
+            [](JobRecord* a, JobRecord* b) { return Serial(a->job.id()) < Serial(b->job.id()); });
+  std::map<std::string, int> free = FreeSlotsLocked();
+  for (JobRecord* r : order) ReassignLostRanksLocked(*r, free);
+  StartPendingJobsLocked(order, free, live, running);
+  ScheduleCheckpointsLocked();
+}
+
+void Coordinator::SpareNodesAfterStallLocked(absl::Time now) {
+  // A scheduler that itself could not run for a while (the lock held by a
+  // write stuck on a slow disk, the process or machine paused) cannot tell
+  // a node that stopped heartbeating from one whose heartbeats waited
+  // behind it: every node then gets a fresh node_timeout instead of being
+  // declared dead at once (a 15 s disk stall on a CI machine once failed
+  // every job that way).
+  const absl::Duration gap = now - last_tick_;
+  last_tick_ = now;
+  // (Past half a node_timeout, and past five ticks so that a node_timeout
+  // shorter than the tick, as in tests, still declares nodes dead.)
+  if (gap <= std::max(options_.node_timeout / 2, 5 * options_.tick)) return;
+  size_t spared = 0;
+  for (auto& [id, n] : nodes_) {
+    if (n.alive && now - n.last_heartbeat >= options_.node_timeout / 2) {
+      n.last_heartbeat = now;
+      ++spared;
+    }
+  }
+  FLOG(WARNING) << "the coordinator's scheduler did not run for " << absl::FormatDuration(gap)
+                << " (lock held or process paused); " << spared
+                << " node(s) get a fresh node_timeout to heartbeat before any is declared dead";
+}
+
+void Coordinator::DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::Time now) {
+  n.alive = false;
+  n.dead_since = now;
+  WriteKeyLocked(kNodePrefix + id, false);  // deletes it (ValueOfLocked)
+  BumpGenerationLocked();
+  FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
+                << ": declared dead";
+  for (auto& [jid, r] : jobs_) {
+    if (r.job.status().state() != v1::RUNNING) continue;
+    if (n.info.role() == v1::SERVER) {
+      if (r.job.status().restoring_cut() == 0 && shard_map_ &&
+          std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
+        const std::string why = absl::StrCat("parameter server ", id, " at ", n.info.address(),
+                                             " stopped; its shards of this job are lost");
+        if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
+          FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
+        }
+      }
+      continue;
+    }
+    for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+      RankSlot& s = r.ranks[rank];
+      if (s.node_id != id || s.finished) continue;
+      s.node_id.clear();
+      r.job.mutable_status()->mutable_workers(static_cast<int>(rank))->set_state("lost");
+      if (CountFailureLocked(r, absl::StrCat("worker ", id, " (rank ", rank, ") lost"))) break;
+      SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
+                     absl::StrCat("worker ", id, " running rank ", rank,
+                                  " stopped heartbeating; its rank moves to another worker"));
+      SaveJobLocked(r, true);
+    }
+  }
+}
+
+void Coordinator::ExpireJobsLocked(absl::Time now) {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    JobRecord& r = it->second;
+    const uint32_t deadline = r.job.spec().run_policy().active_deadline_seconds();
+    if (r.job.status().state() == v1::RUNNING && deadline > 0 && r.started != absl::InfinitePast() &&
+        now - r.started > absl::Seconds(deadline)) {
+      FinishLocked(r, v1::FAILED, "DeadlineExceeded",
+                   absl::StrCat("the job ran longer than activeDeadlineSeconds (", deadline, " s)"));
+    }
+    const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
+    if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
+        absl::ToUnixMillis(now) - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
+      std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
+      for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
+        cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
+      }
+      if (!cuts.empty()) {
+        Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
+      }
+      FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
+      const std::string key = kJobPrefix + r.job.id();
+      const std::string forgotten = r.job.id();
+      it = jobs_.erase(it);
+      WakeJobLocked(forgotten);  // its watchers learn it is gone
+      WriteKeyLocked(key, false);  // deletes it (ValueOfLocked)
+      continue;
+    }
+    ++it;
+  }
+}
+
+void Coordinator::FollowLiveServersLocked(const std::vector<std::string>& live, bool running) {
+  if (!live.empty() && !running && !MapListsExactlyLocked(live)) {
+    auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
+                                  shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
+    if (m.ok()) {
+      shard_map_ = m->ToProto();
+      installed_.clear();
+      SaveMetaLocked();
+      BumpGenerationLocked();
+      FLOG(INFO) << "shard map version " << shard_map_->version() << ": " << shard_map_->num_virtual_shards()
+                 << " virtual shards over " << absl::StrJoin(live, ", ");
+    }
+  }
+  if (!shard_map_ || install_in_flight_) return;
+  std::vector<std::string> to_install;
+  for (const std::string& s : shard_map_->servers()) {
+    auto inst = installed_.find(s);
+    if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
+        std::count(live.begin(), live.end(), s)) {
+      to_install.push_back(s);
+    }
+  }
+  if (to_install.empty()) return;
+  install_in_flight_ = true;
+  Spawn([this, map = *shard_map_, to_install] { InstallOnServers(map, to_install); });
+}
+
+void Coordinator::ReleaseFinishedJobsLocked() {
+  for (auto& [jid, r] : jobs_) {
+    if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
+        r.restore_in_flight || !shard_map_) {
+      continue;
+    }
+    r.release_in_flight = true;
+    Spawn([this, jid = jid, servers = std::vector<std::string>(shard_map_->servers().begin(),
+                                                               shard_map_->servers().end())] {
+      ReleaseOnServers(jid, servers);
+    });
+  }
+}
+
+std::string Coordinator::TakeSlot(std::map<std::string, int>& free, const std::set<std::string>& avoid) {
+  std::string best;
+  int best_free = 0;
+  for (const auto& [id, f] : free) {
+    if (f > best_free && !avoid.count(id)) {
+      best = id;
+      best_free = f;
+    }
+  }
+  if (best.empty()) {  // a worker already in the job, if it has room
+    for (const auto& [id, f] : free) {
+      if (f > best_free) {
+        best = id;
+        best_free = f;
+      }
+    }
+  }
+  if (!best.empty()) --free[best];
+  return best;
+}
+
+void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, int>& free) {
+  // A job rolling back gets its workers once the servers hold the cut.
+  if (r.job.status().state() != v1::RUNNING || r.job.status().restoring_cut() != 0) return;
+  std::set<std::string> in_job;
+  for (const RankSlot& s : r.ranks) {
+    if (!s.node_id.empty()) in_job.insert(s.node_id);
+  }
+  bool changed = false;
+  for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
+    RankSlot& s = r.ranks[rank];
+    if (!s.node_id.empty() || s.finished) continue;
+    const std::string node = TakeSlot(free, in_job);
+    if (node.empty()) {
+      r.job.mutable_status()->set_message(absl::StrCat("rank ", rank, " waits for a worker with a free slot"));
+      continue;
+    }
+    s.node_id = node;
+    ++s.incarnation;
+    in_job.insert(node);
+    v1::WorkerProgress* w = r.job.mutable_status()->mutable_workers(static_cast<int>(rank));
+    // After a rollback every rank starts again, most on the worker they
+    // had: only a rank that moved had its worker replaced.
+    const bool moved = !w->worker_id().empty() && w->worker_id() != node;
+    w->set_worker_id(node);
+    w->set_incarnation(s.incarnation);
+    w->set_state("assigned");
+    w->set_has_metrics(false);
+    FLOG(INFO) << "job " << r.job.id() << ": rank " << rank << (moved ? " moves to " : " starts on ") << node
+               << " (incarnation " << s.incarnation << ")";
+    if (moved) {
+      SetStateLocked(r, v1::RUNNING, "Running", "WorkerReplaced", absl::StrCat("rank ", rank, " resumed on ", node));
+    } else if (s.incarnation > 1) {
+      r.job.mutable_status()->set_message(absl::StrCat("rank ", rank, " resumed on ", node));
+    }
+    changed = true;
+  }
+  if (changed) {
+    SaveJobLocked(r, true);
+    BumpGenerationLocked();
+  }
+}
+
+std::string Coordinator::WhyPendingLocked(const JobRecord& r, const std::map<std::string, int>& free,
+                                          const std::vector<std::string>& live, bool running, bool blocked,
+                                          std::string* reason) const {
+  *reason = "WorkersNotReady";
+  const uint32_t need = r.job.spec().num_workers();
+  int free_workers = 0;
+  for (const auto& [id, f] : free) free_workers += f > 0 ? 1 : 0;
+  if (live.size() < std::max<size_t>(1, options_.min_servers)) {
+    *reason = "ServersNotReady";
+    return absl::StrCat("waiting for parameter servers: ", live.size(), " of ",
+                        std::max<uint32_t>(1, options_.min_servers), " live");
+  }
+  if (!MapInstalledLocked(live)) {
+    *reason = "ShardMapNotReady";
+    if (running) return "the shard map changes when the running jobs end (a server joined or left)";
+    std::string why = "installing the shard map on the servers";
+    // Say which server does not take it, and why (its address is wrong,
+    // a firewall, mismatched TLS), rather than wait without a word.
+    for (const std::string& s : live) {
+      auto f = failing_calls_.find({kInstallingShardMap, s});
+      if (f != failing_calls_.end()) {
+        absl::StrAppend(&why, "; ", s, " fails: ", f->second.error);
+        break;
+      }
+    }
+    return why;
+  }
+  if (blocked) {
+    *reason = "Queued";
+    return "an earlier job is waiting for workers";
+  }
+  if (free_workers >= static_cast<int>(need)) return "";
+  int live_workers = 0, unheard = 0;
+  for (const auto& [id, n] : nodes_) {
+    if (!n.alive || n.info.role() != v1::WORKER) continue;
+    ++(n.heard ? live_workers : unheard);
+  }
+  std::string why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ",
+                                 live_workers, " live");
+  if (unheard > 0) {
+    absl::StrAppend(&why, "; ", unheard, " known from before the coordinator restarted, not heard from since");
+  }
+  return why;
+}
+
+void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, std::map<std::string, int>& free,
+                                         const std::vector<std::string>& live, bool running) {
+  bool blocked = false;  // first-come first-served: a waiting job holds back later ones
+  for (JobRecord* r : order) {
+    if (r->job.status().state() != v1::PENDING) continue;
+    std::string reason;
+    const std::string why = WhyPendingLocked(*r, free, live, running, blocked, &reason);
+    if (!why.empty()) {
+      blocked = true;
+      if (r->job.status().message() != why) {
+        r->job.mutable_status()->set_message(why);
+        r->job.mutable_status()->set_reason(reason);
+        SaveJobLocked(*r, false);
+      }
+      continue;
+    }
+    const uint32_t need = r->job.spec().num_workers();
+    std::set<std::string> used;
+    for (uint32_t rank = 0; rank < need; ++rank) {
+      const std::string node = TakeSlot(free, used);
+      used.insert(node);
+      r->ranks[rank].node_id = node;
+      r->ranks[rank].incarnation = 0;
+      v1::WorkerProgress* w = r->job.mutable_status()->mutable_workers(static_cast<int>(rank));
+      w->set_worker_id(node);
+      w->set_state("assigned");
+    }
+    r->started = Now();
+    r->job.mutable_status()->set_start_time_unix_ms(NowMs());
+    SetStateLocked(*r, v1::RUNNING, "Running", "JobRunning",
+                   absl::StrCat(need, " workers assigned; shard map version ", shard_map_->version(), " over ",
+                                shard_map_->servers_size(), " servers"));
+    RecomputeLocked(*r);
+    SaveJobLocked(*r, true);
+    BumpGenerationLocked();
+    FLOG(INFO) << "job " << r->job.id() << " running on " << absl::StrJoin(used, ", ");
+  }
+}
+
+}  // namespace fulcrum
