@@ -4,34 +4,22 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <future>
 #include <set>
-#include <thread>
 #include <utility>
 
-#include <rocksdb/db.h>
-#include <rocksdb/options.h>
-#include <rocksdb/write_batch.h>
-
 #include "absl/algorithm/container.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config/job_spec.h"
 #include "common/logging.h"
-#include "common/shard_map.h"
-#include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 #include "server/coordinator/coordinator_internal.h"
 
 namespace fulcrum {
 
-using coordinator_internal::kInstallingShardMap;
 using coordinator_internal::kJobPrefix;
 using coordinator_internal::kMetaKey;
 using coordinator_internal::kNodePrefix;
