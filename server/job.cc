@@ -215,12 +215,20 @@ absl::Status Job::CheckOwned(uint32_t vshard, const std::string& what, const Sha
 }
 
 absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out) {
-  const std::string from = absl::StrCat(" in push from ", Who(m.worker_id, m.rank));
-  // Pass 1: validate shapes and ownership, size the fp32 buffer (BSP keeps
-  // dense gradients to combine later, and gradients the sender can still
-  // change must be copied before the NaN check; elsewhere they are read in
-  // place).
+  // BSP keeps dense gradients to combine later, and gradients the sender
+  // can still change must be copied before the NaN check; elsewhere they
+  // are read in place.
   const bool copy_dense = model_ == Model::kBsp || m.volatile_payload;
+  ASSIGN_OR_RETURN(const size_t total, CheckSlices(m, map, self, copy_dense));
+  out->grads.resize(total);
+  RETURN_IF_ERROR(DecodeSlices(m, map, self, copy_dense, out));
+  return CheckFinite(m, *out);
+}
+
+absl::StatusOr<size_t> Job::CheckSlices(const PushMessage& m, const ShardMap& map, uint32_t self,
+                                        bool copy_dense) const {
+  const std::string from = absl::StrCat(" in push from ", Who(m.worker_id, m.rank));
+  // Shapes and ownership; the floats to decode.
   size_t total = 0;
   for (const DenseSliceView& d : m.dense) {
     ASSIGN_OR_RETURN(Table * table, FindTable(d.table, true));
@@ -262,10 +270,13 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     }
     total += nkeys * t->dim();
   }
+  return total;
+}
 
+absl::Status Job::DecodeSlices(const PushMessage& m, const ShardMap& map, uint32_t self, bool copy_dense,
+                               Decoded* out) const {
   // Pass 2: decode, group sparse keys by virtual shard and check ownership
   // once per shard.
-  out->grads.resize(total);
   size_t offset = 0;
   for (const DenseSliceView& d : m.dense) {
     auto* t = static_cast<DenseTable*>(tables_.find(d.table)->second.get());
@@ -292,22 +303,26 @@ absl::Status Job::Decode(const PushMessage& m, const ShardMap& map, uint32_t sel
     out->sparse.push_back({t, std::move(groups), out->grads.data() + offset});
     offset += n;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Job::CheckFinite(const PushMessage& m, const Decoded& d) {
   // Check finiteness slice by slice, naming the first offending one.
   std::string where;
-  for (const DenseItem& d : out->dense) {
-    const size_t n = d.table->ChunkLength(d.chunk);
+  for (const DenseItem& item : d.dense) {
+    const size_t n = item.table->ChunkLength(item.chunk);
     const bool finite =
-        d.src != nullptr
-            ? ForEachFloatBlock(*d.src, d.dtype, n,
+        item.src != nullptr
+            ? ForEachFloatBlock(*item.src, item.dtype, n,
                                 [](const float* b, size_t, size_t len) { return AllFinite(b, len); })
-            : AllFinite(d.g, n);
+            : AllFinite(item.g, n);
     if (!finite) {
-      where = absl::StrCat("table '", d.table->name(), "' chunk ", d.chunk);
+      where = absl::StrCat("table '", item.table->name(), "' chunk ", item.chunk);
       break;
     }
   }
-  for (size_t i = 0; where.empty() && i < out->sparse.size(); ++i) {
-    const SparseItem& sp = out->sparse[i];
+  for (size_t i = 0; where.empty() && i < d.sparse.size(); ++i) {
+    const SparseItem& sp = d.sparse[i];
     if (!AllFinite(sp.g, sp.groups.keys.size() * sp.table->dim())) {
       where = absl::StrCat("table '", sp.table->name(), "'");
     }

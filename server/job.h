@@ -219,6 +219,14 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status ChargeBufferedPush(const PushMessage& m, Decoded* decoded);
   absl::Status RecordPush(const PushMessage& m, uint32_t num_parts, Decoded* decoded, PushResult* out);
   absl::Status Decode(const PushMessage& m, const ShardMap& map, uint32_t self, Decoded* out);
+  // Decode's steps: every slice's table, shape and owner checked (returns
+  // the floats to decode), the slices decoded into out->grads (dense ones
+  // left in place unless `copy_dense`), then no NaN or Inf anywhere.
+  absl::StatusOr<size_t> CheckSlices(const PushMessage& m, const ShardMap& map, uint32_t self,
+                                     bool copy_dense) const;
+  absl::Status DecodeSlices(const PushMessage& m, const ShardMap& map, uint32_t self, bool copy_dense,
+                            Decoded* out) const;
+  absl::Status CheckFinite(const PushMessage& m, const Decoded& d);
   // Creates every chunk and row a push touches, so applying it cannot fail
   // on quota part-way.
   absl::Status Prepare(const Decoded& d);
@@ -251,6 +259,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // Applies complete BSP steps in order; returns waiters that became ready.
   absl::Status DrainBspSteps(std::vector<std::function<void(absl::Status)>>* ready)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Its two halves for one step, outside the lock: the ranks' parts summed
+  // (weighted by their samples), then the optimizer over the sum.
+  struct CombinedStep;
+  void CombineStep(std::vector<RankStep>& ranks, const std::vector<bool>& active, CombinedStep* out);
+  absl::Status ApplyCombined(CombinedStep& c, uint64_t step);
   // After an update outside the lock: with `drain`, applies the BSP steps
   // now complete; then resumes the waiters in `ready` (and those the drain
   // made ready).

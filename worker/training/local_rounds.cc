@@ -232,6 +232,15 @@ absl::Status Trainer::LandRounds() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<float*> Trainer::RoundBuffer(std::vector<compute::Buffer>& buffers, size_t i, bool device) {
+  compute::Backend* be = model_->backend();
+  const size_t bytes = std::max<size_t>(4, model_->tables()[i].elements * 4);
+  if (buffers[i].bytes() < bytes) {
+    ASSIGN_OR_RETURN(buffers[i], device ? be->Allocate(bytes) : be->AllocateHost(bytes));
+  }
+  return buffers[i].as<float>();
+}
+
 absl::Status Trainer::EndRoundOverlapped() {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
@@ -245,22 +254,22 @@ absl::Status Trainer::EndRoundOverlapped() {
   }
   push_host_.resize(tables.size());
   pull_host_.resize(tables.size());
-  const bool host_memory = !be->is_gpu();
-  if (!host_memory) {
+  if (be->is_gpu()) {
     push_dev_.resize(tables.size());
     for (auto& p : pull_dev_) p.resize(tables.size());
     push_ready_.resize(tables.size());
     pull_ready_.resize(tables.size());
   }
-  // Staging for a table's round push or pull, grown to fit it.
-  auto staged = [&](std::vector<compute::Buffer>& buffers, size_t i, bool device) -> absl::StatusOr<float*> {
-    const size_t bytes = std::max<size_t>(4, tables[i].elements * 4);
-    if (buffers[i].bytes() < bytes) {
-      ASSIGN_OR_RETURN(buffers[i], device ? be->Allocate(bytes) : be->AllocateHost(bytes));
-    }
-    return buffers[i].as<float>();
-  };
-  auto host = [&](std::vector<compute::Buffer>& buffers, size_t i) { return staged(buffers, i, false); };
+  RETURN_IF_ERROR(SendRoundPush());
+  RETURN_IF_ERROR(MergePulledRound());
+  ++round_;
+  in_round_ = 0;
+  return PostRoundPull();
+}
+
+absl::Status Trainer::SendRoundPush() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
   // The previous round's push used the host buffers: it must be done.
   if (round_push_) {
     absl::Status s = round_push_->Wait();
@@ -274,8 +283,8 @@ absl::Status Trainer::EndRoundOverlapped() {
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     if (t.sparse) continue;
-    ASSIGN_OR_RETURN(float* out, host(push_host_, i));
-    if (host_memory) {
+    ASSIGN_OR_RETURN(float* out, RoundBuffer(push_host_, i, /*device=*/false));
+    if (!be->is_gpu()) {
       // The CPU's device memory is host memory: the pseudo-gradient's buffer
       // becomes the push's, and the push's last buffer the next anchor.
       std::swap(anchor_[i], push_host_[i]);
@@ -284,7 +293,7 @@ absl::Status Trainer::EndRoundOverlapped() {
     }
     // A device-side copy (the anchor is rewritten below), then the download
     // on its own stream while the next round computes.
-    ASSIGN_OR_RETURN(float* pseudo, staged(push_dev_, i, true));
+    ASSIGN_OR_RETURN(float* pseudo, RoundBuffer(push_dev_, i, /*device=*/true));
     RETURN_IF_ERROR(be->Copy(pseudo, anchor_[i].data(), t.elements * 4));
     RETURN_IF_ERROR(be->DownloadAsync(out, pseudo, t.elements * 4, &push_ready_[i]));
     push.dense.push_back({t.spec.name(), out, t.elements});
@@ -301,40 +310,47 @@ absl::Status Trainer::EndRoundOverlapped() {
         for (const compute::UploadEvent& e : downloads) landed.Update(be->WaitForDownload(e));
         sent.Set(landed.ok() ? client_->PushAsync(options_.job_id, push).Wait() : landed);
       });
-  if (!accepted.ok()) {
-    round_push_.reset();
-    return accepted;
-  }
+  if (!accepted.ok()) round_push_.reset();
+  return accepted;
+}
+
+absl::Status Trainer::MergePulledRound() {
+  if (!round_pull_) return absl::OkStatus();
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
+  const bool host_memory = !be->is_gpu();
   // Merge the previous round's result: replica = its weights minus this
   // round's pseudo-gradient (this round's progress on top of them).
-  if (round_pull_) {
-    absl::Status s = round_pull_->Wait();
-    round_pull_.reset();
-    // On a GPU the result is on the device already unless its pull failed.
-    bool uploaded = !host_memory && s.ok();
-    // A consistency wait that ran out is asked again, as Pull does.
-    if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-      PullBatch again;
-      again.step = round_;
-      for (size_t i = 0; i < tables.size(); ++i) {
-        if (tables[i].sparse) continue;
-        again.dense.push_back({tables[i].spec.name(), pull_host_[i].as<float>(), tables[i].elements});
-      }
-      s = Pull(again);
-    }
-    RETURN_IF_ERROR(s);
+  absl::Status s = round_pull_->Wait();
+  round_pull_.reset();
+  // On a GPU the result is on the device already unless its pull failed.
+  const bool uploaded = !host_memory && s.ok();
+  // A consistency wait that ran out is asked again, as Pull does.
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+    PullBatch again;
+    again.step = round_;
     for (size_t i = 0; i < tables.size(); ++i) {
-      models::Table& t = tables[i];
-      if (t.sparse) continue;
-      // This round's pseudo-gradient: in the push's buffer on the CPU.
-      const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
-      RETURN_IF_ERROR(TakePulled(i, uploaded));
-      ScopeTimer device(&round_device_seconds_);
-      RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, delta, t.value.as<float>()));
+      if (tables[i].sparse) continue;
+      again.dense.push_back({tables[i].spec.name(), pull_host_[i].as<float>(), tables[i].elements});
     }
+    s = Pull(again);
   }
-  ++round_;
-  in_round_ = 0;
+  RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    models::Table& t = tables[i];
+    if (t.sparse) continue;
+    // This round's pseudo-gradient: in the push's buffer on the CPU.
+    const float* delta = host_memory ? push_host_[i].as<float>() : anchor_[i].as<float>();
+    RETURN_IF_ERROR(TakePulled(i, uploaded));
+    ScopeTimer device(&round_device_seconds_);
+    RETURN_IF_ERROR(be->Axpy(t.elements, -1.0f, delta, t.value.as<float>()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PostRoundPull() {
+  compute::Backend* be = model_->backend();
+  auto& tables = model_->tables();
   // The next round starts here; the servers' weights after this round come
   // while it computes (under BSP once every rank pushed it).
   PullBatch pull;
@@ -343,17 +359,17 @@ absl::Status Trainer::EndRoundOverlapped() {
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];
     if (t.sparse) continue;
-    ASSIGN_OR_RETURN(float* in, host(pull_host_, i));
+    ASSIGN_OR_RETURN(float* in, RoundBuffer(pull_host_, i, /*device=*/false));
     pull.dense.push_back({t.spec.name(), in, t.elements});
-    if (!host_memory) {
-      ASSIGN_OR_RETURN(float* dev, staged(pull_dev_[(round_ - 1) % 2], i, true));
+    if (be->is_gpu()) {
+      ASSIGN_OR_RETURN(float* dev, RoundBuffer(pull_dev_[(round_ - 1) % 2], i, /*device=*/true));
       uploads.emplace_back(dev, in, t.elements * 4);
     }
     ScopeTimer device(&round_device_seconds_);
     RETURN_IF_ERROR(be->Copy(anchor_[i].data(), t.value.data(), t.elements * 4));
   }
   Future<absl::Status> pulled = client_->PullAsync(options_.job_id, pull);
-  if (host_memory) {
+  if (!be->is_gpu()) {
     round_pull_ = pulled;
     return absl::OkStatus();
   }

@@ -214,6 +214,14 @@ class Trainer {
   absl::StatusOr<models::Metrics> LocalStep(const data::Batch& batch);
   absl::Status EndRound();
   absl::Status EndRoundOverlapped();
+  // Its steps: the pseudo-gradient handed to the sender thread (after the
+  // previous round's push), the previous round's result merged into the
+  // replica, and the pull of this round's result posted.
+  absl::Status SendRoundPush();
+  absl::Status MergePulledRound();
+  absl::Status PostRoundPull();
+  // Table i's buffer among `buffers` (host or device), grown to fit it.
+  absl::StatusOr<float*> RoundBuffer(std::vector<compute::Buffer>& buffers, size_t i, bool device);
   // A local step's sparse rows: pulled before it (after this rank's previous
   // rows landed) and their gradients pushed after it, both unclocked, in
   // staging set 1 (rounds stage dense tables in set 0).
