@@ -93,9 +93,10 @@ void NormalizeJobSpec(v1::JobSpec* spec) {
   if (spec->data().has_test()) source(spec->mutable_data()->mutable_test());
 }
 
-std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
-  std::vector<std::string> p;
-  // name
+namespace {
+
+void NameProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
   const std::string& name = spec.name();
   if (name.empty()) {
     p.push_back("name: required (lowercase letters, digits and '-', starting with a letter)");
@@ -107,7 +108,10 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
                                "' must be at most 48 lowercase letters, digits and '-', starting with a letter"));
     }
   }
-  // model
+}
+
+void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
   const v1::ModelSpec& m = spec.model();
   const auto kModels = {"softmax", "mlp", "sparse_lr", "fm", "mf"};
   if (m.type().empty()) {
@@ -140,8 +144,10 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   if (spec.data().has_test() && spec.data().test_fraction() > 0) {
     p.push_back("data.test_fraction: give either data.test or a held-out fraction, not both");
   }
-  // optimizer
-  const v1::OptimizerSpec& o = spec.optimizer();
+}
+
+void OptimizerProblems(const v1::OptimizerSpec& o, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
   if (o.kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
     p.push_back("optimizer.kind: required; allowed: sgd, momentum, adagrad, adam, adamw, ftrl");
   }
@@ -162,8 +168,10 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   for (std::string& s : LrScheduleProblems(o.schedule(), o.learning_rate(), "optimizer.schedule")) {
     p.push_back(std::move(s));
   }
-  // consistency
-  const v1::ConsistencySpec& c = spec.consistency();
+}
+
+void ConsistencyProblems(const v1::ConsistencySpec& c, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
   if (c.model() == v1::ConsistencySpec::SSP && c.staleness() == 0) {
     p.push_back("consistency.staleness: ssp needs a bound >= 1 (0 is bsp)");
   }
@@ -192,7 +200,11 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   } else if (c.sync_every_steps() != 0 || c.has_inner_optimizer() || c.overlap_rounds()) {
     p.push_back("consistency.sync_every_steps, inner_optimizer, overlap_rounds: only the local model has rounds");
   }
-  // schedule
+}
+
+// num_workers, batch_size (or batch_size_auto), epochs and precision.
+void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
   if (spec.num_workers() < 1 || spec.num_workers() > kMaxWorkers) {
     p.push_back(absl::StrCat("num_workers: ", spec.num_workers(), " must be 1 to ", kMaxWorkers));
   }
@@ -224,9 +236,20 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   }
   if (spec.epochs() < 1 || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
   if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&
-      !OneOf(m.type(), {"softmax", "mlp"})) {
-    p.push_back(absl::StrCat("precision: model '", m.type(), "' has no GEMMs to run in 16 bits; use fp32"));
+      !OneOf(spec.model().type(), {"softmax", "mlp"})) {
+    p.push_back(absl::StrCat("precision: model '", spec.model().type(), "' has no GEMMs to run in 16 bits; use fp32"));
   }
+}
+
+}  // namespace
+
+std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
+  std::vector<std::string> p;
+  NameProblems(spec, &p);
+  ModelAndDataProblems(spec, &p);
+  OptimizerProblems(spec.optimizer(), &p);
+  ConsistencyProblems(spec.consistency(), &p);
+  ScheduleProblems(spec, &p);
   return p;
 }
 

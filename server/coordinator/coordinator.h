@@ -412,6 +412,17 @@ class Coordinator {
                              const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::ReportProgressResponse> ReportProgressLocked(const v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReportProgressLocked's parts. The rank's progress into its worker entry
+  // and the job's (GPU time, batch_size auto's choice, the data read);
+  // returns whether the change must be saved at once.
+  bool MergeProgressLocked(JobRecord& r, const v1::ReportProgressRequest& req, bool rank_finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An epoch's figures into the job's summary of that epoch.
+  void MergeEpochLocked(JobRecord& r, const v1::ReportProgressRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank's error: the job rolls back (true: the rank stops) or fails.
+  bool RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every rank finished, the final cut is due.
+  void RankFinishedLocked(JobRecord& r, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -314,6 +314,28 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
   // rank "stopped" and one succeeded worker short.
   const bool rank_finished = r.ranks[req.rank()].finished;
   if (rank_finished && !config::CarriesResult(req)) return resp;
+  bool sync = MergeProgressLocked(r, req, rank_finished);
+  if (req.has_epoch_done()) {
+    MergeEpochLocked(r, req);
+    sync = true;
+  }
+  v1::JobStatus* st = r.job.mutable_status();
+  if (!req.weights_fingerprint().empty()) st->set_weights_fingerprint(req.weights_fingerprint());
+  // FinishLocked and the end of this function recompute the job's totals.
+  if (!req.error().empty()) {
+    resp.set_stop(RankFailedLocked(r, req));
+    return resp;
+  }
+  if (req.finished()) {
+    RankFinishedLocked(r, req.rank());
+    sync = true;
+  }
+  RecomputeLocked(r);
+  SaveJobLocked(r, sync);
+  return resp;
+}
+
+bool Coordinator::MergeProgressLocked(JobRecord& r, const v1::ReportProgressRequest& req, bool rank_finished) {
   v1::JobStatus* st = r.job.mutable_status();
   v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(req.rank()));
   const std::string prev_state = w->state();
@@ -360,78 +382,76 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
     sync = sync || !st->has_test_data();
     *st->mutable_test_data() = req.progress().test_data();
   }
-  if (req.has_epoch_done()) {
-    const v1::EpochSummary& e = req.epoch_done();
-    v1::EpochSummary* sum = nullptr;
-    for (auto& x : *st->mutable_epochs()) {
-      if (x.epoch() == e.epoch()) sum = &x;
-    }
-    if (sum == nullptr) {
-      sum = st->add_epochs();
-      sum->set_epoch(e.epoch());
-    }
-    // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
-    // Each rank counts once (see EpochSummary.reported_ranks). A report of
-    // an evaluation only fills in test figures the epoch lacks.
-    const bool first = !absl::c_linear_search(sum->reported_ranks(), req.rank());
-    if (first && !e.evaluation_only()) {
-      sum->add_reported_ranks(req.rank());
-      const int k = sum->reported_ranks_size();
-      sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
-      sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
-      sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
-      sum->set_seconds(std::max(sum->seconds(), e.seconds()));
-    }
-    if (req.rank() == 0 && (e.evaluation_only() ? e.tested() && !sum->tested() : first)) {
-      sum->set_test_loss(e.test_loss());
-      sum->set_test_accuracy(e.test_accuracy());
-      sum->set_test_rmse(e.test_rmse());
-      sum->set_tested(e.tested());
-      st->set_test_loss(e.test_loss());
-      st->set_test_accuracy(e.test_accuracy());
-      st->set_test_rmse(e.test_rmse());
-    }
-    sync = true;
+  return sync;
+}
+
+void Coordinator::MergeEpochLocked(JobRecord& r, const v1::ReportProgressRequest& req) {
+  v1::JobStatus* st = r.job.mutable_status();
+  const v1::EpochSummary& e = req.epoch_done();
+  v1::EpochSummary* sum = nullptr;
+  for (auto& x : *st->mutable_epochs()) {
+    if (x.epoch() == e.epoch()) sum = &x;
   }
-  if (!req.weights_fingerprint().empty()) st->set_weights_fingerprint(req.weights_fingerprint());
-  // FinishLocked and the end of this function recompute the job's totals.
-  if (!req.error().empty()) {
-    w->set_state("failed");
-    const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
-    const std::string error = CutMessage(req.error(), kMaxErrorMessage);
-    FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
-                  << " failed: " << error;
-    const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", error);
-    // Bad data and bad specs fail the same way every time; anything else
-    // (a server that lost its state, a crash) rolls back to the last cut.
-    // A server that lost the job (ServerLost) does not count against the
-    // backoff limit, as when the scheduler finds a server dead.
-    if (reason != "BadData" && reason != "BadSpec" &&
-        BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
-      resp.set_stop(true);
-      return resp;
-    }
-    FinishLocked(r, v1::FAILED, reason, message);
-    return resp;
+  if (sum == nullptr) {
+    sum = st->add_epochs();
+    sum->set_epoch(e.epoch());
   }
-  if (req.finished()) {
-    w->set_state("finished");
-    r.ranks[req.rank()].finished = true;
-    bool all = true;
-    for (const RankSlot& s : r.ranks) all = all && s.finished;
-    if (all) {
-      // The final weights are cut before the job counts as succeeded (and
-      // its tables go), so they can be exported as soon as it has.
-      r.final_cut_pending = true;
-      r.job.mutable_status()->set_message("all ranks finished; taking the final checkpoint");
-      kick_ = true;
-    }
-    BumpGenerationLocked();
-    sync = true;
+  // Train metrics: mean over ranks; speed: their sum; test metrics: rank 0.
+  // Each rank counts once (see EpochSummary.reported_ranks). A report of
+  // an evaluation only fills in test figures the epoch lacks.
+  const bool first = !absl::c_linear_search(sum->reported_ranks(), req.rank());
+  if (first && !e.evaluation_only()) {
+    sum->add_reported_ranks(req.rank());
+    const int k = sum->reported_ranks_size();
+    sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
+    sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
+    sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
+    sum->set_seconds(std::max(sum->seconds(), e.seconds()));
   }
-  RecomputeLocked(r);
-  SaveJobLocked(r, sync);
-  return resp;
+  if (req.rank() == 0 && (e.evaluation_only() ? e.tested() && !sum->tested() : first)) {
+    sum->set_test_loss(e.test_loss());
+    sum->set_test_accuracy(e.test_accuracy());
+    sum->set_test_rmse(e.test_rmse());
+    sum->set_tested(e.tested());
+    st->set_test_loss(e.test_loss());
+    st->set_test_accuracy(e.test_accuracy());
+    st->set_test_rmse(e.test_rmse());
+  }
+}
+
+bool Coordinator::RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest& req) {
+  v1::WorkerProgress* w = r.job.mutable_status()->mutable_workers(static_cast<int>(req.rank()));
+  w->set_state("failed");
+  const std::string reason = req.error_reason().empty() ? "WorkerError" : req.error_reason();
+  const std::string error = CutMessage(req.error(), kMaxErrorMessage);
+  FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
+                << " failed: " << error;
+  const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", error);
+  // Bad data and bad specs fail the same way every time; anything else
+  // (a server that lost its state, a crash) rolls back to the last cut.
+  // A server that lost the job (ServerLost) does not count against the
+  // backoff limit, as when the scheduler finds a server dead.
+  if (reason != "BadData" && reason != "BadSpec" &&
+      BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
+    return true;
+  }
+  FinishLocked(r, v1::FAILED, reason, message);
+  return false;
+}
+
+void Coordinator::RankFinishedLocked(JobRecord& r, uint32_t rank) {
+  r.job.mutable_status()->mutable_workers(static_cast<int>(rank))->set_state("finished");
+  r.ranks[rank].finished = true;
+  bool all = true;
+  for (const RankSlot& s : r.ranks) all = all && s.finished;
+  if (all) {
+    // The final weights are cut before the job counts as succeeded (and
+    // its tables go), so they can be exported as soon as it has.
+    r.final_cut_pending = true;
+    r.job.mutable_status()->set_message("all ranks finished; taking the final checkpoint");
+    kick_ = true;
+  }
+  BumpGenerationLocked();
 }
 
 v1::ClusterState Coordinator::GetCluster() const {

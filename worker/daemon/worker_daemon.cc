@@ -233,60 +233,49 @@ class WorkerDaemon::Runner {
     Report(r);
   }
 
-  absl::Status Train(const std::string& tag) {
+  // The assignment's training and test data, summarized in progress_.
+  struct JobDatasets {
+    std::shared_ptr<const data::Dataset> train, test;
+  };
+  absl::StatusOr<JobDatasets> LoadDatasets(const std::string& tag) {
     const v1::JobSpec& spec = a_.spec();
-    SendProgress("loading");
-    reason_ = "BadData";
     ASSIGN_OR_RETURN(auto train_all, data_->Get(spec.data().train(), options_.data_dir, options_.data_roots));
-    std::shared_ptr<const data::Dataset> train = train_all, test;
-    std::unique_ptr<data::Dataset> train_part, test_part;
+    JobDatasets d;
+    d.train = train_all;
     if (spec.data().has_test()) {
-      ASSIGN_OR_RETURN(test, data_->Get(spec.data().test(), options_.data_dir, options_.data_roots));
+      ASSIGN_OR_RETURN(d.test, data_->Get(spec.data().test(), options_.data_dir, options_.data_roots));
     } else if (spec.data().test_fraction() > 0) {
       auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
-      train_part = data::Subset(train_all.get(), tr);
-      test_part = data::Subset(train_all.get(), te);
-      train = std::shared_ptr<const data::Dataset>(train_all, train_part.get());
-      test = std::shared_ptr<const data::Dataset>(train_all, test_part.get());
+      // Each part keeps the whole alive.
+      auto part = [&](const std::vector<int64_t>& idx) {
+        return std::shared_ptr<const data::Dataset>(data::Subset(train_all.get(), idx).release(),
+                                                    [keep = train_all](const data::Dataset* p) { delete p; });
+      };
+      d.train = part(tr);
+      d.test = part(te);
     }
-    if (test && test->num_features() != train->num_features() && !train->sparse()) {
-      return absl::InvalidArgumentError(absl::StrCat("test data has ", test->num_features(), " features, train data ",
-                                                     train->num_features()));
+    if (d.test && d.test->num_features() != d.train->num_features() && !d.train->sparse()) {
+      return absl::InvalidArgumentError(absl::StrCat("test data has ", d.test->num_features(),
+                                                     " features, train data ", d.train->num_features()));
     }
     // What was read, where a user sees it: this log, and the job's status.
-    *progress_.mutable_train_data() = SummarizeData(spec.data().train(), *train);
-    if (test) *progress_.mutable_test_data() = SummarizeData(spec.data().has_test() ? spec.data().test()
-                                                                                    : spec.data().train(),
-                                                            *test);
-    FLOG(INFO) << tag << ": train data " << config::DataSummaryLine(progress_.train_data());
-    if (test) FLOG(INFO) << tag << ": test data " << config::DataSummaryLine(progress_.test_data());
-    reason_ = "BadSpec";
-    std::string why;
-    ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
-                     compute::CreateBackend(options_.device, &why, cpu_threads()));
-    progress_.set_device(backend->name());
-    ASSIGN_OR_RETURN(models::ModelConfig mc, ModelConfigFor(spec, *train));
-    reason_ = "BadData";
-    RETURN_IF_ERROR(CheckClasses(spec, mc, progress_.train_data(), test ? &progress_.test_data() : nullptr));
-    reason_ = "BadSpec";
-    ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
-    if (backend->is_gpu()) gpu_index_.store(GpuIndexOf(backend->name()));
-    training::LrScaling lr_scaling;
-    int batch_size = static_cast<int>(spec.batch_size());
-    if (spec.batch_size_auto().enabled()) {
-      ASSIGN_OR_RETURN(batch_size, AutoBatch(tag, spec, mc, *train, backend.get(), &lr_scaling));
+    *progress_.mutable_train_data() = SummarizeData(spec.data().train(), *d.train);
+    if (d.test) {
+      *progress_.mutable_test_data() =
+          SummarizeData(spec.data().has_test() ? spec.data().test() : spec.data().train(), *d.test);
     }
-    progress_.set_batch_size(static_cast<uint32_t>(batch_size));
-    progress_batch_.store(static_cast<uint32_t>(batch_size));
-    lr_scaling_ = lr_scaling;
+    FLOG(INFO) << tag << ": train data " << config::DataSummaryLine(progress_.train_data());
+    if (d.test) FLOG(INFO) << tag << ": test data " << config::DataSummaryLine(progress_.test_data());
+    return d;
+  }
 
-    reason_ = "ParameterServerError";
+  RemotePsClientOptions ClientOptions() const {
     RemotePsClientOptions po;
     po.shard_map = a_.shard_map();
     po.worker_id = absl::StrCat(node_id_, "/", a_.job_id(), "/r", a_.rank(), "/i", a_.incarnation());
     po.rank = a_.rank();
     po.incarnation = a_.incarnation();
-    po.wire_dtype = DTypeOf(spec.wire_dtype());
+    po.wire_dtype = DTypeOf(a_.spec().wire_dtype());
     // Short waits, asked again by the Trainer until stopped: a withdrawn
     // assignment or a stopping worker never sits in a long wait.
     po.pull_wait_timeout = absl::Seconds(2);
@@ -299,14 +288,12 @@ class WorkerDaemon::Runner {
     // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
     po.shared_memory = options_.shared_memory;
     po.shared_memory_poll = options_.shared_memory_poll;
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, NewRemotePsClient(po));
-    v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
-                                                 a_.world_size());
-    ps_spec.set_quota_bytes(spec.quota_bytes());
-    RETURN_IF_ERROR(client->CreateJob(ps_spec));
-    lr_base_ = spec.optimizer().learning_rate();
-    lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
+    return po;
+  }
 
+  absl::StatusOr<training::TrainerOptions> TrainerOptionsFor(int batch_size, const training::LrScaling& lr_scaling,
+                                                             bool gpu) {
+    const v1::JobSpec& spec = a_.spec();
     training::TrainerOptions to;
     to.job_id = a_.job_id();
     to.batch_size = batch_size;
@@ -318,11 +305,8 @@ class WorkerDaemon::Runner {
     to.rank = static_cast<int>(a_.rank());
     to.world_size = static_cast<int>(a_.world_size());
     to.shuffle = !spec.data().no_shuffle();
-    to.decode_threads = options_.decode_threads > 0
-                            ? options_.decode_threads
-                            : data::DefaultDecodeThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) /
-                                                                          std::max(1u, options_.slots)),
-                                                         model->backend()->is_gpu());
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max(1u, options_.slots));
+    to.decode_threads = options_.decode_threads > 0 ? options_.decode_threads : data::DefaultDecodeThreads(cores, gpu);
     ASSIGN_OR_RETURN(to.device_data, data::DeviceDataModeFromName(options_.device_data));
     to.device_data_share = options_.device_data_share;
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
@@ -337,98 +321,101 @@ class WorkerDaemon::Runner {
       OnStep(step, m, t);
     };
     to.stop = &stop_;
-    training::Trainer trainer(model.get(), client.get(), to);
-    const int64_t spe = trainer.StepsPerEpoch(*train);
-    if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
-    total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
+    return to;
+  }
 
-    uint64_t start = 0;
-    if (a_.incarnation() > 0) {
-      // Resume where the slowest server says this rank's last step landed.
-      start = UINT64_MAX;
-      for (int i = 0; i < a_.shard_map().servers_size(); ++i) {
-        ASSIGN_OR_RETURN(v1::GetJobResponse st, client->GetJobStats(a_.job_id(), static_cast<size_t>(i)));
-        const uint64_t c = a_.rank() < static_cast<uint32_t>(st.rank_clock_size()) ? st.rank_clock(static_cast<int>(a_.rank())) : 0;
-        start = std::min(start, c);
-      }
-      if (start == UINT64_MAX) start = 0;
-      // Under local steps the servers count rounds: resume at the start of
-      // the first round they lack (its inner steps are lost).
-      const uint64_t clock = start;
-      start = std::min(trainer.StepOfClock(clock, spe), total_steps_);
-      trainer.ResumeAtClock(clock, spe);
-      FLOG(INFO) << tag << ": replacing a lost worker; resuming at step " << start << " of " << total_steps_
-                 << (trainer.local() ? absl::StrCat(" (round ", clock, ")") : std::string());
+  // A replacement resumes where the slowest server says this rank's last
+  // step landed; a first incarnation starts at 0.
+  absl::StatusOr<uint64_t> ResumeStep(training::Trainer& trainer, PsClient& client, int64_t spe,
+                                      const std::string& tag) {
+    if (a_.incarnation() == 0) return 0;
+    uint64_t start = UINT64_MAX;
+    for (int i = 0; i < a_.shard_map().servers_size(); ++i) {
+      ASSIGN_OR_RETURN(v1::GetJobResponse st, client.GetJobStats(a_.job_id(), static_cast<size_t>(i)));
+      const int rank = static_cast<int>(a_.rank());
+      start = std::min<uint64_t>(start, rank < st.rank_clock_size() ? st.rank_clock(rank) : 0);
     }
-    trainer.set_step(start);
-    progress_.set_step(start);
-    FLOG(INFO) << tag << ": " << model->config().type << " on " << backend->name() << ", " << train->size()
-               << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"
-               << (test ? absl::StrCat(", ", test->size(), " test examples") : std::string());
-    reason_ = "WorkerError";
-    if (gpu_index_.load() >= 0) gpu_time_.Start(absl::Now());
-    for (uint32_t epoch = static_cast<uint32_t>(start / spe); epoch < spec.epochs(); ++epoch) {
-      if (stop_.load()) return absl::CancelledError("assignment withdrawn");
-      const int64_t first = epoch == start / spe ? static_cast<int64_t>(start % spe) : 0;
-      progress_.set_epoch(epoch);
-      epoch_examples_ = 0;
-      epoch_loss_ = 0;
-      epoch_correct_ = 0;
-      epoch_start_ = Clock::now();
-      // Epochs shorter than the progress interval report at their end (with
-      // the epoch's loss and rate) rather than at every start as well.
-      if (ReportDue(epoch_start_, /*force=*/epoch == start / spe)) SendProgress("training");
-      ASSIGN_OR_RETURN(training::EpochResult e, trainer.TrainEpoch(*train, static_cast<int>(epoch), first));
-      if (stop_.load()) return absl::CancelledError("assignment withdrawn");
-      v1::EpochSummary sum;
-      sum.set_epoch(epoch);
-      sum.set_train_loss(e.train.loss);
-      sum.set_train_accuracy(e.train.accuracy);
-      sum.set_seconds(e.seconds);
-      sum.set_samples_per_second(e.samples_per_second);
-      progress_.set_data_wait_seconds(e.data_wait_seconds);
-      // Until the next in-epoch report, the live figures are this epoch's.
-      progress_.set_loss(e.train.loss);
-      progress_.set_train_accuracy(e.train.accuracy);
-      progress_.set_has_metrics(e.steps > 0);
-      progress_.set_samples_per_second(e.samples_per_second);
-      if (a_.rank() == 0 && test) {
-        SendProgress("evaluating");
-        ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(*test));
-        sum.set_test_loss(t.loss);
-        sum.set_test_accuracy(t.accuracy);
-        sum.set_test_rmse(t.rmse);
-        sum.set_tested(true);
-        FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
-                   << t.accuracy << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
-      }
-      FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds
-                 << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data "
-                 << e.data_wait_seconds << " s";
-      v1::ReportProgressRequest r = Base();
-      progress_.set_state("training");
-      *r.mutable_progress() = progress_;
-      *r.mutable_epoch_done() = sum;
-      r.set_total_steps(total_steps_);
-      Report(r);
+    if (start == UINT64_MAX) start = 0;
+    // Under local steps the servers count rounds: resume at the start of
+    // the first round they lack (its inner steps are lost).
+    const uint64_t clock = start;
+    start = std::min(trainer.StepOfClock(clock, spe), total_steps_);
+    trainer.ResumeAtClock(clock, spe);
+    FLOG(INFO) << tag << ": replacing a lost worker; resuming at step " << start << " of " << total_steps_
+               << (trainer.local() ? absl::StrCat(" (round ", clock, ")") : std::string());
+    return start;
+  }
+
+  // The test figures of the servers' weights, as an epoch summary.
+  absl::StatusOr<v1::EpochSummary> Evaluate(training::Trainer& trainer, const data::Dataset& test) {
+    SendProgress("evaluating");
+    ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(test));
+    v1::EpochSummary sum;
+    sum.set_test_loss(t.loss);
+    sum.set_test_accuracy(t.accuracy);
+    sum.set_test_rmse(t.rmse);
+    sum.set_tested(true);
+    return sum;
+  }
+
+  absl::Status RunEpoch(training::Trainer& trainer, uint32_t epoch, int64_t first, bool report_start,
+                        const JobDatasets& d, const std::string& tag) {
+    progress_.set_epoch(epoch);
+    epoch_examples_ = 0;
+    epoch_loss_ = 0;
+    epoch_correct_ = 0;
+    epoch_start_ = Clock::now();
+    // Epochs shorter than the progress interval report at their end (with
+    // the epoch's loss and rate) rather than at every start as well.
+    if (ReportDue(epoch_start_, report_start)) SendProgress("training");
+    ASSIGN_OR_RETURN(training::EpochResult e, trainer.TrainEpoch(*d.train, static_cast<int>(epoch), first));
+    if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+    v1::EpochSummary sum;
+    progress_.set_data_wait_seconds(e.data_wait_seconds);
+    // Until the next in-epoch report, the live figures are this epoch's.
+    progress_.set_loss(e.train.loss);
+    progress_.set_train_accuracy(e.train.accuracy);
+    progress_.set_has_metrics(e.steps > 0);
+    progress_.set_samples_per_second(e.samples_per_second);
+    if (a_.rank() == 0 && d.test) {
+      ASSIGN_OR_RETURN(sum, Evaluate(trainer, *d.test));
+      FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
+                 << sum.test_accuracy() << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
     }
+    sum.set_epoch(epoch);
+    sum.set_train_loss(e.train.loss);
+    sum.set_train_accuracy(e.train.accuracy);
+    sum.set_seconds(e.seconds);
+    sum.set_samples_per_second(e.samples_per_second);
+    FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds
+               << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data "
+               << e.data_wait_seconds << " s";
+    v1::ReportProgressRequest r = Base();
+    progress_.set_state("training");
+    *r.mutable_progress() = progress_;
+    *r.mutable_epoch_done() = sum;
+    r.set_total_steps(total_steps_);
+    Report(r);
+    return absl::OkStatus();
+  }
+
+  // After the last epoch: the last round landed, the final weights'
+  // evaluation where no epoch of this incarnation gave one, and the report
+  // that this rank finished.
+  absl::Status FinishTraining(training::Trainer& trainer, uint64_t start, const JobDatasets& d,
+                              const std::string& tag) {
     // The last overlapped round is still in flight: this rank has finished
     // once the servers hold it.
     RETURN_IF_ERROR(trainer.Flush());
-    if (a_.rank() == 0 && test && start >= total_steps_) {
+    if (a_.rank() == 0 && d.test && start >= total_steps_) {
       // A replacement that resumed after the last step trained nothing; the
       // incarnation it replaced may have finished the last epoch without its
       // evaluation being taken. Evaluate the final weights.
-      SendProgress("evaluating");
-      ASSIGN_OR_RETURN(training::EvalResult t, trainer.Evaluate(*test));
-      v1::EpochSummary sum;
-      sum.set_epoch(spec.epochs() - 1);
+      ASSIGN_OR_RETURN(v1::EpochSummary sum, Evaluate(trainer, *d.test));
+      sum.set_epoch(a_.spec().epochs() - 1);
       sum.set_evaluation_only(true);
-      sum.set_test_loss(t.loss);
-      sum.set_test_accuracy(t.accuracy);
-      sum.set_test_rmse(t.rmse);
-      sum.set_tested(true);
-      FLOG(INFO) << tag << ": resumed after the last step; test accuracy of the final weights " << t.accuracy;
+      FLOG(INFO) << tag << ": resumed after the last step; test accuracy of the final weights "
+                 << sum.test_accuracy();
       v1::ReportProgressRequest er = Base();
       *er.mutable_progress() = progress_;
       *er.mutable_epoch_done() = sum;
@@ -448,6 +435,62 @@ class WorkerDaemon::Runner {
     Report(r);
     FLOG(INFO) << tag << ": finished at step " << trainer.step();
     return absl::OkStatus();
+  }
+
+  absl::Status Train(const std::string& tag) {
+    const v1::JobSpec& spec = a_.spec();
+    SendProgress("loading");
+    reason_ = "BadData";
+    ASSIGN_OR_RETURN(const JobDatasets d, LoadDatasets(tag));
+    reason_ = "BadSpec";
+    std::string why;
+    ASSIGN_OR_RETURN(std::unique_ptr<compute::Backend> backend,
+                     compute::CreateBackend(options_.device, &why, cpu_threads()));
+    progress_.set_device(backend->name());
+    ASSIGN_OR_RETURN(models::ModelConfig mc, ModelConfigFor(spec, *d.train));
+    reason_ = "BadData";
+    RETURN_IF_ERROR(CheckClasses(spec, mc, progress_.train_data(), d.test ? &progress_.test_data() : nullptr));
+    reason_ = "BadSpec";
+    ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model, models::CreateModel(mc, backend.get()));
+    if (backend->is_gpu()) gpu_index_.store(GpuIndexOf(backend->name()));
+    training::LrScaling lr_scaling;
+    int batch_size = static_cast<int>(spec.batch_size());
+    if (spec.batch_size_auto().enabled()) {
+      ASSIGN_OR_RETURN(batch_size, AutoBatch(tag, spec, mc, *d.train, backend.get(), &lr_scaling));
+    }
+    progress_.set_batch_size(static_cast<uint32_t>(batch_size));
+    progress_batch_.store(static_cast<uint32_t>(batch_size));
+    lr_scaling_ = lr_scaling;
+
+    reason_ = "ParameterServerError";
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, NewRemotePsClient(ClientOptions()));
+    v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
+                                                 a_.world_size());
+    ps_spec.set_quota_bytes(spec.quota_bytes());
+    RETURN_IF_ERROR(client->CreateJob(ps_spec));
+    lr_base_ = spec.optimizer().learning_rate();
+    lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
+
+    ASSIGN_OR_RETURN(training::TrainerOptions to, TrainerOptionsFor(batch_size, lr_scaling, backend->is_gpu()));
+    training::Trainer trainer(model.get(), client.get(), to);
+    const int64_t spe = trainer.StepsPerEpoch(*d.train);
+    if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
+    total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
+    ASSIGN_OR_RETURN(const uint64_t start, ResumeStep(trainer, *client, spe, tag));
+    trainer.set_step(start);
+    progress_.set_step(start);
+    FLOG(INFO) << tag << ": " << model->config().type << " on " << backend->name() << ", " << d.train->size()
+               << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"
+               << (d.test ? absl::StrCat(", ", d.test->size(), " test examples") : std::string());
+    reason_ = "WorkerError";
+    if (gpu_index_.load() >= 0) gpu_time_.Start(absl::Now());
+    for (uint32_t epoch = static_cast<uint32_t>(start / spe); epoch < spec.epochs(); ++epoch) {
+      if (stop_.load()) return absl::CancelledError("assignment withdrawn");
+      const bool first_epoch = epoch == start / spe;
+      const int64_t first = first_epoch ? static_cast<int64_t>(start % spe) : 0;
+      RETURN_IF_ERROR(RunEpoch(trainer, epoch, first, /*report_start=*/first_epoch, d, tag));
+    }
+    return FinishTraining(trainer, start, d, tag);
   }
 
   void OnStep(uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
