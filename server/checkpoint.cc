@@ -181,6 +181,94 @@ absl::Status CheckpointStore::CollectGarbageLocked(bool files) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// One record of a cut: its key, and which dense chunk or sparse shard of
+// the captured state it holds.
+struct CutRecord {
+  std::string key;
+  bool dense;
+  size_t table, item;
+};
+
+// The cut's records in key order (SstFileWriter requires it).
+absl::StatusOr<std::vector<CutRecord>> CutRecords(const std::string& prefix, const JobState& state) {
+  std::vector<CutRecord> refs;
+  for (size_t t = 0; t < state.dense.size(); ++t) {
+    const std::string& name = state.dense[t].table->name();
+    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
+    for (size_t i = 0; i < state.dense[t].chunks.size(); ++i) {
+      refs.push_back({DenseKey(prefix, name, state.dense[t].chunks[i].chunk), true, t, i});
+    }
+  }
+  for (size_t t = 0; t < state.sparse.size(); ++t) {
+    const std::string& name = state.sparse[t].table->name();
+    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
+    for (size_t i = 0; i < state.sparse[t].shards.size(); ++i) {
+      refs.push_back({SparseKey(prefix, name, state.sparse[t].shards[i].vshard), false, t, i});
+    }
+  }
+  std::sort(refs.begin(), refs.end(), [](const CutRecord& a, const CutRecord& b) { return a.key < b.key; });
+  return refs;
+}
+
+// A record's value before its checksum; adds a shard's rows to `rows`.
+void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value, uint64_t* rows) {
+  value->clear();
+  if (r.dense) {
+    const JobState::Dense& d = state.dense[r.table];
+    const DenseTable::ChunkState& c = d.chunks[r.item];
+    const uint32_t length = d.table->ChunkLength(c.chunk);
+    const uint32_t slots = static_cast<uint32_t>(d.table->num_slots());
+    Append(value, c.updates);
+    Append(value, length);
+    Append(value, slots);
+    value->append(reinterpret_cast<const char*>(c.block.get()), size_t{length} * (1 + slots) * sizeof(float));
+    return;
+  }
+  const JobState::Sparse& s = state.sparse[r.table];
+  const SparseTable::ShardState& sh = s.shards[r.item];
+  const uint32_t n = static_cast<uint32_t>(sh.keys.size());
+  Append(value, n);
+  Append(value, s.table->dim());
+  Append(value, static_cast<uint32_t>(s.table->num_slots()));
+  Append(value, uint32_t{0});
+  value->append(reinterpret_cast<const char*>(sh.keys.data()), sh.keys.size() * 8);
+  value->append(reinterpret_cast<const char*>(sh.updates.data()), sh.updates.size() * 4);
+  value->append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
+  *rows += n;
+}
+
+struct SstTotals {
+  uint32_t combined = 0;  // the records' checksums, combined
+  uint64_t bytes = 0, rows = 0;
+};
+
+// Writes the records to the table file `sst`, each with its checksum.
+absl::Status WriteSst(const std::string& sst, rocksdb::Env* env, const JobState& state,
+                      const std::vector<CutRecord>& refs, SstTotals* totals) {
+  rocksdb::Options sst_options;
+  sst_options.compression = rocksdb::kNoCompression;
+  if (env != nullptr) sst_options.env = env;
+  rocksdb::EnvOptions env_options;
+  // Start the writeback as the file grows, so the final sync has little left.
+  env_options.bytes_per_sync = 8 << 20;
+  rocksdb::SstFileWriter writer(env_options, sst_options);
+  RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
+  std::string value;
+  for (const CutRecord& r : refs) {
+    EncodeRecord(state, r, &value, &totals->rows);
+    const uint32_t crc = Crc(kCurrentFormat, value.data(), value.size());
+    Append(&value, crc);
+    totals->combined = Crc(kCurrentFormat, &crc, sizeof(crc), totals->combined);
+    totals->bytes += value.size();
+    RETURN_IF_ERROR(FromRocks(writer.Put(r.key, value), "writing " + r.key));
+  }
+  return FromRocks(writer.Finish(), "finishing " + sst);
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spec, const JobState& state,
                                                         uint64_t cut_id, uint32_t server_index,
                                                         uint64_t shard_map_version) {
@@ -196,29 +284,16 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   } else if (existing.status().code() != absl::StatusCode::kNotFound) {
     return existing.status();
   }
-  // Records in key order (SstFileWriter requires it): (key, dense or sparse, index).
-  struct Ref {
-    std::string key;
-    bool dense;
-    size_t table, item;
+  ASSIGN_OR_RETURN(const std::vector<CutRecord> refs, CutRecords(prefix, state));
+  // The records go to an ingest file first; ingesting moves it into the
+  // database. A write that fails on the way leaves no file behind.
+  const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
+  absl::Cleanup remove_sst = [&sst] {
+    std::error_code ec;
+    fs::remove(sst, ec);
   };
-  std::vector<Ref> refs;
-  for (size_t t = 0; t < state.dense.size(); ++t) {
-    const std::string& name = state.dense[t].table->name();
-    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
-    for (size_t i = 0; i < state.dense[t].chunks.size(); ++i) {
-      refs.push_back({DenseKey(prefix, name, state.dense[t].chunks[i].chunk), true, t, i});
-    }
-  }
-  for (size_t t = 0; t < state.sparse.size(); ++t) {
-    const std::string& name = state.sparse[t].table->name();
-    if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
-    for (size_t i = 0; i < state.sparse[t].shards.size(); ++i) {
-      refs.push_back({SparseKey(prefix, name, state.sparse[t].shards[i].vshard), false, t, i});
-    }
-  }
-  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.key < b.key; });
-
+  SstTotals totals;
+  if (!refs.empty()) RETURN_IF_ERROR(WriteSst(sst, env_, state, refs, &totals));
   v1::ShardCutMeta meta;
   *meta.mutable_spec() = spec;
   meta.set_cut_id(cut_id);
@@ -227,74 +302,27 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   for (uint64_t c : state.rank_clock) meta.add_rank_clock(c);
   meta.set_shard_map_version(shard_map_version);
   meta.set_server_index(server_index);
-  uint32_t combined = 0;
-  uint64_t bytes = 0, rows = 0;
-  // The records go to an ingest file first; ingesting moves it into the
-  // database. A write that fails on the way leaves no file behind.
-  const std::string sst = (fs::path(dir_) / "ingest" / absl::StrCat(job, "-", cut_id, ".sst")).string();
-  absl::Cleanup remove_sst = [&sst] {
-    std::error_code ec;
-    fs::remove(sst, ec);
-  };
-  if (!refs.empty()) {
-    rocksdb::Options sst_options;
-    sst_options.compression = rocksdb::kNoCompression;
-    if (env_ != nullptr) sst_options.env = env_;
-    rocksdb::EnvOptions env_options;
-    // Start the writeback as the file grows, so the final sync has little left.
-    env_options.bytes_per_sync = 8 << 20;
-    rocksdb::SstFileWriter writer(env_options, sst_options);
-    RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
-    std::string value;
-    for (const Ref& r : refs) {
-      value.clear();
-      if (r.dense) {
-        const JobState::Dense& d = state.dense[r.table];
-        const DenseTable::ChunkState& c = d.chunks[r.item];
-        const uint32_t length = d.table->ChunkLength(c.chunk);
-        const uint32_t slots = static_cast<uint32_t>(d.table->num_slots());
-        Append(&value, c.updates);
-        Append(&value, length);
-        Append(&value, slots);
-        value.append(reinterpret_cast<const char*>(c.block.get()), size_t{length} * (1 + slots) * sizeof(float));
-      } else {
-        const JobState::Sparse& s = state.sparse[r.table];
-        const SparseTable::ShardState& sh = s.shards[r.item];
-        const uint32_t n = static_cast<uint32_t>(sh.keys.size());
-        const uint32_t dim = s.table->dim();
-        const uint32_t slots = static_cast<uint32_t>(s.table->num_slots());
-        Append(&value, n);
-        Append(&value, dim);
-        Append(&value, slots);
-        Append(&value, uint32_t{0});
-        value.append(reinterpret_cast<const char*>(sh.keys.data()), sh.keys.size() * 8);
-        value.append(reinterpret_cast<const char*>(sh.updates.data()), sh.updates.size() * 4);
-        value.append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
-        rows += n;
-      }
-      const uint32_t crc = Crc(kCurrentFormat, value.data(), value.size());
-      Append(&value, crc);
-      combined = Crc(kCurrentFormat, &crc, sizeof(crc), combined);
-      bytes += value.size();
-      RETURN_IF_ERROR(FromRocks(writer.Put(r.key, value), "writing " + r.key));
-    }
-    RETURN_IF_ERROR(FromRocks(writer.Finish(), "finishing " + sst));
-  }
   size_t dense_chunks = 0;
   for (const auto& d : state.dense) dense_chunks += d.chunks.size();
   meta.set_dense_chunks(dense_chunks);
-  meta.set_sparse_rows(rows);
-  meta.set_bytes(bytes);
+  meta.set_sparse_rows(totals.rows);
+  meta.set_bytes(totals.bytes);
   meta.set_records(refs.size());
-  meta.set_crc32(combined);
+  meta.set_crc32(totals.combined);
   meta.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count());
+  return Commit(spec, cut_id, meta_key, refs.empty() ? std::string() : sst, meta);
+}
+
+absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Commit(const v1::PsJobSpec& spec, uint64_t cut_id,
+                                                         const std::string& meta_key, const std::string& sst,
+                                                         const v1::ShardCutMeta& meta) {
   // Ingest and commit under one shared lock: a reopen (exclusive) never
   // sees this cut's records without its meta while the write still runs.
   absl::ReaderMutexLock lock(&db_mu_);
   RETURN_IF_ERROR(CheckOpenLocked());
-  if (!refs.empty()) {
+  if (!sst.empty()) {
     rocksdb::IngestExternalFileOptions ingest;
     ingest.move_files = true;
     RETURN_IF_ERROR(Wrote(db_->IngestExternalFile({sst}, ingest), "ingesting " + sst));

@@ -102,6 +102,10 @@ class CheckpointStore {
 
  private:
   CheckpointStore(std::string dir, rocksdb::Env* env, absl::Duration commit_delay);
+  // Write's last step: the table file `sst` (none when empty) ingested,
+  // then the cut's meta written, which commits it.
+  absl::StatusOr<v1::ShardCutMeta> Commit(const v1::PsJobSpec& spec, uint64_t cut_id, const std::string& meta_key,
+                                          const std::string& sst, const v1::ShardCutMeta& meta);
   absl::Status OpenDbLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
   // Deletes the records of uncommitted cuts; `files`: and the ingest files
   // of writes that never finished (only when no write can be running).

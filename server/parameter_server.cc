@@ -320,32 +320,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
     ASSIGN_OR_RETURN(CheckpointStore * store, Store());
     ASSIGN_OR_RETURN(cut, store->Meta(job_id, cut_id));
   } else {
-    // Every source's first page: its meta (clocks may differ under SSP/ASP).
-    for (size_t i = 0; i < sources.size(); ++i) {
-      absl::StatusOr<v1::ReadCheckpointResponse> page = sources[i](first);
-      if (!page.ok()) {
-        return absl::Status(page.status().code(),
-                            absl::StrCat("reading cut ", cut_id, " of job '", job_id, "' from source ", i, ": ",
-                                         page.status().message()));
-      }
-      const v1::ShardCutMeta& m = page->meta();
-      if (i == 0) {
-        cut = m;
-      } else {
-        const auto model = cut.spec().consistency().model();
-        if ((model == v1::ConsistencySpec::BSP || model == v1::ConsistencySpec::MODEL_UNSPECIFIED) &&
-            m.step() != cut.step()) {
-          return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' is not one BSP cut: source 0 has step ",
-                                                  cut.step(), ", source ", i, " step ", m.step()));
-        }
-        for (int r = 0; r < cut.rank_clock_size() && r < m.rank_clock_size(); ++r) {
-          cut.set_rank_clock(r, std::min(cut.rank_clock(r), m.rank_clock(r)));
-        }
-        cut.set_step(std::min(cut.step(), m.step()));
-        cut.set_records(cut.records() + m.records());
-      }
-      first_pages.push_back(*std::move(page));
-    }
+    ASSIGN_OR_RETURN(cut, SourcesMeta(job_id, cut_id, sources, first, &first_pages));
   }
   if (cut.spec().job_id() != job_id) {
     // A peer's (or a damaged store's) meta must not create another job.
@@ -389,29 +364,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
       return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' has format ", cut.format(),
                                               ", which this build cannot read"));
     }
-    RecordDecoder decoder(cut.format());
-    const std::string prefix = CutPrefix(job_id, cut_id);
-    for (size_t i = 0; i < sources.size() && s.ok(); ++i) {
-      const std::string where = absl::StrCat(" from source ", i);
-      v1::ReadCheckpointResponse page = std::move(first_pages[i]);
-      for (;;) {
-        for (const v1::CheckpointRecord& r : page.records()) {
-          uint32_t crc = 0;
-          s = decoder.Decode(prefix, r.key(), r.value(), visit, &crc, where);
-          if (!s.ok()) break;
-        }
-        if (!s.ok() || page.next_start_after().empty()) break;
-        v1::ReadCheckpointRequest next = first;
-        next.set_start_after(page.next_start_after());
-        absl::StatusOr<v1::ReadCheckpointResponse> more = sources[i](next);
-        if (!more.ok()) {
-          s = absl::Status(more.status().code(), absl::StrCat("reading cut ", cut_id, " of job '", job_id,
-                                                              "' from source ", i, ": ", more.status().message()));
-          break;
-        }
-        page = *std::move(more);
-      }
-    }
+    s = ReadSources(job_id, cut_id, cut.format(), sources, first, std::move(first_pages), visit);
   }
   if (s.ok()) s = job->RestoreClocks(cut.step(), {cut.rank_clock().begin(), cut.rank_clock().end()});
   if (!s.ok()) {
@@ -425,6 +378,72 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
              << (sources.empty() ? absl::StrCat(", ", skipped.load(), " owned by other servers now") : std::string())
              << (min_incarnation > 0 ? absl::StrCat("; incarnations below ", min_incarnation, " fenced off") : std::string());
   return cut;
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParameterServer::SourcesMeta(const std::string& job_id, uint64_t cut_id,
+                                                              const std::vector<CutReader>& sources,
+                                                              const v1::ReadCheckpointRequest& first,
+                                                              std::vector<v1::ReadCheckpointResponse>* first_pages) {
+  v1::ShardCutMeta cut;
+  // Every source's first page: its meta (clocks may differ under SSP/ASP).
+  for (size_t i = 0; i < sources.size(); ++i) {
+    absl::StatusOr<v1::ReadCheckpointResponse> page = sources[i](first);
+    if (!page.ok()) {
+      return absl::Status(page.status().code(),
+                          absl::StrCat("reading cut ", cut_id, " of job '", job_id, "' from source ", i, ": ",
+                                       page.status().message()));
+    }
+    const v1::ShardCutMeta& m = page->meta();
+    if (i == 0) {
+      cut = m;
+    } else {
+      const auto model = cut.spec().consistency().model();
+      if ((model == v1::ConsistencySpec::BSP || model == v1::ConsistencySpec::MODEL_UNSPECIFIED) &&
+          m.step() != cut.step()) {
+        return absl::DataLossError(absl::StrCat("cut ", cut_id, " of job '", job_id, "' is not one BSP cut: source 0 has step ",
+                                                cut.step(), ", source ", i, " step ", m.step()));
+      }
+      for (int r = 0; r < cut.rank_clock_size() && r < m.rank_clock_size(); ++r) {
+        cut.set_rank_clock(r, std::min(cut.rank_clock(r), m.rank_clock(r)));
+      }
+      cut.set_step(std::min(cut.step(), m.step()));
+      cut.set_records(cut.records() + m.records());
+    }
+    first_pages->push_back(*std::move(page));
+  }
+  return cut;
+}
+
+absl::Status ParameterServer::ReadSources(const std::string& job_id, uint64_t cut_id, uint32_t format,
+                                          const std::vector<CutReader>& sources,
+                                          const v1::ReadCheckpointRequest& first,
+                                          std::vector<v1::ReadCheckpointResponse> first_pages,
+                                          const CheckpointStore::Visitor& visit) {
+  absl::Status s;
+  RecordDecoder decoder(format);
+  const std::string prefix = CutPrefix(job_id, cut_id);
+  for (size_t i = 0; i < sources.size() && s.ok(); ++i) {
+    const std::string where = absl::StrCat(" from source ", i);
+    v1::ReadCheckpointResponse page = std::move(first_pages[i]);
+    for (;;) {
+      for (const v1::CheckpointRecord& r : page.records()) {
+        uint32_t crc = 0;
+        s = decoder.Decode(prefix, r.key(), r.value(), visit, &crc, where);
+        if (!s.ok()) break;
+      }
+      if (!s.ok() || page.next_start_after().empty()) break;
+      v1::ReadCheckpointRequest next = first;
+      next.set_start_after(page.next_start_after());
+      absl::StatusOr<v1::ReadCheckpointResponse> more = sources[i](next);
+      if (!more.ok()) {
+        s = absl::Status(more.status().code(), absl::StrCat("reading cut ", cut_id, " of job '", job_id,
+                                                            "' from source ", i, ": ", more.status().message()));
+        break;
+      }
+      page = *std::move(more);
+    }
+  }
+  return s;
 }
 
 bool ParameterServer::IsSelf(const std::string& address) const {

@@ -145,6 +145,17 @@ class ParameterServer {
  private:
   explicit ParameterServer(ParameterServerOptions options);
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  // Restore's parts for a cut read from other servers: every source's first
+  // page (kept in `first_pages`) and their metas merged into the cut's (the
+  // slowest clocks; a BSP cut's steps must agree), then every source's
+  // records, page by page, handed to `visit`.
+  absl::StatusOr<v1::ShardCutMeta> SourcesMeta(const std::string& job_id, uint64_t cut_id,
+                                               const std::vector<CutReader>& sources,
+                                               const v1::ReadCheckpointRequest& first,
+                                               std::vector<v1::ReadCheckpointResponse>* first_pages);
+  absl::Status ReadSources(const std::string& job_id, uint64_t cut_id, uint32_t format,
+                           const std::vector<CutReader>& sources, const v1::ReadCheckpointRequest& first,
+                           std::vector<v1::ReadCheckpointResponse> first_pages, const CheckpointStore::Visitor& visit);
   struct MapRef {
     std::shared_ptr<const ShardMap> map;
     uint32_t self;  // this server's index in it
