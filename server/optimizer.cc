@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace fulcrum {
 namespace {
@@ -19,10 +20,12 @@ bool Finite(float v) { return std::isfinite(v); }
 
 }  // namespace
 
-absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec& spec,
-                                                         const std::string& table) {
+namespace {
+
+// The kind's config with its defaults (Adagrad's smaller epsilon).
+absl::StatusOr<OptimizerConfig> ConfigOfKind(v1::OptimizerSpec::Kind kind, const std::string& table) {
   OptimizerConfig c;
-  switch (spec.kind()) {
+  switch (kind) {
     case v1::OptimizerSpec::SGD: c.kind = OptimizerKind::kSgd; break;
     case v1::OptimizerSpec::MOMENTUM: c.kind = OptimizerKind::kMomentum; break;
     case v1::OptimizerSpec::ADAGRAD: c.kind = OptimizerKind::kAdagrad; c.epsilon = 1e-10f; break;
@@ -30,10 +33,17 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec
     case v1::OptimizerSpec::ADAMW: c.kind = OptimizerKind::kAdamW; break;
     case v1::OptimizerSpec::FTRL: c.kind = OptimizerKind::kFtrl; break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", table, "': optimizer.kind ", static_cast<int>(spec.kind()),
-          " is not one of SGD, MOMENTUM, ADAGRAD, ADAM, ADAMW, FTRL"));
+      return absl::InvalidArgumentError(absl::StrCat("table '", table, "': optimizer.kind ", static_cast<int>(kind),
+                                                     " is not one of SGD, MOMENTUM, ADAGRAD, ADAM, ADAMW, FTRL"));
   }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const v1::OptimizerSpec& spec,
+                                                         const std::string& table) {
+  ASSIGN_OR_RETURN(OptimizerConfig c, ConfigOfKind(spec.kind(), table));
   if (!Finite(spec.learning_rate()) || spec.learning_rate() <= 0) {
     return Bad(table, "learning_rate", spec.learning_rate(), "a finite value > 0");
   }

@@ -387,6 +387,13 @@ class Coordinator {
   // sizes and the longest pause.
   v1::CheckpointInfo CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) const;
   void RunCut(CutTask task);
+  // A cut every server wrote: into the job's list (the oldest past `keep`
+  // to `to_delete`, the ids kept to `kept`), saved.
+  v1::CheckpointInfo CommitCutLocked(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas, JobRecord& r,
+                                     std::vector<std::pair<uint64_t, std::vector<std::string>>>* to_delete,
+                                     std::set<uint64_t>* kept) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a commit: parts of earlier cuts no record keeps (outside the lock).
+  void DeleteStrayCuts(const CutTask& t, const std::set<uint64_t>& kept);
   void RunRestore(RestoreTask task);
   // Rolls a running job back to its latest committed cut (or `cut_id`);
   // false when it has none to roll back to.

@@ -357,18 +357,7 @@ void Coordinator::RunCut(CutTask t) {
       const bool too_late = failed.code() == absl::StatusCode::kFailedPrecondition &&
                             absl::StrContains(failed.message(), "too late");
       if (failed.ok()) {
-        info = CommittedCut(t, metas);
-        *st->add_checkpoints() = info;
-        const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
-        while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
-          const v1::CheckpointInfo& old = st->checkpoints(0);
-          to_delete.emplace_back(old.cut_id(), std::vector<std::string>(old.servers().begin(), old.servers().end()));
-          st->mutable_checkpoints()->DeleteSubrange(0, 1);
-        }
-        for (const v1::CheckpointInfo& c : st->checkpoints()) kept.insert(c.cut_id());
-        st->clear_last_checkpoint_error();
-        r.last_cut = Now();
-        SaveJobLocked(r, true);
+        info = CommitCutLocked(t, metas, r, &to_delete, &kept);
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
                    << info.step() << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
                    << info.pause_seconds() << " s, " << absl::FormatDuration(Now() - t0) << " in all)";
@@ -409,6 +398,30 @@ void Coordinator::RunCut(CutTask t) {
   DeleteCuts(t.job_id, to_delete);
   if (!failed.ok()) return;
   if (t.trigger == "final") return;  // the job's tables are being released
+  DeleteStrayCuts(t, kept);
+}
+
+v1::CheckpointInfo Coordinator::CommitCutLocked(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas,
+                                                JobRecord& r,
+                                                std::vector<std::pair<uint64_t, std::vector<std::string>>>* to_delete,
+                                                std::set<uint64_t>* kept) {
+  v1::JobStatus* st = r.job.mutable_status();
+  v1::CheckpointInfo info = CommittedCut(t, metas);
+  *st->add_checkpoints() = info;
+  const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
+  while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
+    const v1::CheckpointInfo& old = st->checkpoints(0);
+    to_delete->emplace_back(old.cut_id(), std::vector<std::string>(old.servers().begin(), old.servers().end()));
+    st->mutable_checkpoints()->DeleteSubrange(0, 1);
+  }
+  for (const v1::CheckpointInfo& c : st->checkpoints()) kept->insert(c.cut_id());
+  st->clear_last_checkpoint_error();
+  r.last_cut = Now();
+  SaveJobLocked(r, true);
+  return info;
+}
+
+void Coordinator::DeleteStrayCuts(const CutTask& t, const std::set<uint64_t>& kept) {
   // Parts of cuts this coordinator never committed (it stopped mid-cut, or
   // a server failed one) are deleted once a later cut commits.
   for (const std::string& s : t.servers) {
