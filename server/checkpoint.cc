@@ -382,17 +382,14 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Meta(const std::string& job_id
   return ParseMeta(key, raw);
 }
 
-absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id, uint64_t cut_id,
-                                                       const Visitor& visit, int threads) const {
-  const std::string prefix = CutPrefix(job_id, cut_id);
-  ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
-  RETURN_IF_ERROR(CheckFormat(meta, prefix + " in " + dir_));
+namespace {
 
-  // Split the key range by dense chunk: keys sort by table, then chunk, and
-  // the sparse records (after every dense one) go to the last range.
+// Key-range bounds splitting a cut's records into up to `threads` scans of
+// about equal dense chunks: keys sort by table, then chunk, and the sparse
+// records (after every dense one) go to the last range.
+std::vector<std::string> ScanBounds(const v1::ShardCutMeta& meta, const std::string& prefix, int threads) {
   std::vector<std::string> bounds = {prefix};
   if (threads > 1) {
-    std::vector<std::string> names;
     std::map<std::string, uint64_t> chunks;
     uint64_t total = 0;
     for (const v1::TableSpec& t : meta.spec().tables()) {
@@ -415,6 +412,18 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
     }
   }
   bounds.push_back(PrefixEnd(prefix));
+  return bounds;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id, uint64_t cut_id,
+                                                       const Visitor& visit, int threads) const {
+  const std::string prefix = CutPrefix(job_id, cut_id);
+  ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
+  RETURN_IF_ERROR(CheckFormat(meta, prefix + " in " + dir_));
+
+  const std::vector<std::string> bounds = ScanBounds(meta, prefix, threads);
   const size_t ranges = bounds.size() - 1;
   absl::ReaderMutexLock lock(&db_mu_);  // for the scans, on this thread's behalf
   RETURN_IF_ERROR(CheckOpenLocked());

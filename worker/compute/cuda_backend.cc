@@ -483,20 +483,7 @@ class CudaBackend final : public Backend {
                                      lowp ? dx16.as<uint16_t>() : nullptr, dbb.as<float>()));
       RETURN_IF_ERROR(DenseWeightGrad(t, M, N, K, dx_in.data(), dzf.data(), dz32.as<float>(), dwo.as<float>(),
                                       dbo.as<float>()));
-      auto down = [&](const Buffer& b, size_t n, bool half) -> absl::StatusOr<std::vector<float>> {
-        std::vector<float> v(n);
-        if (!half) {
-          RETURN_IF_ERROR(CopyToHost(v.data(), b.data(), n * 4));
-        } else {
-          ASSIGN_OR_RETURN(Buffer f, Allocate(n * 4));
-          RETURN_IF_ERROR(Cast(t, DType::kFp32, n, b.data(), f.data()));
-          RETURN_IF_ERROR(CopyToHost(v.data(), f.data(), n * 4));
-          RETURN_IF_ERROR(Synchronize());
-          return v;
-        }
-        RETURN_IF_ERROR(Synchronize());
-        return v;
-      };
+      auto down = [&](const Buffer& b, size_t n, bool half) { return ReadBack(b, n, half ? t : DType::kFp32); };
       outs->clear();
       ASSIGN_OR_RETURN(auto oy, down(lowp ? y16 : y, size_t{1} * M * N, lowp));
       ASSIGN_OR_RETURN(auto odx, down(lowp ? dx16 : dx, size_t{1} * M * N, lowp));
@@ -511,8 +498,29 @@ class CudaBackend final : public Backend {
     if (s.ok()) s = run(false, &plain);
     fused_ = true;
     if (!s.ok()) return s;
+    return SameOutputs(fused, plain, lowp ? 3e-2 : 2e-3);
+  }
+
+  // `n` elements of `b` (of type `t`) as fp32 on the host.
+  absl::StatusOr<std::vector<float>> ReadBack(const Buffer& b, size_t n, DType t) {
+    std::vector<float> v(n);
+    if (t == DType::kFp32) {
+      RETURN_IF_ERROR(CopyToHost(v.data(), b.data(), n * 4));
+      RETURN_IF_ERROR(Synchronize());
+      return v;
+    }
+    ASSIGN_OR_RETURN(Buffer f, Allocate(n * 4));
+    RETURN_IF_ERROR(Cast(t, DType::kFp32, n, b.data(), f.data()));
+    RETURN_IF_ERROR(CopyToHost(v.data(), f.data(), n * 4));
+    RETURN_IF_ERROR(Synchronize());
+    return v;
+  }
+
+  // CompareFused's verdict: each output within `tol` of the unfused one,
+  // relative to the unfused output's largest magnitude.
+  static absl::Status SameOutputs(const std::vector<std::vector<float>>& fused,
+                                  const std::vector<std::vector<float>>& plain, double tol) {
     const char* names[] = {"y", "dx", "db_below", "dw", "db"};
-    const double tol = lowp ? 3e-2 : 2e-3;
     for (size_t o = 0; o < plain.size(); ++o) {
       double scale = 1e-3;
       for (float v : plain[o]) scale = std::max(scale, static_cast<double>(std::fabs(v)));
