@@ -72,6 +72,87 @@ namespace {
 // "8589934592 bytes (8.0 GiB)": exact for scripts and flags, readable for people.
 std::string Bytes(uint64_t n) { return absl::StrCat(n, " bytes (", fulcrum::HumanBytes(n), ")"); }
 
+// The server's options from its flags; `map`: the static shard map when
+// there is no coordinator; `advertise_out`: the address given to workers.
+absl::StatusOr<fulcrum::ParameterServerOptions> OptionsFromFlags(std::optional<fulcrum::ShardMap>* map,
+                                                                 std::string* advertise_out) {
+  fulcrum::ParameterServerOptions options;
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
+  options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+  if (absl::GetFlag(FLAGS_servers_per_host) == 0) {
+    return absl::InvalidArgumentError("--servers_per_host must be >= 1");
+  }
+  options.servers_per_host = absl::GetFlag(FLAGS_servers_per_host);
+  // Servers registered with a coordinator hold only the jobs it admits.
+  options.require_admission = !coordinator.empty();
+  options.unadmitted_grace = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_unadmitted_grace_seconds)));
+  options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
+  if (options.max_wait <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_wait_seconds must be > 0, got ", absl::GetFlag(FLAGS_max_wait_seconds)));
+  }
+  if (coordinator.empty()) {
+    std::string servers = absl::GetFlag(FLAGS_shard_map);
+    if (servers.empty()) servers = absl::GetFlag(FLAGS_listen);
+    auto m = fulcrum::ShardMap::FromServerList(servers, absl::GetFlag(FLAGS_virtual_shards));
+    if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("bad --shard_map: ", m.status().ToString()));
+    *map = *std::move(m);
+    options.server_index = absl::GetFlag(FLAGS_server_index);
+    options.shard_map = (*map)->ToProto();
+  } else if (!absl::GetFlag(FLAGS_shard_map).empty()) {
+    return absl::InvalidArgumentError("give --coordinator or --shard_map, not both");
+  }
+  // The address goes into shard maps, so it must be one workers can dial.
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  std::string& advertise = *advertise_out;
+  advertise = absl::GetFlag(FLAGS_advertise);
+  if (!coordinator.empty()) {
+    if (advertise.empty()) {
+      advertise = listen;
+      const size_t colon = listen.rfind(':');
+      const std::string host = listen.substr(0, colon);
+      if (host == "0.0.0.0" || host == "[::]" || host.empty()) advertise = fulcrum::HostName() + listen.substr(colon);
+    }
+    if (advertise.rfind(":0") == advertise.size() - 2) {
+      return absl::InvalidArgumentError("with --coordinator, --listen needs a fixed port (or give --advertise)");
+    }
+    options.advertise_address = advertise;
+  }
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.checkpoint_commit_delay = absl::GetFlag(FLAGS_fault_checkpoint_commit_delay);
+  return options;
+}
+
+// What the server is, serves and waits for, at startup.
+void LogStartup(const fulcrum::ParameterServerOptions& options, const std::optional<fulcrum::ShardMap>& map,
+                const fulcrum::ParameterServer& ps, const std::string& address, const std::string& advertise,
+                const fulcrum::PsGrpcServer::Options& grpc_options) {
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.data_dir.empty()) {
+    FLOG(INFO) << "no --data_dir: this server takes no checkpoints";
+  } else {
+    FLOG(INFO) << "checkpoints in " << options.data_dir << "/checkpoints";
+  }
+  if (map) {
+    FLOG(INFO) << "fulcrum-server listening on " << address << " as server "
+               << options.server_index << " of " << map->num_servers() << " (static shard map version "
+               << map->version() << ", " << map->num_virtual_shards()
+               << " virtual shards, owns " << map->DescribeOwned(options.server_index)
+               << "); default job quota " << Bytes(options.default_quota_bytes) << ", memory limit "
+               << Bytes(ps.memory_limit_bytes()) << " for all jobs";
+  } else {
+    FLOG(INFO) << "fulcrum-server listening on " << address << ", advertised as " << advertise
+               << "; coordinator " << coordinator << " assigns the shard map; default job quota "
+               << Bytes(options.default_quota_bytes) << ", memory limit " << Bytes(ps.memory_limit_bytes())
+               << " for all jobs";
+  }
+  FLOG(INFO) << (grpc_options.shared_memory
+                     ? absl::StrCat("workers on this host get shared memory for pushes and pulls (polling ",
+                                    absl::FormatDuration(grpc_options.shared_memory_poll), " for announced pushes)")
+                     : std::string("shared memory off (--shared_memory=false): every push and pull comes over gRPC"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,58 +166,16 @@ int main(int argc, char** argv) {
   }
   fulcrum::BlockTerminationSignals();
 
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  fulcrum::ParameterServerOptions options;
-  options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
-  options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
-  if (absl::GetFlag(FLAGS_servers_per_host) == 0) {
-    std::cerr << "fulcrum-server: --servers_per_host must be >= 1\n";
-    return 2;
-  }
-  options.servers_per_host = absl::GetFlag(FLAGS_servers_per_host);
-  // Servers registered with a coordinator hold only the jobs it admits.
-  options.require_admission = !coordinator.empty();
-  options.unadmitted_grace = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_unadmitted_grace_seconds)));
-  options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_seconds));
-  if (options.max_wait <= absl::ZeroDuration()) {
-    std::cerr << "fulcrum-server: --max_wait_seconds must be > 0, got " << absl::GetFlag(FLAGS_max_wait_seconds)
-              << "\n";
-    return 2;
-  }
   std::optional<fulcrum::ShardMap> map;
-  if (coordinator.empty()) {
-    std::string servers = absl::GetFlag(FLAGS_shard_map);
-    if (servers.empty()) servers = absl::GetFlag(FLAGS_listen);
-    auto m = fulcrum::ShardMap::FromServerList(servers, absl::GetFlag(FLAGS_virtual_shards));
-    if (!m.ok()) {
-      std::cerr << "fulcrum-server: bad --shard_map: " << m.status() << "\n";
-      return 2;
-    }
-    map = *std::move(m);
-    options.server_index = absl::GetFlag(FLAGS_server_index);
-    options.shard_map = map->ToProto();
-  } else if (!absl::GetFlag(FLAGS_shard_map).empty()) {
-    std::cerr << "fulcrum-server: give --coordinator or --shard_map, not both\n";
+  std::string advertise;
+  absl::StatusOr<fulcrum::ParameterServerOptions> parsed = OptionsFromFlags(&map, &advertise);
+  if (!parsed.ok()) {
+    std::cerr << "fulcrum-server: " << parsed.status().message() << "\n";
     return 2;
   }
-  // The address goes into shard maps, so it must be one workers can dial.
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  std::string advertise = absl::GetFlag(FLAGS_advertise);
-  if (!coordinator.empty()) {
-    if (advertise.empty()) {
-      advertise = listen;
-      const size_t colon = listen.rfind(':');
-      const std::string host = listen.substr(0, colon);
-      if (host == "0.0.0.0" || host == "[::]" || host.empty()) advertise = fulcrum::HostName() + listen.substr(colon);
-    }
-    if (advertise.rfind(":0") == advertise.size() - 2) {
-      std::cerr << "fulcrum-server: with --coordinator, --listen needs a fixed port (or give --advertise)\n";
-      return 2;
-    }
-    options.advertise_address = advertise;
-  }
-  options.data_dir = absl::GetFlag(FLAGS_data_dir);
-  options.checkpoint_commit_delay = absl::GetFlag(FLAGS_fault_checkpoint_commit_delay);
+  const fulcrum::ParameterServerOptions& options = *parsed;
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
   auto ps = fulcrum::ParameterServer::Create(options);
   if (!ps.ok()) {
     std::cerr << "fulcrum-server: " << ps.status() << "\n";
@@ -165,30 +204,9 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-server: " << metrics.status() << "\n";
     return 2;
   }
-  if (options.data_dir.empty()) {
-    FLOG(INFO) << "no --data_dir: this server takes no checkpoints";
-  } else {
-    FLOG(INFO) << "checkpoints in " << options.data_dir << "/checkpoints";
-  }
+  LogStartup(options, map, **ps, (*server)->address(), advertise, grpc_options);
   std::unique_ptr<fulcrum::NodeAgent> agent;
-  if (map) {
-    FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << " as server "
-               << options.server_index << " of " << map->num_servers() << " (static shard map version "
-               << map->version() << ", " << map->num_virtual_shards()
-               << " virtual shards, owns " << map->DescribeOwned(options.server_index)
-               << "); default job quota " << Bytes(options.default_quota_bytes) << ", memory limit "
-               << Bytes((*ps)->memory_limit_bytes()) << " for all jobs";
-  } else {
-    FLOG(INFO) << "fulcrum-server listening on " << (*server)->address() << ", advertised as " << advertise
-               << "; coordinator " << coordinator << " assigns the shard map; default job quota "
-               << Bytes(options.default_quota_bytes) << ", memory limit " << Bytes((*ps)->memory_limit_bytes())
-               << " for all jobs";
-    agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
-  }
-  FLOG(INFO) << (grpc_options.shared_memory
-                     ? absl::StrCat("workers on this host get shared memory for pushes and pulls (polling ",
-                                    absl::FormatDuration(grpc_options.shared_memory_poll), " for announced pushes)")
-                     : std::string("shared memory off (--shared_memory=false): every push and pull comes over gRPC"));
+  if (!map) agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";
   if (agent) agent->Stop();

@@ -199,15 +199,48 @@ int ExitForJob(const Job& j) {
   return j.status().state() == fulcrum::v1::SUCCEEDED ? kOk : kJobFailed;
 }
 
+// How `watch` shows a job's events: JSON lines; on a terminal, the job's
+// and its workers' lines redrawn in place (milestones stay on screen);
+// otherwise one line per milestone and per second of progress.
+class WatchView {
+ public:
+  void Show(const fulcrum::v1::JobEvent& e) {
+    const Job& job = e.job();
+    if (Json()) {
+      std::cout << ToJson(e) << std::endl;
+      return;
+    }
+    if (tty_) {
+      if (drawn_ > 0) std::cout << "\033[" << drawn_ << "F\033[J";
+      std::vector<std::string> lines = {JobLine(job)};
+      for (auto& l : WorkerLines(job)) lines.push_back(std::move(l));
+      for (const auto& l : lines) std::cout << l << "\n";
+      drawn_ = lines.size();
+      std::cout.flush();
+      if (e.kind() == "epoch" || e.kind() == "state") drawn_ = 0;  // keep milestones on screen
+      return;
+    }
+    // Plain lines: milestones always, progress at most once a second.
+    if (e.kind() == "progress" && absl::Now() - last_plain_ < absl::Seconds(1)) return;
+    last_plain_ = absl::Now();
+    std::cout << JobLine(job) << std::endl;
+  }
+  // What is on screen stays: the next lines go below it.
+  void KeepDrawn() { drawn_ = 0; }
+
+ private:
+  const bool tty_ = isatty(STDOUT_FILENO) && !Json();
+  size_t drawn_ = 0;
+  absl::Time last_plain_ = absl::InfinitePast();
+};
+
 // Streams the job's events until it ends. A coordinator that goes away
 // mid-watch (restarted, rescheduled) loses nothing, so the watch reconnects
 // for up to --reconnect_seconds and goes on from the job's state then.
 int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, const std::string& id) {
   fulcrum::v1::JobRef ref;
   ref.set_job_id(id);
-  const bool tty = isatty(STDOUT_FILENO) && !Json();
-  size_t drawn = 0;
-  absl::Time last_plain = absl::InfinitePast();
+  WatchView view;
   Job last;
   bool have = false;
   std::unique_ptr<fulcrum::v1::JobService::Stub> own_stub;
@@ -231,24 +264,7 @@ int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, con
       got = true;
       last = e.job();
       have = true;
-      if (Json()) {
-        std::cout << ToJson(e) << std::endl;
-        continue;
-      }
-      if (tty) {
-        if (drawn > 0) std::cout << "\033[" << drawn << "F\033[J";
-        std::vector<std::string> lines = {JobLine(last)};
-        for (auto& l : WorkerLines(last)) lines.push_back(std::move(l));
-        for (const auto& l : lines) std::cout << l << "\n";
-        drawn = lines.size();
-        std::cout.flush();
-        if (e.kind() == "epoch" || e.kind() == "state") drawn = 0;  // keep milestones on screen
-        continue;
-      }
-      // Plain lines: milestones always, progress at most once a second.
-      if (e.kind() == "progress" && absl::Now() - last_plain < absl::Seconds(1)) continue;
-      last_plain = absl::Now();
-      std::cout << JobLine(last) << std::endl;
+      view.Show(e);
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
@@ -260,7 +276,7 @@ int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, con
     if (got || !reconnecting) {
       std::cerr << "fulcrumctl: watch " << id << ": lost the coordinator (" << s.error_message()
                 << "); reconnecting for up to " << absl::FormatDuration(reconnect) << std::endl;
-      drawn = 0;  // the live lines above the notice stay as they are
+      view.KeepDrawn();  // the live lines above the notice stay as they are
       reconnecting = true;
       give_up = absl::Now() + reconnect;
       backoff.Reset();
