@@ -17,6 +17,7 @@
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
+#include "common/status_macros.h"
 #include "worker/compute/backend.h"
 #include "worker/data/pipeline.h"
 #include "worker/daemon/worker_daemon.h"
@@ -31,6 +32,79 @@ ABSL_FLAG(int32_t, epochs, 0, "override the spec's epochs (0: the spec's)");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads (0: all cores)");
 ABSL_FLAG(int32_t, decode_threads, 0, "threads decoding batches (0: chosen for the device, as fulcrum-worker does)");
 ABSL_FLAG(std::string, device_data, "auto", "datasets on the device: auto, on or off (as fulcrum-worker)");
+
+namespace {
+
+// The Trainer's options for `spec` in one process, as fulcrum-worker sets
+// them (batch_size auto measured here, as rank 0 of a cluster job does).
+absl::StatusOr<fulcrum::training::TrainerOptions> TrainerOptionsFor(const fulcrum::v1::JobSpec& spec,
+                                                                    fulcrum::compute::Backend* backend,
+                                                                    const fulcrum::models::ModelConfig& mc,
+                                                                    const fulcrum::data::Dataset& train) {
+  fulcrum::training::TrainerOptions to;
+  to.job_id = "local";
+  to.batch_size = static_cast<int>(spec.batch_size());
+  if (spec.batch_size_auto().enabled() && to.batch_size == 0) {
+    // batch_size auto, as rank 0 of a cluster job finds it.
+    const auto o = fulcrum::training::AutoBatchOptionsFromSpec(spec.batch_size_auto());
+    std::cout << "batch_size auto: timing batches from " << o.base_batch_size << " on " << backend->name() << "\n";
+    auto choice = fulcrum::training::ChooseBatchSize(
+        o, backend->memory_bytes(), static_cast<int64_t>(train.size()),
+        [&](int b) { return fulcrum::training::MeasureBatch(backend, mc, train, b); });
+    if (!choice.ok()) return choice.status();
+    std::cout << "batch_size auto: " << choice->summary << "\n";
+    to.batch_size = choice->batch;
+    to.lr_scaling = choice->lr;
+  }
+  to.seed = spec.seed();
+  if (spec.consistency().model() == fulcrum::v1::ConsistencySpec::LOCAL) {
+    to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
+    auto inner = fulcrum::training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer());
+    if (!inner.ok()) return inner.status();
+    to.inner = *inner;
+    to.overlap_rounds = spec.consistency().overlap_rounds();
+  }
+  to.prefetch_parameters = true;  // as fulcrum-worker does
+  to.clip_global_norm = spec.optimizer().clip_global_norm();
+  to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0
+                          ? absl::GetFlag(FLAGS_decode_threads)
+                          : fulcrum::data::DefaultDecodeThreads(
+                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                                backend->is_gpu());
+  {
+    auto mode = fulcrum::data::DeviceDataModeFromName(absl::GetFlag(FLAGS_device_data));
+    if (!mode.ok()) return mode.status();
+    to.device_data = *mode;
+  }
+  return to;
+}
+
+// The spec's epochs, each evaluated on `test` (when given), with a line of
+// figures each and one of totals for scripts.
+absl::Status TrainEpochs(fulcrum::training::Trainer& trainer, const fulcrum::v1::JobSpec& spec,
+                         const fulcrum::data::Dataset& train, const fulcrum::data::Dataset* test) {
+  double examples = 0, seconds = 0, accuracy = 0;
+  for (uint32_t e = 0; e < spec.epochs(); ++e) {
+    auto r = trainer.TrainEpoch(train, static_cast<int>(e));
+    if (!r.ok()) return r.status();
+    examples += r->train.examples;
+    seconds += r->seconds;
+    if (test != nullptr) {
+      auto t = trainer.Evaluate(*test);
+      if (!t.ok()) return t.status();
+      accuracy = t->accuracy;
+    }
+    std::printf("epoch %u: %.0f samples/s, train loss %.4f, test accuracy %.4f\n", e + 1, r->samples_per_second,
+                r->train.loss, accuracy);
+    std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s\n", r->seconds, r->pull_wait_seconds,
+                r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds);
+  }
+  RETURN_IF_ERROR(trainer.Flush());
+  std::printf("samples_per_second=%.0f test_accuracy=%.4f\n", seconds > 0 ? examples / seconds : 0, accuracy);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   fulcrum::SetUsage("Train a Fulcrum job spec in one process");
@@ -85,60 +159,10 @@ int main(int argc, char** argv) {
   const bool local = spec.consistency().model() == fulcrum::v1::ConsistencySpec::LOCAL;
   s = client.CreateJob(fulcrum::training::JobSpecFor(**model, "local", spec.optimizer(), local ? spec.consistency() : bsp, 1));
   if (!s.ok()) return fail(s);
-  fulcrum::training::TrainerOptions to;
-  to.job_id = "local";
-  to.batch_size = static_cast<int>(spec.batch_size());
-  if (spec.batch_size_auto().enabled() && to.batch_size == 0) {
-    // batch_size auto, as rank 0 of a cluster job finds it.
-    const auto o = fulcrum::training::AutoBatchOptionsFromSpec(spec.batch_size_auto());
-    std::cout << "batch_size auto: timing batches from " << o.base_batch_size << " on " << (*backend)->name() << "\n";
-    auto choice = fulcrum::training::ChooseBatchSize(
-        o, (*backend)->memory_bytes(), static_cast<int64_t>((*train)->size()),
-        [&](int b) { return fulcrum::training::MeasureBatch(backend->get(), *mc, **train, b); });
-    if (!choice.ok()) return fail(choice.status());
-    std::cout << "batch_size auto: " << choice->summary << "\n";
-    to.batch_size = choice->batch;
-    to.lr_scaling = choice->lr;
-  }
-  to.seed = spec.seed();
-  if (local) {
-    to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
-    auto inner = fulcrum::training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer());
-    if (!inner.ok()) return fail(inner.status());
-    to.inner = *inner;
-    to.overlap_rounds = spec.consistency().overlap_rounds();
-  }
-  to.prefetch_parameters = true;  // as fulcrum-worker does
-  to.clip_global_norm = spec.optimizer().clip_global_norm();
-  to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0
-                          ? absl::GetFlag(FLAGS_decode_threads)
-                          : fulcrum::data::DefaultDecodeThreads(
-                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                                (*backend)->is_gpu());
-  {
-    auto mode = fulcrum::data::DeviceDataModeFromName(absl::GetFlag(FLAGS_device_data));
-    if (!mode.ok()) return fail(mode.status());
-    to.device_data = *mode;
-  }
-  fulcrum::training::Trainer trainer(model->get(), &client, to);
+  auto to = TrainerOptionsFor(spec, backend->get(), *mc, **train);
+  if (!to.ok()) return fail(to.status());
+  fulcrum::training::Trainer trainer(model->get(), &client, *to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
-  double examples = 0, seconds = 0, accuracy = 0;
-  for (uint32_t e = 0; e < spec.epochs(); ++e) {
-    auto r = trainer.TrainEpoch(**train, static_cast<int>(e));
-    if (!r.ok()) return fail(r.status());
-    examples += r->train.examples;
-    seconds += r->seconds;
-    if (test) {
-      auto t = trainer.Evaluate(*test);
-      if (!t.ok()) return fail(t.status());
-      accuracy = t->accuracy;
-    }
-    std::printf("epoch %u: %.0f samples/s, train loss %.4f, test accuracy %.4f\n", e + 1, r->samples_per_second,
-                r->train.loss, accuracy);
-    std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s\n", r->seconds, r->pull_wait_seconds,
-                r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds);
-  }
-  if (auto flushed = trainer.Flush(); !flushed.ok()) return fail(flushed);
-  std::printf("samples_per_second=%.0f test_accuracy=%.4f\n", seconds > 0 ? examples / seconds : 0, accuracy);
+  if (s = TrainEpochs(trainer, spec, **train, test.get()); !s.ok()) return fail(s);
   return 0;
 }
