@@ -46,34 +46,25 @@ ABSL_FLAG(int32_t, restore_timeout_s, 300,
           "how long a job rolling back to a checkpoint waits for the servers holding it, or keeps retrying a "
           "restore that fails, before it fails");
 
-int main(int argc, char** argv) {
-  fulcrum::SetUsage("Fulcrum coordinator");
-  absl::ParseCommandLine(argc, argv);
-  // Small messages only: a refused flood of large ones must not stay in the heap.
-  fulcrum::InitServingProcess({.pin_malloc_thresholds = false});
-  fulcrum::InstallCrashHandler(argv[0]);
-  fulcrum::BlockTerminationSignals();
-  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
-      !s.ok()) {
-    std::cerr << "fulcrum-coordinator: " << s.message() << "\n";
-    return 2;
-  }
-  std::shared_ptr<fulcrum::TokenAuthenticator> tokens;
+namespace {
+
+// The job API's users from --token_file; null (anyone) only with --insecure.
+absl::StatusOr<std::shared_ptr<fulcrum::TokenAuthenticator>> TokensFromFlags() {
   if (const std::string token_file = absl::GetFlag(FLAGS_token_file); !token_file.empty()) {
     auto opened = fulcrum::TokenAuthenticator::Open(token_file);
-    if (!opened.ok()) {
-      std::cerr << "fulcrum-coordinator: " << opened.status().message() << "\n";
-      return 2;
-    }
-    tokens = *std::move(opened);
-    FLOG(INFO) << "job API: bearer tokens of " << tokens->users() << " user(s) from " << token_file;
-  } else if (fulcrum::security::InsecureFlag()) {
-    FLOG(WARNING) << "job API WITHOUT authentication (no --token_file): every caller may see and cancel every job";
-  } else {
-    std::cerr << "fulcrum-coordinator: the job API needs --token_file (users' bearer tokens; "
-                 "deploy/tls/gen-certs.sh writes one) unless --insecure\n";
-    return 2;
+    if (!opened.ok()) return opened.status();
+    FLOG(INFO) << "job API: bearer tokens of " << (*opened)->users() << " user(s) from " << token_file;
+    return *std::move(opened);
   }
+  if (!fulcrum::security::InsecureFlag()) {
+    return absl::InvalidArgumentError(
+        "the job API needs --token_file (users' bearer tokens; deploy/tls/gen-certs.sh writes one) unless --insecure");
+  }
+  FLOG(WARNING) << "job API WITHOUT authentication (no --token_file): every caller may see and cancel every job";
+  return nullptr;
+}
+
+absl::StatusOr<fulcrum::CoordinatorOptions> OptionsFromFlags() {
   fulcrum::CoordinatorOptions options;
   options.max_active_jobs_per_user = absl::GetFlag(FLAGS_max_active_jobs_per_user);
   options.max_long_calls_per_user = absl::GetFlag(FLAGS_max_long_calls_per_user);
@@ -86,30 +77,55 @@ int main(int argc, char** argv) {
   options.dead_node_retention = absl::Seconds(absl::GetFlag(FLAGS_dead_node_retention_s));
   options.restore_timeout = absl::Seconds(absl::GetFlag(FLAGS_restore_timeout_s));
   if (options.virtual_shards == 0 || options.virtual_shards > fulcrum::ShardMap::kMaxVirtualShards) {
-    std::cerr << "fulcrum-coordinator: --virtual_shards must be 1 to " << fulcrum::ShardMap::kMaxVirtualShards
-              << ", got " << options.virtual_shards << "\n";
-    return 2;
+    return absl::InvalidArgumentError(absl::StrCat("--virtual_shards must be 1 to ", fulcrum::ShardMap::kMaxVirtualShards,
+                                                   ", got ", options.virtual_shards));
   }
   for (const auto& [flag, value] : {std::pair<const char*, int32_t>{"--heartbeat_interval_ms", absl::GetFlag(FLAGS_heartbeat_interval_ms)},
                                     {"--checkpoint_wait_s", absl::GetFlag(FLAGS_checkpoint_wait_s)},
                                     {"--dead_node_retention_s", absl::GetFlag(FLAGS_dead_node_retention_s)},
                                     {"--restore_timeout_s", absl::GetFlag(FLAGS_restore_timeout_s)}}) {
     if (value <= 0) {
-      std::cerr << "fulcrum-coordinator: " << flag << " must be > 0, got " << value << "\n";
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat(flag, " must be > 0, got ", value));
     }
   }
   if (options.node_timeout <= options.heartbeat_interval) {
-    std::cerr << "fulcrum-coordinator: --node_timeout_ms must exceed --heartbeat_interval_ms\n";
+    return absl::InvalidArgumentError("--node_timeout_ms must exceed --heartbeat_interval_ms");
+  }
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fulcrum::SetUsage("Fulcrum coordinator");
+  absl::ParseCommandLine(argc, argv);
+  // Small messages only: a refused flood of large ones must not stay in the heap.
+  fulcrum::InitServingProcess({.pin_malloc_thresholds = false});
+  fulcrum::InstallCrashHandler(argv[0]);
+  fulcrum::BlockTerminationSignals();
+  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
+      !s.ok()) {
+    std::cerr << "fulcrum-coordinator: " << s.message() << "\n";
     return 2;
   }
+  auto tokens = TokensFromFlags();
+  if (!tokens.ok()) {
+    std::cerr << "fulcrum-coordinator: " << tokens.status().message() << "\n";
+    return 2;
+  }
+  auto parsed = OptionsFromFlags();
+  if (!parsed.ok()) {
+    std::cerr << "fulcrum-coordinator: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  const fulcrum::CoordinatorOptions& options = *parsed;
   auto coordinator =
       fulcrum::Coordinator::Open(options, fulcrum::NewGrpcServerControl(options.server_rpc_timeout));
   if (!coordinator.ok()) {
     std::cerr << "fulcrum-coordinator: " << coordinator.status() << "\n";
     return 2;
   }
-  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen), tokens);
+  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen), *tokens);
   if (!server.ok()) {
     std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
     return 1;
