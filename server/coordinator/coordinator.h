@@ -432,6 +432,8 @@ class Coordinator {
   void RankFinishedLocked(JobRecord& r, uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank finished (and the final cut is taken or failed).
   void SucceedLocked(JobRecord& r, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectJobMetricsLocked(const std::string& id, const JobRecord& r, absl::Time now, metrics::Scrape* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Time Now() const { return clock_->Now(); }
   int64_t NowMs() const { return absl::ToUnixMillis(Now()); }
