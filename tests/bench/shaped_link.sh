@@ -8,7 +8,7 @@
 # On loopback the "network" is a memory copy on the same cores as everything
 # else; across a link slower than those copies, the wire is the limit, as
 # between real hosts. That is where the wire dtype matters
-# (docs/benchmarks.md, "Across a rate-limited link").
+# (docs/benchmarks.md, "Transport: across a rate-limited link").
 #
 #   tests/bench/shaped_link.sh [--rate 1gbit|none] [--bin BUILD_DIR] [-- FULCRUM_BENCH_ARGS...]
 #

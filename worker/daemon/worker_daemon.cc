@@ -285,7 +285,7 @@ class WorkerDaemon::Runner {
     // bench, docs/benchmarks.md).
     po.transport = RemotePsClientOptions::Transport::kStream;
     // With a server on this host, shared memory in front of the stream: no
-    // socket copies, no HTTP/2 (docs/benchmarks.md, "Shared memory").
+    // socket copies, no HTTP/2 (docs/benchmarks.md, "Transport: current figures").
     po.shared_memory = options_.shared_memory;
     po.shared_memory_poll = options_.shared_memory_poll;
     return po;
