@@ -26,13 +26,14 @@ std::string Allowed(std::initializer_list<const char*> allowed) {
 void CheckSource(const v1::DataSource& s, const std::string& path, const std::string& model,
                  std::vector<std::string>* p) {
   const bool sparse_model = OneOf(model, {"sparse_lr", "fm", "mf"});
+  const bool sparse_format = OneOf(s.format(), {"libsvm", "criteo"});
   if (s.format().empty()) {
-    p->push_back(absl::StrCat(path, ".format: required; allowed: idx, libsvm, csv"));
-  } else if (!OneOf(s.format(), {"idx", "libsvm", "csv"})) {
-    p->push_back(absl::StrCat(path, ".format: '", s.format(), "' is not one of: idx, libsvm, csv"));
-  } else if (sparse_model && s.format() != "libsvm") {
-    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads sparse features: use libsvm"));
-  } else if (!sparse_model && !model.empty() && s.format() == "libsvm") {
+    p->push_back(absl::StrCat(path, ".format: required; allowed: idx, libsvm, csv, criteo"));
+  } else if (!OneOf(s.format(), {"idx", "libsvm", "csv", "criteo"})) {
+    p->push_back(absl::StrCat(path, ".format: '", s.format(), "' is not one of: idx, libsvm, csv, criteo"));
+  } else if (sparse_model && !sparse_format) {
+    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads sparse features: use libsvm or criteo"));
+  } else if (!sparse_model && !model.empty() && sparse_format) {
     p->push_back(absl::StrCat(path, ".format: model '", model, "' reads dense features: use idx or csv"));
   }
   if (s.path().empty()) p->push_back(absl::StrCat(path, ".path: required (a file; relative to the worker's --data_dir)"));
@@ -55,6 +56,14 @@ void CheckSource(const v1::DataSource& s, const std::string& path, const std::st
     p->push_back(absl::StrCat(path, ".labels: only idx data has a separate labels file"));
   }
   if (!(s.scale() >= 0) || !std::isfinite(s.scale())) p->push_back(absl::StrCat(path, ".scale: must be >= 0"));
+  if (s.format() == "criteo") {
+    if (s.hash_bits() > 32) p->push_back(absl::StrCat(path, ".hash_bits: ", s.hash_bits(), " must be 0 (20) to 32"));
+    if (!s.label_kind().empty() && s.label_kind() != "binary") {
+      p->push_back(absl::StrCat(path, ".label_kind: criteo labels are binary (0/1)"));
+    }
+  } else if (s.hash_bits() != 0 || s.raw_integers()) {
+    p->push_back(absl::StrCat(path, ".hash_bits, raw_integers: only criteo data hashes its fields"));
+  }
   if (!s.label_kind().empty() && !OneOf(s.label_kind(), {"class", "binary", "real"})) {
     p->push_back(absl::StrCat(path, ".label_kind: '", s.label_kind(), "' is not one of: class, binary, real"));
   }

@@ -170,7 +170,7 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   auto has = [&](const std::string& needle) { return HasProblem(p, needle); };
   CHECK(has("name: 'Bad_Name' must be at most 48 lowercase letters"));
   CHECK(has("model.hidden: mlp needs at least one hidden layer"));
-  CHECK(has("data.train.format: 'parquet' is not one of: idx, libsvm, csv"));
+  CHECK(has("data.train.format: 'parquet' is not one of: idx, libsvm, csv, criteo"));
   CHECK(has("data.train.path: required"));
   CHECK(has("optimizer.learning_rate: 0 must be > 0"));
   CHECK(has("optimizer.schedule.decay_steps: required for step; allowed: >= 1"));
@@ -271,7 +271,7 @@ TEST_CASE("a sparse model with dense data is refused", "[spec]") {
               .ok());
   const std::vector<std::string> p = JobSpecProblems(s);
   REQUIRE(p.size() == 2);
-  CHECK(p[0] == "data.train.format: model 'sparse_lr' reads sparse features: use libsvm");
+  CHECK(p[0] == "data.train.format: model 'sparse_lr' reads sparse features: use libsvm or criteo");
   CHECK(p[1] == "precision: model 'sparse_lr' has no GEMMs to run in 16 bits; use fp32");
 }
 

@@ -74,6 +74,12 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
     o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kBinary);
     return data::ReadLibSvm(path, o);
   }
+  if (s.format() == "criteo") {
+    data::CriteoOptions o;
+    if (s.hash_bits() > 0) o.hash_bits = static_cast<int>(s.hash_bits());
+    o.raw_integers = s.raw_integers();
+    return data::ReadCriteo(path, o);
+  }
   if (s.format() == "csv") {
     data::CsvOptions o;
     o.labels = LabelKindOf(s.label_kind(), data::LabelKind::kClass);
@@ -83,7 +89,8 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
     if (s.scale() > 0) o.scale = s.scale();
     return data::ReadCsv(path, o);
   }
-  return absl::InvalidArgumentError(absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv, criteo"));
 }
 
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train) {
@@ -112,7 +119,8 @@ v1::DataSummary SummarizeData(const v1::DataSource& s, const data::Dataset& d) {
   out.set_examples(d.size());
   out.set_features(static_cast<uint32_t>(d.num_features()));
   const data::LabelKind kind =
-      LabelKindOf(s.label_kind(), s.format() == "libsvm" ? data::LabelKind::kBinary : data::LabelKind::kClass);
+      LabelKindOf(s.label_kind(), s.format() == "libsvm" || s.format() == "criteo" ? data::LabelKind::kBinary
+                                                                                 : data::LabelKind::kClass);
   out.set_label_kind(kind == data::LabelKind::kClass ? "class" : kind == data::LabelKind::kBinary ? "binary" : "real");
   out.set_classes(kind == data::LabelKind::kClass ? static_cast<uint32_t>(d.num_classes()) : 0);
   // A CSV row is the features and the label: the last column is number

@@ -148,6 +148,24 @@ struct LibSvmOptions {
 absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path,
                                                     const LibSvmOptions& options = {});
 
+// The Criteo display-advertising layout: per line, tab-separated, a 0/1
+// label, 13 integer features (I1-I13) and 26 categorical ones (C1-C26) as
+// hexadecimal strings; any feature may be empty (absent). Gzip is read as
+// the other formats are. Features become sparse keys:
+//   integer feature i (0-12): key i, value log(1 + max(x, 0)) (or x itself
+//     with raw_integers);
+//   categorical field j (0-25): key 13 + j * 2^hash_bits + (a 64-bit mix of
+//     the value) mod 2^hash_bits, value 1 (one bucket space per field).
+struct CriteoOptions {
+  int hash_bits = 20;
+  bool raw_integers = false;
+};
+inline constexpr int kCriteoIntegers = 13;
+inline constexpr int kCriteoCategoricals = 26;
+// The key of categorical field `field`'s value `value` (its hex digits parsed).
+uint64_t CriteoKey(int field, uint64_t value, int hash_bits);
+absl::StatusOr<std::unique_ptr<Dataset>> ReadCriteo(const std::string& path, const CriteoOptions& options = {});
+
 struct CsvOptions {
   int label_column = -1;  // -1: the last column
   char delimiter = ',';

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "worker/data/dataset.h"
 
@@ -393,6 +394,87 @@ absl::StatusOr<std::unique_ptr<Dataset>> ReadLibSvm(const std::string& path, con
   }
   if (ds->labels_.empty()) return FileError(path, "line 1", "no examples in the file");
   ds->Finish(options.labels, options.num_classes, path);
+  return std::unique_ptr<Dataset>(std::move(ds));
+}
+
+uint64_t CriteoKey(int field, uint64_t value, int hash_bits) {
+  const uint64_t buckets = uint64_t{1} << hash_bits;
+  return kCriteoIntegers + static_cast<uint64_t>(field) * buckets + (Mix64(value ^ (uint64_t{0x9e3779b97f4a7c15} * (field + 1))) & (buckets - 1));
+}
+
+namespace {
+
+// One Criteo line's features into `ds`; the label is the caller's.
+absl::Status CriteoFeatures(const std::vector<std::string_view>& fields, const CriteoOptions& o,
+                            const std::string& path, const std::string& where, CsrDataset* ds) {
+  for (int i = 0; i < kCriteoIntegers; ++i) {
+    const std::string_view f = fields[1 + i];
+    if (f.empty()) continue;
+    int64_t x = 0;
+    const auto r = std::from_chars(f.data(), f.data() + f.size(), x);
+    if (r.ec != std::errc() || r.ptr != f.data() + f.size()) {
+      return FileError(path, where, absl::StrCat("I", i + 1, " \"", A(f), "\" is not an integer"));
+    }
+    ds->keys_.push_back(static_cast<uint64_t>(i));
+    ds->values_.push_back(o.raw_integers ? static_cast<float>(x)
+                                         : static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(x, 0)))));
+  }
+  for (int j = 0; j < kCriteoCategoricals; ++j) {
+    const std::string_view f = fields[1 + kCriteoIntegers + j];
+    if (f.empty()) continue;
+    uint64_t v = 0;
+    const auto r = f.size() <= 16 ? std::from_chars(f.data(), f.data() + f.size(), v, 16)
+                                  : std::from_chars_result{f.data(), std::errc::result_out_of_range};
+    if (r.ec != std::errc() || r.ptr != f.data() + f.size()) {
+      return FileError(path, where, absl::StrCat("C", j + 1, " \"", A(f), "\" is not a hexadecimal value of at most 16 digits"));
+    }
+    ds->keys_.push_back(CriteoKey(j, v, o.hash_bits));
+    ds->values_.push_back(1.0f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> ReadCriteo(const std::string& path, const CriteoOptions& options) {
+  if (options.hash_bits < 1 || options.hash_bits > 32) {
+    return absl::InvalidArgumentError(absl::StrCat("criteo hash_bits ", options.hash_bits, " must be 1 to 32"));
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFileMaybeGz(path));
+  auto ds = std::make_unique<CsrDataset>();
+  Lines lines(text);
+  std::string_view line;
+  std::vector<std::string_view> fields;
+  constexpr size_t kFields = 1 + kCriteoIntegers + kCriteoCategoricals;
+  while (lines.Next(&line)) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const std::string where = absl::StrCat("line ", lines.number());
+    fields.clear();
+    for (size_t start = 0;;) {
+      const size_t tab = line.find('\t', start);
+      fields.push_back(line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start));
+      if (tab == std::string_view::npos) break;
+      start = tab + 1;
+    }
+    if (fields.size() != kFields) {
+      return FileError(path, where, absl::StrCat(fields.size(), " tab-separated fields; the Criteo layout has ",
+                                                 kFields, " (the label, I1-I13, C1-C26)"));
+    }
+    double label;
+    if (!ParseDouble(fields[0], &label)) {
+      return FileError(path, where, absl::StrCat("label \"", A(fields[0]), "\" is not a number"));
+    }
+    float stored;
+    RETURN_IF_ERROR(CheckLabel(label, LabelKind::kBinary, 2, path, where, &stored));
+    RETURN_IF_ERROR(CriteoFeatures(fields, options, path, where, ds.get()));
+    ds->labels_.push_back(stored);
+    ds->offsets_.push_back(ds->keys_.size());
+  }
+  if (ds->labels_.empty()) return FileError(path, "line 1", "no examples in the file");
+  const uint64_t keys = kCriteoIntegers + kCriteoCategoricals * (uint64_t{1} << options.hash_bits);
+  ds->features_ = static_cast<int>(std::min<uint64_t>(keys, INT32_MAX));
+  ds->Finish(LabelKind::kBinary, 2, path);
   return std::unique_ptr<Dataset>(std::move(ds));
 }
 
