@@ -81,6 +81,12 @@ void Coordinator::CollectJobMetricsLocked(const std::string& id, const JobRecord
              st.train_accuracy());
   out->Gauge("fulcrum_coordinator_job_test_accuracy", "Test accuracy after the last evaluated epoch (0-1)", job,
              st.test_accuracy());
+  if (st.test_auc() > 0) {
+    out->Gauge("fulcrum_coordinator_job_test_auc", "Binary tasks: test AUC after the last evaluated epoch", job,
+               st.test_auc());
+    out->Gauge("fulcrum_coordinator_job_test_log_loss", "Binary tasks: test log loss after the last evaluated epoch",
+               job, st.test_loss());
+  }
   out->Gauge("fulcrum_coordinator_job_samples_per_second", "The job's training throughput over all ranks", job,
              st.samples_per_second());
   out->Gauge("fulcrum_coordinator_job_active_workers", "Ranks with a worker running them", job,

@@ -405,6 +405,7 @@ void Coordinator::MergeEpochLocked(JobRecord& r, const v1::ReportProgressRequest
     const int k = sum->reported_ranks_size();
     sum->set_train_loss(sum->train_loss() + (e.train_loss() - sum->train_loss()) / k);
     sum->set_train_accuracy(sum->train_accuracy() + (e.train_accuracy() - sum->train_accuracy()) / k);
+    sum->set_train_auc(sum->train_auc() + (e.train_auc() - sum->train_auc()) / k);
     sum->set_samples_per_second(sum->samples_per_second() + e.samples_per_second());
     sum->set_seconds(std::max(sum->seconds(), e.seconds()));
   }
@@ -412,10 +413,12 @@ void Coordinator::MergeEpochLocked(JobRecord& r, const v1::ReportProgressRequest
     sum->set_test_loss(e.test_loss());
     sum->set_test_accuracy(e.test_accuracy());
     sum->set_test_rmse(e.test_rmse());
+    sum->set_test_auc(e.test_auc());
     sum->set_tested(e.tested());
     st->set_test_loss(e.test_loss());
     st->set_test_accuracy(e.test_accuracy());
     st->set_test_rmse(e.test_rmse());
+    st->set_test_auc(e.test_auc());
   }
 }
 

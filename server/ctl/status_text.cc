@@ -38,6 +38,7 @@ std::string TestFigure(const fulcrum::v1::JobStatus& s) {
     const auto& e = s.epochs(i);
     if (!e.tested()) continue;
     if (e.test_rmse() != 0 && e.test_accuracy() == 0) return absl::StrFormat(" test_rmse %.4f", e.test_rmse());
+    if (e.test_auc() > 0) return absl::StrFormat(" test_acc %.4f test_auc %.4f", e.test_accuracy(), e.test_auc());
     return absl::StrFormat(" test_acc %.4f", e.test_accuracy());
   }
   return "";
@@ -136,9 +137,13 @@ void PrintStatus(const Job& j) {
   if (s.has_test_data()) std::cout << "  test data:  " << fulcrum::config::DataSummaryLine(s.test_data()) << "\n";
   for (const auto& l : WorkerLines(j)) std::cout << l << "\n";
   for (const auto& e : s.epochs()) {
-    std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f, %s, %.1fs\n", e.epoch() + 1, e.train_loss(),
-                                 e.train_accuracy(),
-                                 e.tested() ? absl::StrFormat("test loss %.4f acc %.4f", e.test_loss(), e.test_accuracy())
+    // Binary tasks: AUC beside the log loss (the loss).
+    const std::string train_auc = e.train_auc() > 0 ? absl::StrFormat(" auc %.4f", e.train_auc()) : "";
+    const std::string test_auc = e.test_auc() > 0 ? absl::StrFormat(" auc %.4f", e.test_auc()) : "";
+    std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f%s, %s, %.1fs\n", e.epoch() + 1, e.train_loss(),
+                                 e.train_accuracy(), train_auc,
+                                 e.tested() ? absl::StrFormat("test loss %.4f acc %.4f%s", e.test_loss(),
+                                                              e.test_accuracy(), test_auc)
                                             : std::string("not tested"),
                                  e.seconds());
   }

@@ -450,6 +450,7 @@ TEST_CASE("sparse logistic regression (ASP) and a factorization machine with loc
   Report(j);
   CHECK(j.status().state() == v1::SUCCEEDED);
   CHECK(j.status().test_accuracy() >= 0.97);
+  CHECK(j.status().test_auc() >= 0.97);  // a binary task: its AUC is reported too
   // Sparse rows by step, the dense bias by rounds, over gRPC and shared memory.
   const int rc_fm = cluster.Ctl({"submit", "-f", Example("spam-fm-local.yaml")}, &out);
   INFO(out);
@@ -462,6 +463,7 @@ TEST_CASE("sparse logistic regression (ASP) and a factorization machine with loc
   REQUIRE(cluster.Ctl({"status", "spam-fm-local-2"}, &status) == 0);
   INFO(status);
   CHECK(absl::StrContains(status, "rounds:"));
+  CHECK(absl::StrContains(status, " auc 0.9"));
 }
 
 TEST_CASE("fulcrumctl list reads every page of a registry of 1001 jobs", "[e2e]") {

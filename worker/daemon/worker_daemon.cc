@@ -354,6 +354,7 @@ class WorkerDaemon::Runner {
     sum.set_test_loss(t.loss);
     sum.set_test_accuracy(t.accuracy);
     sum.set_test_rmse(t.rmse);
+    sum.set_test_auc(t.auc);
     sum.set_tested(true);
     return sum;
   }
@@ -380,11 +381,14 @@ class WorkerDaemon::Runner {
     if (a_.rank() == 0 && d.test) {
       ASSIGN_OR_RETURN(sum, Evaluate(trainer, *d.test));
       FLOG(INFO) << tag << ": epoch " << epoch << " train loss " << e.train.loss << ", test accuracy "
-                 << sum.test_accuracy() << " (" << e.steps << " steps, " << e.samples_per_second << " samples/s)";
+                 << sum.test_accuracy()
+                 << (sum.test_auc() > 0 ? absl::StrCat(", test AUC ", sum.test_auc()) : std::string()) << " ("
+                 << e.steps << " steps, " << e.samples_per_second << " samples/s)";
     }
     sum.set_epoch(epoch);
     sum.set_train_loss(e.train.loss);
     sum.set_train_accuracy(e.train.accuracy);
+    sum.set_train_auc(e.train.auc);
     sum.set_seconds(e.seconds);
     sum.set_samples_per_second(e.samples_per_second);
     FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds

@@ -361,6 +361,7 @@ class SparseLinear final : public Model {
       m.loss_sum += loss_host_[i];
       m.correct += (prob_host_[i] > 0.5f) == (y[i] > 0.5f);
     }
+    m.scores.assign(prob_host_.begin(), prob_host_.end());
     return m;
   }
 

@@ -76,6 +76,9 @@ struct Metrics {
   // whether they were scaled down.
   double grad_norm = -1;
   bool clipped = false;
+  // Binary tasks: each example's predicted probability of the positive
+  // class, in batch order (AUC is computed from them); empty otherwise.
+  std::vector<float> scores;
 };
 
 class Model {

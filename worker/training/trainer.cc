@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
 #include "common/logging.h"
+#include "common/binary_metrics.h"
 #include "common/status_macros.h"
 #include "worker/data/pipeline.h"
 
@@ -310,6 +311,18 @@ void Trainer::CloseStep(const StepTiming& t, const models::Metrics& m, EpochResu
   Accumulate(m, &result->train);
 }
 
+void Trainer::AucSamples::Add(const models::Metrics& m, const data::Batch& batch) {
+  const size_t n = std::min(m.scores.size(), static_cast<size_t>(batch.size));
+  if (n == 0 || scores.size() >= kMaxAucExamples) return;
+  const float* y = batch.label_data();
+  for (size_t i = 0; i < n && scores.size() < kMaxAucExamples; ++i) {
+    scores.push_back(m.scores[i]);
+    labels.push_back(y[i]);
+  }
+}
+
+double Trainer::AucSamples::Auc() const { return scores.empty() ? 0 : fulcrum::Auc(scores, labels); }
+
 // Sums while running; Finish turns the sums into means.
 void Trainer::Accumulate(const models::Metrics& m, EvalResult* r) {
   r->examples += m.examples;
@@ -379,6 +392,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
+  train_auc_ = AucSamples();
   int64_t steps = prefetch.num_batches();
   if (options_.max_steps_per_epoch >= 0) {
     steps = std::min(steps, std::max<int64_t>(0, options_.max_steps_per_epoch - start_batch));
@@ -412,6 +426,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
       t.total = std::chrono::duration<double>(e - t_data).count();
       CloseStep(t, m, &result);
+      train_auc_.Add(m, *batch);
       prefetch.Recycle(std::move(batch));
     }
     // The epoch's results (evaluation, fingerprints) include every push.
@@ -425,6 +440,8 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
     return s;
   }
   Finish(model_->task(), &result.train);
+  result.train.auc = train_auc_.Auc();
+  train_auc_ = AucSamples();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   result.samples_per_second = result.seconds > 0 ? result.train.examples / result.seconds : 0;
   return result;
@@ -461,6 +478,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());
   EvalResult r;
+  AucSamples auc;
   bool sparse = false;
   for (const models::Table& t : model_->tables()) sparse = sparse || t.sparse;
   bool loaded = false;
@@ -475,9 +493,11 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
     loaded = true;
     ASSIGN_OR_RETURN(models::Metrics m, model_->Run(*batch, /*train=*/false));
     Accumulate(m, &r);
+    auc.Add(m, *batch);
     prefetch.Recycle(std::move(batch));
   }
   Finish(model_->task(), &r);
+  r.auc = auc.Auc();
   return r;
 }
 

@@ -112,7 +112,12 @@ struct EvalResult {
   double loss = 0;       // mean per example
   double accuracy = 0;   // classification and binary tasks
   double rmse = 0;       // regression
+  double auc = 0;        // binary tasks (Metrics::scores), over at most kMaxAucExamples
 };
+
+// The examples an epoch's or an evaluation's AUC is computed over, at most
+// (the first ones; 12 bytes each are kept).
+inline constexpr size_t kMaxAucExamples = size_t{1} << 21;
 
 struct EpochResult {
   int epoch = 0;
@@ -250,6 +255,14 @@ class Trainer {
   // Sizes `set`'s value and/or grad buffers for this step's tables.
   absl::Status Stage(int set, bool values, bool grads, bool sparse_only = false);
   static void Accumulate(const models::Metrics& m, EvalResult* r);
+  // Binary tasks: a batch's scores and labels toward an AUC.
+  struct AucSamples {
+    std::vector<double> scores;
+    std::vector<float> labels;
+    void Add(const models::Metrics& m, const data::Batch& batch);
+    double Auc() const;
+  };
+  AucSamples train_auc_;
   static void Finish(models::Task task, EvalResult* r);
 
   models::Model* model_;

@@ -184,12 +184,19 @@ TEST_CASE("fulcrum-datagen's CTR data: the same bytes for any thread count, read
   to.batch_size = 64;
   training::Trainer trainer(model.get(), &client, to);
   training::EvalResult t;
+  training::EpochResult e;
   for (int epoch = 0; epoch < 3; ++epoch) {
-    REQUIRE_OK(trainer.TrainEpoch(*train, epoch).status());
+    REQUIRE_OK_AND_ASSIGN(e, trainer.TrainEpoch(*train, epoch));
     REQUIRE_OK_AND_ASSIGN(t, trainer.Evaluate(*test));
   }
-  std::printf("fm on generated CTR data: test log loss %.4f (planted %.4f, constant %.4f), accuracy %.4f\n", t.loss,
-              one.best_log_loss, one.base_log_loss, t.accuracy);
+  std::printf("fm on generated CTR data: test log loss %.4f (planted %.4f, constant %.4f), accuracy %.4f, AUC %.4f "
+              "(planted %.4f), train AUC %.4f\n",
+              t.loss, one.best_log_loss, one.base_log_loss, t.accuracy, t.auc, one.best_auc, e.train.auc);
+  // The AUC the trainer reports is the one of its predictions: between
+  // chance and the planted model's.
+  CHECK(t.auc > 0.7);
+  CHECK(t.auc < one.best_auc);
+  CHECK(e.train.auc > 0.7);
   CHECK(t.loss < one.base_log_loss - 0.33 * (one.base_log_loss - one.best_log_loss));
   for (const std::string& f : {o.train_path, o.test_path, p.train_path, p.test_path}) fs::remove(f);
 }
