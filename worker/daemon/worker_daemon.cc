@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -15,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "common/backoff.h"
 #include "common/config/job_spec.h"
 #include "common/dtype.h"
 #include "common/errors.h"
@@ -26,6 +24,7 @@
 #include "worker/compute/backend.h"
 #include "worker/daemon/gpu_time.h"
 #include "worker/daemon/job_data.h"
+#include "worker/daemon/progress_outbox.h"
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/rpc/coordinator_client.h"
@@ -57,17 +56,15 @@ class WorkerDaemon::Runner {
           return gpu_utilization_(gpu);
         }) {
     assigned_batch_.store(a_.spec().batch_size());
-    sender_ = std::thread([this] { SendLoop(); });
     thread_ = std::thread([this] { Run(); });
   }
   ~Runner() {
     Stop();
     thread_.join();
-    sender_.join();
   }
   void Stop() {
     stop_.store(true);
-    absl::MutexLock lock(&out_mu_);  // wakes the sender and Drain
+    outbox_.Stop();
   }
   // A heartbeat's copy of this assignment: batch_size auto's choice arrives
   // this way (the coordinator fills in spec.batch_size once rank 0 chose).
@@ -75,9 +72,7 @@ class WorkerDaemon::Runner {
   // Its thread ended and no report is in flight (a send can take up to its
   // 10 s deadline): joining it then does not hold up the caller.
   bool finished() const {
-    if (!finished_.load()) return false;
-    absl::MutexLock lock(&out_mu_);
-    return !sending_;
+    return finished_.load() && outbox_.idle();
   }
 
  private:
@@ -106,7 +101,7 @@ class WorkerDaemon::Runner {
       Report(r);
     }
     // Finished means its results reached the coordinator.
-    Drain();
+    outbox_.Drain();
     finished_.store(true);
   }
 
@@ -119,102 +114,15 @@ class WorkerDaemon::Runner {
     return r;
   }
 
-  // Reports go out on their own thread, in order, so that a coordinator that
-  // is away (restarting, rescheduled) never holds up training: workers and
-  // servers go on without it. A report that carries a result (an epoch's
-  // metrics, the end, a failure) waits in the outbox and is sent again until
-  // the coordinator takes it, for as long as that takes: the job cannot end
-  // without it. Of periodic progress only the latest waits, sent when no
-  // result is queued, and dropped if that one send fails. A result carries
-  // the progress of its moment, so it replaces any older periodic report
-  // still waiting, which would otherwise reach the coordinator after it.
+  // Reports go out through the outbox, so a coordinator that is away never
+  // holds up training.
   void Report(v1::ReportProgressRequest r) {
-    const bool must_deliver = config::CarriesResult(r);
     if (gpu_index_.load() >= 0) {
       gpu_time_.Sample(absl::Now());
       r.mutable_progress()->set_gpu_busy_seconds(gpu_time_.busy_seconds());
       r.mutable_progress()->set_gpu_idle_seconds(gpu_time_.idle_seconds());
     }
-    absl::MutexLock lock(&out_mu_);
-    if (must_deliver) {
-      outbox_.push_back(r);
-      latest_.reset();
-    } else {
-      latest_ = r;
-    }
-  }
-
-  // Until every queued result is delivered, or the assignment ends.
-  void Drain() {
-    absl::MutexLock lock(&out_mu_);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
-      return (outbox_.empty() && !sending_) || stop_.load();
-    };
-    out_mu_.Await(absl::Condition(&done));
-  }
-
-  void SendLoop() {
-    int attempt = 0;
-    Backoff backoff({.initial = absl::Milliseconds(250), .max = absl::Seconds(2)});
-    absl::Time failing_since, last_warning = absl::InfinitePast();
-    for (;;) {
-      v1::ReportProgressRequest r;
-      bool must_deliver = false;
-      {
-        absl::MutexLock lock(&out_mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) {
-          return !outbox_.empty() || latest_.has_value() || stop_.load();
-        };
-        out_mu_.Await(absl::Condition(&ready));
-        if (stop_.load()) return;  // the assignment ended: nobody wants its reports
-        must_deliver = !outbox_.empty();
-        if (must_deliver) {
-          r = outbox_.front();
-        } else {
-          r = std::move(*latest_);
-          latest_.reset();
-        }
-        sending_ = true;
-      }
-      const absl::StatusOr<v1::ReportProgressResponse> resp = coordinator_->ReportProgress(r, absl::Seconds(10));
-      const absl::Status& s = resp.status();
-      const bool retry = !s.ok() && must_deliver &&
-                         (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded);
-      if (s.ok()) {
-        if (attempt > 0) {
-          FLOG(INFO) << "progress report for job " << a_.job_id() << " delivered after " << attempt
-                     << " failed tries over " << absl::FormatDuration(absl::Trunc(absl::Now() - failing_since,
-                                                                                  absl::Seconds(1)));
-        }
-        attempt = 0;
-        backoff.Reset();
-        if (resp->stop()) stop_.store(true);  // cancelled, ended, or the rank moved on
-      } else {
-        if (attempt++ == 0) failing_since = absl::Now();
-        // The first failure, then a line a minute while the coordinator is away.
-        if (!retry || absl::Now() - last_warning >= absl::Minutes(1)) {
-          FLOG(WARNING) << "progress report for job " << a_.job_id() << " failed: " << s.message()
-                        << (retry ? absl::StrCat("; sending it again until the coordinator answers (", attempt,
-                                                 attempt == 1 ? " try so far)" : " tries so far)")
-                                  : std::string());
-          last_warning = absl::Now();
-        }
-        if (!retry) {
-          attempt = 0;
-          backoff.Reset();
-        }
-      }
-      {
-        absl::MutexLock lock(&out_mu_);
-        sending_ = false;
-        if (must_deliver && !retry) outbox_.pop_front();  // delivered, or refused for good
-        if (retry) {
-          // Back off, but wake for a stop.
-          auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(out_mu_) { return stop_.load(); };
-          out_mu_.AwaitWithTimeout(absl::Condition(&stopped), backoff.Next());
-        }
-      }
-    }
+    outbox_.Post(std::move(r));
   }
 
   // Whether a throttled progress report may go at `now` (always when
@@ -645,12 +553,9 @@ class WorkerDaemon::Runner {
   training::LrScaling lr_scaling_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
-  // The reports on their way to the coordinator (Report, SendLoop).
-  mutable absl::Mutex out_mu_;
-  std::deque<v1::ReportProgressRequest> outbox_ ABSL_GUARDED_BY(out_mu_);  // results, in order
-  std::optional<v1::ReportProgressRequest> latest_ ABSL_GUARDED_BY(out_mu_);  // periodic progress
-  bool sending_ ABSL_GUARDED_BY(out_mu_) = false;
-  std::thread sender_;
+  // The reports on their way to the coordinator; a stop in its answer
+  // ends the assignment.
+  ProgressOutbox outbox_{coordinator_, a_.job_id(), [this] { stop_.store(true); }};
   std::string reason_;
   v1::WorkerProgress progress_;
   uint64_t total_steps_ = 0;
