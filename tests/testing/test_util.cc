@@ -1,8 +1,12 @@
 #include "tests/testing/test_util.h"
 
+#include <grpcpp/client_context.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/rpc/grpc_util.h"
+#include "common/shard_map.h"
 
 namespace fulcrum::testing {
 
@@ -63,6 +67,39 @@ std::unique_ptr<GrpcPsClient> TestCluster::Client(uint32_t rank, GrpcPsClientOpt
   auto client = GrpcPsClient::Create(base);
   REQUIRE(client.ok());
   return *std::move(client);
+}
+
+std::unique_ptr<v1::ParameterService::Stub> RawStub(const std::string& address) {
+  return v1::ParameterService::NewStub(CreateFulcrumChannel(address, 99));
+}
+
+absl::Status RawPush(v1::ParameterService::Stub* stub, const v1::PushRequest& req,
+                     v1::PushResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::PushResponse r;
+  return FromGrpcStatus(stub->Push(&ctx, req, resp ? resp : &r));
+}
+
+uint32_t OwnerOfChunk(const TestCluster& c, const std::string& table, uint32_t chunk) {
+  auto m = ShardMap::FromProto(c.shard_map());
+  return m->ServerOfChunk(table, chunk);
+}
+
+v1::PushRequest DensePush(const std::string& job, const std::string& table, uint32_t chunk,
+                          const std::vector<float>& g, uint64_t seq, uint64_t step) {
+  v1::PushRequest req;
+  req.set_job_id(job);
+  req.set_worker_id("raw");
+  req.set_seq(seq);
+  req.set_step(step);
+  req.set_num_parts(1);
+  auto* d = req.add_dense();
+  d->set_table(table);
+  d->set_chunk(chunk);
+  d->set_dtype(v1::DTYPE_FP32);
+  d->set_data(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
+  return req;
 }
 
 grpc::Status RawUnaryCall(grpc::GenericStub* stub, const std::string& method, const std::string& bytes,

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fulcrum/v1/ps.grpc.pb.h"
 #include "server/parameter_server.h"
 #include "server/rpc/ps_service.h"
 #include "worker/rpc/grpc_ps_client.h"
@@ -98,6 +99,18 @@ v1::PsJobSpec JobSpec(const std::string& id, std::vector<v1::TableSpec> tables,
                       uint32_t num_workers,
                       v1::ConsistencySpec::Model model = v1::ConsistencySpec::BSP,
                       uint32_t staleness = 0);
+
+// A ParameterService stub on a channel of its own, for requests the client
+// would never send as they are.
+std::unique_ptr<v1::ParameterService::Stub> RawStub(const std::string& address);
+// One Push on `stub` with a 10 s deadline.
+absl::Status RawPush(v1::ParameterService::Stub* stub, const v1::PushRequest& req,
+                     v1::PushResponse* resp = nullptr);
+// The server owning chunk `chunk` of `table` under the cluster's map.
+uint32_t OwnerOfChunk(const TestCluster& c, const std::string& table, uint32_t chunk);
+// A push of one fp32 dense chunk from worker "raw".
+v1::PushRequest DensePush(const std::string& job, const std::string& table, uint32_t chunk,
+                          const std::vector<float>& g, uint64_t seq, uint64_t step = 0);
 
 // A unary call of raw bytes to `method` ("/fulcrum.v1.JobService/GetJob"),
 // with a 10 s deadline and, when given, a bearer token: for requests no
