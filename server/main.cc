@@ -160,8 +160,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   fulcrum::InstallCrashHandler(argv[0]);
-  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer); !s.ok()) {
-    std::cerr << "fulcrum-server: " << s.message() << "\n";
+  auto transport = fulcrum::security::TransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer);
+  if (!transport.ok()) {
+    std::cerr << "fulcrum-server: " << transport.status().message() << "\n";
     return 2;
   }
   fulcrum::BlockTerminationSignals();
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
   fulcrum::PsGrpcServer::Options grpc_options;
   grpc_options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   grpc_options.shared_memory_poll = absl::GetFlag(FLAGS_shared_memory_poll);
+  grpc_options.security = *transport;
   if (absl::Status s = fulcrum::CheckPollFlag(grpc_options.shared_memory_poll); !s.ok()) {
     std::cerr << "fulcrum-server: " << s.message() << "\n";
     return 2;
@@ -206,7 +208,7 @@ int main(int argc, char** argv) {
   }
   LogStartup(options, map, **ps, (*server)->address(), advertise, grpc_options);
   std::unique_ptr<fulcrum::NodeAgent> agent;
-  if (!map) agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise);
+  if (!map) agent = fulcrum::StartServerAgent(ps->get(), coordinator, advertise, *transport);
   const int sig = fulcrum::WaitForTerminationSignal();
   FLOG(INFO) << "signal " << sig << " received; draining and shutting down";
   if (agent) agent->Stop();

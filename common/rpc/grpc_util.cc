@@ -62,7 +62,8 @@ void SetTransportArgs(Args& set_int) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index) {
+std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index,
+                                                   const security::Transport& transport) {
   grpc::ChannelArguments args;
   auto set_int = [&](const char* key, int value) { args.SetInt(key, value); };
   SetTransportArgs(set_int);
@@ -75,13 +76,19 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
   // gRPC's reconnect backoff grows to 120 s: after a long outage a node
   // would find its restarted coordinator or server up to two minutes late.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
-  return grpc::CreateCustomChannel(target, security::ChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, transport.ChannelCredentials(), args);
 }
 
-std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target,
+                                                      const security::Transport& transport) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxCheckpointMessageBytes);
-  return grpc::CreateCustomChannel(target, security::ChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, transport.ChannelCredentials(), args);
+}
+
+const security::Transport& TransportOrPlaintext(const std::shared_ptr<const security::Transport>& transport) {
+  // Plaintext()'s object lives as long as the process.
+  return transport != nullptr ? *transport : *security::Transport::Plaintext();
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {

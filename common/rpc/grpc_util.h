@@ -13,6 +13,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "common/rpc/security.h"
 
 namespace fulcrum {
 
@@ -31,11 +32,17 @@ inline constexpr int kMaxMessageBytes = 8 << 20;
 // channels that read checkpoints receive, messages up to this size.
 inline constexpr int kMaxCheckpointMessageBytes = 256 << 20;
 
-// A channel to `target` with Fulcrum's message limits. `index` distinguishes
-// otherwise identical channels so each gets its own TCP connection.
-std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index);
+// A channel to `target` with Fulcrum's message limits, secured by
+// `transport`. `index` distinguishes otherwise identical channels so each
+// gets its own TCP connection.
+std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, int index,
+                                                   const security::Transport& transport);
 // A channel for reading checkpoints (kMaxCheckpointMessageBytes).
-std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target);
+std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target,
+                                                      const security::Transport& transport);
+
+// `transport`, or plaintext when it is null (options left unset).
+const security::Transport& TransportOrPlaintext(const std::shared_ptr<const security::Transport>& transport);
 
 // Applies Fulcrum's limits and channel args to a server builder.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);

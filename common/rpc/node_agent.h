@@ -14,12 +14,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "fulcrum/v1/cluster.grpc.pb.h"
 
 namespace fulcrum {
 
 struct NodeAgentOptions {
   std::string coordinator;  // host:port
+  // The channel's security (the process's member certificate); plaintext
+  // when null.
+  std::shared_ptr<const security::Transport> security;
   v1::NodeInfo info;        // role, address, devices, slots
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Called on the agent's thread after every heartbeat.

@@ -15,26 +15,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "common/file_util.h"
 
 namespace fulcrum::security {
 namespace {
-
-// TLS is on when either the provider (a member's certificate) or the client
-// credentials (ConfigureClientTls) are set.
-struct TransportState {
-  absl::Mutex mu;
-  TlsFiles files ABSL_GUARDED_BY(mu);
-  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider ABSL_GUARDED_BY(mu);
-  // Set by ConfigureClientTls: used for channels instead of the provider.
-  std::shared_ptr<grpc::ChannelCredentials> client ABSL_GUARDED_BY(mu);
-};
-
-TransportState& State() {
-  static auto* state = new TransportState();
-  return *state;
-}
 
 std::string OpenSslError() {
   const unsigned long e = ERR_get_error();
@@ -167,28 +151,25 @@ absl::StatusOr<Identity> LoadIdentity(const TlsFiles& files) {
   return id;
 }
 
-absl::StatusOr<Identity> ConfigureTls(const TlsFiles& files, absl::Duration refresh) {
+std::shared_ptr<const Transport> Transport::Plaintext() {
+  static const auto* const plaintext = new std::shared_ptr<const Transport>(new Transport());
+  return *plaintext;
+}
+
+absl::StatusOr<std::shared_ptr<const Transport>> Transport::Member(const TlsFiles& files, absl::Duration refresh,
+                                                                   Identity* identity) {
   auto id = LoadIdentity(files);
   if (!id.ok()) return id.status();
   const auto seconds = static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(refresh)));
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+  std::shared_ptr<Transport> t(new Transport());
+  t->files_ = files;
+  t->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       files.key_file, files.cert_file, files.ca_file, seconds);
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  s.files = files;
-  s.provider = std::move(provider);
-  s.client = nullptr;
-  return id;
+  if (identity != nullptr) *identity = *std::move(id);
+  return std::shared_ptr<const Transport>(std::move(t));
 }
 
-void ConfigureInsecure() {
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  s.provider = nullptr;
-  s.client = nullptr;
-}
-
-absl::Status ConfigureClientTls(const std::string& ca_file) {
+absl::StatusOr<std::shared_ptr<const Transport>> Transport::Client(const std::string& ca_file) {
   grpc::SslCredentialsOptions options;
   if (!ca_file.empty()) {
     auto pem = ReadFileToString(ca_file, "CA certificate");
@@ -196,44 +177,32 @@ absl::Status ConfigureClientTls(const std::string& ca_file) {
     if (auto certs = ParseCerts(*pem, ca_file, "CA certificate"); !certs.ok()) return certs.status();
     options.pem_root_certs = *std::move(pem);
   }
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  s.provider = nullptr;
-  s.client = grpc::SslCredentials(options);
-  return absl::OkStatus();
+  std::shared_ptr<Transport> t(new Transport());
+  t->client_ = grpc::SslCredentials(options);
+  return std::shared_ptr<const Transport>(std::move(t));
 }
 
-bool TlsEnabled() {
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  return s.provider != nullptr || s.client != nullptr;
-}
-
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  if (s.client != nullptr) return s.client;
-  if (s.provider == nullptr) return grpc::InsecureChannelCredentials();
+std::shared_ptr<grpc::ChannelCredentials> Transport::ChannelCredentials() const {
+  if (client_ != nullptr) return client_;
+  if (provider_ == nullptr) return grpc::InsecureChannelCredentials();
   grpc::experimental::TlsChannelCredentialsOptions options;
-  options.set_certificate_provider(s.provider);
+  options.set_certificate_provider(provider_);
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
-  if (!s.files.crl_dir.empty()) options.set_crl_directory(s.files.crl_dir);
+  if (!files_.crl_dir.empty()) options.set_crl_directory(files_.crl_dir);
   return grpc::experimental::TlsCredentials(options);
 }
 
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(ClientCerts client_certs) {
-  auto& s = State();
-  absl::MutexLock lock(&s.mu);
-  if (s.client != nullptr) return nullptr;  // client-only TLS has no identity to serve with
-  if (s.provider == nullptr) return grpc::InsecureServerCredentials();
-  grpc::experimental::TlsServerCredentialsOptions options(s.provider);
+std::shared_ptr<grpc::ServerCredentials> Transport::ServerCredentials(ClientCerts client_certs) const {
+  if (client_ != nullptr) return nullptr;  // client-only TLS has no identity to serve with
+  if (provider_ == nullptr) return grpc::InsecureServerCredentials();
+  grpc::experimental::TlsServerCredentialsOptions options(provider_);
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(client_certs == ClientCerts::kRequired
                                     ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                                     : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-  if (!s.files.crl_dir.empty()) options.set_crl_directory(s.files.crl_dir);
+  if (!files_.crl_dir.empty()) options.set_crl_directory(files_.crl_dir);
   return grpc::experimental::TlsServerCredentials(options);
 }
 
@@ -262,9 +231,9 @@ Peer PeerOf(const grpc::AuthContext& auth) {
   return peer;
 }
 
-absl::Status RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
-                         absl::string_view what) {
-  if (!TlsEnabled()) return absl::OkStatus();
+absl::Status Transport::RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
+                                    absl::string_view what) const {
+  if (!tls()) return absl::OkStatus();
   const Peer peer = PeerOf(ctx);
   std::vector<absl::string_view> names;
   for (Role r : roles) {

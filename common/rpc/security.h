@@ -8,10 +8,12 @@
 // coordinator asks for one and requires it on the cluster service, while
 // users reach its job service with a bearer token (server/coordinator/rpc/auth.h).
 //
-// The transport is process-wide: each binary's main calls
-// ConfigureTransportFromFlags (security_flags.h) once, before it opens a
-// channel or a port. A process that never configures it (unit tests that run
-// everything in one process) speaks plaintext.
+// A Transport is the security of a process's gRPC endpoints: plaintext,
+// mutual TLS for a cluster member, or server-verifying TLS for a client
+// without a certificate. Each binary's main makes one from its flags
+// (TransportFromFlags, security_flags.h) and passes it in the options of
+// every component that opens a channel or a port; nothing is process-wide,
+// so one process can hold members of different roles (tests do).
 #ifndef FULCRUM_COMMON_RPC_SECURITY_H_
 #define FULCRUM_COMMON_RPC_SECURITY_H_
 
@@ -22,6 +24,7 @@
 
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/server_context.h>
 
 #include "absl/status/status.h"
@@ -60,27 +63,47 @@ struct Identity {
 // to the CA and is within its validity period.
 absl::StatusOr<Identity> LoadIdentity(const TlsFiles& files);
 
-// Turns TLS on for this process, after checking the files as LoadIdentity
-// does; returns the identity they hold. Certificates and the CA are re-read
-// every `refresh` (rotation: replace the files; see docs/security.md).
-absl::StatusOr<Identity> ConfigureTls(const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
-// Explicit plaintext (--insecure).
-void ConfigureInsecure();
-// For clients without a certificate of their own (fulcrumctl): TLS that
-// verifies the server against `ca_file`, or against the system's roots when
-// it is empty. Servers are not started in such a process.
-absl::Status ConfigureClientTls(const std::string& ca_file);
-bool TlsEnabled();
-
-// Credentials for channels to cluster members: our certificate plus the CA
-// (plaintext when TLS is off).
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials();
-
 enum class ClientCerts {
   kRequired,  // mutual TLS: parameter servers
   kOptional,  // asked for and verified when sent: the coordinator
 };
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(ClientCerts client_certs);
+
+class Transport {
+ public:
+  // Plaintext (--insecure, and tests that run a cluster in one process).
+  static std::shared_ptr<const Transport> Plaintext();
+  // Mutual TLS for a cluster member, after checking the files as
+  // LoadIdentity does; `identity` receives what they hold. Certificates and
+  // the CA are re-read every `refresh` (rotation: replace the files; see
+  // docs/security.md).
+  static absl::StatusOr<std::shared_ptr<const Transport>> Member(const TlsFiles& files,
+                                                                 absl::Duration refresh = absl::Seconds(60),
+                                                                 Identity* identity = nullptr);
+  // For clients without a certificate of their own (fulcrumctl): TLS that
+  // verifies the server against `ca_file`, or against the system's roots
+  // when it is empty. It cannot serve.
+  static absl::StatusOr<std::shared_ptr<const Transport>> Client(const std::string& ca_file);
+
+  bool tls() const { return provider_ != nullptr || client_ != nullptr; }
+  // Credentials for channels to cluster members: our certificate plus the
+  // CA (plaintext when TLS is off).
+  std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() const;
+  // nullptr for a client-only transport, which has no identity to serve with.
+  std::shared_ptr<grpc::ServerCredentials> ServerCredentials(ClientCerts client_certs) const;
+  // OK when TLS is off (every caller is trusted) or the caller presented a
+  // verified certificate of one of `roles`; otherwise UNAUTHENTICATED (no
+  // certificate) or PERMISSION_DENIED (wrong role), naming `what`.
+  absl::Status RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
+                           absl::string_view what) const;
+
+ private:
+  Transport() = default;
+
+  TlsFiles files_;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
+  // Set for a client-only transport: used for channels instead of provider_.
+  std::shared_ptr<grpc::ChannelCredentials> client_;
+};
 
 // Who is calling, by the certificate the peer presented and gRPC verified.
 struct Peer {
@@ -91,12 +114,6 @@ struct Peer {
 };
 Peer PeerOf(const grpc::ServerContextBase& ctx);
 Peer PeerOf(const grpc::AuthContext& auth);
-
-// OK when TLS is off (every caller is trusted) or the caller presented a
-// verified certificate of one of `roles`; otherwise UNAUTHENTICATED (no
-// certificate) or PERMISSION_DENIED (wrong role), naming `what`.
-absl::Status RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
-                         absl::string_view what);
 
 }  // namespace fulcrum::security
 

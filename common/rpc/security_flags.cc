@@ -32,17 +32,16 @@ metrics::EndpointSecurity MetricsSecurityFromFlags() {
 
 bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
 
-absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
+absl::StatusOr<std::shared_ptr<const Transport>> TransportFromFlags(absl::string_view program, Role role) {
   TlsFiles files{absl::GetFlag(FLAGS_tls_ca_file), absl::GetFlag(FLAGS_tls_cert_file),
                  absl::GetFlag(FLAGS_tls_key_file), absl::GetFlag(FLAGS_tls_crl_dir)};
   if (absl::GetFlag(FLAGS_insecure)) {
     if (!files.ca_file.empty() || !files.cert_file.empty() || !files.key_file.empty()) {
       return absl::InvalidArgumentError("--insecure and --tls_* files contradict each other: pass one or the other");
     }
-    ConfigureInsecure();
     FLOG(WARNING) << program << " runs WITHOUT TLS (--insecure): traffic is plaintext and callers are not "
                   << "authenticated by certificate; use this only on a network you trust";
-    return absl::OkStatus();
+    return Transport::Plaintext();
   }
   if (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -52,10 +51,10 @@ absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
   }
   const int32_t refresh = absl::GetFlag(FLAGS_tls_refresh_s);
   if (refresh < 1) return absl::InvalidArgumentError("--tls_refresh_s must be at least 1");
-  // The process exits on any error below, so configuring before the role
-  // check costs nothing.
-  auto id = ConfigureTls(files, absl::Seconds(refresh));
-  if (!id.ok()) return id.status();
+  Identity identity;
+  auto transport = Transport::Member(files, absl::Seconds(refresh), &identity);
+  if (!transport.ok()) return transport.status();
+  const Identity* id = &identity;
   if (id->role != role) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the certificate in ", files.cert_file, " names ",
@@ -71,7 +70,7 @@ absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role) {
     FLOG(WARNING) << "the certificate in " << files.cert_file << " expires in "
                   << absl::FormatDuration(absl::Trunc(left, absl::Minutes(1))) << "; rotate it (docs/security.md)";
   }
-  return absl::OkStatus();
+  return transport;
 }
 
 }  // namespace fulcrum::security

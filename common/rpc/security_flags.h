@@ -9,17 +9,19 @@
 
 #include "absl/strings/string_view.h"
 
-#include "absl/status/status.h"
+#include <memory>
+
+#include "absl/status/statusor.h"
 #include "common/metrics/endpoint_security.h"
 #include "common/rpc/security.h"
 
 namespace fulcrum::security {
 
-// Configures the process's transport from the flags and logs what it chose.
-// TLS is on unless --insecure: without certificate files it is an error that
-// says how to get them. `role` is what this program's certificate must say
-// (its SPIFFE ID), so a worker's certificate cannot run a server.
-absl::Status ConfigureTransportFromFlags(absl::string_view program, Role role);
+// The process's transport from the flags; logs what it chose. TLS is on
+// unless --insecure: without certificate files it is an error that says how
+// to get them. `role` is what this program's certificate must say (its
+// SPIFFE ID), so a worker's certificate cannot run a server.
+absl::StatusOr<std::shared_ptr<const Transport>> TransportFromFlags(absl::string_view program, Role role);
 
 // --metrics_tls_cert_file, --metrics_tls_key_file, --metrics_basic_auth_file.
 metrics::EndpointSecurity MetricsSecurityFromFlags();

@@ -103,9 +103,9 @@ int main(int argc, char** argv) {
   fulcrum::InitServingProcess({.pin_malloc_thresholds = false});
   fulcrum::InstallCrashHandler(argv[0]);
   fulcrum::BlockTerminationSignals();
-  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
-      !s.ok()) {
-    std::cerr << "fulcrum-coordinator: " << s.message() << "\n";
+  auto transport = fulcrum::security::TransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);
+  if (!transport.ok()) {
+    std::cerr << "fulcrum-coordinator: " << transport.status().message() << "\n";
     return 2;
   }
   auto tokens = TokensFromFlags();
@@ -120,12 +120,12 @@ int main(int argc, char** argv) {
   }
   const fulcrum::CoordinatorOptions& options = *parsed;
   auto coordinator =
-      fulcrum::Coordinator::Open(options, fulcrum::NewGrpcServerControl(options.server_rpc_timeout));
+      fulcrum::Coordinator::Open(options, fulcrum::NewGrpcServerControl(options.server_rpc_timeout, *transport));
   if (!coordinator.ok()) {
     std::cerr << "fulcrum-coordinator: " << coordinator.status() << "\n";
     return 2;
   }
-  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen), *tokens);
+  auto server = fulcrum::CoordinatorGrpcServer::Start(coordinator->get(), absl::GetFlag(FLAGS_listen), *tokens, *transport);
   if (!server.ok()) {
     std::cerr << "fulcrum-coordinator: " << server.status() << "\n";
     return 1;

@@ -118,10 +118,12 @@ std::string CaFile() {
   return flag.empty() ? Env("FULCRUM_TLS_CA_FILE") : flag;
 }
 
+bool Insecure() { return absl::GetFlag(FLAGS_insecure) || Env("FULCRUM_INSECURE") == "1"; }
+
 // What this client expects the coordinator to serve, for the hint of an
 // unreachable coordinator.
 std::string ExpectedTransport() {
-  if (!fulcrum::security::TlsEnabled()) return "plaintext (--insecure)";
+  if (Insecure()) return "plaintext (--insecure)";
   const std::string ca = CaFile();
   if (ca.empty()) {
     return "TLS signed by a CA of this system's trust store (no --tls_ca_file or $FULCRUM_TLS_CA_FILE given; a "
@@ -156,6 +158,8 @@ std::string ToJson(const google::protobuf::Message& m) {
 // What every call carries, set up once from the flags and environment.
 struct Session {
   std::string token;  // bearer token; empty: none
+  // Plaintext (--insecure) or TLS that checks the coordinator's certificate.
+  std::shared_ptr<const fulcrum::security::Transport> transport;
 };
 
 // Every call carries the bearer token.
@@ -179,13 +183,14 @@ std::string SetUpCredentials(Session* session) {
       if (session->token.empty()) return absl::StrCat("the token file ", token_file, " is empty");
     }
   }
-  const bool insecure = absl::GetFlag(FLAGS_insecure) || Env("FULCRUM_INSECURE") == "1";
-  if (insecure) {
-    fulcrum::security::ConfigureInsecure();
+  if (Insecure()) {
+    session->transport = fulcrum::security::Transport::Plaintext();
     return "";
   }
-  absl::Status s = fulcrum::security::ConfigureClientTls(CaFile());
-  return s.ok() ? "" : std::string(s.message());
+  auto transport = fulcrum::security::Transport::Client(CaFile());
+  if (!transport.ok()) return std::string(transport.status().message());
+  session->transport = *std::move(transport);
+  return "";
 }
 
 std::unique_ptr<grpc::ClientContext> Ctx(const Session& session) {
@@ -288,7 +293,7 @@ int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, con
     // A fresh channel each time: gRPC's own reconnect backoff grows to two
     // minutes, and a restarted coordinator should be found within seconds.
     own_stub = fulcrum::v1::JobService::NewStub(
-        fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), ++channels));
+        fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), ++channels, *session.transport));
     stub = own_stub.get();
   }
   if (!have) return kOther;
@@ -415,7 +420,7 @@ class ExportProgress {
 int Export(const Session& session, const std::string& coordinator, const std::string& job, uint64_t cut,
            const std::string& path) {
   // Records can outgrow the job API's message limit: a channel of its own.
-  auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator));
+  auto stub = fulcrum::v1::JobService::NewStub(fulcrum::CreateCheckpointChannel(coordinator, *session.transport));
   grpc::ClientContext ctx;
   Authorize(session, &ctx);
   fulcrum::v1::ExportCheckpointRequest req;
@@ -680,7 +685,7 @@ int main(int argc, char** argv) {
   }
   const std::string& cmd = args[1];
   const std::string job = args.size() >= 3 ? args[2] : "";
-  auto channel = fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), 0);
+  auto channel = fulcrum::CreateFulcrumChannel(absl::GetFlag(FLAGS_coordinator), 0, *session.transport);
   auto jobs = fulcrum::v1::JobService::NewStub(channel);
   if (cmd == "submit") return Submit(session, jobs.get());
   if (cmd == "list") return List(session, jobs.get());

@@ -442,7 +442,7 @@ class ShmReactor final : public grpc::ServerWriteReactor<v1::SharedMemoryEvent> 
 
 class PsGrpcServer::Service final : public ServiceBase {
  public:
-  explicit Service(ParameterServer* ps) : ps_(ps) {}
+  Service(ParameterServer* ps, const security::Transport& transport) : ps_(ps), transport_(transport) {}
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* ctx,
                                       const v1::CreateJobRequest* req,
@@ -592,7 +592,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   grpc::ServerWriteReactor<v1::SharedMemoryEvent>* OpenSharedMemory(grpc::CallbackServerContext* ctx,
                                                                     const v1::OpenSharedMemoryRequest* req) override {
     absl::Status allowed =
-        shared_memory_ ? security::RequireRole(*ctx, {security::Role::kCoordinator, security::Role::kServer,
+        shared_memory_ ? transport_.RequireRole(*ctx, {security::Role::kCoordinator, security::Role::kServer,
                                                       security::Role::kWorker},
                                                "ParameterService.OpenSharedMemory")
                        : absl::FailedPreconditionError("this server runs with --shared_memory=false");
@@ -633,7 +633,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
   grpc::ServerUnaryReactor* RefuseUnless(grpc::CallbackServerContext* ctx, absl::string_view what,
                                          std::initializer_list<security::Role> roles) {
-    absl::Status s = security::RequireRole(*ctx, roles, absl::StrCat("ParameterService.", what));
+    absl::Status s = transport_.RequireRole(*ctx, roles, absl::StrCat("ParameterService.", what));
     if (s.ok()) return nullptr;
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(s));
@@ -661,7 +661,7 @@ class PsGrpcServer::Service final : public ServiceBase {
     if (ps_->IsSelf(address)) {
       return [this](const v1::ReadCheckpointRequest& r) { return ps_->ReadCut(r); };
     }
-    std::shared_ptr<v1::ParameterService::Stub> stub = v1::ParameterService::NewStub(CreateCheckpointChannel(address));
+    std::shared_ptr<v1::ParameterService::Stub> stub = v1::ParameterService::NewStub(CreateCheckpointChannel(address, transport_));
     return [stub, address](const v1::ReadCheckpointRequest& r) -> absl::StatusOr<v1::ReadCheckpointResponse> {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -673,6 +673,7 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
   ParameterServer* const ps_;
+  const security::Transport& transport_;  // the PsGrpcServer's
   bool shared_memory_ = true;
   ShmRegistry shm_;
   // Set by set_blocking before the service is registered.
@@ -684,7 +685,12 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
     ParameterServer* ps, const std::string& listen_address, const Options& options) {
   std::unique_ptr<PsGrpcServer> s(new PsGrpcServer());
   s->ps_ = ps;
-  s->service_ = std::make_unique<Service>(ps);
+  s->security_ = options.security != nullptr ? options.security : security::Transport::Plaintext();
+  auto credentials = s->security_->ServerCredentials(security::ClientCerts::kRequired);
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError("a client-only TLS transport cannot serve: give the server a member certificate");
+  }
+  s->service_ = std::make_unique<Service>(ps, *s->security_);
   s->service_->set_shared_memory(options.shared_memory, options.shared_memory_poll);
   s->service_->set_blocking(options.blocking_threads, options.blocking_queue);
   grpc::EnableDefaultHealthCheckService(true);
@@ -692,7 +698,7 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   // Mutual TLS: every caller holds a certificate from the cluster's CA.
-  builder.AddListeningPort(listen_address, security::ServerCredentials(security::ClientCerts::kRequired), &s->port_);
+  builder.AddListeningPort(listen_address, credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   // Callers passed mutual TLS already: a request that does not parse is
   // INVALID_ARGUMENT (common/rpc/malformed.h).

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "server/parameter_server.h"
 
 namespace fulcrum {
@@ -33,6 +34,9 @@ class PsGrpcServer {
     // is refused RESOURCE_EXHAUSTED.
     int blocking_threads = 8;
     size_t blocking_queue = 256;
+    // Mutual TLS with the process's member certificate; plaintext when null.
+    // Peer servers' checkpoints are read over it too.
+    std::shared_ptr<const security::Transport> security;
   };
   // Serves `ps` (not owned; must outlive this) on `listen_address`, e.g.
   // "127.0.0.1:0" for any free port. Enables health checking and reflection.
@@ -62,6 +66,7 @@ class PsGrpcServer {
   class Service;
   PsGrpcServer() = default;
   ParameterServer* ps_ = nullptr;
+  std::shared_ptr<const security::Transport> security_;  // outlives service_
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Service> reflection_v1_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;

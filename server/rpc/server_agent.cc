@@ -8,8 +8,10 @@
 namespace fulcrum {
 
 std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::string& coordinator,
-                                            const std::string& advertise_address) {
+                                            const std::string& advertise_address,
+                                            std::shared_ptr<const security::Transport> security) {
   NodeAgentOptions o;
+  o.security = std::move(security);
   o.coordinator = coordinator;
   o.info.set_role(v1::SERVER);
   o.info.set_address(advertise_address);

@@ -12,9 +12,11 @@
 
 namespace fulcrum {
 
-// `ps` must outlive the agent.
+// `ps` must outlive the agent. `security`: the server's member certificate
+// (plaintext when null).
 std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::string& coordinator,
-                                            const std::string& advertise_address);
+                                            const std::string& advertise_address,
+                                            std::shared_ptr<const security::Transport> security = nullptr);
 
 }  // namespace fulcrum
 

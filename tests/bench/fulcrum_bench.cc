@@ -76,6 +76,9 @@ bool g_bounds_only = false;  // loopback throughput and round trips only (tests/
 bool g_stream = false;
 bool g_shm = false;  // shared memory in front of the transport (--transport=shm)
 std::string g_tls_dir;  // certificates from deploy/tls/gen-certs.sh: mutual TLS
+// In-process servers and the client share one server certificate, which may
+// also delete the bench's jobs (--tls_dir); plaintext without it.
+std::shared_ptr<const security::Transport> g_transport = security::Transport::Plaintext();
 // Tensors pushed and pulled concurrently, one thread each; 0: 1, and 4 for
 // tensors of 1 MiB and up (a worker sends all of a model's tensors at once).
 int g_inflight = 0;
@@ -210,7 +213,7 @@ double TcpRoundTripUs(int rounds) {
 // way) to `address` over a channel made as the client library makes its
 // own: gRPC's per-call cost on this machine, the latency part of the floor.
 double GrpcRoundTripUs(const std::string& address, int calls) {
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, 0));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, 0, *g_transport));
   std::vector<double> us;
   for (int i = 0; i < calls + 20; ++i) {  // the first calls connect and warm up
     grpc::ClientContext ctx;
@@ -437,7 +440,9 @@ std::unique_ptr<Cluster> StartCluster(int n) {
     ParameterServerOptions o;
     o.server_index = i;
     c->ps.push_back(*ParameterServer::Create(o));
-    c->grpc.push_back(*PsGrpcServer::Start(c->ps.back().get(), "127.0.0.1:0"));
+    PsGrpcServer::Options go;
+    go.security = g_transport;
+    c->grpc.push_back(*PsGrpcServer::Start(c->ps.back().get(), "127.0.0.1:0", go));
     addresses.push_back(c->grpc.back()->address());
   }
   c->map = ShardMap::RoundRobin(1, 256, addresses)->ToProto();
@@ -454,6 +459,7 @@ std::unique_ptr<GrpcPsClient> Client(const Cluster& c, DType dtype) {
   o.max_payload_bytes = g_message_bytes;
   o.transport = g_stream ? GrpcPsClientOptions::Transport::kStream : GrpcPsClientOptions::Transport::kUnary;
   o.shared_memory = g_shm;
+  o.security = g_transport;
   return *GrpcPsClient::Create(o);
 }
 
@@ -661,13 +667,13 @@ int main(int argc, char** argv) {
   SetMinLogSeverity(LogSeverity::kWarning);
   InitServingProcess();
   if (!g_tls_dir.empty()) {
-    // Servers and client share the process's transport: one server
-    // certificate, which may also delete the bench's jobs.
-    auto id = security::ConfigureTls({g_tls_dir + "/ca.crt", g_tls_dir + "/server-0.crt", g_tls_dir + "/server-0.key", ""});
-    if (!id.ok()) {
-      std::fprintf(stderr, "fulcrum-bench: --tls_dir=%s: %s\n", g_tls_dir.c_str(), id.status().ToString().c_str());
+    auto t = security::Transport::Member({g_tls_dir + "/ca.crt", g_tls_dir + "/server-0.crt",
+                                          g_tls_dir + "/server-0.key", ""});
+    if (!t.ok()) {
+      std::fprintf(stderr, "fulcrum-bench: --tls_dir=%s: %s\n", g_tls_dir.c_str(), t.status().ToString().c_str());
       return 2;
     }
+    g_transport = *std::move(t);
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   std::printf("# fulcrum-bench%s on %u cores: chunks of %zu KiB, messages of at most %zu KiB, "

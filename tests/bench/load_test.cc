@@ -74,6 +74,8 @@ int Run() {
   const std::string dir = testing::MakeTempDir("fulcrum-load");
 
   std::vector<std::string> tls_server[2];
+  // The client holds a worker certificate with TLS on; plaintext otherwise.
+  std::shared_ptr<const security::Transport> transport = security::Transport::Plaintext();
   if (!insecure) {
     const auto gen = testing::Spawn({absl::GetFlag(FLAGS_gen_certs), dir + "/pki", "--servers", "2", "--workers", "1"},
                                     dir + "/gen.log");
@@ -87,11 +89,12 @@ int Run() {
       tls_server[i] = {"--tls_ca_file=" + dir + "/pki/ca.crt", absl::StrCat("--tls_cert_file=", dir, "/pki/server-", i, ".crt"),
                        absl::StrCat("--tls_key_file=", dir, "/pki/server-", i, ".key")};
     }
-    if (auto s = security::ConfigureTls({dir + "/pki/ca.crt", dir + "/pki/worker-0.crt", dir + "/pki/worker-0.key", ""});
-        !s.ok()) {
-      std::cerr << s.status() << "\n";
+    auto t = security::Transport::Member({dir + "/pki/ca.crt", dir + "/pki/worker-0.crt", dir + "/pki/worker-0.key", ""});
+    if (!t.ok()) {
+      std::cerr << t.status() << "\n";
       return 1;
     }
+    transport = *std::move(t);
   } else {
     for (auto& t : tls_server) t = {"--insecure"};
   }
@@ -111,6 +114,7 @@ int Run() {
   };
 
   GrpcPsClientOptions base;
+  base.security = transport;
   base.bootstrap_servers = {a0, a1};
   base.channels_per_server = 1;
   base.retry_budget = absl::Seconds(10);

@@ -188,7 +188,7 @@ class InProcessCluster {
     auto g = CoordinatorGrpcServer::Start(coordinator_.get(), address_);
     REQUIRE(g.ok());
     grpc_ = *std::move(g);
-    jobs_ = v1::JobService::NewStub(CreateFulcrumChannel(address_, 0));
+    jobs_ = v1::JobService::NewStub(CreateFulcrumChannel(address_, 0, *security::Transport::Plaintext()));
   }
 
   v1::JobService::Stub* jobs() { return jobs_.get(); }
@@ -261,7 +261,7 @@ v1::Job SubmitRunning(v1::JobService::Stub* stub, const v1::JobSpec& spec, std::
 grpc::Status ReportAsRank(const std::string& coordinator, const v1::Job& j, uint32_t rank,
                           const std::function<void(v1::ReportProgressRequest&)>& fill,
                           v1::ReportProgressResponse* resp) {
-  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+  auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0, *security::Transport::Plaintext()));
   v1::ReportProgressRequest req;
   req.set_node_id(j.status().workers(static_cast<int>(rank)).worker_id());
   req.set_job_id(j.id());
@@ -852,7 +852,7 @@ TEST_CASE("a restarted coordinator knows its jobs and nodes", "[cluster]") {
   std::string id2;
   REQUIRE(Submit(cluster.jobs(), spec, &id2).ok());
   CHECK(id2 == "digits-2");
-  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0, *security::Transport::Plaintext()));
   v1::ClusterState cs;
   REQUIRE(cluster_stub->GetCluster(Ctx().get(), v1::GetClusterRequest(), &cs).ok());
   CHECK(cs.nodes_size() == 2);  // the server and the worker, from RocksDB and their heartbeats
@@ -869,7 +869,7 @@ TEST_CASE("a restarted coordinator gives new work only to workers it has heard f
   // A worker that registered and then died with the old coordinator: the
   // new one loads it from RocksDB and cannot tell yet. Four free slots make
   // it the scheduler's first choice if it were eligible.
-  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0));
+  auto cluster_stub = v1::ClusterService::NewStub(CreateFulcrumChannel(cluster.address(), 0, *security::Transport::Plaintext()));
   v1::RegisterNodeRequest reg;
   reg.mutable_node()->set_role(v1::WORKER);
   reg.mutable_node()->set_slots(4);
@@ -918,7 +918,7 @@ grpc::Status ReportEpoch(const std::string& coordinator, const v1::Job& j, uint3
 class FakeNodes {
  public:
   FakeNodes(const std::string& coordinator, int n, v1::NodeRole role = v1::WORKER, const std::string& address = "") {
-    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+    auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0, *security::Transport::Plaintext()));
     for (int i = 0; i < n; ++i) {
       v1::RegisterNodeRequest reg;
       reg.mutable_node()->set_role(role);
@@ -928,7 +928,7 @@ class FakeNodes {
       ids_.push_back(resp.node_id());
     }
     heartbeats_ = std::thread([this, coordinator] {
-      auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0));
+      auto stub = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator, 0, *security::Transport::Plaintext()));
       while (!stop_.load()) {
         for (const std::string& id : ids_) {
           v1::HeartbeatRequest hb;

@@ -63,8 +63,8 @@ class ProcessCluster {
       AddServer();
     }
     for (int i = 0; i < workers; ++i) AddWorker();
-    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator_, 0));
-    cluster_ = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator_, 0));
+    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator_, 0, *security::Transport::Plaintext()));
+    cluster_ = v1::ClusterService::NewStub(CreateFulcrumChannel(coordinator_, 0, *security::Transport::Plaintext()));
     // Everyone registered.
     for (int tries = 0; tries < 200 && Alive() < servers + workers; ++tries) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

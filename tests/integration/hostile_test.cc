@@ -125,12 +125,10 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
 
   // This process holds a worker's certificate: the most a hostile cluster
   // member could present.
-  REQUIRE(security::ConfigureTls({(tls / "ca.crt").string(), (tls / "worker-0.crt").string(),
-                                  (tls / "worker-0.key").string(), ""})
-              .ok());
-  struct Reset {
-    ~Reset() { security::ConfigureInsecure(); }
-  } reset;
+  auto member = security::Transport::Member({(tls / "ca.crt").string(), (tls / "worker-0.crt").string(),
+                                             (tls / "worker-0.key").string(), ""});
+  REQUIRE(member.ok());
+  const security::Transport& transport = **member;
   auto token = [&](const std::string& user) {
     return std::string(absl::StripAsciiWhitespace(testing::ReadFile((tls / ("token-" + user)).string())));
   };
@@ -138,7 +136,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
   std::ofstream(tls / "tokens.csv", std::ios::app) << bob_token << ",bob,bob\n";
   const std::string coord = absl::StrCat("127.0.0.1:", port);
   const std::string servers[2] = {absl::StrCat("127.0.0.1:", port + 1), absl::StrCat("127.0.0.1:", port + 2)};
-  auto jobs = v1::JobService::NewStub(CreateFulcrumChannel(coord, 0));
+  auto jobs = v1::JobService::NewStub(CreateFulcrumChannel(coord, 0, transport));
   auto authed = [](grpc::ClientContext* ctx, const std::string& t) {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     if (!t.empty()) ctx->AddMetadata("authorization", "Bearer " + t);
@@ -171,7 +169,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
     return j;
   };
   // Wait until the servers hold the job's tables.
-  auto ps0 = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[0], 1));
+  auto ps0 = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[0], 1, transport));
   v1::PsJobSpec ps_spec;
   for (int tries = 0; tries < 300; ++tries) {
     grpc::ClientContext ctx;
@@ -200,13 +198,13 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
   auto attacker = [&](int t) {
     std::mt19937 rng(static_cast<uint32_t>(t));
     const std::string& server = servers[t % 2];
-    auto ps = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 100 + t));
-    grpc::GenericStub raw(CreateFulcrumChannel(server, 200 + t));
+    auto ps = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 100 + t, transport));
+    grpc::GenericStub raw(CreateFulcrumChannel(server, 200 + t, transport));
     grpc::ChannelArguments unlimited;
     unlimited.SetMaxSendMessageSize(-1);
-    grpc::GenericStub raw_big(grpc::CreateCustomChannel(server, security::ChannelCredentials(), unlimited));
-    auto api = v1::JobService::NewStub(CreateFulcrumChannel(coord, 300 + t));
-    grpc::GenericStub raw_api(CreateFulcrumChannel(coord, 400 + t));
+    grpc::GenericStub raw_big(grpc::CreateCustomChannel(server, transport.ChannelCredentials(), unlimited));
+    auto api = v1::JobService::NewStub(CreateFulcrumChannel(coord, 300 + t, transport));
+    grpc::GenericStub raw_api(CreateFulcrumChannel(coord, 400 + t, transport));
     // A unary call on the parameter service with a 10 s deadline.
     auto unary = [&ps](auto method, const auto& req, auto* resp) {
       grpc::ClientContext ctx;
@@ -507,7 +505,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
     CHECK(rss_after[i] > 0);
     CHECK(rss_after[i] - rss_before[i] < kMaxGrowthKiB);
     // Still serving.
-    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[i], 900 + i));
+    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(servers[i], 900 + i, transport));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ShardMap m;
@@ -540,12 +538,10 @@ TEST_CASE("a flood of 100 MB messages: each process gives its memory back", "[e2
     std::string log;
     ~Stop() { Run(args, log); }
   } stop{{script, "stop", "--dir", run_dir.string()}, (dir / "stop.log").string()};
-  REQUIRE(security::ConfigureTls({(tls / "ca.crt").string(), (tls / "worker-0.crt").string(),
-                                  (tls / "worker-0.key").string(), ""})
-              .ok());
-  struct Reset {
-    ~Reset() { security::ConfigureInsecure(); }
-  } reset;
+  auto member = security::Transport::Member({(tls / "ca.crt").string(), (tls / "worker-0.crt").string(),
+                                             (tls / "worker-0.key").string(), ""});
+  REQUIRE(member.ok());
+  const security::Transport& transport = **member;
 
   const pid_t pids[3] = {PidOf(run_dir, "coordinator"), PidOf(run_dir, "server-0"), PidOf(run_dir, "server-1")};
   const std::string targets[3] = {absl::StrCat("127.0.0.1:", port), absl::StrCat("127.0.0.1:", port + 1),
@@ -565,7 +561,7 @@ TEST_CASE("a flood of 100 MB messages: each process gives its memory back", "[e2
     grpc::ChannelArguments unlimited;
     unlimited.SetMaxSendMessageSize(-1);
     {
-      grpc::GenericStub big(grpc::CreateCustomChannel(targets[p], security::ChannelCredentials(), unlimited));
+      grpc::GenericStub big(grpc::CreateCustomChannel(targets[p], transport.ChannelCredentials(), unlimited));
       for (int i = 0; i < 6; ++i) {
         const grpc::Status s = testing::RawUnaryCall(&big, methods[p], hundred_mb);
         CHECK((s.error_code() == StatusCode::RESOURCE_EXHAUSTED || s.error_code() == StatusCode::UNAUTHENTICATED));
@@ -611,13 +607,12 @@ TEST_CASE("job-API calls without valid credentials are refused before their requ
     ~Stop() { Run(args, log); }
   } stop{{script, "stop", "--dir", run_dir.string()}, (dir / "stop.log").string()};
   // A user's connection: TLS that verifies the coordinator, no certificate.
-  REQUIRE(security::ConfigureClientTls((tls / "ca.crt").string()).ok());
-  struct Reset {
-    ~Reset() { security::ConfigureInsecure(); }
-  } reset;
+  auto client = security::Transport::Client((tls / "ca.crt").string());
+  REQUIRE(client.ok());
+  const security::Transport& transport = **client;
   const std::string demo_token(
       absl::StripAsciiWhitespace(testing::ReadFile((tls / "token-demo").string())));
-  grpc::GenericStub raw(CreateFulcrumChannel(absl::StrCat("127.0.0.1:", port), 0));
+  grpc::GenericStub raw(CreateFulcrumChannel(absl::StrCat("127.0.0.1:", port), 0, transport));
   // A JobRef whose job_id (field 1) is not UTF-8: protobuf refuses to parse
   // it and logs why.
   const std::string not_utf8 = std::string("\x0a\x06job-\xff\xfe", 8);

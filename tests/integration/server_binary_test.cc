@@ -122,7 +122,7 @@ TEST_CASE("a fulcrum-server killed with SIGKILL restores its last committed cut 
   const std::vector<std::string> args = {binary, "--listen=" + addr, "--shard_map=" + addr, "--virtual_shards=16",
                                          "--data_dir=" + dir + "/data", "--metrics_addr=127.0.0.1:0", "--insecure"};
   Process s = Spawn(args, dir + "/server.log");
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(addr, 99));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(addr, 99, *security::Transport::Plaintext()));
   auto call = [&](auto method, const auto& req, auto* resp) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

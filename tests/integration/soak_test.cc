@@ -54,12 +54,12 @@ class Soak {
   // cluster.sh runs the cluster with mutual TLS and tokens: this client
   // verifies the coordinator against the run's CA and acts as its admin.
   Soak(const std::string& coordinator, const fs::path& tls_dir) {
-    REQUIRE(security::ConfigureClientTls((tls_dir / "ca.crt").string()).ok());
+    auto transport = security::Transport::Client((tls_dir / "ca.crt").string());
+    REQUIRE(transport.ok());
     token_ = std::string(absl::StripAsciiWhitespace(testing::ReadFile((tls_dir / "token-admin").string())));
     REQUIRE(token_.size() == 64);
-    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator, 0));
+    stub_ = v1::JobService::NewStub(CreateFulcrumChannel(coordinator, 0, **transport));
   }
-  ~Soak() { security::ConfigureInsecure(); }
 
   // The job, asking again while the coordinator restarts; nullopt if it
   // stays unreachable for 90 s (the supervisor waits up to 30 s before it

@@ -534,7 +534,7 @@ TEST_CASE("checkpoint calls past the server's pool and queue are refused RESOURC
   auto cluster = testing::TestCluster::Start(co);
   auto c = cluster->Client(0);
   REQUIRE_OK(c->CreateJob(Spec("job")));
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(0), 7));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(0), 7, *security::Transport::Plaintext()));
   // Cuts at step 3 wait for it: the first holds the one thread, the second
   // waits in the queue, the third is refused at once.
   struct Call {
@@ -607,7 +607,7 @@ TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers th
   REQUIRE_OK(map.status());
   cluster->SetShardMap(map->ToProto());
   for (size_t i = 0; i < 3; ++i) {
-    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(i), 0));
+    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(i), 0, *security::Transport::Plaintext()));
     grpc::ClientContext ctx;
     v1::RestoreRequest req;
     req.set_job_id("job");

@@ -864,7 +864,7 @@ TEST_CASE("garbage and hostile bytes get an error and the server keeps serving",
   auto cluster = TestCluster::Start(OneServerFourShards());
   auto c = cluster->Client(0);
   REQUIRE_OK(c->CreateJob(JobSpec("ok", {DenseTableSpec("w", 4)}, 1, v1::ConsistencySpec::ASP)));
-  grpc::GenericStub stub(CreateFulcrumChannel(cluster->address(0), 7));
+  grpc::GenericStub stub(CreateFulcrumChannel(cluster->address(0), 7, *security::Transport::Plaintext()));
   std::mt19937 rng(1);
   int rejected = 0;
   for (int i = 0; i < 300; ++i) {

@@ -72,10 +72,19 @@ Pki& Certs() {
   return *pki;
 }
 
-// Leaves the process in plaintext however a test ends.
-struct ResetTransport {
-  ~ResetTransport() { security::ConfigureInsecure(); }
-};
+// A member's mutual TLS from `dir`'s certificate for `name`.
+std::shared_ptr<const security::Transport> MemberTls(const std::string& dir, const std::string& name,
+                                                     absl::Duration refresh = absl::Seconds(60)) {
+  auto t = security::Transport::Member(Files(dir, name), refresh);
+  REQUIRE_OK(t.status());
+  return *std::move(t);
+}
+// A user's TLS: the server checked against the CA in `dir`, no certificate.
+std::shared_ptr<const security::Transport> UserTls(const std::string& dir) {
+  auto t = security::Transport::Client(dir + "/ca.crt");
+  REQUIRE_OK(t.status());
+  return *std::move(t);
+}
 
 TEST_CASE("LoadIdentity reads a member's SPIFFE role and names what is wrong with bad files", "[security]") {
   const Pki& pki = Certs();
@@ -164,13 +173,13 @@ TEST_CASE("token files: errors name the line, tokens map to users, the admin gro
   REQUIRE(denied.message().find("user 'carol' may act only on their own jobs") != std::string::npos);
 }
 
-// A unary call on the parameter service with the process's current client
-// credentials; `server_cert` receives the PEM certificate the server showed.
+// A unary call on the parameter service over `transport`; `server_cert`
+// receives the PEM certificate the server showed.
 template <typename Req, typename Resp>
-absl::Status PsCall(const std::string& address, int index,
+absl::Status PsCall(const security::Transport& transport, const std::string& address, int index,
                     grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                     const Req& req, std::string* server_cert = nullptr) {
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, index));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, index, transport));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   Resp resp;
@@ -188,10 +197,9 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   // A CA of this test's own, since it renews certificates.
   const std::string dir = testing::MakeTempDir("fulcrum-mtls") + "/pki";
   GenCerts(dir, {"--servers", "1", "--workers", "1"});
-  ResetTransport reset;
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "server-0"), absl::Seconds(1)).status());
   testing::TestCluster::Options o;
   o.num_servers = 1;
+  o.security = MemberTls(dir, "server-0", absl::Seconds(1));
   auto cluster = testing::TestCluster::Start(o);
   const std::string addr = cluster->address(0);
   int index = 1000;
@@ -199,24 +207,23 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   const v1::GetShardMapRequest get_map;
   // Plaintext, TLS without a client certificate, and a certificate of
   // another CA: the handshake fails, nothing reaches the service.
-  security::ConfigureInsecure();
-  REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
+  REQUIRE(PsCall(*security::Transport::Plaintext(), addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
           absl::StatusCode::kUnavailable);
-  REQUIRE_OK(security::ConfigureClientTls(dir + "/ca.crt"));
-  REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
+  REQUIRE(PsCall(*UserTls(dir), addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
           absl::StatusCode::kUnavailable);
-  REQUIRE_OK(security::ConfigureTls(Files(pki.b, "worker-0")).status());
-  REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
+  REQUIRE(PsCall(*MemberTls(pki.b, "worker-0"), addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map).code() ==
           absl::StatusCode::kUnavailable);
 
   // A worker's certificate: creates its job, pushes and pulls (the real
   // client, over mutual TLS), but cannot change shard maps, delete jobs or
   // read checkpoints.
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "worker-0")).status());
+  const auto worker = MemberTls(dir, "worker-0");
   std::string first_cert;
-  REQUIRE_OK(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map, &first_cert));
+  REQUIRE_OK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map, &first_cert));
   REQUIRE(first_cert.find("BEGIN CERTIFICATE") != std::string::npos);
-  auto client = cluster->Client(0);
+  GrpcPsClientOptions client_options;
+  client_options.security = worker;
+  auto client = cluster->Client(0, client_options);
   REQUIRE_OK(client->CreateJob(testing::JobSpec("mtls", {testing::DenseTableSpec("w", 64)}, 1)));
   std::vector<float> g(64, 1.0f), w(64, 0.0f);
   PushBatch push;
@@ -227,23 +234,22 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
 
   v1::SetShardMapRequest set_map;
   *set_map.mutable_map() = cluster->shard_map();
-  absl::Status s = PsCall(addr, ++index, &v1::ParameterService::Stub::SetShardMap, set_map);
+  absl::Status s = PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::SetShardMap, set_map);
   REQUIRE(s.code() == absl::StatusCode::kPermissionDenied);
   REQUIRE(s.message().find("ParameterService.SetShardMap is for cluster members with a coordinator or server "
                            "certificate; the caller's is spiffe://fulcrum/worker/worker-0") != std::string::npos);
   v1::DeleteJobRequest del;
   del.set_job_id("mtls");
-  REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::DeleteJob, del).code() ==
+  REQUIRE(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::DeleteJob, del).code() ==
           absl::StatusCode::kPermissionDenied);
   v1::ReadCheckpointRequest read;
   read.set_job_id("mtls");
-  REQUIRE(PsCall(addr, ++index, &v1::ParameterService::Stub::ReadCheckpoint, read).code() ==
+  REQUIRE(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::ReadCheckpoint, read).code() ==
           absl::StatusCode::kPermissionDenied);
   REQUIRE(cluster->server(0)->GetJob("mtls").ok());  // still there
 
   // The coordinator's certificate may.
-  REQUIRE_OK(security::ConfigureTls(Files(dir, "coordinator")).status());
-  REQUIRE_OK(PsCall(addr, ++index, &v1::ParameterService::Stub::DeleteJob, del));
+  REQUIRE_OK(PsCall(*MemberTls(dir, "coordinator"), addr, ++index, &v1::ParameterService::Stub::DeleteJob, del));
   REQUIRE_FALSE(cluster->server(0)->GetJob("mtls").ok());
 
   // Rotation: every member certificate issued again from the same CA. The
@@ -252,7 +258,7 @@ TEST_CASE("mutual TLS on the parameter service: only cluster certificates connec
   GenCerts(dir, {"--servers", "1", "--workers", "1", "--renew"});
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   std::string second_cert;
-  REQUIRE_OK(PsCall(addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map, &second_cert));
+  REQUIRE_OK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::GetShardMap, get_map, &second_cert));
   REQUIRE(second_cert.find("BEGIN CERTIFICATE") != std::string::npos);
   REQUIRE(second_cert != first_cert);
   REQUIRE(second_cert == testing::ReadFile(dir + "/server-0.crt"));
@@ -266,8 +272,9 @@ v1::JobSpec DigitsSpec() {
 
 class CoordinatorClient {
  public:
-  CoordinatorClient(const std::string& address, std::string token) : token_(std::move(token)) {
-    auto channel = CreateFulcrumChannel(address, next_index_++);
+  CoordinatorClient(const security::Transport& transport, const std::string& address, std::string token)
+      : token_(std::move(token)) {
+    auto channel = CreateFulcrumChannel(address, next_index_++, transport);
     jobs_ = v1::JobService::NewStub(channel);
     cluster_ = v1::ClusterService::NewStub(channel);
   }
@@ -380,29 +387,29 @@ class CoordinatorClient {
 };
 
 // A coordinator with the test PKI's certificate and its users' bearer
-// tokens, on a free port; callers then configure their side's TLS.
+// tokens, on a free port.
 std::unique_ptr<CoordinatorGrpcServer> StartSecureCoordinator(const Pki& pki, const std::string& name,
                                                               const std::function<void(CoordinatorOptions&)>& tweak,
                                                               std::unique_ptr<Coordinator>* coordinator) {
-  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "coordinator")).status());
+  const auto transport = MemberTls(pki.a, "coordinator");
   CoordinatorOptions o;
   o.data_dir = testing::MakeTempDir(name);
   tweak(o);
-  REQUIRE_OK_AND_ASSIGN(*coordinator, Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(5))));
+  REQUIRE_OK_AND_ASSIGN(*coordinator, Coordinator::Open(o, NewGrpcServerControl(absl::Seconds(5), transport)));
   REQUIRE_OK_AND_ASSIGN(std::shared_ptr<TokenAuthenticator> tokens, TokenAuthenticator::Open(pki.a + "/tokens.csv"));
-  REQUIRE_OK_AND_ASSIGN(auto server, CoordinatorGrpcServer::Start(coordinator->get(), "127.0.0.1:0", tokens));
+  REQUIRE_OK_AND_ASSIGN(auto server, CoordinatorGrpcServer::Start(coordinator->get(), "127.0.0.1:0", tokens, transport));
   return server;
 }
 
 TEST_CASE("the coordinator bounds each user's open WatchJob streams and CheckpointJob and ExportCheckpoint calls",
           "[security][grpc]") {
   const Pki& pki = Certs();
-  ResetTransport reset;
   std::unique_ptr<Coordinator> coordinator;
   auto server = StartSecureCoordinator(
       pki, "fulcrum-coord-long-calls", [](CoordinatorOptions& o) { o.max_long_calls_per_user = 3; }, &coordinator);
-  REQUIRE_OK(security::ConfigureClientTls(pki.a + "/ca.crt"));
-  CoordinatorClient demo(server->address(), Token(pki.a, "demo")), bob(server->address(), Token(pki.a, "bob"));
+  const auto user = UserTls(pki.a);
+  CoordinatorClient demo(*user, server->address(), Token(pki.a, "demo")),
+      bob(*user, server->address(), Token(pki.a, "bob"));
   REQUIRE_OK_AND_ASSIGN(std::string id, demo.Submit(DigitsSpec()));  // stays pending: no server
   REQUIRE_OK_AND_ASSIGN(std::string bob_id, bob.Submit(DigitsSpec()));
 
@@ -448,16 +455,16 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
           "the cluster API, and a per-user job limit",
           "[security][grpc]") {
   const Pki& pki = Certs();
-  ResetTransport reset;
   std::unique_ptr<Coordinator> coordinator;
   auto server = StartSecureCoordinator(
       pki, "fulcrum-coord-auth", [](CoordinatorOptions& o) { o.max_active_jobs_per_user = 2; }, &coordinator);
   const std::string addr = server->address();
 
   // Users: TLS that checks the coordinator against the CA, no certificate.
-  REQUIRE_OK(security::ConfigureClientTls(pki.a + "/ca.crt"));
-  CoordinatorClient nobody(addr, ""), wrong(addr, "f00f00f00f00f00f00f00f00"), demo(addr, Token(pki.a, "demo")),
-      bob(addr, Token(pki.a, "bob")), admin(addr, Token(pki.a, "admin"));
+  const auto user = UserTls(pki.a);
+  CoordinatorClient nobody(*user, addr, ""), wrong(*user, addr, "f00f00f00f00f00f00f00f00"),
+      demo(*user, addr, Token(pki.a, "demo")), bob(*user, addr, Token(pki.a, "bob")),
+      admin(*user, addr, Token(pki.a, "admin"));
   absl::Status s = nobody.Submit(DigitsSpec()).status();
   REQUIRE(s.code() == absl::StatusCode::kUnauthenticated);
   REQUIRE(s.message().find("no credentials") != std::string::npos);
@@ -517,8 +524,7 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
   s = demo.Register(v1::WORKER);
   REQUIRE(s.code() == absl::StatusCode::kUnauthenticated);
   REQUIRE(s.message().find("needs a cluster certificate (worker)") != std::string::npos);
-  REQUIRE_OK(security::ConfigureTls(Files(pki.a, "worker-0")).status());
-  CoordinatorClient worker(addr, "");
+  CoordinatorClient worker(*MemberTls(pki.a, "worker-0"), addr, "");
   s = worker.Register(v1::SERVER);
   REQUIRE(s.code() == absl::StatusCode::kPermissionDenied);
   REQUIRE(s.message().find("spiffe://fulcrum/worker/worker-0") != std::string::npos);

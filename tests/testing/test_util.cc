@@ -27,6 +27,7 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     go.shared_memory_poll = options.shared_memory_poll;
     go.blocking_threads = options.blocking_threads;
     go.blocking_queue = options.blocking_queue;
+    go.security = options.security;
     auto grpc = PsGrpcServer::Start(ps->get(), "127.0.0.1:0", go);
     REQUIRE(grpc.ok());
     c->servers_.push_back(*std::move(ps));
@@ -70,7 +71,7 @@ std::unique_ptr<GrpcPsClient> TestCluster::Client(uint32_t rank, GrpcPsClientOpt
 }
 
 std::unique_ptr<v1::ParameterService::Stub> RawStub(const std::string& address) {
-  return v1::ParameterService::NewStub(CreateFulcrumChannel(address, 99));
+  return v1::ParameterService::NewStub(CreateFulcrumChannel(address, 99, *security::Transport::Plaintext()));
 }
 
 absl::Status RawPush(v1::ParameterService::Stub* stub, const v1::PushRequest& req,

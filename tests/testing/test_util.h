@@ -67,6 +67,8 @@ class TestCluster {
     absl::Duration shared_memory_poll = absl::Microseconds(500);  // PsGrpcServer::Options
     int blocking_threads = 8;      // PsGrpcServer::Options
     size_t blocking_queue = 256;   // PsGrpcServer::Options
+    // The servers' transport (PsGrpcServer::Options); plaintext when null.
+    std::shared_ptr<const security::Transport> security;
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }

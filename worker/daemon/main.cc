@@ -49,13 +49,15 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
   fulcrum::InstallCrashHandler(argv[0]);
-  if (auto s = fulcrum::security::ConfigureTransportFromFlags("fulcrum-worker", fulcrum::security::Role::kWorker); !s.ok()) {
-    std::cerr << "fulcrum-worker: " << s.message() << "\n";
+  auto transport = fulcrum::security::TransportFromFlags("fulcrum-worker", fulcrum::security::Role::kWorker);
+  if (!transport.ok()) {
+    std::cerr << "fulcrum-worker: " << transport.status().message() << "\n";
     return 2;
   }
   fulcrum::BlockTerminationSignals();
   fulcrum::WorkerDaemonOptions o;
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.security = *transport;
   o.device = absl::GetFlag(FLAGS_device);
   o.slots = absl::GetFlag(FLAGS_slots);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);

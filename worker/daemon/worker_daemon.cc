@@ -196,6 +196,7 @@ class WorkerDaemon::Runner {
     // socket copies, no HTTP/2 (docs/benchmarks.md, "Transport: current figures").
     po.shared_memory = options_.shared_memory;
     po.shared_memory_poll = options_.shared_memory_poll;
+    po.security = options_.security;
     return po;
   }
 
@@ -605,6 +606,7 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options)
              << info.slots() << " slot(s); coordinator " << options_.coordinator;
   NodeAgentOptions ao;
   ao.coordinator = options_.coordinator;
+  ao.security = options_.security;
   ao.info = info;
   ao.on_update = [this](const v1::HeartbeatResponse& r) { OnUpdate(r); };
   nvml_ = metrics::Nvml::Load();

@@ -39,6 +39,9 @@ using GpuUtilization = std::function<std::optional<double>(int gpu)>;
 
 struct WorkerDaemonOptions {
   std::string coordinator;
+  // The security of every channel (to the coordinator and the servers): the
+  // worker's member certificate; plaintext when null.
+  std::shared_ptr<const security::Transport> security;
   std::string data_dir;        // relative data paths resolve here
   // Directories data paths must resolve into (symlinks and ".." followed);
   // empty: data_dir alone. Job specs come over the network: a path outside

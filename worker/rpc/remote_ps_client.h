@@ -17,12 +17,18 @@
 #include "worker/ps_client.h"
 
 namespace fulcrum {
+namespace security {
+class Transport;  // common/rpc/security.h
+}  // namespace security
 
 struct RemotePsClientOptions {
   // Asked for the shard map when `shard_map` is not given.
   std::vector<std::string> bootstrap_servers;
   std::optional<v1::ShardMap> shard_map;
   std::string worker_id;  // required; with seq, identifies every push
+  // The channels' security (the process's member certificate); plaintext
+  // when null.
+  std::shared_ptr<const security::Transport> security;
   // The rank's incarnation, sent with every push and pull: a job restored
   // from a checkpoint refuses older ones.
   uint32_t incarnation = 0;

@@ -344,7 +344,8 @@ class CoordinatorGrpcServer::JobImpl final
 class CoordinatorGrpcServer::ClusterImpl final
     : public v1::ClusterService::WithCallbackMethod_Heartbeat<v1::ClusterService::Service> {
  public:
-  ClusterImpl(Coordinator* c, JobImpl* jobs) : c_(c), jobs_(jobs) {}
+  ClusterImpl(Coordinator* c, JobImpl* jobs, const security::Transport& transport)
+      : c_(c), jobs_(jobs), transport_(transport) {}
 
   grpc::Status RegisterNode(grpc::ServerContext* ctx, const v1::RegisterNodeRequest* req,
                             v1::RegisterNodeResponse* resp) override {
@@ -353,7 +354,7 @@ class CoordinatorGrpcServer::ClusterImpl final
     const security::Role role = req->node().role() == v1::SERVER   ? security::Role::kServer
                                 : req->node().role() == v1::WORKER ? security::Role::kWorker
                                                                     : security::Role::kUnknown;
-    if (auto s = security::RequireRole(*ctx, {role}, absl::StrCat("registering as ", v1::NodeRole_Name(req->node().role())));
+    if (auto s = transport_.RequireRole(*ctx, {role}, absl::StrCat("registering as ", v1::NodeRole_Name(req->node().role())));
         !s.ok()) {
       return ToGrpcStatus(s);
     }
@@ -364,7 +365,7 @@ class CoordinatorGrpcServer::ClusterImpl final
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
-    if (auto s = security::RequireRole(*ctx, {security::Role::kServer, security::Role::kWorker}, "Heartbeat");
+    if (auto s = transport_.RequireRole(*ctx, {security::Role::kServer, security::Role::kWorker}, "Heartbeat");
         !s.ok()) {
       auto* reactor = ctx->DefaultReactor();
       reactor->Finish(ToGrpcStatus(s));
@@ -375,7 +376,7 @@ class CoordinatorGrpcServer::ClusterImpl final
   }
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ReportProgressRequest* req,
                               v1::ReportProgressResponse* resp) override {
-    if (auto s = security::RequireRole(*ctx, {security::Role::kWorker}, "ReportProgress"); !s.ok()) {
+    if (auto s = transport_.RequireRole(*ctx, {security::Role::kWorker}, "ReportProgress"); !s.ok()) {
       return ToGrpcStatus(s);
     }
     auto r = c_->ReportProgress(*req);
@@ -385,7 +386,7 @@ class CoordinatorGrpcServer::ClusterImpl final
   }
   // Cluster members and authenticated users (fulcrumctl cluster).
   grpc::Status GetCluster(grpc::ServerContext* ctx, const v1::GetClusterRequest*, v1::ClusterState* resp) override {
-    if (!security::TlsEnabled() || security::PeerOf(*ctx).role == security::Role::kUnknown) {
+    if (!transport_.tls() || security::PeerOf(*ctx).role == security::Role::kUnknown) {
       if (auto caller = jobs_->Who(*ctx); !caller.ok()) return ToGrpcStatus(caller.status());
     }
     *resp = c_->GetCluster();
@@ -395,14 +396,23 @@ class CoordinatorGrpcServer::ClusterImpl final
  private:
   Coordinator* c_;
   JobImpl* jobs_;
+  const security::Transport& transport_;
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::Start(
-    Coordinator* coordinator, const std::string& listen_address, std::shared_ptr<TokenAuthenticator> tokens) {
+    Coordinator* coordinator, const std::string& listen_address, std::shared_ptr<TokenAuthenticator> tokens,
+    std::shared_ptr<const security::Transport> security) {
   std::unique_ptr<CoordinatorGrpcServer> s(new CoordinatorGrpcServer());
   s->coordinator_ = coordinator;
+  s->security_ = security != nullptr ? std::move(security) : security::Transport::Plaintext();
+  const security::Transport& transport = *s->security_;
+  std::shared_ptr<grpc::ServerCredentials> credentials = transport.ServerCredentials(security::ClientCerts::kOptional);
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError(
+        "a client-only TLS transport cannot serve: give the coordinator a member certificate");
+  }
   s->jobs_ = std::make_unique<JobImpl>(coordinator, std::move(tokens));
-  s->cluster_ = std::make_unique<ClusterImpl>(coordinator, s->jobs_.get());
+  s->cluster_ = std::make_unique<ClusterImpl>(coordinator, s->jobs_.get(), transport);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -410,8 +420,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
   int port = 0;
   // Cluster members present certificates (checked on ClusterService); users
   // come without one and present bearer tokens on JobService.
-  std::shared_ptr<grpc::ServerCredentials> credentials = security::ServerCredentials(security::ClientCerts::kOptional);
-  if (s->jobs_->tokens() != nullptr && security::TlsEnabled()) {
+  if (s->jobs_->tokens() != nullptr && transport.tls()) {
     // Tokens checked before a request is parsed (auth.h).
     credentials->SetAuthMetadataProcessor(NewTokenCheckBeforeParse(s->jobs_->tokens()));
   }
@@ -423,9 +432,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   JobImpl* jobs = s->jobs_.get();
   interceptors.push_back(
-      NewMalformedRequestInterceptor([jobs](const std::string& method, grpc::ServerContextBase& ctx) -> absl::Status {
+      NewMalformedRequestInterceptor([jobs, tls = transport.tls()](const std::string& method,
+                                                                    grpc::ServerContextBase& ctx) -> absl::Status {
         // Members present certificates; users (and fulcrumctl cluster) tokens.
-        const bool member = security::TlsEnabled() && security::PeerOf(ctx).role != security::Role::kUnknown;
+        const bool member = tls && security::PeerOf(ctx).role != security::Role::kUnknown;
         if (absl::StartsWith(method, "/fulcrum.v1.ClusterService/") && member) return absl::OkStatus();
         if (absl::StartsWith(method, "/fulcrum.v1.")) return jobs->Who(ctx).status();
         return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/security.h"
 #include "server/coordinator/rpc/auth.h"
 #include "server/coordinator/coordinator.h"
 
@@ -23,9 +24,13 @@ class CoordinatorGrpcServer {
   // Serves `coordinator` (not owned) on `listen_address` ("127.0.0.1:0" for
   // any free port). With `tokens` the job API needs a bearer token and users
   // see only their own jobs; without, every caller is an anonymous admin.
+  // `security`: TLS with the coordinator's member certificate, client
+  // certificates asked for and required on the cluster service; plaintext
+  // when null.
   static absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> Start(
       Coordinator* coordinator, const std::string& listen_address,
-      std::shared_ptr<TokenAuthenticator> tokens = nullptr);
+      std::shared_ptr<TokenAuthenticator> tokens = nullptr,
+      std::shared_ptr<const security::Transport> security = nullptr);
   ~CoordinatorGrpcServer();
 
   const std::string& address() const { return address_; }
@@ -37,6 +42,7 @@ class CoordinatorGrpcServer {
   class ClusterImpl;
   CoordinatorGrpcServer() = default;
   Coordinator* coordinator_ = nullptr;
+  std::shared_ptr<const security::Transport> security_;  // outlives the services
   std::unique_ptr<JobImpl> jobs_;
   std::unique_ptr<ClusterImpl> cluster_;
   std::unique_ptr<grpc::Service> reflection_v1_;  // outlives server_

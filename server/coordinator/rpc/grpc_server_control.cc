@@ -22,7 +22,9 @@ namespace {
 
 class GrpcServerControl final : public ServerControl {
  public:
-  explicit GrpcServerControl(absl::Duration timeout) : timeout_(timeout) {}
+  GrpcServerControl(absl::Duration timeout, std::shared_ptr<const security::Transport> security)
+      : timeout_(timeout),
+        security_(security != nullptr ? std::move(security) : security::Transport::Plaintext()) {}
 
   void CancelAll() override {
     absl::MutexLock lock(&mu_);
@@ -135,13 +137,14 @@ class GrpcServerControl final : public ServerControl {
     auto& stub = (checkpoint_pages ? page_stubs_ : stubs_)[address];
     if (stub == nullptr) {
       stub = v1::ParameterService::NewStub(
-          checkpoint_pages ? CreateCheckpointChannel(address)
-                           : grpc::CreateChannel(address, security::ChannelCredentials()));
+          checkpoint_pages ? CreateCheckpointChannel(address, *security_)
+                           : grpc::CreateChannel(address, security_->ChannelCredentials()));
     }
     return stub.get();
   }
 
   const absl::Duration timeout_;
+  const std::shared_ptr<const security::Transport> security_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::ParameterService::Stub>> page_stubs_ ABSL_GUARDED_BY(mu_);
@@ -151,8 +154,9 @@ class GrpcServerControl final : public ServerControl {
 
 }  // namespace
 
-std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout) {
-  return std::make_unique<GrpcServerControl>(timeout);
+std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout,
+                                                    std::shared_ptr<const security::Transport> security) {
+  return std::make_unique<GrpcServerControl>(timeout, std::move(security));
 }
 
 }  // namespace fulcrum

@@ -8,12 +8,15 @@
 #include <memory>
 
 #include "absl/time/time.h"
+#include "common/rpc/security.h"
 #include "server/coordinator/coordinator.h"
 
 namespace fulcrum {
 
 // `timeout`: each call's deadline (a checkpoint's also covers its wait).
-std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout);
+// `security`: the coordinator's member certificate; plaintext when null.
+std::unique_ptr<ServerControl> NewGrpcServerControl(absl::Duration timeout,
+                                                    std::shared_ptr<const security::Transport> security = nullptr);
 
 }  // namespace fulcrum
 

@@ -46,7 +46,7 @@ void ExpectMalformedRefused(const std::string& address, const std::string& metho
                             std::vector<std::string> requests = {std::string("\xff\xff\xff"),
                                                                  std::string("\x0a\x02\xff\xfe", 4)}) {
   for (const std::string& bytes : requests) {
-    grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
+    grpc::GenericStub stub(CreateFulcrumChannel(address, 0, *security::Transport::Plaintext()));
     const grpc::Status st = testing::RawUnaryCall(&stub, method, bytes);
     INFO(method << ": code " << st.error_code() << " " << st.error_message());
     CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
@@ -57,7 +57,7 @@ void ExpectMalformedRefused(const std::string& address, const std::string& metho
 // grpc.health.v1.Health/Check for `service` ("" = the whole server):
 // returns the status enum (1 SERVING, 2 NOT_SERVING), or -code on error.
 int HealthCheck(const std::string& address, const std::string& service) {
-  grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
+  grpc::GenericStub stub(CreateFulcrumChannel(address, 0, *security::Transport::Plaintext()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   std::string req;
@@ -79,7 +79,7 @@ int HealthCheck(const std::string& address, const std::string& service) {
 // grpc.reflection.v1alpha ServerReflectionInfo with list_services: the
 // raw response, which names every service.
 std::string ReflectionListServices(const std::string& address) {
-  grpc::GenericStub stub(CreateFulcrumChannel(address, 0));
+  grpc::GenericStub stub(CreateFulcrumChannel(address, 0, *security::Transport::Plaintext()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc::CompletionQueue cq;
@@ -112,7 +112,7 @@ std::string ReflectionListServices(const std::string& address) {
 // Reflection v1: the service names, and the file defining `symbol` (its
 // name, then its imports).
 std::pair<std::string, std::vector<std::string>> ReflectionV1(const std::string& address, const std::string& symbol) {
-  auto stub = grpc::reflection::v1::ServerReflection::NewStub(CreateFulcrumChannel(address, 0));
+  auto stub = grpc::reflection::v1::ServerReflection::NewStub(CreateFulcrumChannel(address, 0, *security::Transport::Plaintext()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   auto stream = stub->ServerReflectionInfo(&ctx);

@@ -330,7 +330,7 @@ TEST_CASE("a server with shared memory off, or one asked for too much, leaves th
   for (float x : w) REQUIRE(x == -1.0f);
   REQUIRE(c->shared_memory_requests() == 0);
 
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(0), 7));
+  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(0), 7, *security::Transport::Plaintext()));
   grpc::ClientContext ctx;
   auto reader = stub->OpenSharedMemory(&ctx, v1::OpenSharedMemoryRequest());
   v1::SharedMemoryEvent ev;
@@ -346,7 +346,7 @@ struct RawSession {
   std::shared_ptr<shm::Segment> seg;
 
   RawSession(const std::string& address, uint32_t slots, uint64_t slot_bytes) {
-    stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, 8));
+    stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, 8, *security::Transport::Plaintext()));
     v1::OpenSharedMemoryRequest req;
     req.set_slots(slots);
     req.set_slot_bytes(slot_bytes);
