@@ -87,6 +87,10 @@ void Coordinator::CollectJobMetricsLocked(const std::string& id, const JobRecord
     out->Gauge("fulcrum_coordinator_job_test_log_loss", "Binary tasks: test log loss after the last evaluated epoch",
                job, st.test_loss());
   }
+  if (st.test_rmse() > 0) {
+    out->Gauge("fulcrum_coordinator_job_test_rmse", "Regression tasks: test RMSE after the last evaluated epoch", job,
+               st.test_rmse());
+  }
   out->Gauge("fulcrum_coordinator_job_samples_per_second", "The job's training throughput over all ranks", job,
              st.samples_per_second());
   out->Gauge("fulcrum_coordinator_job_active_workers", "Ranks with a worker running them", job,

@@ -1204,6 +1204,55 @@ double MetricOf(const Coordinator& c, const std::string& series) {
   return at == std::string::npos ? -1 : std::stod(scrape.substr(at + series.size() + 2));
 }
 
+// The coordinator exports the test figures its ranks report: AUC and log
+// loss when rank 0 evaluated a binary task, RMSE for a regression, neither
+// for a job that reported none.
+TEST_CASE("a job's test AUC and log loss or RMSE reach Prometheus as its rank 0 reports them", "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeNodes fakes(cluster.address(), 4);
+  std::string binary_id, regression_id;
+  const v1::Job binary = SubmitRunning(cluster.jobs(), DigitsSpec(), &binary_id);
+  const v1::Job regression = SubmitRunning(cluster.jobs(), DigitsSpec(), &regression_id);
+  auto series = [](const std::string& name, const std::string& id) { return name + "{job=\"" + id + "\"}"; };
+  CHECK(MetricOf(cluster.coordinator(), series("fulcrum_coordinator_job_test_auc", binary_id)) == -1);
+  auto report = [&](const v1::Job& j, const std::function<void(v1::EpochSummary*)>& figures) {
+    v1::ReportProgressResponse resp;
+    const grpc::Status s = ReportAsRank(
+        cluster.address(), j, 0,
+        [&](v1::ReportProgressRequest& req) {
+          req.mutable_progress()->set_state("running");
+          v1::EpochSummary* e = req.mutable_epoch_done();
+          e->set_epoch(0);
+          e->set_train_loss(0.5);
+          e->set_seconds(1.0);
+          e->set_tested(true);
+          figures(e);
+        },
+        &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  };
+  report(binary, [](v1::EpochSummary* e) {
+    e->set_test_accuracy(0.875);
+    e->set_test_auc(0.9375);
+    e->set_test_loss(0.3125);
+  });
+  report(regression, [](v1::EpochSummary* e) {
+    e->set_test_rmse(0.8125);
+    e->set_test_loss(0.33);
+  });
+  const Coordinator& c = cluster.coordinator();
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_accuracy", binary_id)) == 0.875);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_auc", binary_id)) == 0.9375);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_log_loss", binary_id)) == 0.3125);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_rmse", binary_id)) == -1);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_rmse", regression_id)) == 0.8125);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_auc", regression_id)) == -1);
+  CHECK(MetricOf(c, series("fulcrum_coordinator_job_test_log_loss", regression_id)) == -1);
+  Cancel(cluster.jobs(), binary_id);
+  Cancel(cluster.jobs(), regression_id);
+}
+
 TEST_CASE("a server that cannot take the shard map is named in the waiting job and logged once a minute",
           "[cluster]") {
   InProcessCluster cluster(1, 1);
