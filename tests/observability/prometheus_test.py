@@ -6,7 +6,8 @@ slots, metrics on free ports listed in prometheus-targets.json), starts the
 Debian prometheus with the prometheus.yml cluster.sh writes for the run
 (deploy/prometheus/prometheus-local.yml pointed at that targets file and
 the repository's rules), runs a BSP job with checkpoints
-(MNIST MLP) and an SSP job (digits) at once, then asks Prometheus's HTTP API:
+(MNIST MLP), an SSP job (digits) and a binary task (sparse LR on
+heart_scale, for the AUC panel) at once, then asks Prometheus's HTTP API:
 
   - every target is up, and every process exports fulcrum_build_info;
   - every recording rule's series has data;
@@ -134,17 +135,24 @@ def main():
                 time.sleep(0.2)
         t_start = time.time() - 5
 
-        # --- two jobs at once: BSP with checkpoints, SSP
+        # --- jobs at once: BSP with checkpoints, SSP, a binary task under ASP
         ssp = os.path.join(work, "digits-ssp.yaml")
         with open(ssp, "w") as f:
             f.write("name: digits-ssp\nmodel: {type: softmax}\n"
                     "data:\n  train: {format: csv, path: digits/digits.csv.gz, scale: 0.0625}\n  test_fraction: 0.2\n"
                     "optimizer: {kind: sgd, learning_rate: 0.05}\nconsistency: {model: ssp, staleness: 2}\n"
                     "num_workers: 2\nbatch_size: 8\nepochs: 1000\ncheckpoint: {every_seconds: 3}\n")
+        # A binary task, for the panels of AUC and log loss.
+        binary = os.path.join(work, "heart-lr.yaml")
+        with open(binary, "w") as f:
+            f.write("name: heart-lr\nmodel: {type: sparse_lr}\n"
+                    "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
+                    "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
+                    "num_workers: 1\nbatch_size: 16\nepochs: 300\n")
         ctl = os.path.join(BUILD, "server/fulcrumctl")
         coord = f"--coordinator=127.0.0.1:{base}"
         ids = []
-        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp):
+        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp, binary):
             r = run([ctl, coord, "submit", "-f", spec, "--no_wait"])
             check(r.returncode == 0, f"submit {os.path.basename(spec)}: {r.stdout.strip()} {r.stderr.strip()}")
             ids.append(r.stdout.strip().split()[-1])
@@ -161,7 +169,7 @@ def main():
             if all(states.get(i) in ("SUCCEEDED", "FAILED", "CANCELLED") for i in ids):
                 break
             time.sleep(2)
-        check(all(states.get(i) == "SUCCEEDED" for i in ids), f"both jobs succeed: {states}")
+        check(all(states.get(i) == "SUCCEEDED" for i in ids), f"every job succeeds: {states}")
         time.sleep(6)  # the last scrapes and rule evaluations
         t_end = time.time()
 
