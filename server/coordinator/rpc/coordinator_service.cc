@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config/job_spec.h"
+#include "common/config/spec_text.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/rpc/grpc_util.h"
@@ -219,7 +220,17 @@ class CoordinatorGrpcServer::JobImpl final
                          v1::SubmitJobResponse* resp) override {
     auto caller = Who(*ctx);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
-    auto id = c_->SubmitJob(req->spec(), req->validate_only(), caller->user);
+    v1::JobSpec parsed;
+    if (!req->spec_text().empty()) {
+      if (req->has_spec()) {
+        return ToGrpcStatus(absl::InvalidArgumentError("SubmitJobRequest: give spec or spec_text, not both"));
+      }
+      const std::string source = req->spec_source().empty() ? "spec_text" : req->spec_source();
+      if (absl::Status s = config::ParseSpecText(req->spec_text(), source, &parsed); !s.ok()) {
+        return ToGrpcStatus(s);
+      }
+    }
+    auto id = c_->SubmitJob(req->spec_text().empty() ? req->spec() : parsed, req->validate_only(), caller->user);
     if (!id.ok()) return ToGrpcStatus(id.status());
     resp->set_job_id(*id);
     return grpc::Status::OK;

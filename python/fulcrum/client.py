@@ -1,0 +1,196 @@
+"""fulcrum.Client: the coordinator's job API from Python.
+
+The same calls as fulcrumctl, with the same configuration: the coordinator's
+address from the argument or $FULCRUM_COORDINATOR (default 127.0.0.1:7070);
+TLS checked against ca_file or $FULCRUM_TLS_CA_FILE (the system's roots when
+neither is set), or plaintext with insecure=True or $FULCRUM_INSECURE=1; the
+bearer token from token, token_file, $FULCRUM_TOKEN or the file
+$FULCRUM_TOKEN_FILE, in that order. Every failed call raises FulcrumError
+carrying the gRPC status code and the coordinator's message.
+"""
+
+import json
+import os
+
+import grpc
+
+from fulcrum.v1 import cluster_pb2
+from fulcrum.v1 import cluster_pb2_grpc
+
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class FulcrumError(Exception):
+    """A call the coordinator refused or could not take.
+
+    code: the grpc.StatusCode; message: the coordinator's words (or the
+    transport's, when it was not reached); call: what was asked.
+    """
+
+    def __init__(self, call, code, message):
+        super().__init__(f"{call}: {code.name}: {message}")
+        self.call = call
+        self.code = code
+        self.message = message
+
+
+def _env(name):
+    value = os.environ.get(name, "")
+    return value if value else None
+
+
+def _read_token(path):
+    try:
+        with open(path) as f:
+            token = f.readline().strip()
+    except OSError as e:
+        raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT,
+                           f"cannot read the token file {path}: {e.strerror}") from None
+    if not token:
+        raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT, f"the token file {path} is empty")
+    return token
+
+
+def state_name(job):
+    """A Job's state as its name ("RUNNING")."""
+    return cluster_pb2.JobState.Name(job.status.state)
+
+
+class Client:
+    """A connection to one coordinator. Safe to share between threads."""
+
+    def __init__(self, coordinator=None, *, ca_file=None, insecure=None, token=None, token_file=None,
+                 timeout=30.0):
+        self.coordinator = coordinator or _env("FULCRUM_COORDINATOR") or "127.0.0.1:7070"
+        if insecure is None:
+            insecure = os.environ.get("FULCRUM_INSECURE") == "1"
+        if token is None:
+            token_file = token_file or (None if _env("FULCRUM_TOKEN") else _env("FULCRUM_TOKEN_FILE"))
+            token = _read_token(token_file) if token_file else _env("FULCRUM_TOKEN")
+        self._metadata = (("authorization", "Bearer " + token),) if token else ()
+        self.timeout = timeout
+        # The same limits as fulcrumctl's channels: job specs and statuses
+        # of large jobs are bigger than gRPC's default 4 MiB receive limit.
+        options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
+        if insecure:
+            self._channel = grpc.insecure_channel(self.coordinator, options=options)
+        else:
+            ca_file = ca_file or _env("FULCRUM_TLS_CA_FILE")
+            roots = None
+            if ca_file:
+                try:
+                    with open(ca_file, "rb") as f:
+                        roots = f.read()
+                except OSError as e:
+                    raise FulcrumError("tls", grpc.StatusCode.INVALID_ARGUMENT,
+                                       f"cannot read the CA file {ca_file}: {e.strerror}") from None
+            self._channel = grpc.secure_channel(self.coordinator, grpc.ssl_channel_credentials(roots),
+                                                options=options)
+        self._jobs = cluster_pb2_grpc.JobServiceStub(self._channel)
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, name, method, request, timeout=None):
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise FulcrumError(name, e.code(), e.details()) from None
+
+    # ----------------------------------------------------------------- jobs
+
+    def submit(self, spec, validate_only=False):
+        """Submits a job; returns its id.
+
+        spec: a dict (the keys of a spec file), a path to a YAML or JSON spec
+        file, or a cluster_pb2.JobSpec. The coordinator parses dicts and
+        files as fulcrumctl's, so errors name the field (and the line).
+        """
+        request = cluster_pb2.SubmitJobRequest(validate_only=validate_only)
+        if isinstance(spec, cluster_pb2.JobSpec):
+            request.spec.CopyFrom(spec)
+        elif isinstance(spec, dict):
+            request.spec_text = json.dumps(spec)
+            request.spec_source = "spec"
+        elif isinstance(spec, (str, os.PathLike)):
+            path = os.fspath(spec)
+            try:
+                with open(path) as f:
+                    request.spec_text = f.read()
+            except OSError as e:
+                raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"cannot read the spec file {path}: {e.strerror}") from None
+            if not request.spec_text.strip():
+                raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT, f"the spec file {path} is empty")
+            request.spec_source = os.path.basename(path)
+        else:
+            raise TypeError(f"spec must be a dict, a file path or a JobSpec, not {type(spec).__name__}")
+        return self._call("submit", self._jobs.SubmitJob, request).job_id
+
+    def status(self, job_id):
+        """The job (cluster_pb2.Job): its spec, state and progress."""
+        return self._call(f"status {job_id}", self._jobs.GetJob, cluster_pb2.JobRef(job_id=job_id))
+
+    def list(self, page_size=0):
+        """Every job the caller may see, oldest first, fetched page by page."""
+        token = ""
+        while True:
+            page = self._call("list", self._jobs.ListJobs,
+                              cluster_pb2.ListJobsRequest(page_size=page_size, page_token=token))
+            yield from page.jobs
+            token = page.next_page_token
+            if not token:
+                return
+
+    def cancel(self, job_id):
+        """Cancels a job; returns it as cancelled."""
+        return self._call(f"cancel {job_id}", self._jobs.CancelJob, cluster_pb2.JobRef(job_id=job_id))
+
+    def watch(self, job_id, timeout=None):
+        """The job's progress events (cluster_pb2.JobEvent), as fulcrumctl
+        watch prints them, until the job ends (or `timeout` seconds)."""
+        name = f"watch {job_id}"
+        try:
+            stream = self._jobs.WatchJob(cluster_pb2.JobRef(job_id=job_id), timeout=timeout,
+                                         metadata=self._metadata)
+            for event in stream:
+                yield event
+        except grpc.RpcError as e:
+            raise FulcrumError(name, e.code(), e.details()) from None
+
+    def wait(self, job_id, timeout=None):
+        """Watches the job to its end; returns the last Job."""
+        last = None
+        for event in self.watch(job_id, timeout=timeout):
+            last = event.job
+        if last is None or state_name(last) not in TERMINAL_STATES:
+            last = self.status(job_id)
+        return last
+
+    # ---------------------------------------------------------- checkpoints
+
+    def checkpoint(self, job_id, timeout=None):
+        """Takes a checkpoint of a running job now; returns its CheckpointInfo
+        once every server committed it."""
+        return self._call(f"checkpoint {job_id}", self._jobs.CheckpointJob, cluster_pb2.JobRef(job_id=job_id),
+                          timeout=timeout)
+
+    def restore(self, job_id, cut_id=0):
+        """Rolls the job back to its committed cut `cut_id` (0: the latest):
+        a running job restarts its workers from there, an ended one runs
+        again from there. Returns the job."""
+        return self._call(f"restore {job_id}", self._jobs.RestoreJob,
+                          cluster_pb2.RestoreJobRequest(job_id=job_id, cut_id=cut_id))
+
+    # -------------------------------------------------------------- cluster
+
+    def cluster(self):
+        """The cluster's nodes and shard map (cluster_pb2.ClusterState)."""
+        return self._call("cluster", self._cluster.GetCluster, cluster_pb2.GetClusterRequest())

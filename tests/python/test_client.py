@@ -1,0 +1,153 @@
+"""fulcrum.Client against a real local cluster: every call and its errors."""
+import os
+import time
+
+import grpc
+import pytest
+
+import fulcrum
+from fulcrum.v1 import cluster_pb2
+
+SRC = os.environ["FULCRUM_SOURCE_DIR"]
+
+
+def digits(epochs=8, name="digits-py", workers=1):
+    """sklearn's digits as a spec dict, the keys a spec file holds."""
+    return {
+        "name": name,
+        "model": {"type": "softmax"},
+        "data": {"train": {"format": "csv", "path": "digits/digits.csv.gz", "scale": 0.0625}, "test_fraction": 0.2},
+        "optimizer": {"kind": "sgd", "learning_rate": 0.1},
+        "num_workers": workers,
+        "batch_size": 16,
+        "epochs": epochs,
+    }
+
+
+def wait_for(client, job_id, states, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        job = client.status(job_id)
+        if fulcrum.state_name(job) in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never reached {states}: {fulcrum.state_name(client.status(job_id))}")
+
+
+def test_a_dict_spec_trains_and_watch_follows_it_to_the_end(cluster):
+    with cluster.client() as c:
+        job_id = c.submit(digits())
+        assert job_id.startswith("digits-py")
+        events = list(c.watch(job_id, timeout=120))
+        assert events[0].kind == "snapshot"
+        assert {e.kind for e in events} >= {"snapshot", "epoch"}
+        last = events[-1].job
+        assert fulcrum.state_name(last) == "SUCCEEDED"
+        assert last.status.test_accuracy >= 0.85
+        # status and list agree with what the watch ended on.
+        job = c.status(job_id)
+        assert fulcrum.state_name(job) == "SUCCEEDED"
+        assert job.status.test_accuracy == last.status.test_accuracy
+        assert job.owner == "demo"
+        assert job_id in [j.id for j in c.list(page_size=1)]  # page by page
+
+
+def test_a_spec_file_is_read_and_checked_as_fulcrumctl_reads_it(cluster, tmp_path):
+    with cluster.client() as c:
+        assert c.submit(os.path.join(SRC, "deploy/examples/digits-softmax.yaml"), validate_only=True) == ""
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("name: bad\nmodel: {type: softmax}\nepochz: 3\n")
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.submit(str(bad))
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "bad.yaml" in e.value.message and "epochz" in e.value.message and "line 3" in e.value.message
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.submit(str(tmp_path / "missing.yaml"))
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "missing.yaml" in e.value.message
+
+
+def test_bad_specs_and_unknown_jobs_raise_with_the_code_and_the_coordinators_message(cluster):
+    with cluster.client() as c:
+        spec = digits()
+        spec["optimizer"]["kind"] = "sgdd"
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.submit(spec)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "optimizer.kind" in e.value.message
+        spec = digits()
+        spec["num_workers"] = 0
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.submit(spec)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "num_workers" in e.value.message
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.status("no-such-job")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND and "no-such-job" in str(e.value)
+        with pytest.raises(TypeError):
+            c.submit(42)
+
+
+def test_a_request_with_both_spec_and_spec_text_is_refused(cluster):
+    with cluster.client() as c:
+        request = cluster_pb2.SubmitJobRequest(spec_text="name: x\n")
+        request.spec.name = "x"
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c._call("submit", c._jobs.SubmitJob, request)  # pylint: disable=protected-access
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "not both" in e.value.message
+
+
+def test_credentials_come_from_the_arguments_or_the_environment(cluster, monkeypatch):
+    # No token: the job API refuses, naming what is missing.
+    with cluster.client(token="") as c:
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            list(c.list())
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+    # Plaintext against a TLS coordinator: the handshake fails.
+    with cluster.client(insecure=True, timeout=5) as c:
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.status("any")
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    # fulcrumctl's variables: address, CA and token file.
+    monkeypatch.setenv("FULCRUM_COORDINATOR", cluster.coordinator)
+    monkeypatch.setenv("FULCRUM_TLS_CA_FILE", cluster.ca_file)
+    monkeypatch.setenv("FULCRUM_TOKEN_FILE", os.path.join(cluster.tls_dir, "token-admin"))
+    monkeypatch.delenv("FULCRUM_TOKEN", raising=False)
+    monkeypatch.delenv("FULCRUM_INSECURE", raising=False)
+    with fulcrum.Client() as admin:
+        assert admin.coordinator == cluster.coordinator
+        assert len(admin.cluster().nodes) == 2  # a server and a worker
+    monkeypatch.setenv("FULCRUM_TOKEN_FILE", "/nonexistent/token")
+    with pytest.raises(fulcrum.FulcrumError) as e:
+        fulcrum.Client()
+    assert "/nonexistent/token" in e.value.message
+
+
+def test_users_see_only_their_own_jobs(cluster):
+    with cluster.client("demo") as demo, cluster.client("admin") as admin:
+        job_id = admin.submit(digits(epochs=1, name="admins"))
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            demo.status(job_id)
+        assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert job_id not in [j.id for j in demo.list()]
+        assert fulcrum.state_name(admin.wait(job_id, timeout=120)) == "SUCCEEDED"
+
+
+def test_checkpoint_restore_and_cancel_a_running_job(cluster):
+    with cluster.client() as c:
+        job_id = c.submit(digits(epochs=100000, name="long"))
+        wait_for(c, job_id, {"RUNNING"})
+        wait_for_steps = time.time() + 60
+        while c.status(job_id).status.step < 5 and time.time() < wait_for_steps:
+            time.sleep(0.1)
+        cut = c.checkpoint(job_id, timeout=60)
+        assert cut.cut_id > 0 and cut.bytes > 0 and cut.servers
+        restored = c.restore(job_id, cut.cut_id)
+        assert restored.id == job_id
+        cancelled = c.cancel(job_id)
+        assert fulcrum.state_name(cancelled) == "CANCELLED"
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.cancel(job_id)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.checkpoint(job_id)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert fulcrum.state_name(c.wait(job_id, timeout=30)) == "CANCELLED"
