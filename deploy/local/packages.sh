@@ -3,15 +3,16 @@
 # packages Fulcrum needs, only those missing, so a second run does nothing.
 # The list and its reasons are in shared/ENVIRONMENT.md; README.md ("Building
 # by hand") has the subset a build needs. iperf3 and iproute2 (ip, tc) are
-# for the benchmarks' bounds and tests/bench/shaped_link.sh; python3-grpcio,
-# python3-protobuf and python3-pytest for the Python package and its tests.
+# for the benchmarks' bounds and tests/bench/shaped_link.sh; the python3-*
+# packages and pybind11-dev for the Python package (its gRPC stubs and the
+# C++ client's binding) and its tests.
 
 FULCRUM_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
   iperf3 iproute2 prometheus slurm-wlm munge clang-14 libclang-rt-14-dev openssl libssl-dev
-  python3-grpcio python3-protobuf python3-pytest
+  python3-grpcio python3-protobuf python3-pytest python3-numpy python3-dev pybind11-dev
 )
 
 fulcrum_install_packages() {

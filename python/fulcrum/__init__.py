@@ -6,10 +6,21 @@
     for event in client.watch(job_id):
         print(event.kind, fulcrum.state_name(event.job), event.job.status.epoch)
 
+fulcrum.Tables pushes and pulls a job's parameter-server tables from NumPy
+arrays through the C++ client (fulcrum/tables.py).
+
 The gRPC stubs (fulcrum.v1.cluster_pb2 and the rest) are generated from
 proto/ when the project builds; the package is assembled in build/python.
 """
 
 from fulcrum.client import TERMINAL_STATES, Client, FulcrumError, state_name
 
-__all__ = ["Client", "FulcrumError", "TERMINAL_STATES", "state_name"]
+__all__ = ["Client", "FulcrumError", "TERMINAL_STATES", "Tables", "state_name"]
+
+
+def __getattr__(name):
+    # fulcrum.Tables loads the C++ client only when asked for.
+    if name == "Tables":
+        from fulcrum.tables import Tables  # pylint: disable=import-outside-toplevel
+        return Tables
+    raise AttributeError(f"module 'fulcrum' has no attribute {name!r}")

@@ -1,0 +1,214 @@
+// fulcrum._ps: the C++ parameter-server client (GrpcPsClient) for Python.
+//
+// Arrays are NumPy's own memory: pushes read it and pulls write into it
+// where it lies, so an array must already be float32 (keys uint64) and
+// C-contiguous, and a pull's target writeable; anything else is a
+// ValueError naming the table, never a silent copy. Calls release the GIL.
+// A refused call raises fulcrum.FulcrumError with the gRPC code and the
+// message. Slicing, routing to servers, retries, shared memory and the
+// wire's 16-bit types are the C++ client's.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/config/spec_text.h"
+#include "common/dtype.h"
+#include "common/rpc/security.h"
+#include "worker/rpc/grpc_ps_client.h"
+
+namespace py = pybind11;
+
+namespace fulcrum {
+namespace {
+
+// An absl::Status on its way to Python as fulcrum.FulcrumError.
+struct StatusError {
+  std::string call;
+  absl::Status status;
+};
+
+void Check(const std::string& call, absl::Status s) {
+  if (!s.ok()) throw StatusError{call, std::move(s)};
+}
+
+template <typename T>
+const T* ArrayData(const py::array& a, const std::string& what, bool writeable, size_t* n) {
+  if (!py::isinstance<py::array_t<T>>(a) || !py::dtype::of<T>().is(a.dtype())) {
+    throw py::value_error(absl::StrCat(what, ": expected a ", std::string(py::str(py::dtype::of<T>())),
+                                       " array, got ", std::string(py::str(a.dtype()))));
+  }
+  if (!(a.flags() & py::array::c_style)) throw py::value_error(absl::StrCat(what, ": the array must be C-contiguous"));
+  if (writeable && !a.writeable()) throw py::value_error(absl::StrCat(what, ": the array is read-only"));
+  *n = static_cast<size_t>(a.size());
+  return static_cast<const T*>(a.data());
+}
+
+DType WireDType(const std::string& name) {
+  for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    if (name == DTypeName(d)) return d;
+  }
+  throw py::value_error(absl::StrCat("wire_dtype must be fp32, bf16 or fp16, got '", name, "'"));
+}
+
+class Tables {
+ public:
+  Tables(std::vector<std::string> servers, std::string worker_id, uint32_t rank, const std::string& wire_dtype,
+         std::optional<std::vector<std::string>> tls, bool shared_memory, int channels_per_server,
+         double rpc_timeout_s) {
+    GrpcPsClientOptions o;
+    o.bootstrap_servers = std::move(servers);
+    o.worker_id = std::move(worker_id);
+    o.rank = rank;
+    o.shared_memory = shared_memory;
+    o.channels_per_server = channels_per_server;
+    o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    o.wire_dtype = WireDType(wire_dtype);
+    if (tls.has_value()) {
+      if (tls->size() != 3) throw py::value_error("tls: give (ca_file, cert_file, key_file)");
+      auto t = security::Transport::Member({(*tls)[0], (*tls)[1], (*tls)[2], ""});
+      Check("tls", t.status());
+      o.security = *std::move(t);
+    }
+    py::gil_scoped_release release;
+    auto c = GrpcPsClient::Create(std::move(o));
+    Check("connect", c.status());
+    client_ = *std::move(c);
+  }
+
+  void CreateJob(const std::string& spec_text) {
+    v1::PsJobSpec spec;
+    Check("create_job", config::ParseSpecText(spec_text, "spec", &spec));
+    py::gil_scoped_release release;
+    Check(absl::StrCat("create_job ", spec.job_id()), client_->CreateJob(spec));
+  }
+  void OpenJob(const std::string& job) {
+    py::gil_scoped_release release;
+    Check(absl::StrCat("open_job ", job), client_->OpenJob(job));
+  }
+  void DeleteJob(const std::string& job) {
+    py::gil_scoped_release release;
+    Check(absl::StrCat("delete_job ", job), client_->DeleteJob(job));
+  }
+
+  void Push(const std::string& job, uint64_t step, const py::dict& dense, const py::dict& sparse, bool last,
+            float lr_scale) {
+    PushBatch b;
+    b.step = step;
+    b.last = last;
+    b.lr_scale = lr_scale;
+    for (auto [name, value] : dense) {
+      const std::string table = py::str(name);
+      size_t n = 0;
+      const float* data = ArrayData<float>(value.cast<py::array>(), "dense " + table, false, &n);
+      b.dense.push_back({table, data, n});
+    }
+    for (auto [name, value] : sparse) {
+      const std::string table = py::str(name);
+      const auto pair = value.cast<py::tuple>();
+      if (pair.size() != 2) throw py::value_error("sparse " + table + ": give (keys, gradients)");
+      size_t num_keys = 0, num_values = 0;
+      const uint64_t* keys = ArrayData<uint64_t>(pair[0].cast<py::array>(), "sparse " + table + " keys", false,
+                                                 &num_keys);
+      const float* values = ArrayData<float>(pair[1].cast<py::array>(), "sparse " + table + " gradients", false,
+                                             &num_values);
+      CheckRows(table, num_keys, num_values);
+      b.sparse.push_back({table, keys, num_keys, values});
+    }
+    py::gil_scoped_release release;
+    Check(absl::StrCat("push ", job), client_->Push(job, b));
+  }
+
+  void Pull(const std::string& job, uint64_t step, const py::dict& dense, const py::dict& sparse) {
+    PullBatch b;
+    b.step = step;
+    for (auto [name, value] : dense) {
+      const std::string table = py::str(name);
+      size_t n = 0;
+      float* out = const_cast<float*>(ArrayData<float>(value.cast<py::array>(), "dense " + table, true, &n));
+      b.dense.push_back({table, out, n});
+    }
+    for (auto [name, value] : sparse) {
+      const std::string table = py::str(name);
+      const auto pair = value.cast<py::tuple>();
+      if (pair.size() != 2) throw py::value_error("sparse " + table + ": give (keys, out)");
+      size_t num_keys = 0, num_values = 0;
+      const uint64_t* keys = ArrayData<uint64_t>(pair[0].cast<py::array>(), "sparse " + table + " keys", false,
+                                                 &num_keys);
+      float* out = const_cast<float*>(
+          ArrayData<float>(pair[1].cast<py::array>(), "sparse " + table + " out", true, &num_values));
+      CheckRows(table, num_keys, num_values);
+      b.sparse.push_back({table, keys, num_keys, out});
+    }
+    py::gil_scoped_release release;
+    Check(absl::StrCat("pull ", job), client_->Pull(job, b));
+  }
+
+  py::dict Stats(const std::string& job, size_t server) {
+    absl::StatusOr<v1::GetJobResponse> r;
+    {
+      py::gil_scoped_release release;
+      r = client_->GetJobStats(job, server);
+    }
+    Check(absl::StrCat("stats ", job), r.status());
+    py::dict d;
+    d["applied_step"] = r->applied_step();
+    d["sparse_rows"] = r->sparse_rows();
+    d["bytes_used"] = r->bytes_used();
+    d["pushes_applied"] = r->pushes_applied();
+    return d;
+  }
+
+ private:
+  // A table's rows are its dimension wide: the server knows it, the values
+  // array must hold a whole number of rows.
+  static void CheckRows(const std::string& table, size_t num_keys, size_t num_values) {
+    if (num_keys == 0 ? num_values != 0 : num_values % num_keys != 0) {
+      throw py::value_error(absl::StrCat("sparse ", table, ": ", num_values, " values are not whole rows for ",
+                                         num_keys, " keys"));
+    }
+  }
+
+  std::unique_ptr<GrpcPsClient> client_;
+};
+
+}  // namespace
+}  // namespace fulcrum
+
+PYBIND11_MODULE(_ps, m) {
+  m.doc() = "Parameter-server tables from NumPy: fulcrum's C++ client (see fulcrum.Tables).";
+  // Imported when the module loads, so a broken install fails at import.
+  py::module_::import("fulcrum.client");
+  py::module_::import("grpc");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const fulcrum::StatusError& e) {
+      py::object error = py::module_::import("fulcrum.client").attr("FulcrumError");
+      py::object codes = py::module_::import("grpc").attr("StatusCode");
+      const std::string code = absl::StatusCodeToString(e.status.code());
+      py::object instance = error(e.call, codes.attr(code.c_str()), std::string(e.status.message()));
+      PyErr_SetObject(error.ptr(), instance.ptr());
+    }
+  });
+  py::class_<fulcrum::Tables>(m, "Tables")
+      .def(py::init<std::vector<std::string>, std::string, uint32_t, const std::string&,
+                    std::optional<std::vector<std::string>>, bool, int, double>(),
+           py::arg("servers"), py::arg("worker_id"), py::arg("rank") = 0, py::arg("wire_dtype") = "fp32",
+           py::arg("tls") = py::none(), py::arg("shared_memory") = true, py::arg("channels_per_server") = 4,
+           py::arg("rpc_timeout") = 60.0)
+      .def("create_job", &fulcrum::Tables::CreateJob, py::arg("spec_text"))
+      .def("open_job", &fulcrum::Tables::OpenJob, py::arg("job_id"))
+      .def("delete_job", &fulcrum::Tables::DeleteJob, py::arg("job_id"))
+      .def("push", &fulcrum::Tables::Push, py::arg("job_id"), py::arg("step"), py::arg("dense") = py::dict(),
+           py::arg("sparse") = py::dict(), py::arg("last") = true, py::arg("lr_scale") = 1.0f)
+      .def("pull", &fulcrum::Tables::Pull, py::arg("job_id"), py::arg("step"), py::arg("dense") = py::dict(),
+           py::arg("sparse") = py::dict())
+      .def("stats", &fulcrum::Tables::Stats, py::arg("job_id"), py::arg("server"));
+}

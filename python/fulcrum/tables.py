@@ -1,0 +1,68 @@
+"""fulcrum.Tables: a job's parameter-server tables from NumPy.
+
+The C++ client (fulcrum._ps) does the work: tables are sliced and routed to
+their servers, retried, carried over shared memory to servers on this host
+and in 16-bit floats on the wire when asked. Arrays are used where they lie:
+dense tables as float32 arrays of the table's size, sparse rows as uint64
+key arrays with float32 arrays of len(keys) x dim; pulls write into the
+arrays given. Anything else (another dtype, a strided view, a read-only
+target) is a ValueError naming the table.
+
+    t = fulcrum.Tables(["127.0.0.1:7000"], worker_id="py-0")
+    t.create_job({"job_id": "j", "num_workers": 1,
+                  "consistency": {"model": "asp"},
+                  "tables": [{"name": "w", "kind": "dense", "shape": [1000],
+                              "optimizer": {"kind": "sgd", "learning_rate": 0.1}},
+                             {"name": "emb", "kind": "sparse", "dim": 16}]})
+    t.push("j", step=0, dense={"w": grad}, sparse={"emb": (keys, rows_grad)})
+    t.pull("j", step=1, dense={"w": weights}, sparse={"emb": (keys, rows)})
+"""
+
+import json
+
+from fulcrum import _ps
+
+
+class Tables:
+    """A client of a job's parameter servers (not thread-safe per call: one
+    call at a time per Tables, or one Tables per thread)."""
+
+    def __init__(self, servers, worker_id, rank=0, wire_dtype="fp32", tls=None, shared_memory=True,
+                 channels_per_server=4, rpc_timeout=60.0):
+        """servers: host:port of any of the job's servers (the shard map is
+        asked of them); tls: (ca_file, cert_file, key_file) of a worker
+        certificate, None for plaintext servers (--insecure)."""
+        if isinstance(servers, str):
+            servers = [servers]
+        self._t = _ps.Tables(list(servers), worker_id, rank, wire_dtype, list(tls) if tls else None, shared_memory,
+                             channels_per_server, float(rpc_timeout))
+
+    def create_job(self, spec):
+        """Creates the job's tables on every server: a dict with a
+        fulcrum.v1.PsJobSpec's fields (as a spec file writes them), or its
+        YAML or JSON text."""
+        self._t.create_job(spec if isinstance(spec, str) else json.dumps(spec))
+
+    def open_job(self, job_id):
+        """Uses a job whose tables exist already."""
+        self._t.open_job(job_id)
+
+    def delete_job(self, job_id):
+        self._t.delete_job(job_id)
+
+    def push(self, job_id, step, dense=None, sparse=None, last=True, lr_scale=1.0):
+        """Gradients of step `step`: dense {table: float32 array}, sparse
+        {table: (uint64 keys, float32 rows)}; the servers' optimizer applies
+        them as the job's consistency model says."""
+        self._t.push(job_id, step, dense or {}, sparse or {}, last, lr_scale)
+
+    def pull(self, job_id, step, dense=None, sparse=None):
+        """Weights into the arrays given: dense {table: float32 array},
+        sparse {table: (uint64 keys, float32 out)}; `step` is the caller's
+        clock (BSP returns weights with the steps before it applied)."""
+        self._t.pull(job_id, step, dense or {}, sparse or {})
+
+    def stats(self, job_id, server=0):
+        """What server `server` holds of the job: applied_step, sparse_rows,
+        bytes_used, pushes_applied."""
+        return self._t.stats(job_id, server)
