@@ -12,7 +12,7 @@ FULCRUM_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   librocksdb-dev prometheus-cpp-dev catch2 libopenblas-dev zlib1g-dev
   iperf3 iproute2 prometheus slurm-wlm munge clang-14 libclang-rt-14-dev openssl libssl-dev
-  python3-grpcio python3-protobuf python3-pytest python3-numpy python3-dev pybind11-dev
+  python3-grpcio python3-protobuf python3-pytest python3-numpy python3-dev pybind11-dev python3-torch
 )
 
 fulcrum_install_packages() {

@@ -7,7 +7,8 @@
         print(event.kind, fulcrum.state_name(event.job), event.job.status.epoch)
 
 fulcrum.Tables pushes and pulls a job's parameter-server tables from NumPy
-arrays through the C++ client (fulcrum/tables.py).
+arrays through the C++ client (fulcrum/tables.py); fulcrum.torch keeps a
+PyTorch module's parameters and embeddings there (import fulcrum.torch).
 
 The gRPC stubs (fulcrum.v1.cluster_pb2 and the rest) are generated from
 proto/ when the project builds; the package is assembled in build/python.

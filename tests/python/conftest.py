@@ -1,4 +1,4 @@
-"""A local Fulcrum cluster for the Python package's tests.
+"""Local Fulcrum processes for the Python package's tests.
 
 deploy/local/cluster.sh starts a coordinator, a server and a worker with two
 slots on free ports of 127.0.0.1, with mutual TLS and bearer tokens as it
@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -18,6 +19,40 @@ BUILD = os.environ["FULCRUM_BUILD_DIR"]
 DATA = os.environ["FULCRUM_TEST_DATA_DIR"]
 sys.path.insert(0, os.path.join(BUILD, "python"))
 sys.path.insert(0, os.path.join(SRC, "tests", "testing"))
+
+
+class Servers:
+    """n fulcrum-server processes with a static shard map (no coordinator)."""
+
+    def __init__(self, n, tls_dir=None):
+        from free_ports import free_block  # pylint: disable=import-outside-toplevel
+        base = free_block(2 * n)
+        self.addresses = [f"127.0.0.1:{base + i}" for i in range(n)]
+        self.work = tempfile.mkdtemp(prefix="fulcrum-tables-")
+        self.procs = []
+        for i, address in enumerate(self.addresses):
+            if tls_dir:
+                tls = [f"--tls_ca_file={tls_dir}/ca.crt", f"--tls_cert_file={tls_dir}/server-{i}.crt",
+                       f"--tls_key_file={tls_dir}/server-{i}.key"]
+            else:
+                tls = ["--insecure"]
+            log = open(os.path.join(self.work, f"server-{i}.log"), "w")
+            self.procs.append(subprocess.Popen(
+                [os.path.join(BUILD, "server/fulcrum-server"), f"--listen={address}", f"--server_index={i}",
+                 "--shard_map=" + ",".join(self.addresses), f"--metrics_addr=127.0.0.1:{base + n + i}"] + tls,
+                stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.time() + 30
+        for i, address in enumerate(self.addresses):
+            while "listening on" not in open(os.path.join(self.work, f"server-{i}.log")).read():
+                assert self.procs[i].poll() is None, open(os.path.join(self.work, f"server-{i}.log")).read()
+                assert time.time() < deadline, f"server {i} did not start"
+                time.sleep(0.05)
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(30)
 
 
 class LocalCluster:
@@ -64,3 +99,11 @@ def cluster():
     finally:
         with open(os.path.join(work, "stop.log"), "w") as out:
             subprocess.call([script, "stop", "--dir", run_dir], stdout=out, stderr=subprocess.STDOUT, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two fulcrum-server processes in plaintext with a static shard map."""
+    s = Servers(2)
+    yield s
+    s.stop()

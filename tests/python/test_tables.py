@@ -3,59 +3,16 @@ processes on 127.0.0.1: dense and sparse tables, bf16 on the wire, BSP
 between two clients, mutual TLS, and the errors of arrays it cannot use."""
 import os
 import subprocess
-import tempfile
 import threading
-import time
 
 import grpc
 import numpy as np
 import pytest
 
 import fulcrum
+from conftest import Servers
 
 SRC = os.environ["FULCRUM_SOURCE_DIR"]
-BUILD = os.environ["FULCRUM_BUILD_DIR"]
-
-
-class Servers:
-    """n fulcrum-server processes with a static shard map (no coordinator)."""
-
-    def __init__(self, n, tls_dir=None):
-        from free_ports import free_block  # pylint: disable=import-outside-toplevel
-        base = free_block(2 * n)
-        self.addresses = [f"127.0.0.1:{base + i}" for i in range(n)]
-        self.work = tempfile.mkdtemp(prefix="fulcrum-tables-")
-        self.procs = []
-        for i, address in enumerate(self.addresses):
-            if tls_dir:
-                tls = [f"--tls_ca_file={tls_dir}/ca.crt", f"--tls_cert_file={tls_dir}/server-{i}.crt",
-                       f"--tls_key_file={tls_dir}/server-{i}.key"]
-            else:
-                tls = ["--insecure"]
-            log = open(os.path.join(self.work, f"server-{i}.log"), "w")
-            self.procs.append(subprocess.Popen(
-                [os.path.join(BUILD, "server/fulcrum-server"), f"--listen={address}", f"--server_index={i}",
-                 "--shard_map=" + ",".join(self.addresses), f"--metrics_addr=127.0.0.1:{base + n + i}"] + tls,
-                stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.time() + 30
-        for i, address in enumerate(self.addresses):
-            while "listening on" not in open(os.path.join(self.work, f"server-{i}.log")).read():
-                assert self.procs[i].poll() is None, open(os.path.join(self.work, f"server-{i}.log")).read()
-                assert time.time() < deadline, f"server {i} did not start"
-                time.sleep(0.05)
-
-    def stop(self):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait(30)
-
-
-@pytest.fixture(scope="module")
-def servers():
-    s = Servers(2)
-    yield s
-    s.stop()
 
 
 def job(job_id, tables, model="asp", workers=1):

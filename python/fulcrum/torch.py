@@ -1,0 +1,145 @@
+"""fulcrum.torch: a PyTorch module's parameters on Fulcrum's parameter servers.
+
+    tables = fulcrum.Tables(servers, worker_id="rank-0", rank=0)
+    opt = fulcrum.torch.ParameterServerOptimizer(model, tables, "job-1",
+                                                 optimizer={"kind": "adam", "learning_rate": 1e-3})
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()   # push every gradient, the servers' Adam applies it, pull the weights
+
+    emb = fulcrum.torch.Embedding(tables, "job-1", "user", dim=16)   # a sparse table
+    vectors = emb(user_ids)   # pulls the batch's rows; backward pushes their gradients
+
+The parameters live in dense tables named after them (module.named_parameters),
+created with the job unless create=False (the other ranks of a job open it).
+The consistency model of the job applies: under BSP a step's pull waits for
+every rank's push. CPU tensors are pushed and pulled in place; CUDA ones go
+through a host copy. Every call is fulcrum.Tables's, so errors are its.
+"""
+
+import numpy as np
+import torch
+
+_DTYPE_OK = (torch.float32,)
+
+
+def _host(t):
+    """A contiguous float32 CPU tensor sharing `t`'s memory where it can."""
+    if t.dtype not in _DTYPE_OK:
+        raise ValueError(f"fulcrum.torch keeps float32 parameters, got {t.dtype}")
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+class ParameterServerOptimizer:
+    """Keeps `module`'s trainable parameters on the parameter servers."""
+
+    def __init__(self, module, tables, job_id, optimizer=None, consistency="asp", num_workers=1, create=True,
+                 initializer=None, extra_tables=()):
+        """optimizer: the servers' optimizer for every parameter, as a job
+        spec writes it ({"kind": "sgd", "learning_rate": 0.01} when None);
+        consistency: "bsp", "ssp" or "asp" (with "staleness" give a dict);
+        initializer: the tables' initializer ({"kind": "normal", "b": 0.05,
+        "seed": 1}); None: zeros. The module takes the servers' weights.
+        extra_tables: table specs created in the same job (an Embedding's)."""
+        self.module = module
+        self.tables = tables
+        self.job_id = job_id
+        self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the module has no trainable parameters")
+        self.clock = 0
+        if create:
+            opt = optimizer or {"kind": "sgd", "learning_rate": 0.01}
+            cons = consistency if isinstance(consistency, dict) else {"model": consistency}
+            specs = [{"name": name, "kind": "dense", "shape": [p.numel()], "optimizer": opt}
+                     for name, p in self.params]
+            if initializer:
+                for spec in specs:
+                    spec["initializer"] = initializer
+            tables.create_job({"job_id": job_id, "num_workers": num_workers, "consistency": cons,
+                               "tables": specs + list(extra_tables)})
+        else:
+            tables.open_job(job_id)
+        self.pull()
+
+    def pull(self):
+        """The servers' weights into the parameters (as of this rank's clock)."""
+        staged = [(p, _host(p.data)) for _, p in self.params]
+        self.tables.pull(self.job_id, self.clock,
+                         dense={name: host.numpy().reshape(-1) for (name, _), (_, host) in zip(self.params, staged)})
+        with torch.no_grad():
+            for p, host in staged:
+                if host.data_ptr() != p.data.data_ptr():
+                    p.data.copy_(host.view_as(p.data))
+
+    def zero_grad(self, set_to_none=True):
+        self.module.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        """Pushes every parameter's gradient (zeros where none flowed) as
+        this rank's step, then pulls the weights the servers made of it."""
+        grads = {}
+        for name, p in self.params:
+            g = p.grad if p.grad is not None else torch.zeros_like(p.data)
+            grads[name] = _host(g).numpy().reshape(-1)
+        self.tables.push(self.job_id, self.clock, dense=grads)
+        self.clock += 1
+        self.pull()
+
+
+class _PullRows(torch.autograd.Function):
+    """Rows of a sparse table for `keys`; backward pushes their gradient."""
+
+    @staticmethod
+    def forward(ctx, anchor, emb, keys):  # pylint: disable=arguments-differ
+        del anchor  # only there so autograd calls backward
+        ctx.emb = emb
+        ctx.keys = keys
+        rows = np.empty((len(keys), emb.dim), dtype=np.float32)
+        emb.tables.pull(emb.job_id, emb.clock, sparse={emb.table: (keys, rows)})
+        return torch.from_numpy(rows)
+
+    @staticmethod
+    def backward(ctx, grad):  # pylint: disable=arguments-differ
+        emb = ctx.emb
+        g = np.ascontiguousarray(grad.detach().to("cpu", torch.float32).numpy())
+        emb.tables.push(emb.job_id, emb.clock, sparse={emb.table: (ctx.keys, g)})
+        emb.clock += 1
+        return None, None, None
+
+
+class Embedding(torch.nn.Module):
+    """An embedding bag of one id per row, backed by sparse table `table` of
+    job `job_id`: forward pulls the batch's distinct rows, backward pushes
+    their summed gradients, which the servers' optimizer applies. Its table
+    is made with the job: pass `spec()` in extra_tables of the
+    ParameterServerOptimizer that creates the job (or create the job with it).
+    Its pushes are steps of their own: use it in ASP jobs (under BSP a step
+    would wait for them as for the dense tables' pushes)."""
+
+    def __init__(self, tables, job_id, table, dim, optimizer=None):
+        super().__init__()
+        self.tables = tables
+        self.job_id = job_id
+        self.table = table
+        self.dim = dim
+        self.optimizer = optimizer or {"kind": "sgd", "learning_rate": 0.01}
+        self.clock = 0
+        # A parameter-free module still needs a tensor that requires grad
+        # for autograd to reach _PullRows.backward.
+        self._anchor = torch.zeros((), requires_grad=True)
+
+    def spec(self):
+        return {"name": self.table, "kind": "sparse", "dim": self.dim, "optimizer": self.optimizer}
+
+    def forward(self, ids):
+        flat = ids.reshape(-1).to("cpu", torch.int64)
+        if flat.numel() and int(flat.min()) < 0:
+            raise ValueError(f"embedding {self.table}: ids must be >= 0")
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        keys = np.ascontiguousarray(unique.numpy().astype(np.uint64))
+        rows = _PullRows.apply(self._anchor, self, keys)
+        return rows[inverse].reshape(*ids.shape, self.dim).to(ids.device)

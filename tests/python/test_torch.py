@@ -1,0 +1,71 @@
+"""fulcrum.torch against fulcrum-server processes: one step through the
+parameter servers equals the same step of torch.optim in one process, and
+an Embedding's rows take their gradients' update on the servers."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import fulcrum
+import fulcrum.torch as ftorch
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_steps_through_the_servers_equal_torch_optim_in_one_process(servers, kind):
+    torch.manual_seed(0)
+    model = mlp()
+    tables = fulcrum.Tables(servers.addresses, worker_id=f"torch-{kind}")
+    opt = ftorch.ParameterServerOptimizer(model, tables, f"torch-{kind}",
+                                          optimizer={"kind": kind, "learning_rate": 0.05},
+                                          initializer={"kind": "normal", "b": 0.3, "seed": 7})
+    # The module took the servers' initial weights.
+    first = next(model.parameters()).detach().clone()
+    assert first.abs().sum() > 0 and torch.isfinite(first).all()
+    reference = copy.deepcopy(model)
+    ref_opt = (torch.optim.SGD(reference.parameters(), lr=0.05) if kind == "sgd"
+               else torch.optim.Adam(reference.parameters(), lr=0.05))
+    x = torch.randn(32, 8)
+    y = torch.randint(0, 3, (32,))
+    for _ in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    assert opt.clock == 3
+    assert not torch.equal(model[0].weight, first)  # it trained
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_an_embedding_pulls_distinct_rows_and_pushes_their_summed_gradients(servers):
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-emb")
+    emb = ftorch.Embedding(tables, "torch-emb", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5})
+    head = torch.nn.Linear(4, 1)
+    ftorch.ParameterServerOptimizer(head, tables, "torch-emb", extra_tables=[emb.spec()])
+    ids = torch.tensor([[3, 7], [3, 1_000_000]])
+    out = emb(ids)
+    assert out.shape == (2, 2, 4)
+    assert not out.detach().any()  # new rows start at zeros
+    coeff = torch.arange(16, dtype=torch.float32).reshape(2, 2, 4)
+    (out * coeff).sum().backward()
+    rows = np.empty((3, 4), dtype=np.float32)
+    keys = np.array([3, 7, 1_000_000], dtype=np.uint64)
+    tables.pull("torch-emb", 1, sparse={"user": (keys, rows)})
+    c = coeff.numpy()
+    expected = -0.5 * np.stack([c[0, 0] + c[1, 0], c[0, 1], c[1, 1]])  # id 3 twice: its gradients add up
+    np.testing.assert_allclose(rows, expected, rtol=0, atol=1e-6)
+    # The next forward reads the updated rows.
+    np.testing.assert_allclose(emb(torch.tensor([7])).detach().numpy(), expected[1:2], atol=1e-6)
+    with pytest.raises(ValueError, match="ids must be >= 0"):
+        emb(torch.tensor([-1]))
+
+
+def test_parameters_that_are_not_float32_are_refused(servers):
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-f64")
+    with pytest.raises(ValueError, match="float32"):
+        ftorch.ParameterServerOptimizer(torch.nn.Linear(2, 2).double(), tables, "torch-f64")
