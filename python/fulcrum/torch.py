@@ -33,6 +33,18 @@ def _host(t):
     return t.detach().to("cpu", copy=True).contiguous()
 
 
+def _torch_default_init(name, p, params):
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): what nn.Linear and nn.ConvNd draw
+    their weights and biases from; a bias takes its layer's weight's fan_in."""
+    weight = p
+    if p.dim() < 2 and name.endswith("bias"):
+        weight = params.get(name[: -len("bias")] + "weight", p)
+    fan_in = int(np.prod(weight.shape[1:])) if weight.dim() >= 2 else max(1, weight.numel())
+    bound = 1.0 / np.sqrt(fan_in)
+    # The servers' values depend on the table's name as well as the seed.
+    return {"kind": "uniform", "a": -bound, "b": bound, "seed": 1}
+
+
 class ParameterServerOptimizer:
     """Keeps `module`'s trainable parameters on the parameter servers."""
 
@@ -42,7 +54,9 @@ class ParameterServerOptimizer:
         spec writes it ({"kind": "sgd", "learning_rate": 0.01} when None);
         consistency: "bsp", "ssp" or "asp" (with "staleness" give a dict);
         initializer: the tables' initializer ({"kind": "normal", "b": 0.05,
-        "seed": 1}); None: zeros. The module takes the servers' weights.
+        "seed": 1}); "torch": the distribution of PyTorch's default for
+        Linear and Conv layers, U(-1/sqrt(fan_in), 1/sqrt(fan_in)); None:
+        zeros. The module takes the servers' weights.
         extra_tables: table specs created in the same job (an Embedding's)."""
         self.module = module
         self.tables = tables
@@ -56,7 +70,10 @@ class ParameterServerOptimizer:
             cons = consistency if isinstance(consistency, dict) else {"model": consistency}
             specs = [{"name": name, "kind": "dense", "shape": [p.numel()], "optimizer": opt}
                      for name, p in self.params]
-            if initializer:
+            if initializer == "torch":
+                for spec, (name, p) in zip(specs, self.params):
+                    spec["initializer"] = _torch_default_init(name, p, dict(self.params))
+            elif initializer:
                 for spec in specs:
                     spec["initializer"] = initializer
             tables.create_job({"job_id": job_id, "num_workers": num_workers, "consistency": cons,

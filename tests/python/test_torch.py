@@ -65,6 +65,19 @@ def test_an_embedding_pulls_distinct_rows_and_pushes_their_summed_gradients(serv
         emb(torch.tensor([-1]))
 
 
+def test_the_torch_initializer_draws_from_pytorchs_default_range(servers):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-init")
+    ftorch.ParameterServerOptimizer(model, tables, "torch-init", initializer="torch")
+    for layer, fan_in in ((model[0], 3 * 3 * 3), (model[2], 8 * 4 * 4)):
+        bound = 1 / fan_in ** 0.5
+        w, b = layer.weight, layer.bias
+        assert w.abs().max() <= bound and b.abs().max() <= bound
+        # Spread over the range (U(-bound, bound) has std bound / sqrt(3)).
+        assert w.abs().max() > 0.9 * bound and 0.45 * bound < w.std() < 0.7 * bound
+        assert b.abs().max() > 0 and len(set(b.tolist())) == len(b)
+
+
 def test_parameters_that_are_not_float32_are_refused(servers):
     tables = fulcrum.Tables(servers.addresses, worker_id="torch-f64")
     with pytest.raises(ValueError, match="float32"):
