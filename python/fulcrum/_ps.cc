@@ -1,4 +1,5 @@
-// fulcrum._ps: the C++ parameter-server client (GrpcPsClient) for Python.
+// fulcrum._ps: the C++ parameter-server client (GrpcPsClient) for Python,
+// and the safetensors writer of checkpoint exports (fulcrum.Client.export).
 //
 // Arrays are NumPy's own memory: pushes read it and pulls write into it
 // where it lies, so an array must already be float32 (keys uint64) and
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_export.h"
 #include "common/config/spec_text.h"
 #include "common/dtype.h"
 #include "common/rpc/security.h"
@@ -178,6 +180,50 @@ class Tables {
   std::unique_ptr<GrpcPsClient> client_;
 };
 
+// A checkpoint cut as safetensors, from the coordinator's ExportCheckpoint
+// stream as it arrives (the serialized ExportCheckpointChunk messages):
+// the writer fulcrumctl export uses.
+class Export {
+ public:
+  void AddChunk(const std::string& call, const py::bytes& bytes) {
+    v1::ExportCheckpointChunk chunk;
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(bytes.ptr(), &data, &size) != 0) throw py::error_already_set();
+    if (!chunk.ParseFromArray(data, static_cast<int>(size))) {
+      Check(call, absl::DataLossError("a checkpoint chunk does not parse"));
+    }
+    py::gil_scoped_release release;
+    if (!begun_) {
+      info_ = chunk.checkpoint();
+      Check(call, out_.Begin(chunk.meta()));
+      begun_ = true;
+    }
+    for (const auto& r : chunk.records()) Check(call, out_.Add(r));
+  }
+  py::dict Write(const std::string& call, const std::string& job, const std::string& path) {
+    if (!begun_) Check(call, absl::NotFoundError("the coordinator sent no checkpoint"));
+    {
+      py::gil_scoped_release release;
+      Check(call, out_.Write(path, {{"format", "pt"},
+                                    {"fulcrum_job", job},
+                                    {"fulcrum_checkpoint", absl::StrCat(info_.cut_id())},
+                                    {"fulcrum_step", absl::StrCat(info_.step())}}));
+    }
+    py::dict d;
+    d["cut_id"] = info_.cut_id();
+    d["step"] = info_.step();
+    d["tensors"] = out_.tensors();
+    d["bytes"] = out_.bytes();
+    return d;
+  }
+
+ private:
+  CutExport out_;
+  v1::CheckpointInfo info_;
+  bool begun_ = false;
+};
+
 }  // namespace
 }  // namespace fulcrum
 
@@ -211,4 +257,8 @@ PYBIND11_MODULE(_ps, m) {
       .def("pull", &fulcrum::Tables::Pull, py::arg("job_id"), py::arg("step"), py::arg("dense") = py::dict(),
            py::arg("sparse") = py::dict())
       .def("stats", &fulcrum::Tables::Stats, py::arg("job_id"), py::arg("server"));
+  py::class_<fulcrum::Export>(m, "Export")
+      .def(py::init<>())
+      .def("add_chunk", &fulcrum::Export::AddChunk, py::arg("call"), py::arg("chunk"))
+      .def("write", &fulcrum::Export::Write, py::arg("call"), py::arg("job_id"), py::arg("path"));
 }

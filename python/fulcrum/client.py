@@ -69,12 +69,8 @@ class Client:
             token = _read_token(token_file) if token_file else _env("FULCRUM_TOKEN")
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         self.timeout = timeout
-        # The same limits as fulcrumctl's channels: job specs and statuses
-        # of large jobs are bigger than gRPC's default 4 MiB receive limit.
-        options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
-        if insecure:
-            self._channel = grpc.insecure_channel(self.coordinator, options=options)
-        else:
+        self._credentials = None
+        if not insecure:
             ca_file = ca_file or _env("FULCRUM_TLS_CA_FILE")
             roots = None
             if ca_file:
@@ -84,13 +80,24 @@ class Client:
                 except OSError as e:
                     raise FulcrumError("tls", grpc.StatusCode.INVALID_ARGUMENT,
                                        f"cannot read the CA file {ca_file}: {e.strerror}") from None
-            self._channel = grpc.secure_channel(self.coordinator, grpc.ssl_channel_credentials(roots),
-                                                options=options)
+            self._credentials = grpc.ssl_channel_credentials(roots)
+        # The same limits as fulcrumctl's channels: job specs and statuses
+        # of large jobs are bigger than gRPC's default 4 MiB receive limit.
+        self._channel = self._new_channel(8 << 20)
+        self._export_channel = None
         self._jobs = cluster_pb2_grpc.JobServiceStub(self._channel)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
 
+    def _new_channel(self, max_receive):
+        options = [("grpc.max_receive_message_length", max_receive), ("grpc.max_send_message_length", 8 << 20)]
+        if self._credentials is None:
+            return grpc.insecure_channel(self.coordinator, options=options)
+        return grpc.secure_channel(self.coordinator, self._credentials, options=options)
+
     def close(self):
         self._channel.close()
+        if self._export_channel is not None:
+            self._export_channel.close()
 
     def __enter__(self):
         return self
@@ -188,6 +195,30 @@ class Client:
         again from there. Returns the job."""
         return self._call(f"restore {job_id}", self._jobs.RestoreJob,
                           cluster_pb2.RestoreJobRequest(job_id=job_id, cut_id=cut_id))
+
+    def export(self, job_id, path, cut_id=0, timeout=None):
+        """Writes committed cut `cut_id` (0: the latest) of the job to `path`
+        as safetensors, as fulcrumctl export does (the same C++ writer):
+        dense tables as F32 tensors of their shape, a sparse table as
+        <table>.keys and <table>.values. Returns cut_id, step, tensors and
+        bytes."""
+        from fulcrum import _ps  # pylint: disable=import-outside-toplevel
+        call = f"export {job_id}"
+        if self._export_channel is None:
+            # A record can outgrow the job API's limit: fulcrumctl's 256 MiB.
+            self._export_channel = self._new_channel(256 << 20)
+        stream = self._export_channel.unary_stream(
+            "/fulcrum.v1.JobService/ExportCheckpoint",
+            request_serializer=cluster_pb2.ExportCheckpointRequest.SerializeToString,
+            response_deserializer=None)  # the bytes go to the C++ writer as they are
+        out = _ps.Export()
+        try:
+            for chunk in stream(cluster_pb2.ExportCheckpointRequest(job_id=job_id, cut_id=cut_id), timeout=timeout,
+                                metadata=self._metadata):
+                out.add_chunk(call, chunk)
+        except grpc.RpcError as e:
+            raise FulcrumError(call, e.code(), e.details()) from None
+        return out.write(call, job_id, os.fspath(path))
 
     # -------------------------------------------------------------- cluster
 

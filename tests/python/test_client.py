@@ -3,6 +3,7 @@ import os
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 import fulcrum
@@ -131,7 +132,24 @@ def test_users_see_only_their_own_jobs(cluster):
         assert fulcrum.state_name(admin.wait(job_id, timeout=120)) == "SUCCEEDED"
 
 
-def test_checkpoint_restore_and_cancel_a_running_job(cluster):
+def read_safetensors(path):
+    """The header and each tensor of a safetensors file, as numpy arrays."""
+    import json  # pylint: disable=import-outside-toplevel
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    tensors = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        dtype = {"F32": np.float32, "I64": np.int64}[t["dtype"]]
+        tensors[name] = np.frombuffer(body[begin:end], dtype=dtype).reshape(t["shape"])
+    return header, tensors
+
+
+def test_checkpoint_export_restore_and_cancel_a_running_job(cluster, tmp_path):
     with cluster.client() as c:
         job_id = c.submit(digits(epochs=100000, name="long"))
         wait_for(c, job_id, {"RUNNING"})
@@ -140,6 +158,19 @@ def test_checkpoint_restore_and_cancel_a_running_job(cluster):
             time.sleep(0.1)
         cut = c.checkpoint(job_id, timeout=60)
         assert cut.cut_id > 0 and cut.bytes > 0 and cut.servers
+        # The cut's parameters as safetensors, by the writer fulcrumctl export uses.
+        info = c.export(job_id, tmp_path / "long.safetensors", cut_id=cut.cut_id)
+        assert info["cut_id"] == cut.cut_id and info["step"] == cut.step and info["tensors"] >= 2
+        header, tensors = read_safetensors(tmp_path / "long.safetensors")
+        assert header["__metadata__"]["fulcrum_job"] == job_id
+        assert header["__metadata__"]["fulcrum_checkpoint"] == str(cut.cut_id)
+        assert len(tensors) == info["tensors"]
+        assert sum(t.size for t in tensors.values()) == 64 * 10 + 10  # softmax on 64 features, 10 classes
+        assert all(np.isfinite(t).all() for t in tensors.values()) and any(t.any() for t in tensors.values())
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.export("no-such-job", tmp_path / "none.safetensors")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert not (tmp_path / "none.safetensors").exists()
         restored = c.restore(job_id, cut.cut_id)
         assert restored.id == job_id
         cancelled = c.cancel(job_id)
