@@ -86,11 +86,6 @@ std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target
   return grpc::CreateCustomChannel(target, transport.ChannelCredentials(), args);
 }
 
-const security::Transport& TransportOrPlaintext(const std::shared_ptr<const security::Transport>& transport) {
-  // Plaintext()'s object lives as long as the process.
-  return transport != nullptr ? *transport : *security::Transport::Plaintext();
-}
-
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxCheckpointMessageBytes);

@@ -41,8 +41,6 @@ std::shared_ptr<grpc::Channel> CreateFulcrumChannel(const std::string& target, i
 std::shared_ptr<grpc::Channel> CreateCheckpointChannel(const std::string& target,
                                                       const security::Transport& transport);
 
-// `transport`, or plaintext when it is null (options left unset).
-const security::Transport& TransportOrPlaintext(const std::shared_ptr<const security::Transport>& transport);
 
 // Applies Fulcrum's limits and channel args to a server builder.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);

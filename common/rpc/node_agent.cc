@@ -9,7 +9,7 @@
 namespace fulcrum {
 
 NodeAgent::NodeAgent(NodeAgentOptions options) : options_(std::move(options)) {
-  stub_ = v1::ClusterService::NewStub(CreateFulcrumChannel(options_.coordinator, 0, TransportOrPlaintext(options_.security)));
+  stub_ = v1::ClusterService::NewStub(CreateFulcrumChannel(options_.coordinator, 0, *security::Transport::OrPlaintext(options_.security)));
   thread_ = std::thread([this] { Run(); });
 }
 

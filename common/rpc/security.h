@@ -72,6 +72,10 @@ class Transport {
  public:
   // Plaintext (--insecure, and tests that run a cluster in one process).
   static std::shared_ptr<const Transport> Plaintext();
+  // `transport`, or Plaintext() when it is null (an option left unset).
+  static std::shared_ptr<const Transport> OrPlaintext(std::shared_ptr<const Transport> transport) {
+    return transport != nullptr ? std::move(transport) : Plaintext();
+  }
   // Mutual TLS for a cluster member, after checking the files as
   // LoadIdentity does; `identity` receives what they hold. Certificates and
   // the CA are re-read every `refresh` (rotation: replace the files; see

@@ -59,6 +59,32 @@ DType WireDType(const std::string& name) {
   throw py::value_error(absl::StrCat("wire_dtype must be fp32, bf16 or fp16, got '", name, "'"));
 }
 
+// One sparse entry, {table: (keys, rows)}: the keys and the rows' memory,
+// checked to be whole rows. `rows_name` says what the rows are in messages.
+struct SparseArrays {
+  std::string table;
+  const uint64_t* keys = nullptr;
+  size_t num_keys = 0;
+  const float* rows = nullptr;
+};
+SparseArrays Sparse(const py::handle& name, const py::handle& value, const char* rows_name, bool writeable) {
+  SparseArrays a;
+  a.table = py::str(name);
+  const auto pair = value.cast<py::tuple>();
+  if (pair.size() != 2) throw py::value_error(absl::StrCat("sparse ", a.table, ": give (keys, ", rows_name, ")"));
+  size_t num_values = 0;
+  a.keys = ArrayData<uint64_t>(pair[0].cast<py::array>(), "sparse " + a.table + " keys", false, &a.num_keys);
+  a.rows = ArrayData<float>(pair[1].cast<py::array>(), absl::StrCat("sparse ", a.table, " ", rows_name), writeable,
+                            &num_values);
+  // A table's rows are its dimension wide: the server knows it, the rows
+  // array must hold a whole number of them.
+  if (a.num_keys == 0 ? num_values != 0 : num_values % a.num_keys != 0) {
+    throw py::value_error(absl::StrCat("sparse ", a.table, ": ", num_values, " values are not whole rows for ",
+                                       a.num_keys, " keys"));
+  }
+  return a;
+}
+
 class Tables {
  public:
   Tables(std::vector<std::string> servers, std::string worker_id, uint32_t rank, const std::string& wire_dtype,
@@ -112,16 +138,8 @@ class Tables {
       b.dense.push_back({table, data, n});
     }
     for (auto [name, value] : sparse) {
-      const std::string table = py::str(name);
-      const auto pair = value.cast<py::tuple>();
-      if (pair.size() != 2) throw py::value_error("sparse " + table + ": give (keys, gradients)");
-      size_t num_keys = 0, num_values = 0;
-      const uint64_t* keys = ArrayData<uint64_t>(pair[0].cast<py::array>(), "sparse " + table + " keys", false,
-                                                 &num_keys);
-      const float* values = ArrayData<float>(pair[1].cast<py::array>(), "sparse " + table + " gradients", false,
-                                             &num_values);
-      CheckRows(table, num_keys, num_values);
-      b.sparse.push_back({table, keys, num_keys, values});
+      SparseArrays a = Sparse(name, value, "gradients", false);
+      b.sparse.push_back({std::move(a.table), a.keys, a.num_keys, a.rows});
     }
     py::gil_scoped_release release;
     Check(absl::StrCat("push ", job), client_->Push(job, b));
@@ -137,16 +155,8 @@ class Tables {
       b.dense.push_back({table, out, n});
     }
     for (auto [name, value] : sparse) {
-      const std::string table = py::str(name);
-      const auto pair = value.cast<py::tuple>();
-      if (pair.size() != 2) throw py::value_error("sparse " + table + ": give (keys, out)");
-      size_t num_keys = 0, num_values = 0;
-      const uint64_t* keys = ArrayData<uint64_t>(pair[0].cast<py::array>(), "sparse " + table + " keys", false,
-                                                 &num_keys);
-      float* out = const_cast<float*>(
-          ArrayData<float>(pair[1].cast<py::array>(), "sparse " + table + " out", true, &num_values));
-      CheckRows(table, num_keys, num_values);
-      b.sparse.push_back({table, keys, num_keys, out});
+      SparseArrays a = Sparse(name, value, "out", true);
+      b.sparse.push_back({std::move(a.table), a.keys, a.num_keys, const_cast<float*>(a.rows)});
     }
     py::gil_scoped_release release;
     Check(absl::StrCat("pull ", job), client_->Pull(job, b));
@@ -168,15 +178,6 @@ class Tables {
   }
 
  private:
-  // A table's rows are its dimension wide: the server knows it, the values
-  // array must hold a whole number of rows.
-  static void CheckRows(const std::string& table, size_t num_keys, size_t num_values) {
-    if (num_keys == 0 ? num_values != 0 : num_values % num_keys != 0) {
-      throw py::value_error(absl::StrCat("sparse ", table, ": ", num_values, " values are not whole rows for ",
-                                         num_keys, " keys"));
-    }
-  }
-
   std::unique_ptr<GrpcPsClient> client_;
 };
 

@@ -685,7 +685,7 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
     ParameterServer* ps, const std::string& listen_address, const Options& options) {
   std::unique_ptr<PsGrpcServer> s(new PsGrpcServer());
   s->ps_ = ps;
-  s->security_ = options.security != nullptr ? options.security : security::Transport::Plaintext();
+  s->security_ = security::Transport::OrPlaintext(options.security);
   auto credentials = s->security_->ServerCredentials(security::ClientCerts::kRequired);
   if (credentials == nullptr) {
     return absl::InvalidArgumentError("a client-only TLS transport cannot serve: give the server a member certificate");

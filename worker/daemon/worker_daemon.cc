@@ -47,14 +47,14 @@ class WorkerDaemon::Runner {
       : a_(std::move(a)),
         options_(options),
         node_id_(std::move(node_id)),
-        coordinator_(coordinator),
         data_(data),
         gpu_utilization_(std::move(gpu_utilization)),
         gpu_time_([this]() -> std::optional<double> {
           const int gpu = gpu_index_.load();
           if (gpu < 0 || !gpu_utilization_) return std::nullopt;
           return gpu_utilization_(gpu);
-        }) {
+        }),
+        outbox_(coordinator, a_.job_id(), [this] { stop_.store(true); }) {
     assigned_batch_.store(a_.spec().batch_size());
     thread_ = std::thread([this] { Run(); });
   }
@@ -545,7 +545,6 @@ class WorkerDaemon::Runner {
   const v1::Assignment a_;
   const WorkerDaemonOptions& options_;
   const std::string node_id_;
-  CoordinatorClient* const coordinator_;
   DataCache* const data_;  // the daemon's
   const GpuUtilization gpu_utilization_;
   std::atomic<int> gpu_index_{-1};  // the GPU this rank trains on; -1 on the CPU
@@ -556,7 +555,7 @@ class WorkerDaemon::Runner {
   std::atomic<bool> finished_{false};
   // The reports on their way to the coordinator; a stop in its answer
   // ends the assignment.
-  ProgressOutbox outbox_{coordinator_, a_.job_id(), [this] { stop_.store(true); }};
+  ProgressOutbox outbox_;
   std::string reason_;
   v1::WorkerProgress progress_;
   uint64_t total_steps_ = 0;

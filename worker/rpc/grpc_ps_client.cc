@@ -151,7 +151,7 @@ class GrpcPsClient::Impl {
       conn = std::make_shared<ServerConn>();
       conn->address = address;
       for (int i = 0; i < options_.channels_per_server; ++i) {
-        auto channel = CreateFulcrumChannel(address, i, TransportOrPlaintext(options_.security));
+        auto channel = CreateFulcrumChannel(address, i, *security::Transport::OrPlaintext(options_.security));
         if (i == 0) conn->admin = v1::ParameterService::NewStub(channel);
         conn->stubs.push_back(std::make_unique<grpc::GenericStub>(channel));
       }

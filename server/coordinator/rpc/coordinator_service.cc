@@ -415,7 +415,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorGrpcServer>> CoordinatorGrpcServer::St
     std::shared_ptr<const security::Transport> security) {
   std::unique_ptr<CoordinatorGrpcServer> s(new CoordinatorGrpcServer());
   s->coordinator_ = coordinator;
-  s->security_ = security != nullptr ? std::move(security) : security::Transport::Plaintext();
+  s->security_ = security::Transport::OrPlaintext(std::move(security));
   const security::Transport& transport = *s->security_;
   std::shared_ptr<grpc::ServerCredentials> credentials = transport.ServerCredentials(security::ClientCerts::kOptional);
   if (credentials == nullptr) {

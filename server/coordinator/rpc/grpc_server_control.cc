@@ -24,7 +24,7 @@ class GrpcServerControl final : public ServerControl {
  public:
   GrpcServerControl(absl::Duration timeout, std::shared_ptr<const security::Transport> security)
       : timeout_(timeout),
-        security_(security != nullptr ? std::move(security) : security::Transport::Plaintext()) {}
+        security_(security::Transport::OrPlaintext(std::move(security))) {}
 
   void CancelAll() override {
     absl::MutexLock lock(&mu_);
