@@ -1,25 +1,21 @@
-// The Coordinator's life cycle, its durable state in RocksDB (load, save,
-// repair) and its parked long polls. The job API is in coordinator_jobs.cc,
-// membership in coordinator_nodes.cc, the scheduler in
-// coordinator_scheduler.cc, checkpoints in coordinator_checkpoints.cc and
-// metrics in coordinator_metrics.cc.
+// The Coordinator's life cycle, loading and saving its records (through
+// CoordinatorStore, coordinator_store.cc) and its parked long polls. The job
+// API is in coordinator_jobs.cc, membership in coordinator_nodes.cc, the
+// scheduler in coordinator_scheduler.cc, checkpoints in
+// coordinator_checkpoints.cc and metrics in coordinator_metrics.cc.
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 #include <utility>
 
-#include <rocksdb/db.h>
-#include <rocksdb/options.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config/job_spec.h"
 #include "common/logging.h"
 #include "common/shard_map.h"
-#include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 #include "server/coordinator/coordinator_internal.h"
 
@@ -57,39 +53,23 @@ std::string JobRecordProblem(const std::string& key, const v1::Job& job) {
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options,
                                                                std::unique_ptr<ServerControl> servers) {
-  if (options.data_dir.empty()) return absl::InvalidArgumentError("coordinator needs a data directory");
-  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(servers)));
-  std::error_code ec;
-  std::filesystem::create_directories(c->options_.data_dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create coordinator data directory ", c->options_.data_dir, ": ", ec.message()));
-  }
-  {
-    absl::MutexLock lock(&c->mu_);
-    RETURN_IF_ERROR(c->OpenStoreLocked());
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorStore> store,
+                   CoordinatorStore::Open({.dir = options.data_dir,
+                                           .env = options.env,
+                                           .retry = options.store_retry,
+                                           .clock = options.clock}));
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), std::move(servers), std::move(store)));
   RETURN_IF_ERROR(c->Load());
   if (c->options_.run_scheduler) c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
   return c;
 }
 
-absl::Status Coordinator::OpenStoreLocked() {
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  if (options_.env != nullptr) db_options.env = options_.env;
-  rocksdb::DB* db = nullptr;
-  db_.reset();  // RocksDB's lock on the directory goes with it
-  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, options_.data_dir, &db),
-                            absl::StrCat("opening coordinator state in ", options_.data_dir)));
-  db_.reset(db);
-  return absl::OkStatus();
-}
-
-Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers)
+Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers,
+                         std::unique_ptr<CoordinatorStore> store)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       servers_(std::move(servers)),
+      store_(std::move(store)),
       last_tick_(clock_->Now()) {}
 
 Coordinator::~Coordinator() {
@@ -125,11 +105,10 @@ void Coordinator::Shutdown() {
 
 absl::Status Coordinator::Load() {
   absl::MutexLock lock(&mu_);
-  std::string meta_bytes;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kMetaKey, &meta_bytes);
-  if (s.ok()) {
+  ASSIGN_OR_RETURN(const std::optional<std::string> meta_bytes, store_->Get(kMetaKey));
+  if (meta_bytes) {
     v1::CoordinatorMeta m;
-    if (!m.ParseFromString(meta_bytes)) return absl::DataLossError("coordinator meta record is corrupt");
+    if (!m.ParseFromString(*meta_bytes)) return absl::DataLossError("coordinator meta record is corrupt");
     next_job_ = m.next_job();
     next_node_ = m.next_node();
     if (m.has_shard_map()) {
@@ -139,20 +118,17 @@ absl::Status Coordinator::Load() {
       }
       shard_map_ = m.shard_map();
     }
-  } else if (!s.IsNotFound()) {
-    return FromRocks(s, "reading coordinator meta");
   }
   const absl::Time now = Now();
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    const std::string key = it->key().ToString();
+  RETURN_IF_ERROR(store_->Scan([&](const std::string& key, const std::string& value) -> absl::Status {
+    mu_.AssertHeld();
     auto corrupt = [&key](absl::string_view why) {
       return absl::DataLossError(
           absl::StrCat("coordinator record '", key, "' is corrupt", why.empty() ? "" : ": ", why));
     };
     if (absl::StartsWith(key, kJobPrefix)) {
       JobRecord r;
-      if (!r.job.ParseFromString(it->value().ToString())) return corrupt("");
+      if (!r.job.ParseFromString(value)) return corrupt("");
       if (const std::string why = JobRecordProblem(key, r.job); !why.empty()) return corrupt(why);
       r.ranks.resize(r.job.spec().num_workers());
       for (const v1::WorkerProgress& w : r.job.status().workers()) {
@@ -177,17 +153,15 @@ absl::Status Coordinator::Load() {
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
       NodeRecord n;
-      if (!n.info.ParseFromString(it->value().ToString())) return corrupt("");
+      if (!n.info.ParseFromString(value)) return corrupt("");
       if (key != kNodePrefix + n.info.node_id()) return corrupt(absl::StrCat("it holds node '", n.info.node_id(), "'"));
       n.last_heartbeat = now;  // a grace period to heartbeat again
       n.heard = false;
       next_node_ = std::max(next_node_, Serial(n.info.node_id()) + 1);
       nodes_.emplace(n.info.node_id(), std::move(n));
     }
-  }
-  // A damaged block ends the scan early: starting on what was read before
-  // it would forget the jobs after it, and overwrite them.
-  RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading coordinator state in ", options_.data_dir)));
+    return absl::OkStatus();
+  }));
   FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << nodes_.size()
              << " nodes, shard map "
              << (shard_map_ ? absl::StrCat("version ", shard_map_->version(), " over ", shard_map_->servers_size(),
@@ -227,87 +201,24 @@ std::optional<std::string> Coordinator::ValueOfLocked(const std::string& key) co
   return std::nullopt;
 }
 
-void Coordinator::WriteKeyLocked(const std::string& key, bool sync) {
-  rocksdb::Status s = rocksdb::Status::IOError("the store is closed: reopening it failed");
-  if (db_ != nullptr) {
-    rocksdb::WriteOptions w;
-    w.sync = sync;
-    const std::optional<std::string> value = ValueOfLocked(key);
-    s = value ? db_->Put(w, key, *value) : db_->Delete(w, key);
-  }
-  if (s.ok()) {
-    unsaved_.erase(key);
-    return;
-  }
-  unsaved_.insert(key);
-  ++store_write_failures_;
-  ++store_.failures;
-  store_.error = s.ToString();
-  const absl::Time now = Now();
-  if (store_.since == absl::InfinitePast()) {
-    store_.since = now;
-    store_.last_logged = now;
-    store_.next_try = now + options_.store_retry;
-    FLOG(ERROR) << "cannot save coordinator state in " << options_.data_dir << " (writing '" << key
-                << "'): " << store_.error << "; until it works, job submissions, cancels, restores and node "
-                << "registrations are refused with UNAVAILABLE; trying again every "
-                << absl::FormatDuration(options_.store_retry);
-  } else if (now - store_.last_logged >= absl::Minutes(1)) {
-    store_.last_logged = now;
-    FLOG(ERROR) << "still cannot save coordinator state in " << options_.data_dir << " after "
-                << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Seconds(1))) << " (" << store_.failures
-                << " failed writes, " << unsaved_.size() << " records unsaved): " << store_.error;
-  }
-}
-
-std::string Coordinator::StoreTroubleLocked() const {
-  return absl::StrCat("the coordinator cannot save its state in ", options_.data_dir, " (", store_.error, ")");
-}
-
-absl::Status Coordinator::StoreUnavailableLocked(const std::string& what) const {
-  return absl::UnavailableError(absl::StrCat(StoreTroubleLocked(), ": ", what,
-                                             "; try again once it can (it retries every ",
-                                             absl::FormatDuration(options_.store_retry),
-                                             " and logs when it works again)"));
-}
+void Coordinator::WriteKeyLocked(const std::string& key, bool sync) { store_->Write(key, ValueOfLocked(key), sync); }
 
 absl::Status Coordinator::ChangeJobLocked(JobRecord& r, const std::string& what,
                                           const std::function<void()>& change) {
   JobRecord before = r;
   change();
-  if (SavedLocked(kJobPrefix + r.job.id())) return absl::OkStatus();
+  if (store_->Saved(kJobPrefix + r.job.id())) return absl::OkStatus();
   r = std::move(before);  // the key stays unsaved: the repair writes the job as it is again
-  return StoreUnavailableLocked(what);
+  return store_->Unavailable(what);
 }
 
 void Coordinator::RepairStoreLocked() {
-  const absl::Time now = Now();
-  size_t rewritten = 0;
-  if (!unsaved_.empty()) {
-    if (now < store_.next_try) return;
-    store_.next_try = now + options_.store_retry;
-    // A failed write stops RocksDB's writes (a background error) until it
-    // resumes; reopening it, which replays its log, recovers from every
-    // kind (the checkpoint store does the same, server/checkpoint.h).
-    if (const absl::Status opened = OpenStoreLocked(); !opened.ok()) {
-      ++store_.failures;
-      store_.error = std::string(opened.message());
-      return;
-    }
-    store_.reopened = true;
-    const std::vector<std::string> keys(unsaved_.begin(), unsaved_.end());
-    for (const std::string& key : keys) {
-      WriteKeyLocked(key, true);
-      if (!SavedLocked(key)) return;
-    }
-    rewritten = keys.size();
-  }
-  if (store_.since == absl::InfinitePast()) return;  // no trouble
-  FLOG(INFO) << "coordinator state in " << options_.data_dir << " saved again after "
-             << absl::FormatDuration(absl::Trunc(now - store_.since, absl::Milliseconds(1))) << "; "
-             << store_.failures << " writes had failed, " << rewritten << (rewritten == 1 ? " record" : " records")
-             << " written again" << (store_.reopened ? " (RocksDB reopened)" : "");
-  store_ = StoreTrouble();
+  // The store calls back for each unsaved record's bytes, on this thread,
+  // with mu_ still held.
+  store_->Repair([this](const std::string& key) {
+    mu_.AssertHeld();
+    return ValueOfLocked(key);
+  });
 }
 
 void Coordinator::BumpGenerationLocked() {

@@ -39,9 +39,9 @@
 #include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
+#include "server/coordinator/coordinator_store.h"
 
 namespace rocksdb {
-class DB;
 class Env;
 }
 
@@ -268,7 +268,8 @@ class Coordinator {
     }
   };
 
-  Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers);
+  Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers,
+              std::unique_ptr<CoordinatorStore> store);
   absl::Status Load();
   void SchedulerLoop();
   // One pass of the scheduler, in stages (coordinator_scheduler.cc).
@@ -297,12 +298,11 @@ class Coordinator {
   void StartPendingJobsLocked(const std::vector<JobRecord*>& order, std::map<std::string, int>& free,
                               const std::vector<std::string>& live, bool running) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Persistence. Each record (the meta record, job/<id>, node/<id>) is
-  // written whole from memory; `sync` for state changes, not for progress.
-  // A write that fails leaves its key in unsaved_, and the scheduler writes
-  // it again (RepairStoreLocked) until that works. Calls that answer a client
-  // check SavedLocked and refuse, with UNAVAILABLE, a change they could not
-  // save, so that nothing acknowledged is lost when the coordinator stops.
+  // Persistence (coordinator_store.h). Each record (the meta record,
+  // job/<id>, node/<id>) is written whole from memory; `sync` for state
+  // changes, not for progress. A key whose write failed is written again by
+  // the scheduler's store_->Repair until that works; calls that answer a
+  // client check store_->Saved and refuse a change they could not save.
   void SaveJobLocked(JobRecord& r, bool sync) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveNodeLocked(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveMetaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -310,21 +310,12 @@ class Coordinator {
   // The record `key` should hold now; nullopt: none (a forgotten job, a
   // dead node), so the key is deleted.
   std::optional<std::string> ValueOfLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool SavedLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return unsaved_.count(key) == 0;
-  }
-  // "the coordinator cannot save its state in DIR (ERROR)".
-  std::string StoreTroubleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // UNAVAILABLE: the store cannot save; `what` says what was not done.
-  absl::Status StoreUnavailableLocked(const std::string& what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `change` on a job; when its record could not be saved, puts the job
-  // back as it was and returns StoreUnavailableLocked(`what`).
+  // back as it was and returns store_->Unavailable(`what`).
   absl::Status ChangeJobLocked(JobRecord& r, const std::string& what, const std::function<void()>& change)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After failed writes: reopens RocksDB and writes every unsaved key
-  // again, at most once per options_.store_retry; logs the end of an outage.
+  // The scheduler's retry of unsaved records.
   void RepairStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status OpenStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void SetStateLocked(JobRecord& r, v1::JobState state, const std::string& type, const std::string& reason,
                       const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -441,9 +432,9 @@ class Coordinator {
   const CoordinatorOptions options_;
   const Clock* const clock_;
   std::unique_ptr<ServerControl> servers_;
+  std::unique_ptr<CoordinatorStore> store_;  // its own lock, taken inside mu_
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);  // null after a failed reopen
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);  // the scheduler's last liveness check
@@ -467,18 +458,6 @@ class Coordinator {
   std::map<std::pair<std::string, std::string>, RetriedCall> failing_calls_ ABSL_GUARDED_BY(mu_);
   // fulcrum_coordinator_server_call_failures_total, by call.
   std::map<std::string, uint64_t> call_failures_ ABSL_GUARDED_BY(mu_);
-  // Keys whose record in RocksDB may differ from memory (a failed write).
-  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
-  struct StoreTrouble {
-    absl::Time since = absl::InfinitePast();  // first failure of this outage
-    absl::Time last_logged = absl::InfinitePast();
-    absl::Time next_try = absl::InfinitePast();
-    uint64_t failures = 0;  // in this outage
-    bool reopened = false;  // RocksDB was reopened in this outage
-    std::string error;      // the latest
-  };
-  StoreTrouble store_ ABSL_GUARDED_BY(mu_);
-  uint64_t store_write_failures_ ABSL_GUARDED_BY(mu_) = 0;  // since this coordinator started
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 

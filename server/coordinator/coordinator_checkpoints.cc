@@ -275,7 +275,7 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
     t.at_step = StepsOfRounds(spec, spe, rounds) < t.at_step ? rounds + 1 : rounds;
   }
   // No cut while state cannot be saved: a cut id is never used twice.
-  if (!unsaved_.empty()) return;
+  if (!store_->AllSaved()) return;
   t.job_id = jid;
   t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
   st->set_next_cut_id(t.cut_id + 1);
@@ -285,7 +285,7 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   t.spec = spec;
   t.rollbacks = st->rollbacks();
   SaveJobLocked(r, true);
-  if (!SavedLocked(kJobPrefix + jid)) return;
+  if (!store_->Saved(kJobPrefix + jid)) return;
   r.cut_in_flight = true;
   Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
 }
@@ -621,7 +621,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
     } else if (absl::Now() >= deadline) {
       r = absl::DeadlineExceededError(absl::StrCat(
           "checkpoint of job '", job_id, "' not committed within ", absl::FormatDuration(timeout),
-          unsaved_.empty() ? std::string() : absl::StrCat("; ", StoreTroubleLocked(), ", and starts no cut until it can")));
+          store_->AllSaved() ? std::string() : absl::StrCat("; ", store_->Trouble(), ", and starts no cut until it can")));
     } else {
       return nullptr;  // not yet
     }

@@ -58,11 +58,11 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
   SetStateLocked(r, v1::PENDING, "Created", "JobCreated", "accepted; waiting for servers and workers");
   auto [it, inserted] = jobs_.emplace(id, std::move(r));
   SaveJobLocked(it->second, true);
-  if (!SavedLocked(kJobPrefix + id) || !SavedLocked(kMetaKey)) {
+  if (!store_->Saved(kJobPrefix + id) || !store_->Saved(kMetaKey)) {
     // Its key stays unsaved: the repair deletes whatever part reached the
     // disk. The id is not given again (next_job_ moved on).
     jobs_.erase(it);
-    return StoreUnavailableLocked("the job was not submitted");
+    return store_->Unavailable("the job was not submitted");
   }
   kick_ = true;
   FLOG(INFO) << "job " << id << " submitted: model " << spec.model().type() << ", " << spec.num_workers()

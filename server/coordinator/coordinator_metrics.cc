@@ -39,10 +39,10 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   }
   out->Counter("fulcrum_coordinator_store_write_failures_total",
                "Failed writes of the coordinator's state to RocksDB (since this coordinator started)", {},
-               static_cast<double>(store_write_failures_));
+               static_cast<double>(store_->write_failures()));
   out->Gauge("fulcrum_coordinator_store_unsaved_records",
              "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
-             static_cast<double>(unsaved_.size()));
+             static_cast<double>(store_->unsaved()));
   size_t watches = 0, cuts = 0;
   for (const auto& [ticket, poll] : polls_) {
     watches += poll.kind == PollKind::kWatch;

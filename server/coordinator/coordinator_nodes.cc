@@ -165,10 +165,10 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   n.alive = true;
   n.Heard(Now());
   SaveNodeLocked(info.node_id());
-  if (!SavedLocked(kNodePrefix + info.node_id()) || (fresh && !SavedLocked(kMetaKey))) {
+  if (!store_->Saved(kNodePrefix + info.node_id()) || (fresh && !store_->Saved(kMetaKey))) {
     // Its key stays unsaved: the repair deletes whatever part reached the disk.
     if (fresh) nodes_.erase(info.node_id());
-    return StoreUnavailableLocked(absl::StrCat(info.role() == v1::SERVER ? "server" : "worker", " at ",
+    return store_->Unavailable(absl::StrCat(info.role() == v1::SERVER ? "server" : "worker", " at ",
                                                info.hostname(), " pid ", info.pid(), " not registered"));
   }
   if (info.role() == v1::SERVER) {
@@ -283,8 +283,8 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
   // A result (an epoch's summary, the end, an error) is acknowledged once it
   // is saved: until then the worker keeps it and sends it again (applying
   // one twice changes nothing). Periodic progress is saved when it can be.
-  if (resp.ok() && config::CarriesResult(req) && !SavedLocked(kJobPrefix + req.job_id())) {
-    return StoreUnavailableLocked(absl::StrCat("the report of job '", req.job_id(), "' rank ", req.rank(),
+  if (resp.ok() && config::CarriesResult(req) && !store_->Saved(kJobPrefix + req.job_id())) {
+    return store_->Unavailable(absl::StrCat("the report of job '", req.job_id(), "' rank ", req.rank(),
                                                " is applied but not saved"));
   }
   return resp;
