@@ -155,6 +155,18 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
   }
 }
 
+// A job of user processes (user_workers): the model and data are theirs.
+void UserWorkerProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
+  std::vector<std::string>& p = *out;
+  if (spec.model().ByteSizeLong() > 0) p.push_back("model: user_workers jobs train the user processes' own model; give none");
+  if (spec.data().ByteSizeLong() > 0) p.push_back("data: user_workers jobs read the user processes' own data; give none");
+  if (spec.batch_size_auto().enabled()) p.push_back("batch_size: 'auto' is for fulcrum-worker daemons, not user_workers");
+  if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32) {
+    p.push_back("precision: user processes choose their own; give none (or fp32) with user_workers");
+  }
+  if (spec.max_steps_per_epoch() != 0) p.push_back("max_steps_per_epoch: the user processes decide their steps");
+}
+
 void OptimizerProblems(const v1::OptimizerSpec& o, std::vector<std::string>* out) {
   std::vector<std::string>& p = *out;
   if (o.kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
@@ -223,7 +235,7 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
       p.push_back(absl::StrCat("batch_size: ", spec.batch_size(),
                                " is fixed while batch_size_auto.enabled is true; give a number or 'auto', not both"));
     }
-  } else if (spec.batch_size() < 1 || spec.batch_size() > 65536) {
+  } else if ((spec.batch_size() < 1 && !spec.user_workers()) || spec.batch_size() > 65536) {
     p.push_back(absl::StrCat("batch_size: ", spec.batch_size(),
                              " must be 1 to 65536 (examples per worker per step), or 'auto'"));
   }
@@ -243,7 +255,7 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
   if (ab.warmup_steps() > 10000000) {
     p.push_back(absl::StrCat("batch_size_auto.warmup_steps: ", ab.warmup_steps(), " must be at most 10000000"));
   }
-  if (spec.epochs() < 1 || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
+  if ((spec.epochs() < 1 && !spec.user_workers()) || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
   if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&
       !OneOf(spec.model().type(), {"softmax", "mlp"})) {
     p.push_back(absl::StrCat("precision: model '", spec.model().type(), "' has no GEMMs to run in 16 bits; use fp32"));
@@ -255,7 +267,11 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   std::vector<std::string> p;
   NameProblems(spec, &p);
-  ModelAndDataProblems(spec, &p);
+  if (spec.user_workers()) {
+    UserWorkerProblems(spec, &p);
+  } else {
+    ModelAndDataProblems(spec, &p);
+  }
   OptimizerProblems(spec.optimizer(), &p);
   ConsistencyProblems(spec.consistency(), &p);
   ScheduleProblems(spec, &p);

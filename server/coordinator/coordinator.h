@@ -295,7 +295,11 @@ class Coordinator {
   std::string WhyPendingLocked(const JobRecord& r, const std::map<std::string, int>& free,
                                const std::vector<std::string>& live, bool running, bool blocked,
                                std::string* reason) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartPendingJobsLocked(const std::vector<JobRecord*>& order, std::map<std::string, int>& free,
+  // `pools`: free slots by pool (FreeSlotsLocked), filled as jobs need them.
+  using SlotPools = std::map<std::string, std::map<std::string, int>>;
+  std::map<std::string, int>& PoolOfLocked(const JobRecord& r, SlotPools& pools) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartPendingJobsLocked(const std::vector<JobRecord*>& order, SlotPools& pools,
                               const std::vector<std::string>& live, bool running) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Persistence (coordinator_store.h). Each record (the meta record,
@@ -324,8 +328,12 @@ class Coordinator {
   void FinishLocked(JobRecord& r, v1::JobState state, const std::string& reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecomputeLocked(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Free assignment slots per live worker.
-  std::map<std::string, int> FreeSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free assignment slots per live worker of a pool: the daemons (""), or
+  // the user processes registered for job `job_id` (JobSpec.user_workers).
+  std::map<std::string, int> FreeSlotsLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A node registering for one job (NodeInfo.job_id): a worker of one slot,
+  // for a user_workers job that has not ended.
+  absl::Status CheckUserWorkerLocked(const v1::NodeInfo& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::Assignment> AssignmentsOfLocked(const std::string& node_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -65,8 +65,10 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
     return store_->Unavailable("the job was not submitted");
   }
   kick_ = true;
-  FLOG(INFO) << "job " << id << " submitted: model " << spec.model().type() << ", " << spec.num_workers()
-             << " workers, " << spec.epochs() << " epochs, "
+  FLOG(INFO) << "job " << id << " submitted: "
+             << (spec.user_workers() ? std::string("user processes as workers")
+                                     : absl::StrCat("model ", spec.model().type()))
+             << ", " << spec.num_workers() << " workers, " << spec.epochs() << " epochs, "
              << v1::ConsistencySpec::Model_Name(spec.consistency().model());
   return id;
 }

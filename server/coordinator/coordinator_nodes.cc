@@ -139,6 +139,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   RETURN_IF_ERROR(CheckNodeInfo(node_in));
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
+  RETURN_IF_ERROR(CheckUserWorkerLocked(node_in));
   v1::NodeInfo info = node_in;
   auto known = info.node_id().empty() ? nodes_.end() : nodes_.find(info.node_id());
   const bool fresh = known == nodes_.end() || known->second.info.role() != info.role();
@@ -181,6 +182,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
     kick_ = true;
   }
   std::vector<std::string> devices;
+  if (!info.job_id().empty()) devices.push_back(absl::StrCat("a user process of job ", info.job_id()));
   for (const auto& d : info.devices()) devices.push_back(absl::StrCat(d.kind(), ":", d.ordinal(), " ", d.name()));
   FLOG(INFO) << "registered " << info.node_id() << " (" << info.hostname() << " pid " << info.pid()
              << (info.role() == v1::SERVER ? absl::StrCat(", parameter service at ", info.address())
@@ -191,6 +193,28 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   r.set_node_id(info.node_id());
   r.set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   return r;
+}
+
+absl::Status Coordinator::CheckUserWorkerLocked(const v1::NodeInfo& node) const {
+  if (node.job_id().empty()) return absl::OkStatus();
+  if (node.role() != v1::WORKER) return absl::InvalidArgumentError("register: only a worker serves one job (job_id)");
+  if (node.slots() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: a user process takes one rank of job ", node.job_id(), "; slots is ", node.slots()));
+  }
+  auto it = jobs_.find(node.job_id());
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("register: no job '", node.job_id(), "'"));
+  const v1::Job& job = it->second.job;
+  if (!job.spec().user_workers()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("register: job ", job.id(), " is trained by fulcrum-worker daemons (its spec has no "
+                     "user_workers: true); a user process cannot take its ranks"));
+  }
+  if (config::JobEnded(job.status().state())) {
+    return absl::FailedPreconditionError(absl::StrCat("register: job ", job.id(), " has ended (",
+                                                      v1::JobState_Name(job.status().state()), ")"));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& node_id) const {
@@ -476,10 +500,12 @@ v1::ClusterState Coordinator::GetCluster() const {
 
 // ---------------------------------------------------------------- scheduler
 
-std::map<std::string, int> Coordinator::FreeSlotsLocked() const {
+std::map<std::string, int> Coordinator::FreeSlotsLocked(const std::string& job_id) const {
   std::map<std::string, int> free;
   for (const auto& [id, n] : nodes_) {
-    if (n.alive && n.heard && n.info.role() == v1::WORKER) free[id] = static_cast<int>(n.info.slots());
+    if (n.alive && n.heard && n.info.role() == v1::WORKER && n.info.job_id() == job_id) {
+      free[id] = static_cast<int>(n.info.slots());
+    }
   }
   for (const auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;

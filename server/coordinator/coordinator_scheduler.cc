@@ -69,9 +69,9 @@ void Coordinator::Tick() {
   for (auto& [jid, r] : jobs_) order.push_back(&r);
   std::sort(order.begin(), order.end(),
             [](JobRecord* a, JobRecord* b) { return Serial(a->job.id()) < Serial(b->job.id()); });
-  std::map<std::string, int> free = FreeSlotsLocked();
-  for (JobRecord* r : order) ReassignLostRanksLocked(*r, free);
-  StartPendingJobsLocked(order, free, live, running);
+  SlotPools pools;
+  for (JobRecord* r : order) ReassignLostRanksLocked(*r, PoolOfLocked(*r, pools));
+  StartPendingJobsLocked(order, pools, live, running);
   ScheduleCheckpointsLocked();
 }
 
@@ -239,7 +239,10 @@ void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, in
     if (!s.node_id.empty() || s.finished) continue;
     const std::string node = TakeSlot(free, in_job);
     if (node.empty()) {
-      r.job.mutable_status()->set_message(absl::StrCat("rank ", rank, " waits for a worker with a free slot"));
+      r.job.mutable_status()->set_message(
+          absl::StrCat("rank ", rank, " waits for ",
+                       r.job.spec().user_workers() ? "a user process to register for this job (fulcrum.Worker)"
+                                                   : "a worker with a free slot"));
       continue;
     }
     s.node_id = node;
@@ -300,6 +303,10 @@ std::string Coordinator::WhyPendingLocked(const JobRecord& r, const std::map<std
     return "an earlier job is waiting for workers";
   }
   if (free_workers >= static_cast<int>(need)) return "";
+  if (r.job.spec().user_workers()) {
+    return absl::StrCat("needs ", need, " user processes registered for this job (fulcrum.Worker); ", free_workers,
+                        " so far");
+  }
   int live_workers = 0, unheard = 0;
   for (const auto& [id, n] : nodes_) {
     if (!n.alive || n.info.role() != v1::WORKER) continue;
@@ -313,15 +320,27 @@ std::string Coordinator::WhyPendingLocked(const JobRecord& r, const std::map<std
   return why;
 }
 
-void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, std::map<std::string, int>& free,
+std::map<std::string, int>& Coordinator::PoolOfLocked(const JobRecord& r, SlotPools& pools) const {
+  const std::string pool = r.job.spec().user_workers() ? r.job.id() : std::string();
+  auto it = pools.find(pool);
+  if (it == pools.end()) it = pools.emplace(pool, FreeSlotsLocked(pool)).first;
+  return it->second;
+}
+
+void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, SlotPools& pools,
                                          const std::vector<std::string>& live, bool running) {
-  bool blocked = false;  // first-come first-served: a waiting job holds back later ones
+  // First-come first-served among the daemons' jobs: a waiting job holds
+  // back later ones. A user_workers job waits only for its own processes,
+  // and holds back nothing.
+  bool blocked = false;
   for (JobRecord* r : order) {
     if (r->job.status().state() != v1::PENDING) continue;
+    const bool user = r->job.spec().user_workers();
+    std::map<std::string, int>& free = PoolOfLocked(*r, pools);
     std::string reason;
-    const std::string why = WhyPendingLocked(*r, free, live, running, blocked, &reason);
+    const std::string why = WhyPendingLocked(*r, free, live, running, blocked && !user, &reason);
     if (!why.empty()) {
-      blocked = true;
+      blocked = blocked || !user;
       if (r->job.status().message() != why) {
         r->job.mutable_status()->set_message(why);
         r->job.mutable_status()->set_reason(reason);

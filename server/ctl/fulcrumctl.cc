@@ -617,7 +617,9 @@ int Cluster(const Session& session, fulcrum::v1::ClusterService::Stub* cluster) 
     for (const auto& d : n.info().devices()) devices.push_back(d.name());
     std::string what = n.info().role() == fulcrum::v1::SERVER
                            ? ""
-                           : absl::StrCat(absl::StrJoin(devices, "; "), " [", n.info().slots(), " slot(s)]");
+                           : absl::StrCat(absl::StrJoin(devices, "; "), " [", n.info().slots(), " slot(s)",
+                                          n.info().job_id().empty() ? "" : ", user process of " + n.info().job_id(),
+                                          "]");
     if (n.assignments_size() > 0) absl::StrAppend(&what, " running ", absl::StrJoin(n.assignments(), ", "));
     std::cout << absl::StrFormat("%-10s %-7s %-6s %-22s %-8d %-14s %s\n", n.info().node_id(),
                                  n.info().role() == fulcrum::v1::SERVER ? "server" : "worker",

@@ -126,7 +126,7 @@ void PrintStatus(const Job& j) {
             << "  state:     " << State(s.state()) << (s.reason().empty() ? "" : " (" + s.reason() + ")") << "\n"
             << "  message:   " << s.message() << "\n"
             << (j.owner().empty() ? "" : "  owner:     " + j.owner() + "\n")
-            << "  model:     " << j.spec().model().type() << ", " << j.spec().num_workers() << " workers, batch "
+            << "  model:     " << (j.spec().user_workers() ? "the user processes' own" : j.spec().model().type()) << ", " << j.spec().num_workers() << " workers, batch "
             << BatchText(j) << ", " << j.spec().epochs() << " epochs, "
             << fulcrum::v1::ConsistencySpec::Model_Name(j.spec().consistency().model()) << "\n"
             << "  progress:  " << JobLine(j) << "\n";
