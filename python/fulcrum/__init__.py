@@ -9,14 +9,17 @@
 fulcrum.Tables pushes and pulls a job's parameter-server tables from NumPy
 arrays through the C++ client (fulcrum/tables.py); fulcrum.torch keeps a
 PyTorch module's parameters and embeddings there (import fulcrum.torch).
+fulcrum.Worker makes this process one worker of a job whose spec says
+user_workers: true (fulcrum/worker.py).
 
 The gRPC stubs (fulcrum.v1.cluster_pb2 and the rest) are generated from
 proto/ when the project builds; the package is assembled in build/python.
 """
 
 from fulcrum.client import TERMINAL_STATES, Client, FulcrumError, state_name
+from fulcrum.worker import Worker, WorkerStopped
 
-__all__ = ["Client", "FulcrumError", "TERMINAL_STATES", "Tables", "state_name"]
+__all__ = ["Client", "FulcrumError", "TERMINAL_STATES", "Tables", "Worker", "WorkerStopped", "state_name"]
 
 
 def __getattr__(name):

@@ -174,6 +174,7 @@ class Tables {
     d["sparse_rows"] = r->sparse_rows();
     d["bytes_used"] = r->bytes_used();
     d["pushes_applied"] = r->pushes_applied();
+    d["rank_clock"] = std::vector<uint64_t>(r->rank_clock().begin(), r->rank_clock().end());
     return d;
   }
 

@@ -64,5 +64,6 @@ class Tables:
 
     def stats(self, job_id, server=0):
         """What server `server` holds of the job: applied_step, sparse_rows,
-        bytes_used, pushes_applied."""
+        bytes_used, pushes_applied and rank_clock (per rank, the steps of
+        its pushes the server applied)."""
         return self._t.stats(job_id, server)

@@ -48,9 +48,13 @@ def _torch_default_init(name, p, params):
 class ParameterServerOptimizer:
     """Keeps `module`'s trainable parameters on the parameter servers."""
 
-    def __init__(self, module, tables, job_id, optimizer=None, consistency="asp", num_workers=1, create=True,
+    def __init__(self, module, tables, job_id=None, optimizer=None, consistency="asp", num_workers=1, create=True,
                  initializer=None, extra_tables=()):
-        """optimizer: the servers' optimizer for every parameter, as a job
+        """tables: a fulcrum.Tables, or a fulcrum.Worker of a user_workers
+        job: then the job, its optimizer, consistency model and number of
+        workers are the coordinator's, every rank creates the same tables,
+        and a rank that took over a lost process's resumes at its clock.
+        optimizer: the servers' optimizer for every parameter, as a job
         spec writes it ({"kind": "sgd", "learning_rate": 0.01} when None);
         consistency: "bsp", "ssp" or "asp" (with "staleness" give a dict);
         initializer: the tables' initializer ({"kind": "normal", "b": 0.05,
@@ -58,13 +62,25 @@ class ParameterServerOptimizer:
         Linear and Conv layers, U(-1/sqrt(fan_in), 1/sqrt(fan_in)); None:
         zeros. The module takes the servers' weights.
         extra_tables: table specs created in the same job (an Embedding's)."""
+        from fulcrum.worker import Worker  # pylint: disable=import-outside-toplevel
+        self.worker = None
+        self.clock = 0
+        if isinstance(tables, Worker):
+            self.worker = tables
+            job_id = job_id or self.worker.job_id
+            optimizer = optimizer or self.worker.optimizer
+            consistency = self.worker.consistency
+            num_workers = self.worker.world_size
+            tables = self.worker.tables()
+            self.clock = self.worker.start_step
+        if job_id is None:
+            raise ValueError("ParameterServerOptimizer needs a job_id (or a fulcrum.Worker)")
         self.module = module
         self.tables = tables
         self.job_id = job_id
         self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the module has no trainable parameters")
-        self.clock = 0
         if create:
             opt = optimizer or {"kind": "sgd", "learning_rate": 0.01}
             cons = consistency if isinstance(consistency, dict) else {"model": consistency}
@@ -76,8 +92,8 @@ class ParameterServerOptimizer:
             elif initializer:
                 for spec in specs:
                     spec["initializer"] = initializer
-            tables.create_job({"job_id": job_id, "num_workers": num_workers, "consistency": cons,
-                               "tables": specs + list(extra_tables)})
+            self._guarded(tables.create_job, {"job_id": job_id, "num_workers": num_workers, "consistency": cons,
+                          "tables": specs + list(extra_tables)})
         else:
             tables.open_job(job_id)
         self.pull()
@@ -85,8 +101,8 @@ class ParameterServerOptimizer:
     def pull(self):
         """The servers' weights into the parameters (as of this rank's clock)."""
         staged = [(p, _host(p.data)) for _, p in self.params]
-        self.tables.pull(self.job_id, self.clock,
-                         dense={name: host.numpy().reshape(-1) for (name, _), (_, host) in zip(self.params, staged)})
+        self._guarded(self.tables.pull, self.job_id, self.clock,
+                      dense={name: host.numpy().reshape(-1) for (name, _), (_, host) in zip(self.params, staged)})
         with torch.no_grad():
             for p, host in staged:
                 if host.data_ptr() != p.data.data_ptr():
@@ -102,9 +118,20 @@ class ParameterServerOptimizer:
         for name, p in self.params:
             g = p.grad if p.grad is not None else torch.zeros_like(p.data)
             grads[name] = _host(g).numpy().reshape(-1)
-        self.tables.push(self.job_id, self.clock, dense=grads)
+        self._guarded(self.tables.push, self.job_id, self.clock, dense=grads)
         self.clock += 1
         self.pull()
+
+    def _guarded(self, call, *args, **kwargs):
+        """A table call; under a fulcrum.Worker, a failure because the job
+        stopped (its tables are dropped when it is cancelled) is
+        WorkerStopped, not the servers' NOT_FOUND."""
+        try:
+            return call(*args, **kwargs)
+        except Exception:  # pylint: disable=broad-except
+            if self.worker is not None:
+                self.worker.check(confirm=True)
+            raise
 
 
 class _PullRows(torch.autograd.Function):

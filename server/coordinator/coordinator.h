@@ -261,6 +261,8 @@ class Coordinator {
     // loaded, until it registers, heartbeats or reports: it keeps the ranks
     // it had for its grace period, but gets no new ones (it may be gone).
     bool heard = true;
+    // It said it is going (HeartbeatRequest.leaving): gone at the next tick.
+    bool leaving = false;
     // The node spoke to us (registered, heartbeated or reported) at `now`.
     void Heard(absl::Time now) {
       last_heartbeat = now;

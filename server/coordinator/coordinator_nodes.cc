@@ -182,12 +182,14 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
     kick_ = true;
   }
   std::vector<std::string> devices;
-  if (!info.job_id().empty()) devices.push_back(absl::StrCat("a user process of job ", info.job_id()));
   for (const auto& d : info.devices()) devices.push_back(absl::StrCat(d.kind(), ":", d.ordinal(), " ", d.name()));
   FLOG(INFO) << "registered " << info.node_id() << " (" << info.hostname() << " pid " << info.pid()
              << (info.role() == v1::SERVER ? absl::StrCat(", parameter service at ", info.address())
-                                           : absl::StrCat(", ", info.slots(), " slot(s), devices: ",
-                                                          absl::StrJoin(devices, "; ")))
+                                           : absl::StrCat(", ", info.slots(), " slot(s)",
+                                                          info.job_id().empty()
+                                                              ? std::string()
+                                                              : absl::StrCat(", a user process of job ", info.job_id()),
+                                                          ", devices: ", absl::StrJoin(devices, "; ")))
              << ")";
   v1::RegisterNodeResponse r;
   r.set_node_id(info.node_id());
@@ -259,8 +261,12 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
     refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   } else {
     it->second.Heard(Now());
+    if (req.leaving()) {
+      it->second.leaving = true;
+      kick_ = true;
+    }
   }
-  const bool now = !refused.ok() || shutdown_ || req.generation() == 0 || req.generation() != generation_;
+  const bool now = req.leaving() || !refused.ok() || shutdown_ || req.generation() == 0 || req.generation() != generation_;
   const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
   auto answer = [this, node_id = req.node_id(), refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<v1::HeartbeatResponse> r =
@@ -324,7 +330,8 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
     resp.set_stop(true);  // cancelled, ended, or the rank moved on
     return resp;
   }
-  if (req.has_epoch_done() && req.epoch_done().epoch() >= r.job.spec().epochs()) {
+  // (A user_workers job may leave its epochs to its processes: 0.)
+  if (req.has_epoch_done() && r.job.spec().epochs() > 0 && req.epoch_done().epoch() >= r.job.spec().epochs()) {
     return absl::InvalidArgumentError(absl::StrCat("epoch_done.epoch ", req.epoch_done().epoch(),
                                                    " is out of range: job '", r.job.id(), "' has ",
                                                    r.job.spec().epochs(), " epochs (0 to ",
@@ -454,11 +461,12 @@ bool Coordinator::RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest
   FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
                 << " failed: " << error;
   const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", error);
-  // Bad data and bad specs fail the same way every time; anything else
-  // (a server that lost its state, a crash) rolls back to the last cut.
+  // Bad data, bad specs and a user process's own error (UserError: an
+  // exception in its code) fail the same way every time; anything else (a
+  // server that lost its state, a crash) rolls back to the last cut.
   // A server that lost the job (ServerLost) does not count against the
   // backoff limit, as when the scheduler finds a server dead.
-  if (reason != "BadData" && reason != "BadSpec" &&
+  if (reason != "BadData" && reason != "BadSpec" && reason != "UserError" &&
       BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
     return true;
   }

@@ -54,7 +54,7 @@ void Coordinator::Tick() {
   if (nodes_.size() != known) BumpGenerationLocked();
   std::erase_if(failing_calls_, [&](const auto& kv) { return now - kv.second.last_failure > absl::Minutes(10); });
   for (auto& [id, n] : nodes_) {
-    if (n.alive && now - n.last_heartbeat >= options_.node_timeout) DeclareDeadLocked(id, n, now);
+    if (n.alive && (n.leaving || now - n.last_heartbeat >= options_.node_timeout)) DeclareDeadLocked(id, n, now);
   }
   // 2. Active deadlines and TTLs.
   ExpireJobsLocked(now);
@@ -101,11 +101,17 @@ void Coordinator::SpareNodesAfterStallLocked(absl::Time now) {
 
 void Coordinator::DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::Time now) {
   n.alive = false;
-  n.dead_since = now;
+  // A node that left is not listed as dead: it is forgotten at the next tick.
+  n.dead_since = n.leaving ? now - options_.dead_node_retention - absl::Nanoseconds(1) : now;
   WriteKeyLocked(kNodePrefix + id, false);  // deletes it (ValueOfLocked)
   BumpGenerationLocked();
-  FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
-                << ": declared dead";
+  if (n.leaving) {
+    FLOG(INFO) << id << " left" << (n.info.job_id().empty() ? "" : absl::StrCat(" (a user process of job ",
+                                                                                    n.info.job_id(), ")"));
+  } else {
+    FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
+                  << ": declared dead";
+  }
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
     if (n.info.role() == v1::SERVER) {
@@ -127,7 +133,8 @@ void Coordinator::DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::
       if (CountFailureLocked(r, absl::StrCat("worker ", id, " (rank ", rank, ") lost"))) break;
       SetStateLocked(r, v1::RUNNING, "Restarting", "WorkerLost",
                      absl::StrCat("worker ", id, " running rank ", rank,
-                                  " stopped heartbeating; its rank moves to another worker"));
+                                  n.leaving ? " left before the rank finished" : " stopped heartbeating",
+                                  "; its rank moves to another worker"));
       SaveJobLocked(r, true);
     }
   }

@@ -242,5 +242,53 @@ TEST_CASE("a lost user process's rank waits for another process of its job, not 
   CHECK(job->status().reason() == "WorkerReplaced");
 }
 
+TEST_CASE("a process that leaves is forgotten at once, and its unfinished rank moves on", "[coordinator]") {
+  testing::FakeClock clock;
+  Cluster c(&clock);
+  const std::string user_job = c.Submit(true, 2, "u");
+  auto p0 = c.Register(user_job);
+  auto p1 = c.Register(user_job);
+  REQUIRE((p0.ok() && p1.ok()));
+  REQUIRE(c.RunUntil(user_job, v1::RUNNING));
+  auto listed = [&](const std::string& id) {
+    const v1::ClusterState cs = c->GetCluster();
+    for (const auto& n : cs.nodes()) {
+      if (n.info().node_id() == id) return true;
+    }
+    return false;
+  };
+  // Rank of p0 finishes, then p0 leaves: gone within two ticks, the job
+  // untouched.
+  const uint32_t rank0 = c->GetJob(user_job)->status().workers(0).worker_id() == *p0 ? 0 : 1;
+  v1::ReportProgressRequest done;
+  done.set_node_id(*p0);
+  done.set_job_id(user_job);
+  done.set_rank(rank0);
+  done.set_finished(true);
+  done.mutable_progress()->set_state("finished");
+  REQUIRE(c->ReportProgress(done).ok());
+  v1::HeartbeatRequest leave;
+  leave.set_node_id(*p0);
+  leave.set_leaving(true);
+  REQUIRE(c->Heartbeat(leave).ok());
+  c.Run(absl::Milliseconds(200), *p0);
+  CHECK_FALSE(listed(*p0));
+  auto job = c->GetJob(user_job);
+  CHECK(job->status().workers(static_cast<int>(rank0)).state() == "finished");
+  CHECK(job->status().reason() != "WorkerLost");
+
+  // p1 leaves before its rank finished: the rank is lost at once, not after
+  // node_timeout.
+  leave.set_node_id(*p1);
+  REQUIRE(c->Heartbeat(leave).ok());
+  c.Run(absl::Milliseconds(200), *p1);
+  job = c->GetJob(user_job);
+  CHECK_FALSE(listed(*p1));
+  CHECK(job->status().workers(static_cast<int>(1 - rank0)).state() == "lost");
+  CHECK(job->status().reason() == "WorkerLost");
+  CHECK_THAT(job->status().conditions(job->status().conditions_size() - 1).message(),
+             Catch::Contains("left before the rank finished"));
+}
+
 }  // namespace
 }  // namespace fulcrum
