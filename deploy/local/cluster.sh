@@ -47,6 +47,8 @@
 # with:
 #   set -a; source /tmp/fulcrum-cluster/env; set +a
 #   build/server/fulcrumctl submit -f deploy/examples/mnist-mlp.yaml
+# The same environment gives Python's fulcrum.Client the token and
+# fulcrum.Worker (user processes as workers) worker-0's certificate.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
@@ -157,10 +159,14 @@ case "$cmd" in
       coord_auth=()
       ctl_env=(FULCRUM_INSECURE=1)
     else
-      "$root/deploy/tls/gen-certs.sh" "$dir/tls" --servers "$servers" --workers "$workers" >>"$dir/logs/tls.log"
+      # At least one worker certificate: user processes (fulcrum.Worker)
+      # present worker-0's, named in RUN_DIR/env, even with --workers 0.
+      "$root/deploy/tls/gen-certs.sh" "$dir/tls" --servers "$servers" --workers "$((workers > 0 ? workers : 1))" \
+        >>"$dir/logs/tls.log"
       tls() { echo "--tls_ca_file=$dir/tls/ca.crt --tls_cert_file=$dir/tls/$1.crt --tls_key_file=$dir/tls/$1.key"; }
       coord_auth=(--token_file="$dir/tls/tokens.csv")
-      ctl_env=(FULCRUM_TLS_CA_FILE="$dir/tls/ca.crt" FULCRUM_TOKEN_FILE="$dir/tls/token-demo")
+      ctl_env=(FULCRUM_TLS_CA_FILE="$dir/tls/ca.crt" FULCRUM_TOKEN_FILE="$dir/tls/token-demo"
+               FULCRUM_TLS_CERT_FILE="$dir/tls/worker-0.crt" FULCRUM_TLS_KEY_FILE="$dir/tls/worker-0.key")
     fi
     # shellcheck disable=SC2046  # tls's words are separate flags
     supervise coordinator "$bin/server/fulcrum-coordinator" --listen="$coord" --data_dir="$dir/coordinator" \

@@ -131,6 +131,7 @@ class Worker:
         self._finished = False
         self._last_report = 0.0
         self._start_step = None
+        self._tables = {}
         self._progress = cluster_pb2.WorkerProgress(state="assigned")
         self._total_steps = 0
         self.device = str(device)
@@ -211,12 +212,16 @@ class Worker:
         return self._stopped
 
     def tables(self, wire_dtype=None, shared_memory=True):
-        """A fulcrum.Tables on the job's servers, pushing as this rank
-        (wire_dtype: the job's wire_dtype unless given)."""
+        """The fulcrum.Tables on the job's servers that pushes as this rank
+        (wire_dtype: the job's wire_dtype unless given); one per choice of
+        arguments, so a fulcrum.torch optimizer and Embedding share it."""
         from fulcrum.tables import Tables  # pylint: disable=import-outside-toplevel
-        return Tables(self.servers, self.worker_id, rank=self.rank,
-                      wire_dtype=wire_dtype or _WIRE.get(self.spec.wire_dtype, "fp32"), tls=self.tls,
-                      shared_memory=shared_memory)
+        wire = wire_dtype or _WIRE.get(self.spec.wire_dtype, "fp32")
+        key = (wire, shared_memory)
+        if key not in self._tables:
+            self._tables[key] = Tables(self.servers, self.worker_id, rank=self.rank, wire_dtype=wire, tls=self.tls,
+                                       shared_memory=shared_memory)
+        return self._tables[key]
 
     @property
     def start_step(self):

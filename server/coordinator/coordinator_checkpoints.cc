@@ -99,11 +99,14 @@ uint64_t StepsOfRounds(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64
 
 void Coordinator::SucceedLocked(JobRecord& r, const std::string& note) {
   const v1::JobStatus& s = r.job.status();
-  const std::string accuracy = absl::StrCat(s.test_accuracy());
-  FinishLocked(r, v1::SUCCEEDED, "JobSucceeded",
-               absl::StrCat("all ", r.ranks.size(), " ranks finished; test accuracy ", accuracy, note));
-  FLOG(INFO) << "job " << r.job.id() << " succeeded: test accuracy " << accuracy << ", " << s.step()
-             << " steps per rank" << note;
+  // The figure users of the task read: AUC for binary labels, RMSE for
+  // real ones, accuracy for classes.
+  const std::string figure = s.test_auc() > 0 ? absl::StrCat("test AUC ", s.test_auc())
+                             : s.test_rmse() > 0 && s.test_accuracy() == 0
+                                 ? absl::StrCat("test RMSE ", s.test_rmse())
+                                 : absl::StrCat("test accuracy ", s.test_accuracy());
+  FinishLocked(r, v1::SUCCEEDED, "JobSucceeded", absl::StrCat("all ", r.ranks.size(), " ranks finished; ", figure, note));
+  FLOG(INFO) << "job " << r.job.id() << " succeeded: " << figure << ", " << s.step() << " steps per rank" << note;
 }
 
 bool Coordinator::CountFailureLocked(JobRecord& r, const std::string& message) {
