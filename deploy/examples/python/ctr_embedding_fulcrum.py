@@ -85,7 +85,8 @@ def main():
             loss = F.binary_cross_entropy_with_logits(logits, ty).item()
         print(f"epoch {epoch}: test AUC {auc(logits, ty):.4f}, log loss {loss:.4f}, "
               f"{len(order) / seconds:.0f} samples/s", flush=True)
-        worker.epoch_done(epoch, train_loss=step_loss.item(), test_loss=loss, test_auc=auc(logits, ty), step=opt.clock)
+        worker.epoch_done(epoch, train_loss=step_loss.item(), test_loss=loss, test_auc=auc(logits, ty),
+                          step=opt.clock)
     worker.finish()
     worker.close()
 
