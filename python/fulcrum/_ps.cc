@@ -85,6 +85,37 @@ SparseArrays Sparse(const py::handle& name, const py::handle& value, const char*
   return a;
 }
 
+// A push in flight (Tables.push_async): holds the arrays it reads until it
+// is done; wait() raises what the push failed with.
+class PendingPush {
+ public:
+  PendingPush(Future<absl::Status> done, py::list arrays, std::string what)
+      : done_(std::move(done)), arrays_(std::move(arrays)), what_(std::move(what)) {}
+  PendingPush(PendingPush&&) = default;
+  // Dropped unwaited: the arrays stay alive until the push read them.
+  ~PendingPush() {
+    if (waited_ || !arrays_) return;
+    py::gil_scoped_release release;
+    done_.Wait();
+  }
+  void Wait() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = done_.Wait();
+    }
+    waited_ = true;
+    arrays_ = py::list();
+    Check(what_, s);
+  }
+
+ private:
+  bool waited_ = false;
+  Future<absl::Status> done_;
+  py::list arrays_;
+  std::string what_;
+};
+
 class Tables {
  public:
   Tables(std::vector<std::string> servers, std::string worker_id, uint32_t rank, const std::string& wire_dtype,
@@ -127,6 +158,27 @@ class Tables {
 
   void Push(const std::string& job, uint64_t step, const py::dict& dense, const py::dict& sparse, bool last,
             float lr_scale) {
+    PushBatch b = Batch(dense, sparse, step, last, lr_scale);
+    py::gil_scoped_release release;
+    Check(absl::StrCat("push ", job), client_->Push(job, b));
+  }
+
+  // The push started; the arrays must not change until it is waited for.
+  PendingPush PushAsync(const std::string& job, uint64_t step, const py::dict& dense, const py::dict& sparse,
+                        bool last, float lr_scale) {
+    PushBatch b = Batch(dense, sparse, step, last, lr_scale);
+    py::list arrays;
+    for (auto [name, value] : dense) arrays.append(value);
+    for (auto [name, value] : sparse) arrays.append(value);
+    Future<absl::Status> done;
+    {
+      py::gil_scoped_release release;
+      done = client_->PushAsync(job, b);
+    }
+    return PendingPush(std::move(done), std::move(arrays), absl::StrCat("push ", job));
+  }
+
+  PushBatch Batch(const py::dict& dense, const py::dict& sparse, uint64_t step, bool last, float lr_scale) {
     PushBatch b;
     b.step = step;
     b.last = last;
@@ -141,8 +193,7 @@ class Tables {
       SparseArrays a = Sparse(name, value, "gradients", false);
       b.sparse.push_back({std::move(a.table), a.keys, a.num_keys, a.rows});
     }
-    py::gil_scoped_release release;
-    Check(absl::StrCat("push ", job), client_->Push(job, b));
+    return b;
   }
 
   void Pull(const std::string& job, uint64_t step, const py::dict& dense, const py::dict& sparse) {
@@ -258,7 +309,11 @@ PYBIND11_MODULE(_ps, m) {
            py::arg("sparse") = py::dict(), py::arg("last") = true, py::arg("lr_scale") = 1.0f)
       .def("pull", &fulcrum::Tables::Pull, py::arg("job_id"), py::arg("step"), py::arg("dense") = py::dict(),
            py::arg("sparse") = py::dict())
-      .def("stats", &fulcrum::Tables::Stats, py::arg("job_id"), py::arg("server"));
+      .def("stats", &fulcrum::Tables::Stats, py::arg("job_id"), py::arg("server"))
+      .def("push_async", &fulcrum::Tables::PushAsync, py::arg("job_id"), py::arg("step"),
+           py::arg("dense") = py::dict(), py::arg("sparse") = py::dict(), py::arg("last") = true,
+           py::arg("lr_scale") = 1.0f);
+  py::class_<fulcrum::PendingPush>(m, "PendingPush").def("wait", &fulcrum::PendingPush::Wait);
   py::class_<fulcrum::Export>(m, "Export")
       .def(py::init<>())
       .def("add_chunk", &fulcrum::Export::AddChunk, py::arg("call"), py::arg("chunk"))

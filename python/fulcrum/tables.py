@@ -56,6 +56,13 @@ class Tables:
         them as the job's consistency model says."""
         self._t.push(job_id, step, dense or {}, sparse or {}, last, lr_scale)
 
+    def push_async(self, job_id, step, dense=None, sparse=None, last=True, lr_scale=1.0):
+        """push, started: returns a handle whose wait() returns once the
+        servers took it (or raises why not). The arrays must not change
+        until then; the handle keeps them alive. A step pushed in parts:
+        every part but the last with last=False."""
+        return self._t.push_async(job_id, step, dense or {}, sparse or {}, last, lr_scale)
+
     def pull(self, job_id, step, dense=None, sparse=None):
         """Weights into the arrays given: dense {table: float32 array},
         sparse {table: (uint64 keys, float32 out)}; `step` is the caller's

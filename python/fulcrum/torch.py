@@ -49,7 +49,7 @@ class ParameterServerOptimizer:
     """Keeps `module`'s trainable parameters on the parameter servers."""
 
     def __init__(self, module, tables, job_id=None, optimizer=None, consistency="asp", num_workers=1, create=True,
-                 initializer=None, extra_tables=()):
+                 initializer=None, extra_tables=(), overlap=True, push_group_bytes=256 << 10):
         """tables: a fulcrum.Tables, or a fulcrum.Worker of a user_workers
         job: then the job, its optimizer, consistency model and number of
         workers are the coordinator's, every rank creates the same tables,
@@ -61,7 +61,14 @@ class ParameterServerOptimizer:
         "seed": 1}); "torch": the distribution of PyTorch's default for
         Linear and Conv layers, U(-1/sqrt(fan_in), 1/sqrt(fan_in)); None:
         zeros. The module takes the servers' weights.
-        extra_tables: table specs created in the same job (an Embedding's)."""
+        extra_tables: table specs created in the same job (an Embedding's).
+        overlap: push each gradient as backward produces it (in groups of
+        at least push_group_bytes, while backward goes on with the layers
+        below), rather than all of them in step(). The gradients pushed are
+        backward's: one backward per step, and changes made to .grad after
+        it (clipping in place, accumulating several backwards) do not reach
+        the servers; give overlap=False for those (or clip on the servers:
+        the optimizer's clip_global_norm)."""
         from fulcrum.worker import Worker  # pylint: disable=import-outside-toplevel
         self.worker = None
         self.clock = 0
@@ -81,6 +88,15 @@ class ParameterServerOptimizer:
         self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the module has no trainable parameters")
+        self.overlap = overlap
+        self.push_group_bytes = push_group_bytes
+        self._ready = {}     # gradients backward produced, not yet pushed
+        self._ready_bytes = 0
+        self._pushed = set()  # parameters pushed this step
+        self._in_flight = []  # PendingPush of this step's earlier groups
+        if overlap:
+            for name, p in self.params:
+                p.register_hook(lambda g, name=name: self._on_grad(name, g))
         if create:
             opt = optimizer or {"kind": "sgd", "learning_rate": 0.01}
             cons = consistency if isinstance(consistency, dict) else {"model": consistency}
@@ -109,16 +125,48 @@ class ParameterServerOptimizer:
                     p.data.copy_(host.view_as(p.data))
 
     def zero_grad(self, set_to_none=True):
+        """The module's zero_grad; gradients backward produced but not yet
+        pushed are dropped with them."""
         self.module.zero_grad(set_to_none=set_to_none)
+        self._ready, self._ready_bytes = {}, 0
+
+    def _on_grad(self, name, grad):
+        """Backward produced `name`'s gradient: pushed with others once they
+        make push_group_bytes (the step's last group goes in step())."""
+        if name in self._pushed or name in self._ready:
+            # A second backward before step(): this step's pushes would not
+            # hold its sum.
+            raise RuntimeError(f"fulcrum.torch: {name} got a second gradient before step(); backward once per "
+                               "step, or ParameterServerOptimizer(overlap=False) to accumulate gradients")
+        host = _host(grad.detach()).numpy().reshape(-1)
+        self._ready[name] = host
+        self._ready_bytes += host.nbytes
+        if self._ready_bytes >= self.push_group_bytes and len(self._pushed) + len(self._ready) < len(self.params):
+            self._in_flight.append(self._guarded(self.tables.push_async, self.job_id, self.clock,
+                                                 dense=self._ready, last=False))
+            self._pushed.update(self._ready)
+            self._ready, self._ready_bytes = {}, 0
+        return grad
 
     def step(self):
         """Pushes every parameter's gradient (zeros where none flowed) as
-        this rank's step, then pulls the weights the servers made of it."""
+        this rank's step, then pulls the weights the servers made of it.
+        With overlap, only what backward's groups did not carry goes now."""
         grads = {}
         for name, p in self.params:
+            if name in self._pushed:
+                continue
+            if name in self._ready:
+                grads[name] = self._ready[name]
+                continue
             g = p.grad if p.grad is not None else torch.zeros_like(p.data)
             grads[name] = _host(g).numpy().reshape(-1)
-        self._guarded(self.tables.push, self.job_id, self.clock, dense=grads)
+        try:
+            self._guarded(self.tables.push, self.job_id, self.clock, dense=grads)
+            for pending in self._in_flight:
+                self._guarded(pending.wait)
+        finally:
+            self._in_flight, self._ready, self._ready_bytes, self._pushed = [], {}, 0, set()
         self.clock += 1
         self.pull()
 

@@ -82,3 +82,61 @@ def test_parameters_that_are_not_float32_are_refused(servers):
     tables = fulcrum.Tables(servers.addresses, worker_id="torch-f64")
     with pytest.raises(ValueError, match="float32"):
         ftorch.ParameterServerOptimizer(torch.nn.Linear(2, 2).double(), tables, "torch-f64")
+
+
+@pytest.mark.parametrize("consistency", ["asp", "bsp"])
+def test_pushing_each_layer_as_backward_produces_it_trains_the_same_weights(servers, consistency):
+    torch.manual_seed(1)
+    models = [mlp() for _ in range(3)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    init = {"kind": "normal", "b": 0.3, "seed": 3}
+    tables = fulcrum.Tables(servers.addresses, worker_id=f"overlap-{consistency}")
+    # push_group_bytes=1: every parameter is its own part, pushed from
+    # backward's hook; the default groups them all into step()'s push.
+    eager = ftorch.ParameterServerOptimizer(models[0], tables, f"overlap-{consistency}-a", consistency=consistency,
+                                            initializer=init, push_group_bytes=1)
+    grouped = ftorch.ParameterServerOptimizer(models[1], tables, f"overlap-{consistency}-b", consistency=consistency,
+                                              initializer=init)
+    serial = ftorch.ParameterServerOptimizer(models[2], tables, f"overlap-{consistency}-c", consistency=consistency,
+                                             initializer=init, overlap=False)
+    groups = []
+    real_push_async = tables.push_async
+
+    def counting_push_async(*args, **kwargs):
+        groups.append(sorted(kwargs["dense"]))
+        return real_push_async(*args, **kwargs)
+
+    tables.push_async = counting_push_async
+    x = torch.randn(16, 8)
+    y = torch.randint(0, 3, (16,))
+    for _ in range(3):
+        for m, o in zip(models, (eager, grouped, serial)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    # Three of the four parameters went from backward each step (the last
+    # one backward produces goes with step()'s push, which ends the step).
+    assert len(groups) == 9 and all(len(g) == 1 for g in groups)
+    for name in ("0.bias", "2.weight", "2.bias"):
+        assert [name] in groups
+    for m in models[1:]:
+        for p, q in zip(models[0].parameters(), m.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert eager.clock == 3 and serial.clock == 3
+
+
+def test_a_second_backward_before_step_is_refused_under_overlap(servers):
+    model = mlp()
+    tables = fulcrum.Tables(servers.addresses, worker_id="overlap-twice")
+    opt = ftorch.ParameterServerOptimizer(model, tables, "overlap-twice")
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    with pytest.raises(RuntimeError, match="second gradient before step"):
+        model(x).sum().backward()
+    opt.zero_grad()
+    accumulate = ftorch.ParameterServerOptimizer(mlp(), tables, "overlap-twice-b", overlap=False)
+    for _ in range(2):
+        accumulate.module(x).sum().backward()
+    accumulate.step()  # the sum of both backwards, as torch.optim would take it
+    assert accumulate.clock == 1
