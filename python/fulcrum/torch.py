@@ -49,7 +49,7 @@ class ParameterServerOptimizer:
     """Keeps `module`'s trainable parameters on the parameter servers."""
 
     def __init__(self, module, tables, job_id=None, optimizer=None, consistency="asp", num_workers=1, create=True,
-                 initializer=None, extra_tables=(), overlap=True, push_group_bytes=256 << 10):
+                 initializer=None, extra_tables=(), overlap=None, push_group_bytes=256 << 10):
         """tables: a fulcrum.Tables, or a fulcrum.Worker of a user_workers
         job: then the job, its optimizer, consistency model and number of
         workers are the coordinator's, every rank creates the same tables,
@@ -68,7 +68,10 @@ class ParameterServerOptimizer:
         backward's: one backward per step, and changes made to .grad after
         it (clipping in place, accumulating several backwards) do not reach
         the servers; give overlap=False for those (or clip on the servers:
-        the optimizer's clip_global_norm)."""
+        the optimizer's clip_global_norm). None (the default): on when the
+        module's parameters are on a GPU, whose backward leaves the CPU to
+        the pushes; off on the CPU, where backward and the pushes share the
+        cores (docs/benchmarks.md: 0.91-1.05x there)."""
         from fulcrum.worker import Worker  # pylint: disable=import-outside-toplevel
         self.worker = None
         self.clock = 0
@@ -88,6 +91,8 @@ class ParameterServerOptimizer:
         self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the module has no trainable parameters")
+        if overlap is None:
+            overlap = any(p.is_cuda for _, p in self.params)
         self.overlap = overlap
         self.push_group_bytes = push_group_bytes
         self._ready = {}     # gradients backward produced, not yet pushed

@@ -93,11 +93,11 @@ def test_pushing_each_layer_as_backward_produces_it_trains_the_same_weights(serv
     init = {"kind": "normal", "b": 0.3, "seed": 3}
     tables = fulcrum.Tables(servers.addresses, worker_id=f"overlap-{consistency}")
     # push_group_bytes=1: every parameter is its own part, pushed from
-    # backward's hook; the default groups them all into step()'s push.
+    # backward's hook; 256 KiB groups this small model all into step()'s push.
     eager = ftorch.ParameterServerOptimizer(models[0], tables, f"overlap-{consistency}-a", consistency=consistency,
-                                            initializer=init, push_group_bytes=1)
+                                            initializer=init, overlap=True, push_group_bytes=1)
     grouped = ftorch.ParameterServerOptimizer(models[1], tables, f"overlap-{consistency}-b", consistency=consistency,
-                                              initializer=init)
+                                              initializer=init, overlap=True)
     serial = ftorch.ParameterServerOptimizer(models[2], tables, f"overlap-{consistency}-c", consistency=consistency,
                                              initializer=init, overlap=False)
     groups = []
@@ -129,7 +129,7 @@ def test_pushing_each_layer_as_backward_produces_it_trains_the_same_weights(serv
 def test_a_second_backward_before_step_is_refused_under_overlap(servers):
     model = mlp()
     tables = fulcrum.Tables(servers.addresses, worker_id="overlap-twice")
-    opt = ftorch.ParameterServerOptimizer(model, tables, "overlap-twice")
+    opt = ftorch.ParameterServerOptimizer(model, tables, "overlap-twice", overlap=True)
     x = torch.randn(4, 8)
     model(x).sum().backward()
     with pytest.raises(RuntimeError, match="second gradient before step"):
