@@ -140,3 +140,35 @@ def test_a_second_backward_before_step_is_refused_under_overlap(servers):
         accumulate.module(x).sum().backward()
     accumulate.step()  # the sum of both backwards, as torch.optim would take it
     assert accumulate.clock == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no GPU: torch.cuda.is_available() is False on this machine, so CUDA parameters and "
+                           "embeddings are not exercised here")
+def test_cuda_parameters_and_embeddings_train_as_cpu_ones(servers):
+    torch.manual_seed(2)
+    cpu = mlp()
+    gpu = copy.deepcopy(cpu).cuda()
+    init = {"kind": "normal", "b": 0.3, "seed": 5}
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-cuda")
+    on_cpu = ftorch.ParameterServerOptimizer(cpu, tables, "torch-cuda-a", initializer=init)
+    on_gpu = ftorch.ParameterServerOptimizer(gpu, tables, "torch-cuda-b", initializer=init)
+    assert on_gpu.overlap and not on_cpu.overlap  # pushed during backward on the GPU only
+    x = torch.randn(16, 8)
+    y = torch.randint(0, 3, (16,))
+    for _ in range(3):
+        for m, o, dev in ((cpu, on_cpu, "cpu"), (gpu, on_gpu, "cuda")):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x.to(dev)), y.to(dev)).backward()
+            o.step()
+    for p, q in zip(cpu.parameters(), gpu.parameters()):
+        assert q.is_cuda
+        torch.testing.assert_close(p, q.cpu(), rtol=1e-5, atol=1e-5)
+    emb = ftorch.Embedding(tables, "torch-cuda-c", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5})
+    ftorch.ParameterServerOptimizer(torch.nn.Linear(4, 1).cuda(), tables, "torch-cuda-c", extra_tables=[emb.spec()])
+    out = emb(torch.tensor([[3, 7]], device="cuda"))
+    assert out.is_cuda and out.shape == (1, 2, 4)
+    out.sum().backward()
+    rows = np.empty((1, 4), dtype=np.float32)
+    tables.pull("torch-cuda-c", 1, sparse={"user": (np.array([3], dtype=np.uint64), rows)})
+    np.testing.assert_allclose(rows, -0.5 * np.ones((1, 4)), atol=1e-6)
