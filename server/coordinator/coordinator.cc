@@ -1,8 +1,8 @@
 // The Coordinator's life cycle, loading and saving its records (through
-// CoordinatorStore, coordinator_store.cc) and its parked long polls. The job
-// API is in coordinator_jobs.cc, membership in coordinator_nodes.cc, the
-// scheduler in coordinator_scheduler.cc, checkpoints in
-// coordinator_checkpoints.cc and metrics in coordinator_metrics.cc.
+// CoordinatorStore, coordinator_store.cc) and the watch poll (parked in
+// ParkedPolls, parked_polls.cc). The job API is in coordinator_jobs.cc,
+// membership in coordinator_nodes.cc, the scheduler in coordinator_scheduler.cc,
+// checkpoints in coordinator_checkpoints.cc and metrics in coordinator_metrics.cc.
 #include "server/coordinator/coordinator.h"
 
 #include <algorithm>
@@ -75,12 +75,14 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerContr
 Coordinator::~Coordinator() {
   Shutdown();
   if (scheduler_.joinable()) scheduler_.join();
-  absl::MutexLock lock(&mu_);
-  // Shutdown woke every parked poll: each is answered before waker_ stops.
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return background_ == 0 && polls_.empty() && answering_ == 0;
-  };
-  mu_.Await(absl::Condition(&idle));
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+  // Shutdown woke every parked poll: each is answered (under mu_, not held
+  // here) before the members its answer reads go.
+  polls_.WaitIdle();
 }
 
 void Coordinator::Spawn(std::function<void()> f) {
@@ -98,7 +100,7 @@ void Coordinator::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     ++generation_;
-    for (const auto& [ticket, poll] : polls_) WakeLocked(ticket);
+    polls_.WakeAll();
   }
   servers_->CancelAll();
 }
@@ -224,87 +226,18 @@ void Coordinator::RepairStoreLocked() {
 void Coordinator::BumpGenerationLocked() {
   ++generation_;
   kick_ = true;
-  for (uint64_t ticket : heartbeat_polls_) WakeLocked(ticket);
+  polls_.WakeHeartbeats();
 }
 
 // ---------------------------------------------------------------- long polls
 
-uint64_t Coordinator::ParkLocked(PollKind kind, const std::string& job_id, bool now, absl::Time deadline,
-                                 std::function<std::function<void()>()> answer) {
-  const uint64_t ticket = next_poll_++;
-  Poll& p = polls_[ticket];
-  p.kind = kind;
-  p.job_id = job_id;
-  p.deadline = deadline;
-  p.answer = std::move(answer);
-  p.timer = waker_.Schedule(now ? absl::InfinitePast() : deadline, [this, ticket] { RunPoll(ticket); });
-  if (kind == PollKind::kHeartbeat) {
-    heartbeat_polls_.insert(ticket);
-  } else {
-    job_polls_[job_id].insert(ticket);
-  }
-  return ticket;
-}
-
-void Coordinator::WakeLocked(uint64_t ticket) {
-  auto it = polls_.find(ticket);
-  if (it == polls_.end()) return;
-  // A failed Cancel means RunPoll is already on its way.
-  if (waker_.Cancel(it->second.timer)) {
-    it->second.timer = waker_.Schedule(absl::InfinitePast(), [this, ticket] { RunPoll(ticket); });
-  }
-}
-
-void Coordinator::WakeJobLocked(const std::string& job_id) {
-  auto it = job_polls_.find(job_id);
-  if (it == job_polls_.end()) return;
-  for (uint64_t ticket : it->second) WakeLocked(ticket);
-}
-
-void Coordinator::ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) {
-  if (it->second.kind == PollKind::kHeartbeat) {
-    heartbeat_polls_.erase(it->first);
-  } else if (auto j = job_polls_.find(it->second.job_id); j != job_polls_.end()) {
-    j->second.erase(it->first);
-    if (j->second.empty()) job_polls_.erase(j);
-  }
-  polls_.erase(it);
-}
-
-void Coordinator::RunPoll(uint64_t ticket) {
-  std::function<void()> deliver;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = polls_.find(ticket);
-    if (it == polls_.end()) return;  // withdrawn
-    deliver = it->second.answer();
-    if (!deliver) {
-      // Nothing to answer yet: parked again until the deadline or a wake.
-      it->second.timer = waker_.Schedule(it->second.deadline, [this, ticket] { RunPoll(ticket); });
-      return;
-    }
-    ForgetPollLocked(it);
-    ++answering_;
-  }
-  deliver();
-  absl::MutexLock lock(&mu_);
-  --answering_;
-}
-
-bool Coordinator::CancelWait(uint64_t ticket) {
-  absl::MutexLock lock(&mu_);
-  auto it = polls_.find(ticket);
-  if (it == polls_.end()) return false;
-  waker_.Cancel(it->second.timer);  // or RunPoll finds nothing
-  ForgetPollLocked(it);
-  return true;
-}
+bool Coordinator::CancelWait(uint64_t ticket) { return polls_.Cancel(ticket); }
 
 uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, JobCallback done) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   const bool now = version == 0 || shutdown_ || it == jobs_.end() || it->second.version != version;
-  return ParkLocked(PollKind::kWatch, job_id, now, absl::InfiniteFuture(),
+  return polls_.Park(PollKind::kWatch, job_id, now, absl::InfiniteFuture(),
                     [this, job_id, version, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                         mu_) -> std::function<void()> {
                       absl::StatusOr<v1::Job> job;

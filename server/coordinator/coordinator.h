@@ -35,11 +35,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/deadline_timer.h"
 #include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "server/coordinator/coordinator_store.h"
+#include "server/coordinator/parked_polls.h"
 
 namespace rocksdb {
 class Env;
@@ -346,35 +346,11 @@ class Coordinator {
   bool MapInstalledLocked(const std::vector<std::string>& live) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Long polls. A parked poll is in polls_ until RunPoll takes it (to
-  // answer) or CancelWait drops it: whoever removes it decides whether its
-  // answer runs. Its timer entry in waker_ runs RunPoll at its deadline;
-  // a wake moves that entry to now.
-  enum class PollKind {
-    kHeartbeat,   // woken by generation_ changes
-    kWatch,       // woken by its job's changes and cut ends (WakeJobLocked)
-    kCheckpoint,  // likewise
-  };
-  struct Poll {
-    PollKind kind = PollKind::kHeartbeat;
-    std::string job_id;  // empty for a heartbeat
-    absl::Time deadline;
-    uint64_t timer = 0;
-    // Called under mu_ to answer; returns what delivers the answer (runs
-    // `done`) outside the lock, or nothing when there is nothing to answer
-    // yet: the poll then stays parked until its deadline or the next wake.
-    std::function<std::function<void()>()> answer;
-  };
-  // Parks a poll answered by `deadline` at the latest. With `now` its
-  // answer is asked for right away (it stays parked if it has none yet).
-  uint64_t ParkLocked(PollKind kind, const std::string& job_id, bool now, absl::Time deadline,
-                      std::function<std::function<void()>()> answer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WakeLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Long polls: parked in polls_ (parked_polls.h), answered under mu_.
+  using PollKind = ParkedPolls::Kind;
   // Wakes the job's watchers and checkpoint waiters; each answers only if
   // there is news for it.
-  void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetPollLocked(std::map<uint64_t, Poll>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunPoll(uint64_t ticket);
+  void WakeJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { polls_.WakeJob(job_id); }
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatAnswerLocked(const std::string& node_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -471,13 +447,9 @@ class Coordinator {
   std::thread scheduler_;
   int background_ ABSL_GUARDED_BY(mu_) = 0;  // cut and restore threads running
 
-  std::map<uint64_t, Poll> polls_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::set<uint64_t>> job_polls_ ABSL_GUARDED_BY(mu_);  // WatchJob, CheckpointJob
-  std::set<uint64_t> heartbeat_polls_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_poll_ ABSL_GUARDED_BY(mu_) = 1;
-  int answering_ ABSL_GUARDED_BY(mu_) = 0;  // answers taken by RunPoll, not yet delivered
-  // Last: its thread stops first, while everything its answers use is alive.
-  DeadlineTimer waker_;
+  // Last: every poll is answered (its answer reads the members above)
+  // before it goes.
+  ParkedPolls polls_{&mu_};
 };
 
 }  // namespace fulcrum

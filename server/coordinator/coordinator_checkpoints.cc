@@ -590,7 +590,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
                                          CheckpointCallback done) {
   absl::MutexLock lock(&mu_);
   auto at_once = [&](absl::Status refused) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ParkLocked(PollKind::kCheckpoint, job_id, true, absl::InfinitePast(),
+    return polls_.Park(PollKind::kCheckpoint, job_id, true, absl::InfinitePast(),
                       [refused, done = std::move(done)]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                         return std::function<void()>([done, refused] { done(refused); });
                       });
@@ -630,7 +630,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
     }
     return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
-  return ParkLocked(PollKind::kCheckpoint, job_id, false, deadline, std::move(answer));
+  return polls_.Park(PollKind::kCheckpoint, job_id, false, deadline, std::move(answer));
 }
 
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {

@@ -43,16 +43,12 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   out->Gauge("fulcrum_coordinator_store_unsaved_records",
              "Records (jobs, nodes, the meta record) whose last write failed and is not yet redone", {},
              static_cast<double>(store_->unsaved()));
-  size_t watches = 0, cuts = 0;
-  for (const auto& [ticket, poll] : polls_) {
-    watches += poll.kind == PollKind::kWatch;
-    cuts += poll.kind == PollKind::kCheckpoint;
-  }
+  const ParkedPolls::Counts polls = polls_.counts();
   const char* help = "Heartbeats, WatchJob streams and CheckpointJob calls waiting for a change, by call";
-  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "heartbeat"}},
-             static_cast<double>(heartbeat_polls_.size()));
-  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "watch_job"}}, static_cast<double>(watches));
-  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "checkpoint_job"}}, static_cast<double>(cuts));
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "heartbeat"}}, static_cast<double>(polls.heartbeats));
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "watch_job"}}, static_cast<double>(polls.watches));
+  out->Gauge("fulcrum_coordinator_long_polls", help, {{"call", "checkpoint_job"}},
+             static_cast<double>(polls.checkpoints));
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},
                static_cast<double>(reassignments_));

@@ -274,7 +274,7 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
     return [done, r = std::move(r)]() mutable { done(std::move(r)); };
   };
   // Real time: the waker's (a poll's timeout is not the scheduler's clock).
-  return ParkLocked(PollKind::kHeartbeat, "", now, absl::Now() + wait, std::move(answer));
+  return polls_.Park(PollKind::kHeartbeat, "", now, absl::Now() + wait, std::move(answer));
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {
