@@ -394,6 +394,9 @@ class Worker:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     self._stop(f"the coordinator no longer knows this process ({e.details()})")
                     return
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._stop(e.details())  # its job ended (cancelled before it started, or done)
+                    return
                 self._closing.wait(min(1.0, self._interval))  # the coordinator is away: keep trying
                 continue
             generation = r.generation

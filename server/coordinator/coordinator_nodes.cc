@@ -261,6 +261,20 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
     refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   } else {
     it->second.Heard(Now());
+    // A user process whose job is gone or ended has nothing more to do:
+    // told so (it stops waiting for a rank), and forgotten at the next tick.
+    if (const std::string& job_id = it->second.info.job_id(); !job_id.empty()) {
+      auto job = jobs_.find(job_id);
+      if (job == jobs_.end() || config::JobEnded(job->second.job.status().state())) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "job ", job_id,
+            job == jobs_.end() ? " is gone"
+                               : absl::StrCat(" has ended (", v1::JobState_Name(job->second.job.status().state()), ")"),
+            "; this process has no rank to take"));
+        it->second.leaving = true;
+        kick_ = true;
+      }
+    }
     if (req.leaving()) {
       it->second.leaving = true;
       kick_ = true;

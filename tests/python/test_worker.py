@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -131,3 +132,17 @@ def test_a_killed_process_rank_resumes_in_a_new_process(cluster):
     assert fulcrum.state_name(job) == "SUCCEEDED", job.status
     assert job.status.workers[1].incarnation == 1
     assert "WorkerReplaced" in [c.reason for c in job.status.conditions]
+
+
+def test_a_process_waiting_for_a_job_that_is_cancelled_is_told_at_once(cluster):
+    client = cluster.client()
+    job_id = client.submit(user_spec("py-never", 2))  # never gets its second process
+    threading.Timer(1.0, client.cancel, args=(job_id,)).start()
+    started = time.time()
+    with pytest.raises(fulcrum.FulcrumError) as refused:
+        fulcrum.Worker(job_id, cluster.coordinator, quiet=True,
+                       tls=(cluster.ca_file, os.path.join(cluster.tls_dir, "worker-0.crt"),
+                            os.path.join(cluster.tls_dir, "worker-0.key")))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "has ended (CANCELLED)" in refused.value.message
+    assert time.time() - started < 10

@@ -290,5 +290,22 @@ TEST_CASE("a process that leaves is forgotten at once, and its unfinished rank m
              Catch::Contains("left before the rank finished"));
 }
 
+TEST_CASE("a process of a job that ended is told so at its heartbeat and forgotten", "[coordinator]") {
+  testing::FakeClock clock;
+  Cluster c(&clock);
+  const std::string user_job = c.Submit(true, 2, "u");
+  auto waiting = c.Register(user_job);  // the job still needs another process
+  REQUIRE(waiting.ok());
+  REQUIRE(c->CancelJob(user_job).ok());
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(*waiting);
+  auto r = c->Heartbeat(hb);
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("has ended (CANCELLED)"));
+  c.Run(absl::Milliseconds(200), *waiting);
+  const v1::ClusterState cs = c->GetCluster();
+  for (const auto& n : cs.nodes()) CHECK(n.info().node_id() != *waiting);
+}
+
 }  // namespace
 }  // namespace fulcrum
