@@ -374,7 +374,8 @@ class Worker:
         with self._cv:
             if self._stopped is None:
                 self._stopped = why
-                self._log(f"stopped: {why}")
+                if not self._finished:  # after finish() the job ending is no news
+                    self._log(f"stopped: {why}")
             self._cv.notify_all()
 
     def _check(self):

@@ -93,6 +93,8 @@ std::vector<std::string> WorkerLines(const Job& j) {
 
 // "512", "auto: 2048", "auto (choosing)".
 std::string BatchText(const Job& j) {
+  // A user_workers job may leave its batch to its processes.
+  if (j.spec().user_workers() && j.spec().batch_size() == 0) return "the processes' own";
   if (!j.spec().batch_size_auto().enabled() || j.spec().batch_size() > 0) return absl::StrCat(j.spec().batch_size());
   return j.status().batch_size() > 0 ? absl::StrCat("auto: ", j.status().batch_size()) : "auto (choosing)";
 }
