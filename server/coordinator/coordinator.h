@@ -336,6 +336,9 @@ class Coordinator {
   // A node registering for one job (NodeInfo.job_id): a worker of one slot,
   // for a user_workers job that has not ended.
   absl::Status CheckUserWorkerLocked(const v1::NodeInfo& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a user process of job `job_id` has no rank to take ("job X is gone",
+  // "job X has ended (CANCELLED)"); "" while the job is pending or running.
+  std::string UserJobOverLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::Assignment> AssignmentsOfLocked(const std::string& node_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

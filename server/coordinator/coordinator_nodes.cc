@@ -212,11 +212,18 @@ absl::Status Coordinator::CheckUserWorkerLocked(const v1::NodeInfo& node) const 
         absl::StrCat("register: job ", job.id(), " is trained by fulcrum-worker daemons (its spec has no "
                      "user_workers: true); a user process cannot take its ranks"));
   }
-  if (config::JobEnded(job.status().state())) {
-    return absl::FailedPreconditionError(absl::StrCat("register: job ", job.id(), " has ended (",
-                                                      v1::JobState_Name(job.status().state()), ")"));
+  if (const std::string over = UserJobOverLocked(job.id()); !over.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("register: ", over));
   }
   return absl::OkStatus();
+}
+
+std::string Coordinator::UserJobOverLocked(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::StrCat("job ", job_id, " is gone");
+  const v1::JobState state = it->second.job.status().state();
+  if (config::JobEnded(state)) return absl::StrCat("job ", job_id, " has ended (", v1::JobState_Name(state), ")");
+  return "";
 }
 
 std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& node_id) const {
@@ -264,13 +271,8 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
     // A user process whose job is gone or ended has nothing more to do:
     // told so (it stops waiting for a rank), and forgotten at the next tick.
     if (const std::string& job_id = it->second.info.job_id(); !job_id.empty()) {
-      auto job = jobs_.find(job_id);
-      if (job == jobs_.end() || config::JobEnded(job->second.job.status().state())) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "job ", job_id,
-            job == jobs_.end() ? " is gone"
-                               : absl::StrCat(" has ended (", v1::JobState_Name(job->second.job.status().state()), ")"),
-            "; this process has no rank to take"));
+      if (const std::string over = UserJobOverLocked(job_id); !over.empty()) {
+        refused = absl::FailedPreconditionError(absl::StrCat(over, "; this process has no rank to take"));
         it->second.leaving = true;
         kick_ = true;
       }
