@@ -1,5 +1,7 @@
 #include "cuda/kernels.h"
 
+#include "cuda/launch.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -7,20 +9,13 @@
 namespace fulcrum::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using launch::Blocks;
+using launch::kThreads;
+using launch::Launched;
+using launch::WarpBlocks;
+using launch::WarpSum;
 
-unsigned Blocks(size_t n) {
-  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>((n + kThreads - 1) / kThreads, 65535)));
-}
-
-CudaStatus Launched(const char* name) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return CudaStatus::Error(std::string(name) + " launch: " + cudaGetErrorString(err));
-  return CudaStatus::Ok();
-}
-
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{gridDim.x} * blockDim.x)
+#define GRID_STRIDE FULCRUM_GRID_STRIDE
 
 __device__ __forceinline__ float Gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ float GeluGrad(float x) {
@@ -45,14 +40,26 @@ __global__ void ColumnSumKernel(int M, int N, const float* x, float* out) {
 __global__ void ActivateKernel(int a, size_t n, const float* x, float* y) {
   GRID_STRIDE(i, n) {
     const float v = x[i];
-    y[i] = a == 1 ? fmaxf(v, 0.0f) : a == 2 ? Gelu(v) : v;
+    y[i] = a == 1 ? fmaxf(v, 0.0f) : a == 2 ? Gelu(v) : a == 3 ? 1.0f / (1.0f + expf(-v)) : a == 4 ? tanhf(v) : v;
   }
 }
 
 __global__ void ActivateGradKernel(int a, size_t n, const float* x, const float* dy, float* dx) {
   GRID_STRIDE(i, n) {
     const float v = x[i];
-    dx[i] = a == 1 ? (v > 0 ? dy[i] : 0.0f) : a == 2 ? dy[i] * GeluGrad(v) : dy[i];
+    float g = 1.0f;
+    if (a == 1) {
+      g = v > 0 ? 1.0f : 0.0f;
+    } else if (a == 2) {
+      g = GeluGrad(v);
+    } else if (a == 3) {
+      const float sg = 1.0f / (1.0f + expf(-v));
+      g = sg * (1.0f - sg);
+    } else if (a == 4) {
+      const float t = tanhf(v);
+      g = 1.0f - t * t;
+    }
+    dx[i] = dy[i] * g;
   }
 }
 
@@ -63,10 +70,6 @@ __global__ void ScaleKernel(size_t n, float alpha, float* x) {
   GRID_STRIDE(i, n) { x[i] *= alpha; }
 }
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ double WarpSumD(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -215,7 +218,6 @@ __global__ void EmbeddingBagGradKernel(int B, int dim, const float* dout, const 
   }
 }
 
-unsigned WarpBlocks(int rows) { return static_cast<unsigned>(std::max(1, (rows * 32 + kThreads - 1) / kThreads)); }
 
 }  // namespace
 

@@ -15,7 +15,7 @@
 
 namespace fulcrum::cuda {
 
-enum class Act : int { kNone = 0, kRelu = 1, kGelu = 2 };
+enum class Act : int { kNone = 0, kRelu = 1, kGelu = 2, kSigmoid = 3, kTanh = 4 };
 
 CudaStatus BiasAdd(int M, int N, const float* bias, float* y, cudaStream_t s);
 CudaStatus ColumnSum(int M, int N, const float* x, float* out, cudaStream_t s);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
+#include "common/config/model_graph.h"
 #include "common/lr_schedule.h"
 
 namespace fulcrum::config {
@@ -23,17 +24,22 @@ std::string Allowed(std::initializer_list<const char*> allowed) {
   return absl::StrJoin(allowed, ", ");
 }
 
+// `model` is the model's type; a graph reads sparse data when it has a
+// sparse_input ("graph with sparse_input") and any data otherwise (its
+// dense_input takes the keys below its width from sparse rows).
 void CheckSource(const v1::DataSource& s, const std::string& path, const std::string& model,
                  std::vector<std::string>* p) {
-  const bool sparse_model = OneOf(model, {"sparse_lr", "fm", "mf"});
+  const bool sparse_model = OneOf(model, {"sparse_lr", "fm", "mf", "graph with sparse_input"});
   const bool sparse_format = OneOf(s.format(), {"libsvm", "criteo"});
   if (s.format().empty()) {
     p->push_back(absl::StrCat(path, ".format: required; allowed: idx, libsvm, csv, criteo"));
   } else if (!OneOf(s.format(), {"idx", "libsvm", "csv", "criteo"})) {
     p->push_back(absl::StrCat(path, ".format: '", s.format(), "' is not one of: idx, libsvm, csv, criteo"));
   } else if (sparse_model && !sparse_format) {
-    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads sparse features: use libsvm or criteo"));
-  } else if (!sparse_model && !model.empty() && sparse_format) {
+    p->push_back(absl::StrCat(path, ".format: model '", model == "graph" || model.rfind("graph ", 0) == 0 ? "graph" : model,
+                              "' reads sparse features", model.size() > 5 && model.rfind("graph ", 0) == 0 ? " (its sparse_input)" : "",
+                              ": use libsvm or criteo"));
+  } else if (!sparse_model && !model.empty() && model != "graph" && sparse_format) {
     p->push_back(absl::StrCat(path, ".format: model '", model, "' reads dense features: use idx or csv"));
   }
   if (s.path().empty()) p->push_back(absl::StrCat(path, ".path: required (a file; relative to the worker's --data_dir)"));
@@ -93,6 +99,12 @@ void NormalizeJobSpec(v1::JobSpec* spec) {
   auto lower = [](std::string* s) { absl::AsciiStrToLower(s); };
   lower(spec->mutable_model()->mutable_type());
   lower(spec->mutable_model()->mutable_activation());
+  for (v1::GraphNode& n : *spec->mutable_model()->mutable_graph()) {
+    for (std::string* w : {n.mutable_op(), n.mutable_activation(), n.mutable_final_activation(), n.mutable_pooling(),
+                           n.mutable_loss()}) {
+      lower(w);
+    }
+  }
   // Touching an absent source would create it (has_test means "test data").
   auto source = [&](v1::DataSource* d) {
     lower(d->mutable_format());
@@ -122,7 +134,7 @@ void NameProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
 void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
   std::vector<std::string>& p = *out;
   const v1::ModelSpec& m = spec.model();
-  const auto kModels = {"softmax", "mlp", "sparse_lr", "fm", "mf"};
+  const auto kModels = {"softmax", "mlp", "sparse_lr", "fm", "mf", "graph"};
   if (m.type().empty()) {
     p.push_back(absl::StrCat("model.type: required; allowed: ", Allowed(kModels)));
   } else if (!OneOf(m.type(), kModels)) {
@@ -142,13 +154,22 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
   if (m.num_classes() == 1 || m.num_classes() < 0) p.push_back("model.num_classes: must be 0 (from the data) or >= 2");
   if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
   if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
+  std::string kind = m.type();
+  if (m.type() == "graph") {
+    for (std::string& s : ModelGraphProblems(m)) p.push_back(std::move(s));
+    for (const v1::GraphNode& n : m.graph()) {
+      if (n.op() == "sparse_input") kind = "graph with sparse_input";
+    }
+  } else if (m.graph_size() > 0) {
+    p.push_back(absl::StrCat("model.graph: only a model of type graph has nodes"));
+  }
   // data
   if (!spec.data().has_train()) {
     p.push_back("data.train: required (format, path)");
   } else {
-    CheckSource(spec.data().train(), "data.train", m.type(), &p);
+    CheckSource(spec.data().train(), "data.train", kind, &p);
   }
-  if (spec.data().has_test()) CheckSource(spec.data().test(), "data.test", m.type(), &p);
+  if (spec.data().has_test()) CheckSource(spec.data().test(), "data.test", kind, &p);
   CheckUnit(spec.data().test_fraction(), "data.test_fraction", &p);
   if (spec.data().has_test() && spec.data().test_fraction() > 0) {
     p.push_back("data.test_fraction: give either data.test or a held-out fraction, not both");

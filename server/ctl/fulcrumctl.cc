@@ -54,6 +54,7 @@
 #include "common/safetensors.h"
 #include "server/ctl/status_text.h"
 #include "common/config/job_spec.h"
+#include "common/config/model_graph.h"
 #include "common/config/spec_text.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
@@ -515,6 +516,11 @@ int Submit(const Session& session, fulcrum::v1::JobService::Stub* jobs) {
     return kUsage;
   }
   req.set_validate_only(absl::GetFlag(FLAGS_validate));
+  if (req.spec().model().type() == "graph" && !Json()) {
+    // The graph as the workers will compute it, before anything is sent.
+    auto graph = fulcrum::config::BuildModelGraph(req.spec().model());
+    if (graph.ok()) std::cout << fulcrum::config::ModelGraphText(*graph) << std::flush;
+  }
   fulcrum::v1::SubmitJobResponse resp;
   grpc::Status s = jobs->SubmitJob(Ctx(session).get(), req, &resp);
   if (!s.ok()) return Fail(s, "submit");

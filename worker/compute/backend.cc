@@ -20,6 +20,8 @@ const char* ActivationName(Activation a) {
     case Activation::kNone: return "none";
     case Activation::kRelu: return "relu";
     case Activation::kGelu: return "gelu";
+    case Activation::kSigmoid: return "sigmoid";
+    case Activation::kTanh: return "tanh";
   }
   return "?";
 }
@@ -27,6 +29,8 @@ const char* ActivationName(Activation a) {
 absl::StatusOr<Activation> ActivationFromName(absl::string_view name) {
   if (name == "relu") return Activation::kRelu;
   if (name == "gelu") return Activation::kGelu;
+  if (name == "sigmoid") return Activation::kSigmoid;
+  if (name == "tanh") return Activation::kTanh;
   if (name == "none" || name.empty()) return Activation::kNone;
   return absl::InvalidArgumentError(absl::StrCat("unknown activation \"", name, "\" (allowed: relu, gelu, none)"));
 }

@@ -28,7 +28,9 @@ namespace fulcrum::compute {
 
 class Backend;
 
-enum class Activation { kNone, kRelu, kGelu };
+// Sigmoid and tanh are element-wise only (model graphs); the fused dense
+// layers take none, relu or gelu.
+enum class Activation { kNone, kRelu, kGelu, kSigmoid, kTanh };
 const char* ActivationName(Activation a);
 absl::StatusOr<Activation> ActivationFromName(absl::string_view name);
 
@@ -241,6 +243,27 @@ class Backend {
   virtual absl::Status EmbeddingBagGrad(int B, int dim, const float* dout, const int32_t* offsets,
                                         const int32_t* idx, const float* vals, bool square,
                                         const float* rows, float* grad) = 0;
+
+  // ---- model-graph ops (models/graph_model.h). x holds B examples of n
+  // vectors of width d, B x n x d row-major.
+  // DLRM's interaction: out[b, p] = <x[b,i], x[b,j]> over the pairs i < j
+  // in the order (0,1), (0,2), ..., (0,n-1), (1,2), ...: B x n(n-1)/2.
+  virtual absl::Status DotInteraction(int B, int n, int d, const float* x, float* out) = 0;
+  // dx[b,i] = sum over j != i of dout[b, pair(i,j)] * x[b,j] (written).
+  virtual absl::Status DotInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) = 0;
+  // The factorization machine's pairwise term: out[b] = 1/2 sum_k
+  // ((sum_i x[b,i,k])^2 - sum_i x[b,i,k]^2), the sum of <x_i, x_j>, i < j.
+  virtual absl::Status FmInteraction(int B, int n, int d, const float* x, float* out) = 0;
+  // dx[b,i,k] = dout[b] * (sum_j x[b,j,k] - x[b,i,k]) (written).
+  virtual absl::Status FmInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) = 0;
+  // Layer normalization of each row of N: y = (x - mean) * rstd * gamma +
+  // beta, rstd = 1 / sqrt(variance + eps) (the biased variance); mean and
+  // rstd (M each) are kept for the gradient.
+  virtual absl::Status LayerNorm(int M, int N, const float* x, const float* gamma, const float* beta, float eps,
+                                 float* y, float* mean, float* rstd) = 0;
+  // dx (written), and dgamma and dbeta (written: sums over the rows).
+  virtual absl::Status LayerNormGrad(int M, int N, const float* x, const float* gamma, const float* mean,
+                                     const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta) = 0;
 
   // ---- profiling
   void set_profiling(bool on) { profiling_ = on; }

@@ -53,6 +53,8 @@ inline float GeluGradF(float x) {
   return cdf + x * pdf;
 }
 
+inline float SigmoidF(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency())) {
@@ -151,6 +153,8 @@ class CpuBackend final : public Backend {
         case Activation::kNone: if (x != y) std::memmove(y + b, x + b, (e - b) * 4); break;
         case Activation::kRelu: for (size_t i = b; i < e; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f; break;
         case Activation::kGelu: for (size_t i = b; i < e; ++i) y[i] = GeluF(x[i]); break;
+        case Activation::kSigmoid: for (size_t i = b; i < e; ++i) y[i] = SigmoidF(x[i]); break;
+        case Activation::kTanh: for (size_t i = b; i < e; ++i) y[i] = std::tanh(x[i]); break;
       }
     });
     return absl::OkStatus();
@@ -163,6 +167,18 @@ class CpuBackend final : public Backend {
         case Activation::kNone: if (dx != dy) std::memmove(dx + b, dy + b, (e - b) * 4); break;
         case Activation::kRelu: for (size_t i = b; i < e; ++i) dx[i] = x[i] > 0 ? dy[i] : 0.0f; break;
         case Activation::kGelu: for (size_t i = b; i < e; ++i) dx[i] = dy[i] * GeluGradF(x[i]); break;
+        case Activation::kSigmoid:
+          for (size_t i = b; i < e; ++i) {
+            const float s = SigmoidF(x[i]);
+            dx[i] = dy[i] * s * (1.0f - s);
+          }
+          break;
+        case Activation::kTanh:
+          for (size_t i = b; i < e; ++i) {
+            const float t = std::tanh(x[i]);
+            dx[i] = dy[i] * (1.0f - t * t);
+          }
+          break;
       }
     });
     return absl::OkStatus();
@@ -386,6 +402,123 @@ class CpuBackend final : public Backend {
         }
       }
     });
+    return absl::OkStatus();
+  }
+
+  // ---- model-graph ops: examples split over threads.
+  absl::Status DotInteraction(int B, int n, int d, const float* x, float* out) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    const size_t P = size_t{1} * n * (n - 1) / 2;
+    Split(static_cast<size_t>(std::max(B, 0)), size_t{1} * B * P * d, [&](size_t lo, size_t hi) {
+      for (size_t b = lo; b < hi; ++b) {
+        const float* xb = x + b * n * d;
+        float* o = out + b * P;
+        for (int i = 0; i < n; ++i) {
+          for (int j = i + 1; j < n; ++j) {
+            float s = 0;
+            for (int k = 0; k < d; ++k) s += xb[size_t{1} * i * d + k] * xb[size_t{1} * j * d + k];
+            *o++ = s;
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+  absl::Status DotInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    const size_t P = size_t{1} * n * (n - 1) / 2;
+    Split(static_cast<size_t>(std::max(B, 0)), size_t{1} * B * P * d, [&](size_t lo, size_t hi) {
+      for (size_t b = lo; b < hi; ++b) {
+        const float* xb = x + b * n * d;
+        float* g = dx + b * n * d;
+        std::fill(g, g + size_t{1} * n * d, 0.0f);
+        const float* o = dout + b * P;
+        for (int i = 0; i < n; ++i) {
+          for (int j = i + 1; j < n; ++j) {
+            const float c = *o++;
+            for (int k = 0; k < d; ++k) {
+              g[size_t{1} * i * d + k] += c * xb[size_t{1} * j * d + k];
+              g[size_t{1} * j * d + k] += c * xb[size_t{1} * i * d + k];
+            }
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+  absl::Status FmInteraction(int B, int n, int d, const float* x, float* out) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    for (int b = 0; b < B; ++b) {
+      const float* xb = x + size_t{1} * b * n * d;
+      float total = 0;
+      for (int k = 0; k < d; ++k) {
+        float s = 0, q = 0;
+        for (int i = 0; i < n; ++i) {
+          const float v = xb[size_t{1} * i * d + k];
+          s += v;
+          q += v * v;
+        }
+        total += s * s - q;
+      }
+      out[b] = 0.5f * total;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status FmInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    for (int b = 0; b < B; ++b) {
+      const float* xb = x + size_t{1} * b * n * d;
+      float* g = dx + size_t{1} * b * n * d;
+      for (int k = 0; k < d; ++k) {
+        float s = 0;
+        for (int i = 0; i < n; ++i) s += xb[size_t{1} * i * d + k];
+        for (int i = 0; i < n; ++i) g[size_t{1} * i * d + k] = dout[b] * (s - xb[size_t{1} * i * d + k]);
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status LayerNorm(int M, int N, const float* x, const float* gamma, const float* beta, float eps, float* y,
+                         float* mean, float* rstd) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    for (int i = 0; i < M; ++i) {
+      const float* r = x + size_t{1} * i * N;
+      double s = 0, q = 0;
+      for (int j = 0; j < N; ++j) s += r[j];
+      const double mu = s / N;
+      for (int j = 0; j < N; ++j) q += (r[j] - mu) * (r[j] - mu);
+      const float rs = static_cast<float>(1.0 / std::sqrt(q / N + eps));
+      mean[i] = static_cast<float>(mu);
+      rstd[i] = rs;
+      float* o = y + size_t{1} * i * N;
+      for (int j = 0; j < N; ++j) o[j] = (r[j] - mean[i]) * rs * gamma[j] + beta[j];
+    }
+    return absl::OkStatus();
+  }
+  absl::Status LayerNormGrad(int M, int N, const float* x, const float* gamma, const float* mean, const float* rstd,
+                             const float* dy, float* dx, float* dgamma, float* dbeta) override {
+    Timed t(profiling_, &profile_.other_seconds);
+    std::fill(dgamma, dgamma + N, 0.0f);
+    std::fill(dbeta, dbeta + N, 0.0f);
+    for (int i = 0; i < M; ++i) {
+      const float* r = x + size_t{1} * i * N;
+      const float* g = dy + size_t{1} * i * N;
+      float* o = dx + size_t{1} * i * N;
+      // dxhat = dy * gamma; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+      double a = 0, c = 0;
+      for (int j = 0; j < N; ++j) {
+        const float xhat = (r[j] - mean[i]) * rstd[i];
+        const float dh = g[j] * gamma[j];
+        a += dh;
+        c += dh * xhat;
+        dgamma[j] += g[j] * xhat;
+        dbeta[j] += g[j];
+      }
+      const float ma = static_cast<float>(a / N), mc = static_cast<float>(c / N);
+      for (int j = 0; j < N; ++j) {
+        const float xhat = (r[j] - mean[i]) * rstd[i];
+        o[j] = rstd[i] * (g[j] * gamma[j] - ma - xhat * mc);
+      }
+    }
     return absl::OkStatus();
   }
 

@@ -15,6 +15,7 @@
 #include "cuda/blas.h"
 #include "cuda/casts.h"
 #include "cuda/device.h"
+#include "cuda/graph_kernels.h"
 #include "cuda/kernels.h"
 
 namespace fulcrum::compute {
@@ -34,10 +35,15 @@ cuda::Act ToAct(Activation a) {
   switch (a) {
     case Activation::kRelu: return cuda::Act::kRelu;
     case Activation::kGelu: return cuda::Act::kGelu;
+    case Activation::kSigmoid: return cuda::Act::kSigmoid;
+    case Activation::kTanh: return cuda::Act::kTanh;
     case Activation::kNone: break;
   }
   return cuda::Act::kNone;
 }
+
+// cuBLASLt has epilogues for these (and none).
+bool Fusable(Activation a) { return a == Activation::kNone || a == Activation::kRelu || a == Activation::kGelu; }
 
 cuda::GemmInput GemmTypeOf(DType t) {
   return t == DType::kBf16 ? cuda::GemmInput::kBf16 : t == DType::kFp16 ? cuda::GemmInput::kFp16 : cuda::GemmInput::kFp32;
@@ -183,13 +189,13 @@ class CudaBackend final : public Backend {
   // ---- dense layers: one cuBLASLt GEMM with its epilogue each (backend.h),
   // unless the startup check found the fused path wrong or missing here.
   size_t DenseAuxBytes(DType input, Activation act, int M, int N) const override {
-    if (!fused_ || act == Activation::kNone) return Backend::DenseAuxBytes(input, act, M, N);
+    if (!fused_ || act == Activation::kNone || !Fusable(act)) return Backend::DenseAuxBytes(input, act, M, N);
     // GELU's input is kept in D's type: fp32 bounds both.
     return cuda::Blas::AuxBytes(ForwardEpilogue(act), cuda::GemmInput::kFp32, M, N);
   }
   absl::Status DenseForward(DType input, int M, int N, int K, const void* x, const void* w, const float* bias,
                             Activation act, void* aux, float* y, uint16_t* y16) override {
-    if (!fused_) return Backend::DenseForward(input, M, N, K, x, w, bias, act, aux, y, y16);
+    if (!fused_ || !Fusable(act)) return Backend::DenseForward(input, M, N, K, x, w, bias, act, aux, y, y16);
     // 16-bit hidden layers: the GEMM writes the next layer's 16-bit input
     // (and GELU's input) itself; the bias then has that type too.
     const bool half_out = input != DType::kFp32 && act != Activation::kNone && y16 != nullptr;
@@ -228,7 +234,7 @@ class CudaBackend final : public Backend {
   }
   absl::Status DenseInputGrad(DType input, int M, int N, int K, const void* dz, const void* w, Activation act,
                               const void* aux, float* dx, uint16_t* dx16, float* db_below) override {
-    if (!fused_ || act == Activation::kNone) {
+    if (!fused_ || act == Activation::kNone || !Fusable(act)) {
       return Backend::DenseInputGrad(input, M, N, K, dz, w, act, aux, dx, dx16, db_below);
     }
     const bool half_out = input != DType::kFp32 && dx16 != nullptr;
@@ -386,6 +392,28 @@ class CudaBackend final : public Backend {
                                 const float* vals, bool square, const float* rows, float* grad) override {
     return Other(
         [&] { return cuda::EmbeddingBagGrad(B, dim, dout, offsets, idx, vals, square, rows, grad, stream_); });
+  }
+
+  // ---- model-graph ops (cuda/graph_kernels.h)
+  absl::Status DotInteraction(int B, int n, int d, const float* x, float* out) override {
+    return Other([&] { return cuda::DotInteraction(B, n, d, x, out, stream_); });
+  }
+  absl::Status DotInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) override {
+    return Other([&] { return cuda::DotInteractionGrad(B, n, d, x, dout, dx, stream_); });
+  }
+  absl::Status FmInteraction(int B, int n, int d, const float* x, float* out) override {
+    return Other([&] { return cuda::FmInteraction(B, n, d, x, out, stream_); });
+  }
+  absl::Status FmInteractionGrad(int B, int n, int d, const float* x, const float* dout, float* dx) override {
+    return Other([&] { return cuda::FmInteractionGrad(B, n, d, x, dout, dx, stream_); });
+  }
+  absl::Status LayerNorm(int M, int N, const float* x, const float* gamma, const float* beta, float eps, float* y,
+                         float* mean, float* rstd) override {
+    return Other([&] { return cuda::LayerNorm(M, N, x, gamma, beta, eps, y, mean, rstd, stream_); });
+  }
+  absl::Status LayerNormGrad(int M, int N, const float* x, const float* gamma, const float* mean, const float* rstd,
+                             const float* dy, float* dx, float* dgamma, float* dbeta) override {
+    return Other([&] { return cuda::LayerNormGrad(M, N, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, stream_); });
   }
 
  protected:

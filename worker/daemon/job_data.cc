@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config/model_graph.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -93,6 +94,41 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
       absl::StrCat("data format '", s.format(), "' is not one of: idx, libsvm, csv, criteo"));
 }
 
+// A graph model's view of the data: which keys of a sparse row are dense
+// features and how the rest split into fields (models::ModelConfig).
+static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc) {
+  ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(spec.model()));
+  mc->graph = spec.model();
+  const std::string& format = spec.data().train().format();
+  const config::GraphNodeInfo* dense = g.dense_input >= 0 ? &g.nodes[g.dense_input] : nullptr;
+  const config::GraphNodeInfo* sparse = g.sparse_input >= 0 ? &g.nodes[g.sparse_input] : nullptr;
+  if (format == "criteo") {
+    mc->dense_keys = data::kCriteoIntegers;
+    mc->field_bits = spec.data().train().hash_bits() > 0 ? static_cast<int>(spec.data().train().hash_bits()) : 20;
+    if (dense != nullptr && dense->width() != data::kCriteoIntegers) {
+      return absl::InvalidArgumentError(absl::StrCat("model.graph node '", dense->name, "': width ", dense->width(),
+                                                     ", but criteo rows have ", data::kCriteoIntegers, " integer features"));
+    }
+    if (sparse != nullptr && sparse->fields != data::kCriteoCategoricals) {
+      return absl::InvalidArgumentError(absl::StrCat("model.graph node '", sparse->name, "': ", sparse->fields,
+                                                     " fields, but criteo rows have ", data::kCriteoCategoricals,
+                                                     " categorical fields"));
+    }
+  } else if (format == "libsvm") {
+    mc->dense_keys = dense != nullptr ? static_cast<int>(dense->width()) : 0;
+    if (sparse != nullptr && sparse->fields != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("model.graph node '", sparse->name, "': ", sparse->fields,
+                                                     " fields, but libsvm rows have one (keys at and above the "
+                                                     "dense_input's width)"));
+    }
+  }
+  const config::GraphNodeInfo& loss = g.nodes.back();
+  if (loss.loss == config::GraphLoss::kSoftmaxCrossEntropy) {
+    mc->num_classes = static_cast<int>(g.nodes[loss.inputs[0]].width());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train) {
   models::ModelConfig mc;
   mc.type = spec.model().type();
@@ -110,6 +146,7 @@ absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, cons
   if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
   mc.precision = DTypeOf(spec.precision());
   mc.seed = spec.seed();
+  if (mc.type == "graph") RETURN_IF_ERROR(GraphLayout(spec, &mc));
   return mc;
 }
 
@@ -133,6 +170,12 @@ v1::DataSummary SummarizeData(const v1::DataSource& s, const data::Dataset& d) {
 
 absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
                           const v1::DataSummary* test) {
+  if (model.type == "graph" && model.num_classes > 0 && train.label_kind() == "class" &&
+      train.classes() > static_cast<uint32_t>(model.num_classes)) {
+    return absl::InvalidArgumentError(absl::StrCat("data.train (", train.source(), ") has labels 0 to ", train.classes() - 1,
+                                                   ", but the graph's softmax_cross_entropy reads ", model.num_classes,
+                                                   " logits; make its input that wide"));
+  }
   if (model.type != "softmax" && model.type != "mlp") return absl::OkStatus();
   auto where = [](const char* field, const v1::DataSummary& d) {
     return absl::StrCat(field, " (", d.source(),

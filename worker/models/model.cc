@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/data/device_data.h"
+#include "worker/models/graph_model.h"
 
 namespace fulcrum::models {
 
@@ -86,11 +87,6 @@ absl::Status Model::Prepare(const data::Batch& batch) {
   return absl::OkStatus();
 }
 
-namespace {
-
-using compute::Activation;
-using compute::Buffer;
-
 // Checks classification labels on the host and converts them to int32.
 absl::Status ClassLabels(const data::Batch& batch, int classes, std::vector<int32_t>* out) {
   out->resize(batch.size);
@@ -105,6 +101,11 @@ absl::Status ClassLabels(const data::Batch& batch, int classes, std::vector<int3
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+using compute::Activation;
+using compute::Buffer;
 
 // ---------------------------------------------------------------- MLP
 
@@ -518,13 +519,17 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& c, compute
     }
     return std::unique_ptr<Model>(new SparseLinear(c, backend, c.type == "fm"));
   }
+  if (c.type == "graph") {
+    if (c.precision != DType::kFp32) return absl::InvalidArgumentError("model graph: precision must be fp32");
+    return CreateGraphModel(c, backend);
+  }
   if (c.type == "mf") {
     if (c.factors <= 0) return absl::InvalidArgumentError("model mf: factors must be > 0");
     if (c.precision != DType::kFp32) return absl::InvalidArgumentError("model mf: precision must be fp32");
     return std::unique_ptr<Model>(new MatrixFactorization(c, backend));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("model type \"", c.type, "\" is unknown (allowed: softmax, mlp, sparse_lr, fm, mf)"));
+      absl::StrCat("model type \"", c.type, "\" is unknown (allowed: softmax, mlp, sparse_lr, fm, mf, graph)"));
 }
 
 }  // namespace fulcrum::models

@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/common.pb.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
@@ -44,7 +45,7 @@ namespace fulcrum::models {
 enum class Task { kClassification, kBinary, kRegression };
 
 struct ModelConfig {
-  std::string type;              // softmax | mlp | sparse_lr | fm | mf
+  std::string type;              // softmax | mlp | sparse_lr | fm | mf | graph
   int num_features = 0;          // softmax, mlp: input width
   int num_classes = 0;           // softmax, mlp
   std::vector<int> hidden;       // mlp: hidden layer widths
@@ -54,6 +55,14 @@ struct ModelConfig {
   float global_mean = 0;         // mf: initial global bias
   DType precision = DType::kFp32;  // GEMM inputs: fp32, bf16 or fp16
   uint64_t seed = 1;
+  // graph: the spec's nodes (graph_model.h), and how sparse rows split into
+  // its inputs: keys below dense_keys are dense features (Criteo: the 13
+  // integers); a key k above is a categorical value of field (k -
+  // dense_keys) >> field_bits (Criteo: hash_bits), or of field 0 when
+  // field_bits is 0 (LibSVM).
+  v1::ModelSpec graph;
+  int dense_keys = 0;
+  int field_bits = 0;
 };
 
 struct Table {
@@ -126,6 +135,10 @@ class Model {
 };
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& config, compute::Backend* backend);
+
+// Checks classification labels on the host (integers in [0, classes)) and
+// converts them to int32.
+absl::Status ClassLabels(const data::Batch& batch, int classes, std::vector<int32_t>* out);
 
 using data::DistinctKeys;  // data/dataset.h
 

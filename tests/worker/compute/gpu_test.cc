@@ -12,6 +12,7 @@
 
 #include "tests/testing/test_util.h"
 #include "worker/compute/backend.h"
+#include "common/config/spec_text.h"
 #include "worker/models/model.h"
 
 namespace fulcrum::compute {
@@ -473,6 +474,113 @@ TEST_CASE("GPU: every model's gradients match the CPU's, bf16 and fp16 within th
         REQUIRE(std::sqrt(num / den) < (p == DType::kBf16 ? 3e-2 : 5e-3));  // vs fp32
         REQUIRE(std::sqrt(num_cpu / den) < 1e-3);  // vs the CPU's emulation of the same rounding
       }
+    }
+  }
+}
+
+TEST_CASE("GPU: model-graph ops (dot interaction, fm, layer norm, sigmoid, tanh) match the CPU backend", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  const int B = 67, n = 27, d = 16, P = n * (n - 1) / 2;
+  const auto x = Random<float>(size_t{1} * B * n * d, 31);
+  const auto dout = Random<float>(size_t{1} * B * P, 32);
+  Buffer gx = Up(*gpu, x), gd = Up(*gpu, dout);
+  {
+    std::vector<float> want(size_t{1} * B * P), want_dx(x.size());
+    REQUIRE_OK(cpu->DotInteraction(B, n, d, x.data(), want.data()));
+    REQUIRE_OK(cpu->DotInteractionGrad(B, n, d, x.data(), dout.data(), want_dx.data()));
+    Buffer out = Up(*gpu, want), dx = Up(*gpu, want_dx);
+    REQUIRE_OK(gpu->Zero(out.data(), want.size() * 4));
+    REQUIRE_OK(gpu->DotInteraction(B, n, d, gx.as<float>(), out.as<float>()));
+    REQUIRE_OK(gpu->DotInteractionGrad(B, n, d, gx.as<float>(), gd.as<float>(), dx.as<float>()));
+    Close(Down<float>(*gpu, out, want.size()), want, 1e-4, 1e-5);
+    Close(Down<float>(*gpu, dx, want_dx.size()), want_dx, 1e-4, 1e-4);
+  }
+  {
+    std::vector<float> want(B), want_dx(x.size());
+    REQUIRE_OK(cpu->FmInteraction(B, n, d, x.data(), want.data()));
+    REQUIRE_OK(cpu->FmInteractionGrad(B, n, d, x.data(), dout.data(), want_dx.data()));
+    Buffer out = Up(*gpu, want), dx = Up(*gpu, want_dx);
+    REQUIRE_OK(gpu->FmInteraction(B, n, d, gx.as<float>(), out.as<float>()));
+    REQUIRE_OK(gpu->FmInteractionGrad(B, n, d, gx.as<float>(), gd.as<float>(), dx.as<float>()));
+    Close(Down<float>(*gpu, out, want.size()), want, 1e-4, 1e-4);
+    Close(Down<float>(*gpu, dx, want_dx.size()), want_dx, 1e-4, 1e-4);
+  }
+  {
+    const int M = B, N = n * d;
+    const auto gamma = Random<float>(N, 33), beta = Random<float>(N, 34), dy = Random<float>(x.size(), 35);
+    std::vector<float> y(x.size()), mean(M), rstd(M), dx(x.size()), dg(N), db(N);
+    REQUIRE_OK(cpu->LayerNorm(M, N, x.data(), gamma.data(), beta.data(), 1e-5f, y.data(), mean.data(), rstd.data()));
+    REQUIRE_OK(cpu->LayerNormGrad(M, N, x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx.data(),
+                                  dg.data(), db.data()));
+    Buffer g = Up(*gpu, gamma), b = Up(*gpu, beta), gdy = Up(*gpu, dy), gy = Up(*gpu, y), gm = Up(*gpu, mean),
+           gr = Up(*gpu, rstd), gdx = Up(*gpu, dx), gdg = Up(*gpu, dg), gdb = Up(*gpu, db);
+    REQUIRE_OK(gpu->LayerNorm(M, N, gx.as<float>(), g.as<float>(), b.as<float>(), 1e-5f, gy.as<float>(),
+                              gm.as<float>(), gr.as<float>()));
+    REQUIRE_OK(gpu->LayerNormGrad(M, N, gx.as<float>(), g.as<float>(), gm.as<float>(), gr.as<float>(),
+                                  gdy.as<float>(), gdx.as<float>(), gdg.as<float>(), gdb.as<float>()));
+    Close(Down<float>(*gpu, gy, y.size()), y, 1e-4, 1e-4);
+    Close(Down<float>(*gpu, gdx, dx.size()), dx, 1e-3, 1e-4);
+    Close(Down<float>(*gpu, gdg, dg.size()), dg, 1e-4, 1e-4);
+    Close(Down<float>(*gpu, gdb, db.size()), db, 1e-4, 1e-4);
+  }
+  for (Activation a : {Activation::kSigmoid, Activation::kTanh}) {
+    INFO(ActivationName(a));
+    std::vector<float> y(x.size()), dx(x.size());
+    const auto dy = Random<float>(x.size(), 36);
+    REQUIRE_OK(cpu->Activate(a, x.size(), x.data(), y.data()));
+    REQUIRE_OK(cpu->ActivateGrad(a, x.size(), x.data(), dy.data(), dx.data()));
+    Buffer gy = Up(*gpu, y), gdy = Up(*gpu, dy), gdx = Up(*gpu, dx);
+    REQUIRE_OK(gpu->Activate(a, x.size(), gx.as<float>(), gy.as<float>()));
+    REQUIRE_OK(gpu->ActivateGrad(a, x.size(), gx.as<float>(), gdy.as<float>(), gdx.as<float>()));
+    Close(Down<float>(*gpu, gy, y.size()), y, 1e-5, 1e-6);
+    Close(Down<float>(*gpu, gdx, dx.size()), dx, 1e-5, 1e-6);
+  }
+}
+
+TEST_CASE("GPU: the DLRM, Wide and Deep and DeepFM examples' gradients match the CPU's", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch b;
+  b.size = 256;
+  b.offsets.push_back(0);
+  for (int i = 0; i < b.size; ++i) {
+    for (int k = 0; k < 13; ++k) {
+      b.keys.push_back(k);
+      b.values.push_back(std::abs(n(rng)));
+    }
+    for (int f = 0; f < 26; ++f) {
+      if (rng() % 10 == 0) continue;  // absent
+      b.keys.push_back(13 + (uint64_t{static_cast<uint32_t>(f)} << 20) + rng() % 50);
+      b.values.push_back(1);
+    }
+    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+    b.labels.push_back(static_cast<float>(rng() % 2));
+  }
+  for (const char* file : {"ctr-dlrm.yaml", "ctr-wide-deep.yaml", "ctr-deepfm.yaml"}) {
+    INFO(file);
+    v1::JobSpec spec;
+    REQUIRE_OK(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + file, &spec));
+    models::ModelConfig c;
+    c.type = "graph";
+    c.graph = spec.model();
+    c.dense_keys = 13;
+    c.field_bits = 20;
+    auto want = Grads(*cpu, c, b);
+    auto got = Grads(*gpu, c, b);
+    REQUIRE(want.size() == got.size());
+    for (size_t t = 0; t < want.size(); ++t) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < want[t].size(); ++i) {
+        num += (got[t][i] - want[t][i]) * (got[t][i] - want[t][i]);
+        den += want[t][i] * want[t][i];
+      }
+      INFO("table " << t << ": relative L2 difference " << std::sqrt(num / std::max(den, 1e-30)));
+      REQUIRE(std::sqrt(num / std::max(den, 1e-30)) < 1e-4);
     }
   }
 }

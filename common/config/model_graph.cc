@@ -1,0 +1,458 @@
+#include "common/config/model_graph.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace fulcrum::config {
+namespace {
+
+constexpr int kMaxWidth = 1 << 20;
+constexpr int kMaxFields = 4096;
+constexpr int kMaxDim = 4096;
+
+struct OpName {
+  const char* name;
+  GraphOp op;
+};
+constexpr OpName kOps[] = {
+    {"dense_input", GraphOp::kDenseInput}, {"sparse_input", GraphOp::kSparseInput},
+    {"embedding", GraphOp::kEmbedding},    {"linear", GraphOp::kLinear},
+    {"relu", GraphOp::kRelu},              {"gelu", GraphOp::kGelu},
+    {"sigmoid", GraphOp::kSigmoid},        {"tanh", GraphOp::kTanh},
+    {"concat", GraphOp::kConcat},          {"add", GraphOp::kAdd},
+    {"dot_interaction", GraphOp::kDotInteraction}, {"fm", GraphOp::kFm},
+    {"layer_norm", GraphOp::kLayerNorm},   {"loss", GraphOp::kLoss},
+};
+constexpr char kAllowedOps[] =
+    "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, dot_interaction, "
+    "fm, layer_norm, loss";
+
+bool IsActivation(GraphOp op) {
+  return op == GraphOp::kRelu || op == GraphOp::kGelu || op == GraphOp::kSigmoid || op == GraphOp::kTanh;
+}
+
+// A node before ordering: its spec, where it came from, its inputs by name.
+struct Raw {
+  GraphNodeInfo info;
+  std::vector<std::string> input_names;
+  std::string path;  // "model.graph[2] 'top'"
+  const v1::GraphNode* spec = nullptr;
+};
+
+bool ParseOp(const std::string& s, GraphOp* op) {
+  for (const OpName& o : kOps) {
+    if (s == o.name) {
+      *op = o.op;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Expands one spec node (an mlp into its layers) onto *out.
+void Expand(const v1::GraphNode& n, int index, std::vector<Raw>* out, std::vector<std::string>* p) {
+  const std::string path = absl::StrCat("model.graph[", index, "] '", n.name(), "'");
+  std::vector<std::string> inputs(n.inputs().begin(), n.inputs().end());
+  if (n.op() != "mlp") {
+    Raw r;
+    r.path = path;
+    r.spec = &n;
+    r.info.name = n.name();
+    r.input_names = std::move(inputs);
+    if (!ParseOp(n.op(), &r.info.op)) {
+      p->push_back(absl::StrCat(path, ".op: '", n.op(), "' is not one of: ", kAllowedOps));
+      return;
+    }
+    out->push_back(std::move(r));
+    return;
+  }
+  if (n.layers_size() == 0) {
+    p->push_back(absl::StrCat(path, ".layers: an mlp needs at least one layer width"));
+    return;
+  }
+  GraphOp act = GraphOp::kRelu, last = GraphOp::kLoss;  // kLoss: none
+  if (!n.activation().empty() && (!ParseOp(n.activation(), &act) || !IsActivation(act))) {
+    p->push_back(absl::StrCat(path, ".activation: '", n.activation(), "' is not one of: relu, gelu, sigmoid, tanh"));
+    return;
+  }
+  if (!n.final_activation().empty() && n.final_activation() != "none" &&
+      (!ParseOp(n.final_activation(), &last) || !IsActivation(last))) {
+    p->push_back(absl::StrCat(path, ".final_activation: '", n.final_activation(),
+                              "' is not one of: none, relu, gelu, sigmoid, tanh"));
+    return;
+  }
+  const int L = n.layers_size();
+  std::string prev_name;
+  for (int l = 0; l < L; ++l) {
+    const GraphOp a = l + 1 < L ? act : last;
+    const bool named_last = l + 1 == L && a == GraphOp::kLoss;
+    Raw lin;
+    lin.path = absl::StrCat(path, ".layers[", l, "]");
+    lin.spec = &n;
+    lin.info.op = GraphOp::kLinear;
+    lin.info.name = named_last ? n.name() : absl::StrCat(n.name(), "/linear", l);
+    lin.info.cols = n.layers(l);
+    lin.info.from = n.name();
+    lin.input_names = l == 0 ? inputs : std::vector<std::string>{prev_name};
+    prev_name = lin.info.name;
+    out->push_back(std::move(lin));
+    if (a == GraphOp::kLoss) continue;
+    Raw r;
+    r.path = lin.path;
+    r.spec = &n;
+    r.info.op = a;
+    r.info.name = l + 1 == L ? n.name() : absl::StrCat(n.name(), "/", GraphOpName(a), l);
+    r.info.from = n.name();
+    r.input_names = {prev_name};
+    prev_name = r.info.name;
+    out->push_back(std::move(r));
+  }
+}
+
+// Reads the op's own fields into r.info, checking their ranges.
+void ReadParameters(Raw& r, std::vector<std::string>* p) {
+  const v1::GraphNode& s = *r.spec;
+  GraphNodeInfo& g = r.info;
+  auto bad = [&](const char* field, const std::string& what) { p->push_back(absl::StrCat(r.path, ".", field, ": ", what)); };
+  switch (g.op) {
+    case GraphOp::kDenseInput:
+      if (s.width() <= 0 || s.width() > kMaxWidth) bad("width", absl::StrCat(s.width(), " must be 1 to ", kMaxWidth));
+      g.cols = s.width();
+      break;
+    case GraphOp::kSparseInput:
+      if (s.fields() <= 0 || s.fields() > kMaxFields) bad("fields", absl::StrCat(s.fields(), " must be 1 to ", kMaxFields));
+      g.fields = s.fields();
+      break;
+    case GraphOp::kEmbedding:
+      if (s.dim() <= 0 || s.dim() > kMaxDim) bad("dim", absl::StrCat(s.dim(), " must be 1 to ", kMaxDim));
+      if (!s.pooling().empty() && s.pooling() != "sum" && s.pooling() != "mean") {
+        bad("pooling", absl::StrCat("'", s.pooling(), "' is not one of: sum, mean"));
+      }
+      if (!(s.init_stddev() >= 0)) bad("init_stddev", "must be >= 0 (0: 0.01)");
+      g.dim = s.dim();
+      g.mean = s.pooling() == "mean";
+      g.shared = s.shared();
+      g.sum_fields = s.sum_fields();
+      g.init_stddev = s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
+      break;
+    case GraphOp::kLinear:
+      if (g.from.empty()) g.cols = s.width();
+      if (g.cols <= 0 || g.cols > kMaxWidth) {
+        bad(g.from.empty() ? "width" : "layers", absl::StrCat(g.cols, " must be 1 to ", kMaxWidth));
+      }
+      break;
+    case GraphOp::kLayerNorm:
+      if (!(s.epsilon() >= 0)) bad("epsilon", "must be >= 0 (0: 1e-5)");
+      g.epsilon = s.epsilon() > 0 ? s.epsilon() : 1e-5f;
+      break;
+    case GraphOp::kLoss:
+      if (s.loss() == "softmax_cross_entropy") {
+        g.loss = GraphLoss::kSoftmaxCrossEntropy;
+      } else if (s.loss() == "binary_cross_entropy") {
+        g.loss = GraphLoss::kBinaryCrossEntropy;
+      } else if (s.loss() == "squared_error") {
+        g.loss = GraphLoss::kSquaredError;
+      } else {
+        bad("loss", absl::StrCat(s.loss().empty() ? "required" : absl::StrCat("'", s.loss(), "' is not one of"),
+                                 "; allowed: softmax_cross_entropy, binary_cross_entropy, squared_error"));
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+// How many inputs an op takes: [min, max] (max -1: any).
+std::pair<int, int> Arity(GraphOp op) {
+  switch (op) {
+    case GraphOp::kDenseInput:
+    case GraphOp::kSparseInput: return {0, 0};
+    case GraphOp::kConcat:
+    case GraphOp::kAdd: return {2, -1};
+    case GraphOp::kDotInteraction:
+    case GraphOp::kFm: return {1, -1};
+    default: return {1, 1};
+  }
+}
+
+// Infers node g's shape from its inputs (already inferred).
+void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& g, std::vector<std::string>* p) {
+  auto bad = [&](const std::string& what) { p->push_back(absl::StrCat(r.path, ": ", what)); };
+  for (size_t k = 0; k < g.inputs.size(); ++k) {
+    const GraphNodeInfo& in = nodes[g.inputs[k]];
+    if (in.op == GraphOp::kLoss) {
+      bad(absl::StrCat("input '", in.name, "' is the loss; nothing reads a loss"));
+      return;
+    }
+    if ((in.op == GraphOp::kSparseInput) != (g.op == GraphOp::kEmbedding)) {
+      bad(g.op == GraphOp::kEmbedding
+              ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; an embedding reads a sparse_input")
+              : absl::StrCat("input '", in.name, "' is a sparse_input; only an embedding reads one"));
+      return;
+    }
+    if (in.cols == 0 && in.op != GraphOp::kSparseInput) return;  // its own problem is reported
+  }
+  const auto in = [&](int k) -> const GraphNodeInfo& { return nodes[g.inputs[k]]; };
+  switch (g.op) {
+    case GraphOp::kDenseInput:
+    case GraphOp::kSparseInput:
+      break;
+    case GraphOp::kEmbedding:
+      g.rows = g.sum_fields ? 1 : in(0).fields;
+      g.cols = g.dim;
+      g.fields = in(0).fields;
+      break;
+    case GraphOp::kLinear:
+      if (g.cols > 0) g.dense_parameters = in(0).width() * g.cols + g.cols;
+      break;
+    case GraphOp::kRelu:
+    case GraphOp::kGelu:
+    case GraphOp::kSigmoid:
+    case GraphOp::kTanh:
+      g.rows = in(0).rows;
+      g.cols = in(0).cols;
+      break;
+    case GraphOp::kLayerNorm:
+      g.rows = in(0).rows;
+      g.cols = in(0).cols;
+      g.dense_parameters = 2 * g.width();
+      break;
+    case GraphOp::kConcat: {
+      bool same = true;
+      int64_t rows = 0, width = 0;
+      for (size_t k = 0; k < g.inputs.size(); ++k) {
+        same = same && in(k).cols == in(0).cols;
+        rows += in(k).rows;
+        width += in(k).width();
+      }
+      if (width > kMaxWidth) {
+        bad(absl::StrCat("concatenated width ", width, " is over ", kMaxWidth));
+        return;
+      }
+      g.rows = same ? static_cast<int>(rows) : 1;
+      g.cols = same ? in(0).cols : static_cast<int>(width);
+      break;
+    }
+    case GraphOp::kAdd:
+      for (size_t k = 1; k < g.inputs.size(); ++k) {
+        if (in(k).width() != in(0).width()) {
+          bad(absl::StrCat("input '", in(k).name, "' has width ", in(k).width(), " but '", in(0).name, "' has ",
+                           in(0).width(), "; add needs equal widths"));
+          return;
+        }
+      }
+      g.rows = in(0).rows;
+      g.cols = in(0).cols;
+      break;
+    case GraphOp::kDotInteraction:
+    case GraphOp::kFm: {
+      int64_t n = 0;
+      for (size_t k = 0; k < g.inputs.size(); ++k) {
+        if (in(k).cols != in(0).cols) {
+          bad(absl::StrCat("input '", in(k).name, "' has vectors of width ", in(k).cols, " but '", in(0).name,
+                           "' has ", in(0).cols, "; ", GraphOpName(g.op), " needs vectors of one width"));
+          return;
+        }
+        n += in(k).rows;
+      }
+      if (n < 2) {
+        bad(absl::StrCat(GraphOpName(g.op), " needs at least 2 vectors per example; its inputs give ", n));
+        return;
+      }
+      g.fields = static_cast<int>(n);  // the vectors it interacts
+      g.rows = 1;
+      g.cols = g.op == GraphOp::kFm ? 1 : static_cast<int>(n * (n - 1) / 2);
+      break;
+    }
+    case GraphOp::kLoss: {
+      const int64_t w = in(0).width();
+      if (g.loss == GraphLoss::kSoftmaxCrossEntropy && w < 2) {
+        bad(absl::StrCat("input '", in(0).name, "' has width ", w, "; softmax_cross_entropy needs one logit per class (at least 2)"));
+      } else if (g.loss != GraphLoss::kSoftmaxCrossEntropy && w != 1) {
+        bad(absl::StrCat("input '", in(0).name, "' has width ", w, "; ",
+                         g.loss == GraphLoss::kBinaryCrossEntropy ? "binary_cross_entropy" : "squared_error",
+                         " needs width 1"));
+      }
+      g.rows = 1;
+      g.cols = 1;
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+const char* GraphOpName(GraphOp op) {
+  for (const OpName& o : kOps) {
+    if (o.op == op) return o.name;
+  }
+  return "?";
+}
+
+int64_t ModelGraph::dense_parameters() const {
+  int64_t n = 0;
+  for (const GraphNodeInfo& g : nodes) n += g.dense_parameters;
+  return n;
+}
+
+int64_t ModelGraph::floats_per_sparse_key() const {
+  int64_t n = 0;
+  for (const GraphNodeInfo& g : nodes) n += g.op == GraphOp::kEmbedding ? g.dim : 0;
+  return n;
+}
+
+std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
+  auto g = BuildModelGraph(model);
+  if (g.ok()) return {};
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(g.status().message(), '\n')) out.emplace_back(line);
+  return out;
+}
+
+absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
+  std::vector<std::string> p;
+  auto fail = [&p]() { return absl::InvalidArgumentError(absl::StrJoin(p, "\n")); };
+  if (model.graph_size() == 0) {
+    p.push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
+    return fail();
+  }
+  std::vector<Raw> raw;
+  std::map<std::string, int> by_name;
+  for (int i = 0; i < model.graph_size(); ++i) {
+    const v1::GraphNode& n = model.graph(i);
+    const std::string path = absl::StrCat("model.graph[", i, "]");
+    if (n.name().empty()) {
+      p.push_back(absl::StrCat(path, ".name: required"));
+      continue;
+    }
+    if (n.name().find('/') != std::string::npos) {
+      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: '/' is reserved for nodes an mlp expands into"));
+      continue;
+    }
+    if (!by_name.emplace(n.name(), i).second) {
+      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: also the name of model.graph[", by_name[n.name()], "]"));
+      continue;
+    }
+    Expand(n, i, &raw, &p);
+  }
+  if (!p.empty()) return fail();
+  by_name.clear();
+  for (size_t i = 0; i < raw.size(); ++i) by_name[raw[i].info.name] = static_cast<int>(i);
+  // Resolve inputs and count each node's readers.
+  std::vector<std::vector<int>> in(raw.size()), readers(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    Raw& r = raw[i];
+    ReadParameters(r, &p);
+    const auto [lo, hi] = Arity(r.info.op);
+    const int n = static_cast<int>(r.input_names.size());
+    if (n < lo || (hi >= 0 && n > hi)) {
+      p.push_back(absl::StrCat(r.path, ".inputs: ", GraphOpName(r.info.op), " takes ",
+                               hi == 0 ? "no inputs" : hi == lo ? absl::StrCat(lo, " input") : absl::StrCat(lo, " or more inputs"),
+                               "; it names ", n));
+      continue;
+    }
+    for (const std::string& name : r.input_names) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        p.push_back(absl::StrCat(r.path, ".inputs: unknown node '", name, "'"));
+      } else {
+        in[i].push_back(it->second);
+        readers[it->second].push_back(static_cast<int>(i));
+      }
+    }
+  }
+  if (!p.empty()) return fail();
+  // Order: Kahn's algorithm, earliest listed first among the ready ones.
+  std::vector<int> pending(raw.size()), order;
+  std::set<int> ready;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    pending[i] = static_cast<int>(in[i].size());
+    if (pending[i] == 0) ready.insert(static_cast<int>(i));
+  }
+  while (!ready.empty()) {
+    const int i = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(i);
+    for (int r : readers[i]) {
+      if (--pending[r] == 0) ready.insert(r);
+    }
+  }
+  if (order.size() != raw.size()) {
+    std::vector<std::string> cycle;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (pending[i] > 0) cycle.push_back(absl::StrCat("'", raw[i].info.name, "'"));
+    }
+    p.push_back(absl::StrCat("model.graph: a cycle runs through ", absl::StrJoin(cycle, ", "),
+                             "; a graph's inputs must come before the nodes that read them"));
+    return fail();
+  }
+  // Exactly one loss, reached from every node.
+  std::vector<int> losses;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i].info.op == GraphOp::kLoss) losses.push_back(static_cast<int>(i));
+  }
+  if (losses.size() != 1) {
+    p.push_back(absl::StrCat("model.graph: needs exactly one loss node; it has ", losses.size()));
+    return fail();
+  }
+  std::vector<bool> used(raw.size(), false);
+  used[losses[0]] = true;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (!used[*it]) continue;
+    for (int k : in[*it]) used[k] = true;
+  }
+  ModelGraph g;
+  std::vector<int> position(raw.size());
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = static_cast<int>(k);
+  for (int i : order) {
+    Raw& r = raw[i];
+    if (!used[i]) {
+      p.push_back(absl::StrCat(r.path, ": nothing leads from it to the loss"));
+      continue;
+    }
+    if (r.info.op == GraphOp::kDenseInput || r.info.op == GraphOp::kSparseInput) {
+      int& slot = r.info.op == GraphOp::kDenseInput ? g.dense_input : g.sparse_input;
+      if (slot >= 0) {
+        p.push_back(absl::StrCat(r.path, ": a graph has at most one ", GraphOpName(r.info.op), "; '",
+                                 g.nodes[slot].name, "' is one"));
+        continue;
+      }
+      slot = static_cast<int>(g.nodes.size());
+    }
+    GraphNodeInfo info = r.info;
+    for (int k : in[i]) info.inputs.push_back(position[k]);
+    g.nodes.push_back(std::move(info));
+  }
+  if (!p.empty()) return fail();
+  // Renumber inputs now that unused nodes cannot be present, and infer shapes.
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    InferShape(raw[order[k]], g.nodes, g.nodes[k], &p);
+  }
+  if (!p.empty()) return fail();
+  return g;
+}
+
+std::string ModelGraphText(const ModelGraph& graph) {
+  std::string out = absl::StrFormat("%-22s %-16s %-28s %-12s %s\n", "node", "op", "inputs", "shape", "parameters");
+  for (const GraphNodeInfo& g : graph.nodes) {
+    std::vector<std::string> ins;
+    for (int k : g.inputs) ins.push_back(graph.nodes[k].name);
+    std::string shape = g.op == GraphOp::kSparseInput ? absl::StrCat(g.fields, " fields")
+                        : g.rows == 1                  ? absl::StrCat(g.cols)
+                                                       : absl::StrCat(g.rows, "x", g.cols);
+    std::string params = g.op == GraphOp::kEmbedding ? absl::StrCat(g.dim, " per key") : absl::StrCat(g.dense_parameters);
+    out += absl::StrFormat("%-22s %-16s %-28s %-12s %s\n", g.name, GraphOpName(g.op),
+                           ins.empty() ? "-" : absl::StrJoin(ins, ","), shape, params);
+  }
+  out += absl::StrCat("dense parameters: ", graph.dense_parameters(), " (", graph.dense_parameters() * 4 / 1024,
+                      " KiB); sparse: ", graph.floats_per_sparse_key(), " floats per key, optimizer state aside\n");
+  return out;
+}
+
+}  // namespace fulcrum::config

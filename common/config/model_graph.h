@@ -1,0 +1,68 @@
+// Model graphs (ModelSpec.graph): the checked, expanded form of the nodes a
+// job spec lists. BuildModelGraph resolves names, expands `mlp` shorthands
+// into linear and activation nodes, orders the nodes so every input comes
+// before its reader, infers each node's per-example shape and parameter
+// count, and reports every mistake at once, each naming the node and field
+// ("model.graph[3] 'top'.inputs: unknown node 'bottm'"). The coordinator
+// runs it on submit, fulcrumctl --validate prints its table, and the
+// worker's graph model (worker/models/graph_model.cc) computes it.
+//
+// Shapes: each example's value at a node is `rows` vectors of `cols`
+// floats, stored row-major, so every node's output is a matrix of batch x
+// (rows * cols). A sparse_input has no values of its own (cols 0): only an
+// embedding reads it.
+#ifndef FULCRUM_COMMON_CONFIG_MODEL_GRAPH_H_
+#define FULCRUM_COMMON_CONFIG_MODEL_GRAPH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fulcrum/v1/cluster.pb.h"
+
+namespace fulcrum::config {
+
+enum class GraphOp {
+  kDenseInput, kSparseInput, kEmbedding, kLinear, kRelu, kGelu, kSigmoid, kTanh,
+  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss,
+};
+const char* GraphOpName(GraphOp op);
+
+enum class GraphLoss { kSoftmaxCrossEntropy, kBinaryCrossEntropy, kSquaredError };
+
+struct GraphNodeInfo {
+  std::string name;
+  GraphOp op = GraphOp::kDenseInput;
+  std::vector<int> inputs;  // indices of earlier nodes
+  int rows = 1, cols = 0;   // per-example output shape
+  int64_t width() const { return int64_t{rows} * cols; }
+  int fields = 0;                   // sparse_input
+  int dim = 0;                      // embedding
+  bool mean = false, shared = false, sum_fields = false;
+  float init_stddev = 0.01f;
+  float epsilon = 1e-5f;            // layer_norm
+  GraphLoss loss = GraphLoss::kBinaryCrossEntropy;
+  int64_t dense_parameters = 0;     // linear: in x out + out; layer_norm: 2 x width
+  std::string from;                 // the mlp node a node was expanded from
+};
+
+struct ModelGraph {
+  std::vector<GraphNodeInfo> nodes;  // inputs before readers; the loss last
+  int dense_input = -1, sparse_input = -1;  // node indices, -1: none
+  int64_t dense_parameters() const;
+  // Sparse tables' rows are created as keys arrive: floats per row.
+  int64_t floats_per_sparse_key() const;
+};
+
+// The graph of `model` (type graph). INVALID_ARGUMENT listing every problem,
+// one per line, each prefixed with the node's path.
+absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model);
+std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model);
+
+// A table of the nodes: name, op, inputs, shape and parameters, and totals.
+std::string ModelGraphText(const ModelGraph& graph);
+
+}  // namespace fulcrum::config
+
+#endif  // FULCRUM_COMMON_CONFIG_MODEL_GRAPH_H_

@@ -1,0 +1,187 @@
+// Model graphs (common/config/model_graph.h): shapes and parameter counts
+// of valid graphs, mlp expansion, and that every mistake names its node and
+// field.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "common/config/job_spec.h"
+#include "common/config/model_graph.h"
+#include "common/config/spec_text.h"
+
+namespace fulcrum::config {
+namespace {
+
+v1::ModelSpec Graph(const std::string& nodes) {
+  v1::ModelSpec m;
+  const absl::Status s = ParseSpecText("graph:\n" + nodes, "test", &m);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  m.set_type("graph");
+  return m;
+}
+
+std::string Problems(const std::string& nodes) {
+  auto g = BuildModelGraph(Graph(nodes));
+  REQUIRE_FALSE(g.ok());
+  CHECK(absl::IsInvalidArgument(g.status()));
+  return std::string(g.status().message());
+}
+
+const GraphNodeInfo& Find(const ModelGraph& g, const std::string& name) {
+  for (const GraphNodeInfo& n : g.nodes) {
+    if (n.name == name) return n;
+  }
+  FAIL("no node " << name);
+  return g.nodes.front();
+}
+
+constexpr char kDlrm[] =
+    "  - {name: top, op: mlp, inputs: [features], layers: [64, 32, 1]}\n"  // listed before its inputs
+    "  - {name: dense, op: dense_input, width: 13}\n"
+    "  - {name: cat, op: sparse_input, fields: 26}\n"
+    "  - {name: bottom, op: mlp, inputs: [dense], layers: [64, 16], final_activation: relu}\n"
+    "  - {name: emb, op: embedding, inputs: [cat], dim: 16}\n"
+    "  - {name: inter, op: dot_interaction, inputs: [bottom, emb]}\n"
+    "  - {name: features, op: concat, inputs: [bottom, inter]}\n"
+    "  - {name: loss, op: loss, inputs: [top], loss: binary_cross_entropy}\n";
+
+TEST_CASE("model graph: DLRM's shapes, order and parameter counts", "[graph]") {
+  auto g = BuildModelGraph(Graph(kDlrm));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  // Every input precedes its reader; the loss is last.
+  for (size_t i = 0; i < g->nodes.size(); ++i) {
+    for (int k : g->nodes[i].inputs) CHECK(k < static_cast<int>(i));
+  }
+  CHECK(g->nodes.back().op == GraphOp::kLoss);
+  CHECK(Find(*g, "emb").rows == 26);
+  CHECK(Find(*g, "emb").cols == 16);
+  CHECK(Find(*g, "bottom").op == GraphOp::kRelu);  // the mlp's last node carries its name
+  CHECK(Find(*g, "bottom").width() == 16);
+  CHECK(Find(*g, "inter").width() == 27 * 26 / 2);
+  CHECK(Find(*g, "features").width() == 16 + 351);
+  CHECK(Find(*g, "top").op == GraphOp::kLinear);
+  CHECK(Find(*g, "top").width() == 1);
+  CHECK(Find(*g, "top/linear0").dense_parameters == 367 * 64 + 64);
+  CHECK(Find(*g, "bottom/linear0").dense_parameters == 13 * 64 + 64);
+  CHECK(g->dense_parameters() == (13 * 64 + 64) + (64 * 16 + 16) + (367 * 64 + 64) + (64 * 32 + 32) + (32 + 1));
+  CHECK(g->floats_per_sparse_key() == 16);
+  const std::string text = ModelGraphText(*g);
+  CHECK_THAT(text, Catch::Contains("inter"));
+  CHECK_THAT(text, Catch::Contains("dot_interaction"));
+  CHECK_THAT(text, Catch::Contains("26x16"));
+  CHECK_THAT(text, Catch::Contains("16 per key"));
+}
+
+TEST_CASE("model graph: concat stacks vectors of one width and flattens others", "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: x, op: dense_input, width: 4}\n"
+                                 "  - {name: c, op: sparse_input, fields: 3}\n"
+                                 "  - {name: e, op: embedding, inputs: [c], dim: 4}\n"
+                                 "  - {name: s, op: concat, inputs: [x, e]}\n"
+                                 "  - {name: w, op: embedding, inputs: [c], dim: 1, sum_fields: true}\n"
+                                 "  - {name: f, op: concat, inputs: [s, w]}\n"
+                                 "  - {name: n, op: layer_norm, inputs: [f]}\n"
+                                 "  - {name: l, op: linear, inputs: [n], width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [l], loss: squared_error}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  CHECK(Find(*g, "s").rows == 4);
+  CHECK(Find(*g, "s").cols == 4);
+  CHECK(Find(*g, "w").width() == 1);
+  CHECK(Find(*g, "f").rows == 1);
+  CHECK(Find(*g, "f").cols == 17);
+  CHECK(Find(*g, "n").dense_parameters == 34);
+}
+
+TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
+  const std::string tail = "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n";
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [y], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'l'.inputs: unknown node 'y'"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: a, op: add, inputs: [x, l]}\n"
+                      "  - {name: l, op: linear, inputs: [a], width: 1}\n" + tail),
+             Catch::Contains("a cycle runs through 'a', 'l'"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: h, op: linear, inputs: [x], width: 3}\n"
+                      "  - {name: a, op: add, inputs: [x, h]}\n"
+                      "  - {name: l, op: linear, inputs: [a], width: 1}\n" + tail),
+             Catch::Contains("model.graph[2] 'a': input 'h' has width 3 but 'x' has 4; add needs equal widths"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: c, op: sparse_input, fields: 3}\n"
+                      "  - {name: e, op: embedding, inputs: [c], dim: 8}\n"
+                      "  - {name: d, op: dot_interaction, inputs: [x, e]}\n"
+                      "  - {name: l, op: linear, inputs: [d], width: 1}\n" + tail),
+             Catch::Contains("model.graph[3] 'd': input 'e' has vectors of width 8 but 'x' has 4"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [x], width: 2}\n" + tail),
+             Catch::Contains("input 'l' has width 2; binary_cross_entropy needs width 1"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: convolution, inputs: [x]}\n" + tail),
+             Catch::Contains("model.graph[1] 'l'.op: 'convolution' is not one of: dense_input"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: x, op: linear, inputs: [x], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'x'.name: also the name of model.graph[0]"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: unused, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [x], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'unused': nothing leads from it to the loss"));
+  CHECK_THAT(Problems("  - {name: c, op: sparse_input, fields: 3}\n"
+                      "  - {name: l, op: linear, inputs: [c], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'l': input 'c' is a sparse_input; only an embedding reads one"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: e, op: embedding, inputs: [x], dim: 2}\n"
+                      "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),
+             Catch::Contains("input 'x' is a dense_input; an embedding reads a sparse_input"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: mlp, inputs: [x], layers: [8, 0]}\n" + tail),
+             Catch::Contains("model.graph[1] 'l'.layers[1].layers: 0 must be 1 to"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: mlp, inputs: [x], layers: [8, 1], activation: swish}\n" + tail),
+             Catch::Contains("model.graph[1] 'l'.activation: 'swish' is not one of: relu, gelu, sigmoid, tanh"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [x, x], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'l'.inputs: linear takes 1 input; it names 2"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [x], width: 1}\n"
+                      "  - {name: loss, op: loss, inputs: [l]}\n"),
+             Catch::Contains("model.graph[2] 'loss'.loss: required"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l, op: linear, inputs: [x], width: 1}\n"),
+             Catch::Contains("needs exactly one loss node; it has 0"));
+}
+
+TEST_CASE("model graph: job specs check the graph and its data", "[graph]") {
+  v1::JobSpec spec;
+  const std::string yaml = std::string("name: g\nmodel:\n  type: graph\n  graph:\n") +
+                           "    - {name: x, op: dense_input, width: 4}\n"
+                           "    - {name: c, op: sparse_input, fields: 3}\n"
+                           "    - {name: e, op: embedding, inputs: [c], dim: 4, pooling: max}\n"
+                           "    - {name: d, op: fm, inputs: [x, e]}\n"
+                           "    - {name: loss, op: loss, inputs: [d], loss: binary_cross_entropy}\n"
+                           "data: {train: {format: csv, path: a.csv}}\nbatch_size: 8\nepochs: 1\n";
+  REQUIRE(ParseSpecText(yaml, "test", &spec).ok());
+  NormalizeJobSpec(&spec);
+  const absl::Status s = ValidateJobSpec(spec);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("model.graph[2] 'e'.pooling: 'max' is not one of: sum, mean"));
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("data.train.format: model 'graph' reads sparse features (its sparse_input): use libsvm"));
+
+  // The examples are valid as they stand.
+  for (const char* file : {"ctr-dlrm.yaml", "ctr-wide-deep.yaml", "ctr-deepfm.yaml"}) {
+    std::ifstream in(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    v1::JobSpec ex;
+    REQUIRE(ParseSpecText(ss.str(), file, &ex).ok());
+    NormalizeJobSpec(&ex);
+    INFO(file << ": " << ValidateJobSpec(ex).message());
+    CHECK(ValidateJobSpec(ex).ok());
+  }
+}
+
+}  // namespace
+}  // namespace fulcrum::config

@@ -1,0 +1,287 @@
+// The graph model (worker/models/graph_model.h) on the CPU backend: every
+// op's backward pass, and that of DLRM, Wide & Deep and DeepFM as the
+// examples in deploy/examples define them, against central finite
+// differences of the forward pass; and the model's errors.
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/config/spec_text.h"
+#include "worker/models/model.h"
+
+namespace fulcrum::models {
+namespace {
+
+constexpr int kDense = 5;     // dense features (keys 0..4 of a sparse row)
+constexpr int kFields = 3;    // categorical fields
+constexpr int kFieldBits = 3; // 8 ids per field
+
+v1::ModelSpec ParseGraph(const std::string& yaml) {
+  v1::ModelSpec m;
+  const absl::Status s = config::ParseSpecText(yaml, "test", &m);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  m.set_type("graph");
+  return m;
+}
+
+// Sparse rows in the layout ModelConfig::dense_keys/field_bits describe:
+// kDense dense features, then per field 0 to 2 ids from a small range so
+// rows repeat within the batch (and fields are sometimes absent).
+data::Batch CtrBatch(int B, uint32_t seed, int classes = 2) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch b;
+  b.size = B;
+  b.offsets.push_back(0);
+  for (int i = 0; i < B; ++i) {
+    for (int k = 0; k < kDense; ++k) {
+      if (rng() % 5 == 0) continue;
+      b.keys.push_back(k);
+      b.values.push_back(n(rng));
+    }
+    for (int f = 0; f < kFields; ++f) {
+      const int count = static_cast<int>(rng() % 3);
+      for (int j = 0; j < count; ++j) {
+        b.keys.push_back(kDense + (uint64_t{static_cast<uint32_t>(f)} << kFieldBits) + rng() % 4);
+        b.values.push_back(1.0f);
+      }
+    }
+    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+    b.labels.push_back(classes == 0 ? n(rng) : static_cast<float>(rng() % classes));
+  }
+  return b;
+}
+
+struct Fixture {
+  std::unique_ptr<compute::Backend> be = compute::NewCpuBackend(1);
+  std::unique_ptr<Model> model;
+};
+
+std::unique_ptr<Model> MakeModel(compute::Backend* be, const v1::ModelSpec& spec) {
+  ModelConfig c;
+  c.type = "graph";
+  c.graph = spec;
+  c.dense_keys = kDense;
+  c.field_bits = kFieldBits;
+  auto m = CreateModel(c, be);
+  INFO(m.status().message());
+  REQUIRE(m.ok());
+  return std::move(*m);
+}
+
+double Loss(Model& m, const data::Batch& b) {
+  auto r = m.Run(b, false);
+  REQUIRE(r.ok());
+  return r->loss_sum / r->examples;
+}
+
+// Every table's gradient (Run's mean over the batch) against central
+// differences, on up to `per_table` elements of each.
+void CheckGradients(const v1::ModelSpec& spec, int classes = 2, int per_table = 12) {
+  auto be = compute::NewCpuBackend(1);
+  std::unique_ptr<Model> m = MakeModel(be.get(), spec);
+  const data::Batch b = CtrBatch(16, 7, classes);
+  REQUIRE(m->Prepare(b).ok());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0, 0.5f);
+  for (Table& t : m->tables()) {
+    for (size_t i = 0; i < t.elements; ++i) t.value.as<float>()[i] = n(rng);
+  }
+  auto r = m->Run(b, true);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  std::vector<std::vector<float>> grads;
+  for (Table& t : m->tables()) grads.emplace_back(t.grad.as<float>(), t.grad.as<float>() + t.elements);
+  const float eps = 2e-3f;
+  int checked = 0;
+  for (size_t ti = 0; ti < m->tables().size(); ++ti) {
+    Table& t = m->tables()[ti];
+    REQUIRE(t.elements > 0);
+    const size_t step = std::max<size_t>(1, t.elements / per_table);
+    for (size_t i = 0; i < t.elements; i += step) {
+      float* w = t.value.as<float>() + i;
+      const float orig = *w;
+      *w = orig + eps;
+      const double up = Loss(*m, b);
+      *w = orig - eps;
+      const double down = Loss(*m, b);
+      *w = orig;
+      const double fd = (up - down) / (2 * eps);
+      INFO("table " << t.spec.name() << " element " << i << ": finite difference " << fd << ", backward "
+                    << grads[ti][i]);
+      CHECK(std::abs(fd - grads[ti][i]) <= 2e-3 + 2e-2 * std::abs(fd));
+      ++checked;
+    }
+  }
+  CHECK(checked >= static_cast<int>(m->tables().size()));
+}
+
+// dense -> linear(4) -> OP -> linear(1) -> binary cross-entropy.
+std::string Around(const std::string& op) {
+  return "graph:\n"
+         "  - {name: x, op: dense_input, width: 5}\n"
+         "  - {name: h, op: linear, inputs: [x], width: 4}\n"
+         "  - {name: a, op: " + op + ", inputs: [h]}\n"
+         "  - {name: logit, op: linear, inputs: [a], width: 1}\n"
+         "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n";
+}
+
+TEST_CASE("graph: element-wise ops and layer_norm match finite differences", "[graph]") {
+  for (const char* op : {"relu", "gelu", "sigmoid", "tanh", "layer_norm"}) {
+    INFO(op);
+    CheckGradients(ParseGraph(Around(op)));
+  }
+}
+
+TEST_CASE("graph: embeddings with sum and mean pooling and shared rows match finite differences", "[graph]") {
+  for (const char* options : {"", ", pooling: mean", ", shared: true", ", sum_fields: true, pooling: mean"}) {
+    INFO(options);
+    CheckGradients(ParseGraph(std::string("graph:\n"
+                                          "  - {name: cat, op: sparse_input, fields: 3}\n"
+                                          "  - {name: emb, op: embedding, inputs: [cat], dim: 2") +
+                              options +
+                              "}\n"
+                              "  - {name: logit, op: linear, inputs: [emb], width: 1}\n"
+                              "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+}
+
+TEST_CASE("graph: concat add dot_interaction and fm match finite differences", "[graph]") {
+  const std::string dense =
+      "graph:\n"
+      "  - {name: x, op: dense_input, width: 5}\n"
+      "  - {name: bot, op: linear, inputs: [x], width: 3}\n";
+  const std::string inputs = dense +
+      "  - {name: cat, op: sparse_input, fields: 3}\n"
+      "  - {name: emb, op: embedding, inputs: [cat], dim: 3}\n";
+  SECTION("concat of unequal widths") {
+    CheckGradients(ParseGraph(inputs + "  - {name: c, op: concat, inputs: [x, emb, bot]}\n"
+                                       "  - {name: logit, op: linear, inputs: [c], width: 1}\n"
+                                       "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+  SECTION("add, with a node read twice") {
+    CheckGradients(ParseGraph(dense + "  - {name: s, op: add, inputs: [bot, bot]}\n"
+                                       "  - {name: t, op: tanh, inputs: [bot]}\n"
+                                       "  - {name: u, op: add, inputs: [s, t]}\n"
+                                       "  - {name: logit, op: linear, inputs: [u], width: 1}\n"
+                                       "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+  SECTION("dot_interaction over two inputs") {
+    CheckGradients(ParseGraph(inputs + "  - {name: i, op: dot_interaction, inputs: [bot, emb]}\n"
+                                       "  - {name: logit, op: linear, inputs: [i], width: 1}\n"
+                                       "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+  SECTION("fm of one input and of two") {
+    CheckGradients(ParseGraph("graph:\n"
+                              "  - {name: cat, op: sparse_input, fields: 3}\n"
+                              "  - {name: emb, op: embedding, inputs: [cat], dim: 3}\n"
+                              "  - {name: f, op: fm, inputs: [emb]}\n"
+                                       "  - {name: loss, op: loss, inputs: [f], loss: binary_cross_entropy}\n"));
+    CheckGradients(ParseGraph(inputs + "  - {name: f, op: fm, inputs: [emb, bot]}\n"
+                                       "  - {name: loss, op: loss, inputs: [f], loss: binary_cross_entropy}\n"));
+  }
+}
+
+TEST_CASE("graph: softmax cross-entropy and squared error losses match finite differences", "[graph]") {
+  CheckGradients(ParseGraph("graph:\n"
+                            "  - {name: x, op: dense_input, width: 5}\n"
+                            "  - {name: m, op: mlp, inputs: [x], layers: [6, 3]}\n"
+                            "  - {name: loss, op: loss, inputs: [m], loss: softmax_cross_entropy}\n"),
+                 3);
+  CheckGradients(ParseGraph("graph:\n"
+                            "  - {name: x, op: dense_input, width: 5}\n"
+                            "  - {name: m, op: mlp, inputs: [x], layers: [6, 1], activation: gelu}\n"
+                            "  - {name: loss, op: loss, inputs: [m], loss: squared_error}\n"),
+                 0);
+}
+
+// The examples' model sections, with the widths cut down to the test's data.
+v1::ModelSpec Example(const std::string& file) {
+  std::ifstream in(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + file);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  v1::JobSpec spec;
+  const absl::Status s = config::ParseSpecText(ss.str(), file, &spec);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  v1::ModelSpec m = spec.model();
+  // Vectors of 4 (1 stays 1), hidden layers of at most 8.
+  auto narrow = [](int w) { return w == 1 ? 1 : 4; };
+  for (v1::GraphNode& n : *m.mutable_graph()) {
+    if (n.op() == "dense_input") n.set_width(kDense);
+    if (n.op() == "sparse_input") n.set_fields(kFields);
+    if (n.op() == "linear") n.set_width(narrow(n.width()));
+    n.set_dim(n.dim() > 0 ? narrow(n.dim()) : 0);
+    for (int l = 0; l < n.layers_size(); ++l) {
+      n.set_layers(l, l + 1 < n.layers_size() ? std::min(n.layers(l), 8) : narrow(n.layers(l)));
+    }
+  }
+  return m;
+}
+
+TEST_CASE("graph: DLRM, Wide and Deep and DeepFM examples match finite differences", "[graph]") {
+  for (const char* file : {"ctr-dlrm.yaml", "ctr-wide-deep.yaml", "ctr-deepfm.yaml"}) {
+    INFO(file);
+    CheckGradients(Example(file), 2, 6);
+  }
+}
+
+TEST_CASE("graph: a dense batch feeds a dense_input and a sparse_input needs sparse rows", "[graph]") {
+  auto be = compute::NewCpuBackend(1);
+  std::unique_ptr<Model> m = MakeModel(be.get(), ParseGraph(Around("relu")));
+  data::Batch dense;
+  dense.size = 2;
+  dense.num_features = 5;
+  dense.dense = {1, 2, 3, 4, 5, 5, 4, 3, 2, 1};
+  dense.labels = {0, 1};
+  REQUIRE(m->Prepare(dense).ok());
+  for (Table& t : m->tables()) std::fill(t.value.as<float>(), t.value.as<float>() + t.elements, 0.1f);
+  auto r = m->Run(dense, true);
+  REQUIRE(r.ok());
+  CHECK(r->scores.size() == 2);
+  dense.num_features = 4;
+  dense.dense.resize(8);
+  const absl::Status wrong = m->Prepare(dense);
+  CHECK(absl::IsInvalidArgument(wrong));
+  CHECK_THAT(std::string(wrong.message()), Catch::Contains("node 'x' has width 5 but the batch has 4 features"));
+
+  std::unique_ptr<Model> sparse = MakeModel(
+      be.get(), ParseGraph("graph:\n"
+                           "  - {name: cat, op: sparse_input, fields: 3}\n"
+                           "  - {name: emb, op: embedding, inputs: [cat], dim: 2, sum_fields: true}\n"
+                           "  - {name: logit, op: linear, inputs: [emb], width: 1}\n"
+                           "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  const absl::Status s = sparse->Prepare(dense);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("node 'cat' reads categorical fields, but the batch is dense"));
+  data::Batch far = CtrBatch(2, 1);
+  far.keys.push_back(kDense + (uint64_t{5} << kFieldBits));
+  far.values.push_back(1);
+  far.offsets.back() += 1;
+  const absl::Status f = sparse->Prepare(far);
+  CHECK_THAT(std::string(f.message()), Catch::Contains("of field 5; node 'cat' has 3 fields"));
+}
+
+TEST_CASE("graph: tables are named after their nodes with the kinds they need", "[graph]") {
+  auto be = compute::NewCpuBackend(1);
+  std::unique_ptr<Model> m = MakeModel(be.get(), Example("ctr-dlrm.yaml"));
+  std::vector<std::string> names;
+  int sparse = 0;
+  for (Table& t : m->tables()) {
+    names.push_back(t.spec.name());
+    sparse += t.sparse;
+  }
+  CHECK(sparse == 1);
+  CHECK(std::find(names.begin(), names.end(), "bottom/linear0.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "top.bias") != names.end());
+  CHECK(m->task() == Task::kBinary);
+}
+
+}  // namespace
+}  // namespace fulcrum::models

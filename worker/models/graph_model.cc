@@ -1,0 +1,486 @@
+#include "worker/models/graph_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/model_graph.h"
+#include "common/status_macros.h"
+#include "worker/data/device_data.h"
+
+namespace fulcrum::models {
+namespace {
+
+using compute::Activation;
+using compute::Buffer;
+using config::GraphLoss;
+using config::GraphNodeInfo;
+using config::GraphOp;
+
+Activation ActivationOf(GraphOp op) {
+  switch (op) {
+    case GraphOp::kRelu: return Activation::kRelu;
+    case GraphOp::kGelu: return Activation::kGelu;
+    case GraphOp::kSigmoid: return Activation::kSigmoid;
+    case GraphOp::kTanh: return Activation::kTanh;
+    default: return Activation::kNone;
+  }
+}
+
+v1::InitializerSpec Constant(float a) {
+  v1::InitializerSpec s;
+  s.set_kind(v1::InitializerSpec::CONSTANT);
+  s.set_a(a);
+  return s;
+}
+
+// One node's buffers and tables.
+struct NodeState {
+  Buffer out, grad;
+  Buffer stack, stack_grad;  // dot_interaction, fm: the inputs side by side
+  Buffer mean, rstd;         // layer_norm
+  int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
+  bool grad_written = false;
+};
+
+class GraphModel final : public Model {
+ public:
+  GraphModel(ModelConfig c, compute::Backend* be, config::ModelGraph g) : Model(std::move(c), be), g_(std::move(g)) {
+    nodes_.resize(g_.nodes.size());
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const GraphNodeInfo& n = g_.nodes[i];
+      const uint64_t seed = config_.seed + 2 * i;
+      if (n.op == GraphOp::kLinear) {
+        const int64_t K = g_.nodes[n.inputs[0]].width();
+        const float r = 1.0f / std::sqrt(static_cast<float>(K));
+        nodes_[i].table = static_cast<int>(tables_.size());
+        AddDense(n.name + ".weight", {K, n.cols}, Uniform(-r, r, seed));
+        AddDense(n.name + ".bias", {n.cols}, Zeros());
+      } else if (n.op == GraphOp::kLayerNorm) {
+        nodes_[i].table = static_cast<int>(tables_.size());
+        AddDense(n.name + ".gamma", {n.width()}, Constant(1.0f));
+        AddDense(n.name + ".beta", {n.width()}, Zeros());
+      } else if (n.op == GraphOp::kEmbedding) {
+        nodes_[i].table = static_cast<int>(tables_.size());
+        AddSparse(n.name, static_cast<uint32_t>(n.dim), Normal(0, n.init_stddev, seed));
+        any_shared_ |= n.shared;
+        any_mean_ |= n.mean;
+      }
+    }
+    loss_ = &g_.nodes.back();
+  }
+
+  Task task() const override {
+    switch (loss_->loss) {
+      case GraphLoss::kSoftmaxCrossEntropy: return Task::kClassification;
+      case GraphLoss::kBinaryCrossEntropy: return Task::kBinary;
+      case GraphLoss::kSquaredError: return Task::kRegression;
+    }
+    return Task::kBinary;
+  }
+
+  absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
+    const int B = batch.size;
+    RETURN_IF_ERROR(Labels(batch));
+    for (size_t i = 0; i < g_.nodes.size(); ++i) RETURN_IF_ERROR(Forward(batch, static_cast<int>(i)));
+    if (train) {
+      for (NodeState& s : nodes_) s.grad_written = false;
+      for (size_t i = g_.nodes.size(); i-- > 0;) RETURN_IF_ERROR(Backward(static_cast<int>(i)));
+    }
+    Metrics m;
+    m.examples = B;
+    loss_host_.resize(B);
+    RETURN_IF_ERROR(be_->CopyToHost(loss_host_.data(), loss_buf_.data(), size_t{4} * B));
+    const Task t = task();
+    if (t == Task::kClassification) {
+      pred_host_.resize(B);
+      RETURN_IF_ERROR(be_->CopyToHost(pred_host_.data(), pred_.data(), size_t{4} * B));
+    } else if (t == Task::kBinary) {
+      prob_host_.resize(B);
+      RETURN_IF_ERROR(be_->CopyToHost(prob_host_.data(), prob_.data(), size_t{4} * B));
+    }
+    RETURN_IF_ERROR(be_->Synchronize());
+    const float* y = batch.label_data();
+    for (int i = 0; i < B; ++i) {
+      m.loss_sum += loss_host_[i];
+      if (t == Task::kClassification) m.correct += pred_host_[i] == class_host_[i];
+      if (t == Task::kBinary) m.correct += (prob_host_[i] > 0.5f) == (y[i] > 0.5f);
+    }
+    if (t == Task::kBinary) m.scores.assign(prob_host_.begin(), prob_host_.end());
+    return m;
+  }
+
+ private:
+  const GraphNodeInfo& node(int i) const { return g_.nodes[i]; }
+  const float* out(int i) const { return nodes_[i].out.as<float>(); }
+  float* grad(int i) { return nodes_[i].grad.as<float>(); }
+  const float* value(int t) const { return tables_[t].value.as<float>(); }
+
+  absl::Status Labels(const data::Batch& batch) {
+    const int B = batch.size;
+    RETURN_IF_ERROR(Reserve(&labels_, size_t{4} * std::max(B, 1)));
+    if (loss_->loss == GraphLoss::kSoftmaxCrossEntropy) {
+      RETURN_IF_ERROR(ClassLabels(batch, static_cast<int>(g_.nodes[loss_->inputs[0]].width()), &class_host_));
+      return be_->CopyToDevice(labels_.data(), class_host_.data(), size_t{4} * B);
+    }
+    return be_->CopyToDevice(labels_.data(), batch.label_data(), size_t{4} * B);
+  }
+
+  // ---- host side: the batch's sparse rows into bags per (example, field)
+  absl::Status PrepareKeys(const data::Batch& batch) override {
+    const int B = batch.size;
+    batch_ = B;
+    const bool has_sparse = g_.sparse_input >= 0;
+    if (!batch.sparse()) {
+      if (has_sparse && B > 0) {
+        return absl::InvalidArgumentError(absl::StrCat("model graph: node '", node(g_.sparse_input).name,
+                                                       "' reads categorical fields, but the batch is dense; use "
+                                                       "criteo or libsvm data"));
+      }
+      if (g_.dense_input >= 0 && B > 0 && batch.num_features != node(g_.dense_input).width()) {
+        return absl::InvalidArgumentError(absl::StrCat("model graph: node '", node(g_.dense_input).name, "' has width ",
+                                                       node(g_.dense_input).width(), " but the batch has ",
+                                                       batch.num_features, " features"));
+      }
+      return absl::OkStatus();
+    }
+    const int Wd = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
+    const int F = has_sparse ? node(g_.sparse_input).fields : 1;
+    if (Wd > 0) dense_host_.assign(size_t{1} * B * Wd, 0.0f);
+    // Count each bag's values, then place them.
+    bag_offsets_.assign(size_t{1} * B * F + 1, 0);
+    const uint64_t first = static_cast<uint64_t>(config_.dense_keys);
+    for (int b = 0; b < B; ++b) {
+      for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
+        const uint64_t k = batch.keys[j];
+        if (k < first) {
+          if (static_cast<int64_t>(k) < Wd) dense_host_[size_t{1} * b * Wd + k] = batch.values[j];
+          continue;
+        }
+        if (!has_sparse) continue;
+        const uint64_t f = config_.field_bits > 0 ? (k - first) >> config_.field_bits : 0;
+        if (f >= static_cast<uint64_t>(F)) {
+          return absl::InvalidArgumentError(absl::StrCat("model graph: example ", b, " of batch ", batch.index, " has key ",
+                                                         k, " of field ", f, "; node '", node(g_.sparse_input).name,
+                                                         "' has ", F, " fields"));
+        }
+        ++bag_offsets_[size_t{1} * b * F + f + 1];
+      }
+    }
+    for (size_t i = 1; i < bag_offsets_.size(); ++i) bag_offsets_[i] += bag_offsets_[i - 1];
+    const size_t nnz = static_cast<size_t>(bag_offsets_.back());
+    bag_keys_.resize(nnz);
+    bag_vals_.resize(nnz);
+    std::vector<int32_t> fill(bag_offsets_.begin(), bag_offsets_.end() - 1);
+    for (int b = 0; b < B && has_sparse; ++b) {
+      for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
+        const uint64_t k = batch.keys[j];
+        if (k < first) continue;
+        const uint64_t f = config_.field_bits > 0 ? (k - first) >> config_.field_bits : 0;
+        const int32_t at = fill[size_t{1} * b * F + f]++;
+        bag_keys_[at] = k;
+        bag_vals_[at] = batch.values[j];
+      }
+    }
+    example_offsets_.resize(B + 1);
+    for (int b = 0; b <= B; ++b) example_offsets_[b] = bag_offsets_[size_t{1} * b * F];
+    // Each embedding's keys: raw (per-field rows) or within the field (shared).
+    DistinctKeys(bag_keys_.data(), nnz, &raw_keys_, &raw_index_);
+    if (any_shared_) {
+      const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
+      std::vector<uint64_t> within(nnz);
+      for (size_t i = 0; i < nnz; ++i) within[i] = (bag_keys_[i] - first) & mask;
+      DistinctKeys(within.data(), nnz, &shared_keys_, &shared_index_);
+    }
+    if (any_mean_) {
+      mean_vals_.resize(nnz);
+      for (size_t bag = 0; bag + 1 < bag_offsets_.size(); ++bag) {
+        const int n = bag_offsets_[bag + 1] - bag_offsets_[bag];
+        for (int j = bag_offsets_[bag]; j < bag_offsets_[bag + 1]; ++j) mean_vals_[j] = bag_vals_[j] / n;
+      }
+    }
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      if (node(i).op == GraphOp::kEmbedding) tables_[nodes_[i].table].keys = node(i).shared ? shared_keys_ : raw_keys_;
+    }
+    RETURN_IF_ERROR(Upload(&d_bag_offsets_, bag_offsets_.data(), 4 * bag_offsets_.size()));
+    RETURN_IF_ERROR(Upload(&d_example_offsets_, example_offsets_.data(), 4 * example_offsets_.size()));
+    RETURN_IF_ERROR(Upload(&d_raw_index_, raw_index_.data(), 4 * nnz));
+    RETURN_IF_ERROR(Upload(&d_vals_, bag_vals_.data(), 4 * nnz));
+    if (any_shared_) RETURN_IF_ERROR(Upload(&d_shared_index_, shared_index_.data(), 4 * nnz));
+    if (any_mean_) RETURN_IF_ERROR(Upload(&d_mean_vals_, mean_vals_.data(), 4 * nnz));
+    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
+    // The host vectors stay untouched until the next Prepare, after Run.
+    return absl::OkStatus();
+  }
+
+  absl::Status Upload(Buffer* b, const void* src, size_t bytes) {
+    RETURN_IF_ERROR(Reserve(b, std::max<size_t>(bytes, 4)));
+    return bytes == 0 ? absl::OkStatus() : be_->CopyToDevice(b->data(), src, bytes);
+  }
+
+  // ---- forward
+  absl::Status Forward(const data::Batch& batch, int i) {
+    const GraphNodeInfo& n = node(i);
+    NodeState& s = nodes_[i];
+    const int B = batch.size;
+    const size_t W = static_cast<size_t>(n.width());
+    if (n.op == GraphOp::kSparseInput) return absl::OkStatus();
+    RETURN_IF_ERROR(Reserve(&s.out, 4 * W * std::max(B, 1)));
+    RETURN_IF_ERROR(Reserve(&s.grad, 4 * W * std::max(B, 1)));
+    float* y = s.out.as<float>();
+    const float* x = n.inputs.empty() ? nullptr : out(n.inputs[0]);
+    const size_t K = n.inputs.empty() ? 0 : static_cast<size_t>(node(n.inputs[0]).width());
+    switch (n.op) {
+      case GraphOp::kDenseInput:
+        return DenseInput(batch, W, y);
+      case GraphOp::kSparseInput:
+        return absl::OkStatus();
+      case GraphOp::kEmbedding: {
+        const bool sum = n.sum_fields;
+        return be_->EmbeddingBag(sum ? B : B * n.fields, n.dim, value(s.table),
+                                 (sum ? d_example_offsets_ : d_bag_offsets_).as<int32_t>(),
+                                 (n.shared ? d_shared_index_ : d_raw_index_).as<int32_t>(),
+                                 (n.mean ? d_mean_vals_ : d_vals_).as<float>(), false, y);
+      }
+      case GraphOp::kLinear:
+        RETURN_IF_ERROR(be_->Gemm(false, false, B, n.cols, static_cast<int>(K), 1.0f, x, value(s.table), 0.0f, y));
+        return be_->BiasAdd(B, n.cols, value(s.table + 1), y);
+      case GraphOp::kRelu:
+      case GraphOp::kGelu:
+      case GraphOp::kSigmoid:
+      case GraphOp::kTanh:
+        return be_->Activate(ActivationOf(n.op), W * B, x, y);
+      case GraphOp::kConcat:
+        return Concat(n, B, y);
+      case GraphOp::kAdd:
+        RETURN_IF_ERROR(be_->Copy(y, x, 4 * W * B));
+        for (size_t k = 1; k < n.inputs.size(); ++k) RETURN_IF_ERROR(be_->Axpy(W * B, 1.0f, out(n.inputs[k]), y));
+        return absl::OkStatus();
+      case GraphOp::kDotInteraction:
+      case GraphOp::kFm: {
+        ASSIGN_OR_RETURN(const float* v, Stacked(n, s, B));
+        const int d = node(n.inputs[0]).cols;
+        return n.op == GraphOp::kFm ? be_->FmInteraction(B, n.fields, d, v, y)
+                                    : be_->DotInteraction(B, n.fields, d, v, y);
+      }
+      case GraphOp::kLayerNorm:
+        RETURN_IF_ERROR(Reserve(&s.mean, 4 * std::max(B, 1)));
+        RETURN_IF_ERROR(Reserve(&s.rstd, 4 * std::max(B, 1)));
+        return be_->LayerNorm(B, static_cast<int>(W), x, value(s.table), value(s.table + 1), n.epsilon, y,
+                              s.mean.as<float>(), s.rstd.as<float>());
+      case GraphOp::kLoss:
+        return Loss(n, B, x);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DenseInput(const data::Batch& batch, size_t W, float* y) {
+    const size_t bytes = 4 * W * batch.size;
+    if (batch.sparse()) return be_->Copy(y, d_dense_.data(), bytes);
+    if (batch.device != nullptr) return batch.device->Gather(batch, y);
+    if (batch.features_uploaded) {
+      RETURN_IF_ERROR(be_->WaitForUpload(batch.upload));
+      return be_->Copy(y, batch.uploaded.data(), bytes);
+    }
+    return be_->CopyToDevice(y, batch.dense_data(), bytes);
+  }
+
+  // y's columns are the inputs' side by side.
+  absl::Status Concat(const GraphNodeInfo& n, int B, float* y) {
+    ASSIGN_OR_RETURN(const float* ones, Ones(std::max(B, 1)));
+    int off = 0;
+    for (int k : n.inputs) {
+      const int w = static_cast<int>(node(k).width());
+      RETURN_IF_ERROR(be_->ScaleRows(B, w, ones, out(k), w, y + off, static_cast<int>(n.width())));
+      off += w;
+    }
+    return absl::OkStatus();
+  }
+
+  // dot_interaction and fm: the vectors of all inputs, B x n x d.
+  absl::StatusOr<const float*> Stacked(const GraphNodeInfo& n, NodeState& s, int B) {
+    if (n.inputs.size() == 1) return out(n.inputs[0]);
+    const int d = node(n.inputs[0]).cols;
+    RETURN_IF_ERROR(Reserve(&s.stack, size_t{4} * n.fields * d * std::max(B, 1)));
+    RETURN_IF_ERROR(Reserve(&s.stack_grad, size_t{4} * n.fields * d * std::max(B, 1)));
+    ASSIGN_OR_RETURN(const float* ones, Ones(std::max(B, 1)));
+    int off = 0;
+    for (int k : n.inputs) {
+      const int w = static_cast<int>(node(k).width());
+      RETURN_IF_ERROR(be_->ScaleRows(B, w, ones, out(k), w, s.stack.as<float>() + off, n.fields * d));
+      off += w;
+    }
+    return s.stack.as<const float>();
+  }
+
+  absl::Status Loss(const GraphNodeInfo& n, int B, const float* x) {
+    const int in = n.inputs[0];
+    RETURN_IF_ERROR(Reserve(&loss_buf_, size_t{4} * std::max(B, 1)));
+    float* dx = grad(in);  // the loss is the only reader of its input
+    const float scale = 1.0f / std::max(B, 1);
+    switch (n.loss) {
+      case GraphLoss::kSoftmaxCrossEntropy:
+        RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * std::max(B, 1)));
+        return be_->SoftmaxCrossEntropy(B, static_cast<int>(node(in).width()), x, labels_.as<int32_t>(), scale,
+                                        loss_buf_.as<float>(), pred_.as<int32_t>(), dx);
+      case GraphLoss::kBinaryCrossEntropy:
+        RETURN_IF_ERROR(Reserve(&prob_, size_t{4} * std::max(B, 1)));
+        return be_->SigmoidCrossEntropy(B, x, labels_.as<float>(), scale, loss_buf_.as<float>(), prob_.as<float>(), dx);
+      case GraphLoss::kSquaredError:
+        return be_->SquaredError(B, x, labels_.as<float>(), scale, loss_buf_.as<float>(), dx);
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- backward
+  // Where input k's gradient goes: its buffer when no other reader has
+  // written it yet, else scratch that AddGrad then adds in. Null when the
+  // input needs no gradient (graph inputs).
+  absl::StatusOr<float*> GradTarget(int k, size_t floats) {
+    const GraphOp op = node(k).op;
+    if (op == GraphOp::kDenseInput || op == GraphOp::kSparseInput) return nullptr;
+    if (!nodes_[k].grad_written) return grad(k);
+    RETURN_IF_ERROR(Reserve(&scratch_, 4 * std::max<size_t>(floats, 1)));
+    return scratch_.as<float>();
+  }
+  absl::Status AddGrad(int k, float* target, size_t floats) {
+    if (target == nullptr) return absl::OkStatus();
+    if (nodes_[k].grad_written) return be_->Axpy(floats, 1.0f, target, grad(k));
+    nodes_[k].grad_written = true;
+    return absl::OkStatus();
+  }
+  // Runs write(target) for input k's gradient of `floats` values.
+  template <typename F>
+  absl::Status InputGrad(int k, size_t floats, F&& write) {
+    ASSIGN_OR_RETURN(float* target, GradTarget(k, floats));
+    if (target == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(write(target));
+    return AddGrad(k, target, floats);
+  }
+
+  absl::Status Backward(int i) {
+    const GraphNodeInfo& n = node(i);
+    NodeState& s = nodes_[i];
+    const int B = batch_;
+    const size_t W = static_cast<size_t>(n.width());
+    if (n.op == GraphOp::kDenseInput || n.op == GraphOp::kSparseInput) return absl::OkStatus();
+    if (n.op == GraphOp::kLoss) {
+      nodes_[n.inputs[0]].grad_written = true;  // Loss wrote it in forward
+      return absl::OkStatus();
+    }
+    const float* g = grad(i);
+    const int in0 = n.inputs.empty() ? -1 : n.inputs[0];
+    const size_t K = in0 < 0 ? 0 : static_cast<size_t>(node(in0).width());
+    switch (n.op) {
+      case GraphOp::kEmbedding: {
+        Table& t = tables_[s.table];
+        const bool sum = n.sum_fields;
+        RETURN_IF_ERROR(be_->Zero(t.grad.data(), t.elements * 4));
+        RETURN_IF_ERROR(be_->EmbeddingBagGrad(sum ? B : B * n.fields, n.dim, g,
+                                              (sum ? d_example_offsets_ : d_bag_offsets_).as<int32_t>(),
+                                              (n.shared ? d_shared_index_ : d_raw_index_).as<int32_t>(),
+                                              (n.mean ? d_mean_vals_ : d_vals_).as<float>(), false, nullptr,
+                                              t.grad.as<float>()));
+        return GradientReady(s.table);
+      }
+      case GraphOp::kLinear: {
+        const float* x = out(in0);
+        RETURN_IF_ERROR(be_->Gemm(true, false, static_cast<int>(K), n.cols, B, 1.0f, x, g, 0.0f,
+                                  tables_[s.table].grad.as<float>()));
+        RETURN_IF_ERROR(be_->ColumnSum(B, n.cols, g, tables_[s.table + 1].grad.as<float>()));
+        RETURN_IF_ERROR(GradientReady(s.table));
+        RETURN_IF_ERROR(GradientReady(s.table + 1));
+        return InputGrad(in0, K * B, [&](float* dx) {
+          return be_->Gemm(false, true, B, static_cast<int>(K), n.cols, 1.0f, g, value(s.table), 0.0f, dx);
+        });
+      }
+      case GraphOp::kRelu:
+      case GraphOp::kGelu:
+      case GraphOp::kSigmoid:
+      case GraphOp::kTanh:
+        return InputGrad(in0, W * B, [&](float* dx) { return be_->ActivateGrad(ActivationOf(n.op), W * B, out(in0), g, dx); });
+      case GraphOp::kConcat:
+      case GraphOp::kDotInteraction:
+      case GraphOp::kFm:
+        return SplitBackward(n, s, B, W, g);
+      case GraphOp::kAdd:
+        for (int k : n.inputs) {
+          RETURN_IF_ERROR(InputGrad(k, W * B, [&](float* dx) { return be_->Copy(dx, g, 4 * W * B); }));
+        }
+        return absl::OkStatus();
+      case GraphOp::kLayerNorm: {
+        RETURN_IF_ERROR(InputGrad(in0, W * B, [&](float* dx) {
+          return be_->LayerNormGrad(B, static_cast<int>(W), out(in0), value(s.table), s.mean.as<float>(),
+                                    s.rstd.as<float>(), g, dx, tables_[s.table].grad.as<float>(),
+                                    tables_[s.table + 1].grad.as<float>());
+        }));
+        if (node(in0).op == GraphOp::kDenseInput) {  // no input gradient wanted, but the tables' still are
+          RETURN_IF_ERROR(Reserve(&scratch_, 4 * W * std::max(B, 1)));
+          RETURN_IF_ERROR(be_->LayerNormGrad(B, static_cast<int>(W), out(in0), value(s.table), s.mean.as<float>(),
+                                             s.rstd.as<float>(), g, scratch_.as<float>(),
+                                             tables_[s.table].grad.as<float>(), tables_[s.table + 1].grad.as<float>()));
+        }
+        RETURN_IF_ERROR(GradientReady(s.table));
+        return GradientReady(s.table + 1);
+      }
+      default:
+        return absl::OkStatus();
+    }
+  }
+
+  // concat, dot_interaction, fm: the gradient of the stacked inputs, then
+  // each input's columns of it.
+  absl::Status SplitBackward(const GraphNodeInfo& n, NodeState& s, int B, size_t W, const float* g) {
+    const float* whole = g;  // concat: the node's own gradient
+    int ld = static_cast<int>(W);
+    if (n.op != GraphOp::kConcat) {
+      const int d = node(n.inputs[0]).cols;
+      const float* v = n.inputs.size() == 1 ? out(n.inputs[0]) : s.stack.as<float>();
+      auto write = [&](float* dv) {
+        return n.op == GraphOp::kFm ? be_->FmInteractionGrad(B, n.fields, d, v, g, dv)
+                                    : be_->DotInteractionGrad(B, n.fields, d, v, g, dv);
+      };
+      if (n.inputs.size() == 1) return InputGrad(n.inputs[0], size_t{1} * n.fields * d * B, write);
+      RETURN_IF_ERROR(write(s.stack_grad.as<float>()));
+      whole = s.stack_grad.as<float>();
+      ld = n.fields * d;
+    }
+    ASSIGN_OR_RETURN(const float* ones, Ones(std::max(B, 1)));
+    int off = 0;
+    for (int k : n.inputs) {
+      const int w = static_cast<int>(node(k).width());
+      RETURN_IF_ERROR(InputGrad(k, size_t{1} * w * B, [&](float* dx) {
+        return be_->ScaleRows(B, w, ones, whole + off, ld, dx, w);
+      }));
+      off += w;
+    }
+    return absl::OkStatus();
+  }
+
+  config::ModelGraph g_;
+  const GraphNodeInfo* loss_ = nullptr;
+  std::vector<NodeState> nodes_;
+  bool any_shared_ = false, any_mean_ = false;
+  int batch_ = 0;
+  // Host side of the batch's sparse rows, and their device copies.
+  std::vector<int32_t> bag_offsets_, example_offsets_, raw_index_, shared_index_;
+  std::vector<uint64_t> bag_keys_, raw_keys_, shared_keys_;
+  std::vector<float> bag_vals_, mean_vals_, dense_host_;
+  Buffer d_bag_offsets_, d_example_offsets_, d_raw_index_, d_shared_index_, d_vals_, d_mean_vals_, d_dense_;
+  Buffer labels_, loss_buf_, pred_, prob_, scratch_;
+  std::vector<int32_t> class_host_, pred_host_;
+  std::vector<float> loss_host_, prob_host_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> CreateGraphModel(const ModelConfig& config, compute::Backend* backend) {
+  ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(config.graph));
+  if (config.dense_keys < 0 || config.field_bits < 0 || config.field_bits > 40) {
+    return absl::InvalidArgumentError(absl::StrCat("model graph: dense_keys ", config.dense_keys, " and field_bits ",
+                                                   config.field_bits, " are out of range"));
+  }
+  return std::unique_ptr<Model>(new GraphModel(config, backend, std::move(g)));
+}
+
+}  // namespace fulcrum::models
