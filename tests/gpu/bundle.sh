@@ -11,12 +11,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 cmake -S "$root" -B "$build" -G Ninja -DFULCRUM_CUDA=ON >/dev/null
-cmake --build "$build" --target gpu_test fulcrum-compute-bench fulcrum-mlp-step fulcrum-cuda-selftest \
+cmake --build "$build" --target gpu_test fulcrum-compute-bench fulcrum-mlp-step fulcrum-graph-step fulcrum-cuda-selftest \
   fulcrum-coordinator fulcrum-server fulcrum-worker fulcrumctl
 out=$root/.gpu-bundle
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/server" "$out/worker" "$out/data/mnist"
-bins=("$build/tests/gpu_test" "$build/tests/bench/fulcrum-compute-bench" "$build/tests/bench/fulcrum-mlp-step")
+bins=("$build/tests/gpu_test" "$build/tests/bench/fulcrum-compute-bench" "$build/tests/bench/fulcrum-mlp-step"
+      "$build/tests/bench/fulcrum-graph-step")
 cp "${bins[@]}" "$out/"
 daemons=("$build/server/fulcrum-coordinator" "$build/server/fulcrum-server" "$build/server/fulcrumctl")
 cp "${daemons[@]}" "$out/server/"

@@ -36,6 +36,10 @@ if [[ -x $bundle/gpu_test ]]; then
   if command -v python3 >/dev/null && python3 -c "import torch" 2>/dev/null; then
     step "one MLP step against torch autograd"
     python3 tests/gpu/torch_check.py --tool "$bundle/fulcrum-mlp-step" || fail "torch gradient check"
+    step "DLRM, Wide & Deep, DeepFM and every graph op against torch autograd"
+    python3 tests/gpu/graph_torch_check.py --tool "$bundle/fulcrum-graph-step" \
+      --spec deploy/examples/ctr-dlrm.yaml --spec deploy/examples/ctr-wide-deep.yaml \
+      --spec deploy/examples/ctr-deepfm.yaml --spec tests/gpu/graph_all_ops.yaml || fail "graph torch check"
   else
     echo "SKIPPED: torch not installed: no torch cross-check"
   fi
