@@ -96,7 +96,7 @@ void Expand(const v1::GraphNode& n, int index, std::vector<Raw>* out, std::vecto
     lin.path = absl::StrCat(path, ".layers[", l, "]");
     lin.spec = &n;
     lin.info.op = GraphOp::kLinear;
-    lin.info.name = named_last ? n.name() : absl::StrCat(n.name(), "/linear", l);
+    lin.info.name = named_last ? n.name() : absl::StrCat(n.name(), ".linear", l);
     lin.info.cols = n.layers(l);
     lin.info.from = n.name();
     lin.input_names = l == 0 ? inputs : std::vector<std::string>{prev_name};
@@ -107,7 +107,7 @@ void Expand(const v1::GraphNode& n, int index, std::vector<Raw>* out, std::vecto
     r.path = lin.path;
     r.spec = &n;
     r.info.op = a;
-    r.info.name = l + 1 == L ? n.name() : absl::StrCat(n.name(), "/", GraphOpName(a), l);
+    r.info.name = l + 1 == L ? n.name() : absl::StrCat(n.name(), ".", GraphOpName(a), l);
     r.info.from = n.name();
     r.input_names = {prev_name};
     prev_name = r.info.name;
@@ -331,8 +331,8 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
       p.push_back(absl::StrCat(path, ".name: required"));
       continue;
     }
-    if (n.name().find('/') != std::string::npos) {
-      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: '/' is reserved for nodes an mlp expands into"));
+    if (n.name().find_first_of("./") != std::string::npos) {
+      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: '.' and '/' are reserved ('.' joins an mlp's name and its layers')"));
       continue;
     }
     if (!by_name.emplace(n.name(), i).second) {

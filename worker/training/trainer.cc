@@ -308,6 +308,9 @@ void Trainer::CloseStep(const StepTiming& t, const models::Metrics& m, EpochResu
   ++step_;
   ++result->steps;
   result->skipped_steps += m.skipped;
+  for (const models::Table& table : model_->tables()) {
+    if (table.sparse) result->sparse_rows_pulled += static_cast<int64_t>(table.keys.size());
+  }
   Accumulate(m, &result->train);
 }
 

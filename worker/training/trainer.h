@@ -134,6 +134,7 @@ struct EpochResult {
   // replica (microseconds on a GPU, milliseconds on the CPU backend).
   double round_device_seconds = 0;
   double samples_per_second = 0;
+  int64_t sparse_rows_pulled = 0;  // rows of sparse tables pulled, over the steps
 };
 
 // Whether a consistency model lets the servers answer a worker's pull of

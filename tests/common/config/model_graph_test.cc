@@ -65,8 +65,8 @@ TEST_CASE("model graph: DLRM's shapes, order and parameter counts", "[graph]") {
   CHECK(Find(*g, "features").width() == 16 + 351);
   CHECK(Find(*g, "top").op == GraphOp::kLinear);
   CHECK(Find(*g, "top").width() == 1);
-  CHECK(Find(*g, "top/linear0").dense_parameters == 367 * 64 + 64);
-  CHECK(Find(*g, "bottom/linear0").dense_parameters == 13 * 64 + 64);
+  CHECK(Find(*g, "top.linear0").dense_parameters == 367 * 64 + 64);
+  CHECK(Find(*g, "bottom.linear0").dense_parameters == 13 * 64 + 64);
   CHECK(g->dense_parameters() == (13 * 64 + 64) + (64 * 16 + 16) + (367 * 64 + 64) + (64 * 32 + 32) + (32 + 1));
   CHECK(g->floats_per_sparse_key() == 16);
   const std::string text = ModelGraphText(*g);
@@ -125,6 +125,9 @@ TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
                       "  - {name: x, op: linear, inputs: [x], width: 1}\n" + tail),
              Catch::Contains("model.graph[1] 'x'.name: also the name of model.graph[0]"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: l.1, op: linear, inputs: [x], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'l.1'.name: '.' and '/' are reserved"));
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
                       "  - {name: unused, op: dense_input, width: 4}\n"
                       "  - {name: l, op: linear, inputs: [x], width: 1}\n" + tail),

@@ -478,7 +478,7 @@ TEST_CASE("GPU: every model's gradients match the CPU's, bf16 and fp16 within th
   }
 }
 
-TEST_CASE("GPU: model-graph ops (dot interaction, fm, layer norm, sigmoid, tanh) match the CPU backend", "[gpu]") {
+TEST_CASE("GPU: model-graph ops (dot interaction and fm and layer norm and sigmoid and tanh) match the CPU backend", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;
   auto cpu = NewCpuBackend(0);
@@ -539,7 +539,7 @@ TEST_CASE("GPU: model-graph ops (dot interaction, fm, layer norm, sigmoid, tanh)
   }
 }
 
-TEST_CASE("GPU: the DLRM, Wide and Deep and DeepFM examples' gradients match the CPU's", "[gpu]") {
+TEST_CASE("GPU: the DLRM and Wide and Deep and DeepFM examples' gradients match the CPU's", "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;
   auto cpu = NewCpuBackend(0);
