@@ -278,8 +278,11 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
   }
   if ((spec.epochs() < 1 && !spec.user_workers()) || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
   if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&
-      !OneOf(spec.model().type(), {"softmax", "mlp"})) {
+      !OneOf(spec.model().type(), {"softmax", "mlp", "graph"})) {
     p.push_back(absl::StrCat("precision: model '", spec.model().type(), "' has no GEMMs to run in 16 bits; use fp32"));
+  }
+  if (spec.precision() == v1::DTYPE_FP16 && spec.model().type() == "graph") {
+    p.push_back("precision: fp16 needs loss scaling, which graph models do not have; use bf16 (or fp32)");
   }
 }
 

@@ -207,9 +207,15 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       g.rows = g.sum_fields ? 1 : in(0).fields;
       g.cols = g.dim;
       g.fields = in(0).fields;
+      if (g.width() > kMaxWidth) {
+        bad(absl::StrCat(g.rows, " fields x dim ", g.dim, " = ", g.width(), " values per example, over ", kMaxWidth));
+      }
       break;
     case GraphOp::kLinear:
       if (g.cols > 0) g.dense_parameters = in(0).width() * g.cols + g.cols;
+      if (g.dense_parameters > (int64_t{1} << 31)) {
+        bad(absl::StrCat(in(0).width(), " x ", g.cols, " weights, over 2^31"));
+      }
       break;
     case GraphOp::kRelu:
     case GraphOp::kGelu:
@@ -263,6 +269,10 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       }
       if (n < 2) {
         bad(absl::StrCat(GraphOpName(g.op), " needs at least 2 vectors per example; its inputs give ", n));
+        return;
+      }
+      if (n * (n - 1) / 2 > kMaxWidth) {
+        bad(absl::StrCat(GraphOpName(g.op), " of ", n, " vectors gives ", n * (n - 1) / 2, " pairs, over ", kMaxWidth));
         return;
       }
       g.fields = static_cast<int>(n);  // the vectors it interacts

@@ -6,8 +6,9 @@ slots, metrics on free ports listed in prometheus-targets.json), starts the
 Debian prometheus with the prometheus.yml cluster.sh writes for the run
 (deploy/prometheus/prometheus-local.yml pointed at that targets file and
 the repository's rules), runs a BSP job with checkpoints
-(MNIST MLP), an SSP job (digits) and a binary task (sparse LR on
-heart_scale, for the AUC panel) at once, then asks Prometheus's HTTP API:
+(MNIST MLP), an SSP job (digits), a binary task (sparse LR on heart_scale,
+for the AUC panel) and a regression task (a model graph on digits, for the
+RMSE panel) at once, then asks Prometheus's HTTP API:
 
   - every target is up, and every process exports fulcrum_build_info;
   - every recording rule's series has data;
@@ -149,10 +150,21 @@ def main():
                     "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
                     "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
                     "num_workers: 1\nbatch_size: 16\nepochs: 300\n")
+        # A regression task (a model graph: the digit as a real number), for
+        # the RMSE panel.
+        regression = os.path.join(work, "digits-regression.yaml")
+        with open(regression, "w") as f:
+            f.write("name: digits-regression\nmodel:\n  type: graph\n  graph:\n"
+                    "    - {name: x, op: dense_input, width: 64}\n"
+                    "    - {name: m, op: mlp, inputs: [x], layers: [16, 1]}\n"
+                    "    - {name: loss, op: loss, inputs: [m], loss: squared_error}\n"
+                    "data:\n  train: {format: csv, path: digits/digits.csv.gz, scale: 0.0625, label_kind: real}\n"
+                    "  test_fraction: 0.2\noptimizer: {kind: adam, learning_rate: 0.003}\nconsistency: {model: asp}\n"
+                    "num_workers: 1\nbatch_size: 16\nepochs: 40\n")
         ctl = os.path.join(BUILD, "server/fulcrumctl")
         coord = f"--coordinator=127.0.0.1:{base}"
         ids = []
-        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp, binary):
+        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp, binary, regression):
             r = run([ctl, coord, "submit", "-f", spec, "--no_wait"])
             check(r.returncode == 0, f"submit {os.path.basename(spec)}: {r.stdout.strip()} {r.stderr.strip()}")
             ids.append(r.stdout.strip().split()[-1])

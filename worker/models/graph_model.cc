@@ -39,6 +39,7 @@ struct NodeState {
   Buffer out, grad;
   Buffer stack, stack_grad;  // dot_interaction, fm: the inputs side by side
   Buffer mean, rstd;         // layer_norm
+  Buffer x16, w16, g16;      // linear in bf16: its input, weights and output gradient
   int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
   bool grad_written = false;
 };
@@ -213,6 +214,13 @@ class GraphModel final : public Model {
     return absl::OkStatus();
   }
 
+  bool lowp() const { return config_.precision != DType::kFp32; }
+  // *out = x rounded to the GEMMs' 16-bit type.
+  absl::Status Half(const float* x, size_t n, Buffer* out) {
+    RETURN_IF_ERROR(Reserve(out, 2 * std::max<size_t>(n, 1)));
+    return be_->Cast(DType::kFp32, config_.precision, n, x, out->data());
+  }
+
   absl::Status Upload(Buffer* b, const void* src, size_t bytes) {
     RETURN_IF_ERROR(Reserve(b, std::max<size_t>(bytes, 4)));
     return bytes == 0 ? absl::OkStatus() : be_->CopyToDevice(b->data(), src, bytes);
@@ -243,7 +251,15 @@ class GraphModel final : public Model {
                                  (n.mean ? d_mean_vals_ : d_vals_).as<float>(), false, y);
       }
       case GraphOp::kLinear:
-        RETURN_IF_ERROR(be_->Gemm(false, false, B, n.cols, static_cast<int>(K), 1.0f, x, value(s.table), 0.0f, y));
+        if (lowp()) {
+          // 16-bit GEMM inputs, fp32 accumulation and output (model.h).
+          RETURN_IF_ERROR(Half(x, K * B, &s.x16));
+          RETURN_IF_ERROR(Half(value(s.table), K * n.cols, &s.w16));
+          RETURN_IF_ERROR(be_->GemmLowp(config_.precision, false, false, B, n.cols, static_cast<int>(K), 1.0f,
+                                        s.x16.as<uint16_t>(), s.w16.as<uint16_t>(), 0.0f, y));
+        } else {
+          RETURN_IF_ERROR(be_->Gemm(false, false, B, n.cols, static_cast<int>(K), 1.0f, x, value(s.table), 0.0f, y));
+        }
         return be_->BiasAdd(B, n.cols, value(s.table + 1), y);
       case GraphOp::kRelu:
       case GraphOp::kGelu:
@@ -385,12 +401,22 @@ class GraphModel final : public Model {
       }
       case GraphOp::kLinear: {
         const float* x = out(in0);
-        RETURN_IF_ERROR(be_->Gemm(true, false, static_cast<int>(K), n.cols, B, 1.0f, x, g, 0.0f,
-                                  tables_[s.table].grad.as<float>()));
+        float* dw = tables_[s.table].grad.as<float>();
+        if (lowp()) {
+          RETURN_IF_ERROR(Half(g, W * B, &s.g16));
+          RETURN_IF_ERROR(be_->GemmLowp(config_.precision, true, false, static_cast<int>(K), n.cols, B, 1.0f,
+                                        s.x16.as<uint16_t>(), s.g16.as<uint16_t>(), 0.0f, dw));
+        } else {
+          RETURN_IF_ERROR(be_->Gemm(true, false, static_cast<int>(K), n.cols, B, 1.0f, x, g, 0.0f, dw));
+        }
         RETURN_IF_ERROR(be_->ColumnSum(B, n.cols, g, tables_[s.table + 1].grad.as<float>()));
         RETURN_IF_ERROR(GradientReady(s.table));
         RETURN_IF_ERROR(GradientReady(s.table + 1));
         return InputGrad(in0, K * B, [&](float* dx) {
+          if (lowp()) {
+            return be_->GemmLowp(config_.precision, false, true, B, static_cast<int>(K), n.cols, 1.0f,
+                                 s.g16.as<uint16_t>(), s.w16.as<uint16_t>(), 0.0f, dx);
+          }
           return be_->Gemm(false, true, B, static_cast<int>(K), n.cols, 1.0f, g, value(s.table), 0.0f, dx);
         });
       }
@@ -476,6 +502,10 @@ class GraphModel final : public Model {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateGraphModel(const ModelConfig& config, compute::Backend* backend) {
   ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(config.graph));
+  if (config.precision != DType::kFp32 && config.precision != DType::kBf16) {
+    return absl::InvalidArgumentError(
+        "model graph: precision must be fp32 or bf16 (fp16 needs loss scaling, which graph models do not have)");
+  }
   if (config.dense_keys < 0 || config.field_bits < 0 || config.field_bits > 40) {
     return absl::InvalidArgumentError(absl::StrCat("model graph: dense_keys ", config.dense_keys, " and field_bits ",
                                                    config.field_bits, " are out of range"));

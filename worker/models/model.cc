@@ -519,10 +519,7 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& c, compute
     }
     return std::unique_ptr<Model>(new SparseLinear(c, backend, c.type == "fm"));
   }
-  if (c.type == "graph") {
-    if (c.precision != DType::kFp32) return absl::InvalidArgumentError("model graph: precision must be fp32");
-    return CreateGraphModel(c, backend);
-  }
+  if (c.type == "graph") return CreateGraphModel(c, backend);
   if (c.type == "mf") {
     if (c.factors <= 0) return absl::InvalidArgumentError("model mf: factors must be > 0");
     if (c.precision != DType::kFp32) return absl::InvalidArgumentError("model mf: precision must be fp32");

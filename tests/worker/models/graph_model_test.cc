@@ -283,5 +283,49 @@ TEST_CASE("graph: tables are named after their nodes with the kinds they need", 
   CHECK(m->task() == Task::kBinary);
 }
 
+TEST_CASE("graph: bf16 GEMMs give gradients within bf16's precision of fp32's and fp16 is refused", "[graph]") {
+  auto be = compute::NewCpuBackend(1);
+  const v1::ModelSpec spec = Example("ctr-dlrm.yaml");
+  const data::Batch b = CtrBatch(64, 9);
+  std::vector<std::vector<float>> grads[2];
+  for (int lowp = 0; lowp < 2; ++lowp) {
+    ModelConfig c;
+    c.type = "graph";
+    c.graph = spec;
+    c.dense_keys = kDense;
+    c.field_bits = kFieldBits;
+    c.precision = lowp ? DType::kBf16 : DType::kFp32;
+    auto m = CreateModel(c, be.get());
+    REQUIRE(m.ok());
+    REQUIRE((*m)->Prepare(b).ok());
+    std::mt19937 rng(4);
+    std::normal_distribution<float> n(0, 0.1f);
+    for (Table& t : (*m)->tables()) {
+      for (size_t i = 0; i < t.elements; ++i) t.value.as<float>()[i] = n(rng);
+    }
+    REQUIRE((*m)->Run(b, true).ok());
+    for (Table& t : (*m)->tables()) grads[lowp].emplace_back(t.grad.as<float>(), t.grad.as<float>() + t.elements);
+  }
+  bool differs = false;
+  for (size_t t = 0; t < grads[0].size(); ++t) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < grads[0][t].size(); ++i) {
+      num += (grads[1][t][i] - grads[0][t][i]) * (grads[1][t][i] - grads[0][t][i]);
+      den += grads[0][t][i] * grads[0][t][i];
+    }
+    INFO("table " << t << ": relative L2 difference " << std::sqrt(num / std::max(den, 1e-30)));
+    CHECK(std::sqrt(num / std::max(den, 1e-30)) < 3e-2);
+    differs |= num > 0;
+  }
+  CHECK(differs);  // the bf16 path ran
+  ModelConfig c;
+  c.type = "graph";
+  c.graph = spec;
+  c.precision = DType::kFp16;
+  auto refused = CreateModel(c, be.get());
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("fp16 needs loss scaling"));
+}
+
 }  // namespace
 }  // namespace fulcrum::models
