@@ -1,6 +1,7 @@
 #include "common/config/model_graph.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -181,24 +182,100 @@ std::pair<int, int> Arity(GraphOp op) {
   }
 }
 
-// Infers node g's shape from its inputs (already inferred).
-void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& g, std::vector<std::string>* p) {
-  auto bad = [&](const std::string& what) { p->push_back(absl::StrCat(r.path, ": ", what)); };
+using Bad = std::function<void(const std::string&)>;
+using InputOf = std::function<const GraphNodeInfo&(size_t)>;
+
+void ConcatShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
+  bool same = true;
+  int64_t rows = 0, width = 0;
   for (size_t k = 0; k < g.inputs.size(); ++k) {
-    const GraphNodeInfo& in = nodes[g.inputs[k]];
+    same = same && in(k).cols == in(0).cols;
+    rows += in(k).rows;
+    width += in(k).width();
+  }
+  if (width > kMaxWidth) {
+    bad(absl::StrCat("concatenated width ", width, " is over ", kMaxWidth));
+    return;
+  }
+  g.rows = same ? static_cast<int>(rows) : 1;
+  g.cols = same ? in(0).cols : static_cast<int>(width);
+}
+
+void AddShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
+  for (size_t k = 1; k < g.inputs.size(); ++k) {
+    if (in(k).width() != in(0).width()) {
+      bad(absl::StrCat("input '", in(k).name, "' has width ", in(k).width(), " but '", in(0).name, "' has ",
+                       in(0).width(), "; add needs equal widths"));
+      return;
+    }
+  }
+  g.rows = in(0).rows;
+  g.cols = in(0).cols;
+}
+
+// dot_interaction and fm: the inputs' vectors, all of one width.
+void InteractionShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
+  int64_t n = 0;
+  for (size_t k = 0; k < g.inputs.size(); ++k) {
+    if (in(k).cols != in(0).cols) {
+      bad(absl::StrCat("input '", in(k).name, "' has vectors of width ", in(k).cols, " but '", in(0).name, "' has ",
+                       in(0).cols, "; ", GraphOpName(g.op), " needs vectors of one width"));
+      return;
+    }
+    n += in(k).rows;
+  }
+  if (n < 2) {
+    bad(absl::StrCat(GraphOpName(g.op), " needs at least 2 vectors per example; its inputs give ", n));
+    return;
+  }
+  if (n * (n - 1) / 2 > kMaxWidth) {
+    bad(absl::StrCat(GraphOpName(g.op), " of ", n, " vectors gives ", n * (n - 1) / 2, " pairs, over ", kMaxWidth));
+    return;
+  }
+  g.fields = static_cast<int>(n);  // the vectors it interacts
+  g.rows = 1;
+  g.cols = g.op == GraphOp::kFm ? 1 : static_cast<int>(n * (n - 1) / 2);
+}
+
+void LossShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
+  const int64_t w = in(0).width();
+  if (g.loss == GraphLoss::kSoftmaxCrossEntropy && w < 2) {
+    bad(absl::StrCat("input '", in(0).name, "' has width ", w,
+                     "; softmax_cross_entropy needs one logit per class (at least 2)"));
+  } else if (g.loss != GraphLoss::kSoftmaxCrossEntropy && w != 1) {
+    bad(absl::StrCat("input '", in(0).name, "' has width ", w, "; ",
+                     g.loss == GraphLoss::kBinaryCrossEntropy ? "binary_cross_entropy" : "squared_error",
+                     " needs width 1"));
+  }
+  g.rows = 1;
+  g.cols = 1;
+}
+
+// Whether g's inputs are of kinds it can read (reported otherwise), and
+// shaped (an input without a shape has its own problem reported).
+bool InputsReadable(const GraphNodeInfo& g, const std::vector<GraphNodeInfo>& nodes, const Bad& bad) {
+  for (int k : g.inputs) {
+    const GraphNodeInfo& in = nodes[k];
     if (in.op == GraphOp::kLoss) {
       bad(absl::StrCat("input '", in.name, "' is the loss; nothing reads a loss"));
-      return;
+      return false;
     }
     if ((in.op == GraphOp::kSparseInput) != (g.op == GraphOp::kEmbedding)) {
       bad(g.op == GraphOp::kEmbedding
               ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; an embedding reads a sparse_input")
               : absl::StrCat("input '", in.name, "' is a sparse_input; only an embedding reads one"));
-      return;
+      return false;
     }
-    if (in.cols == 0 && in.op != GraphOp::kSparseInput) return;  // its own problem is reported
+    if (in.cols == 0 && in.op != GraphOp::kSparseInput) return false;
   }
-  const auto in = [&](int k) -> const GraphNodeInfo& { return nodes[g.inputs[k]]; };
+  return true;
+}
+
+// Infers node g's shape from its inputs (already inferred).
+void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& g, std::vector<std::string>* p) {
+  const Bad bad = [&](const std::string& what) { p->push_back(absl::StrCat(r.path, ": ", what)); };
+  if (!InputsReadable(g, nodes, bad)) return;
+  const InputOf in = [&](size_t k) -> const GraphNodeInfo& { return nodes[g.inputs[k]]; };
   switch (g.op) {
     case GraphOp::kDenseInput:
     case GraphOp::kSparseInput:
@@ -213,86 +290,22 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       break;
     case GraphOp::kLinear:
       if (g.cols > 0) g.dense_parameters = in(0).width() * g.cols + g.cols;
-      if (g.dense_parameters > (int64_t{1} << 31)) {
-        bad(absl::StrCat(in(0).width(), " x ", g.cols, " weights, over 2^31"));
-      }
+      if (g.dense_parameters > (int64_t{1} << 31)) bad(absl::StrCat(in(0).width(), " x ", g.cols, " weights, over 2^31"));
       break;
     case GraphOp::kRelu:
     case GraphOp::kGelu:
     case GraphOp::kSigmoid:
     case GraphOp::kTanh:
-      g.rows = in(0).rows;
-      g.cols = in(0).cols;
-      break;
     case GraphOp::kLayerNorm:
       g.rows = in(0).rows;
       g.cols = in(0).cols;
-      g.dense_parameters = 2 * g.width();
+      if (g.op == GraphOp::kLayerNorm) g.dense_parameters = 2 * g.width();
       break;
-    case GraphOp::kConcat: {
-      bool same = true;
-      int64_t rows = 0, width = 0;
-      for (size_t k = 0; k < g.inputs.size(); ++k) {
-        same = same && in(k).cols == in(0).cols;
-        rows += in(k).rows;
-        width += in(k).width();
-      }
-      if (width > kMaxWidth) {
-        bad(absl::StrCat("concatenated width ", width, " is over ", kMaxWidth));
-        return;
-      }
-      g.rows = same ? static_cast<int>(rows) : 1;
-      g.cols = same ? in(0).cols : static_cast<int>(width);
-      break;
-    }
-    case GraphOp::kAdd:
-      for (size_t k = 1; k < g.inputs.size(); ++k) {
-        if (in(k).width() != in(0).width()) {
-          bad(absl::StrCat("input '", in(k).name, "' has width ", in(k).width(), " but '", in(0).name, "' has ",
-                           in(0).width(), "; add needs equal widths"));
-          return;
-        }
-      }
-      g.rows = in(0).rows;
-      g.cols = in(0).cols;
-      break;
+    case GraphOp::kConcat: ConcatShape(g, in, bad); break;
+    case GraphOp::kAdd: AddShape(g, in, bad); break;
     case GraphOp::kDotInteraction:
-    case GraphOp::kFm: {
-      int64_t n = 0;
-      for (size_t k = 0; k < g.inputs.size(); ++k) {
-        if (in(k).cols != in(0).cols) {
-          bad(absl::StrCat("input '", in(k).name, "' has vectors of width ", in(k).cols, " but '", in(0).name,
-                           "' has ", in(0).cols, "; ", GraphOpName(g.op), " needs vectors of one width"));
-          return;
-        }
-        n += in(k).rows;
-      }
-      if (n < 2) {
-        bad(absl::StrCat(GraphOpName(g.op), " needs at least 2 vectors per example; its inputs give ", n));
-        return;
-      }
-      if (n * (n - 1) / 2 > kMaxWidth) {
-        bad(absl::StrCat(GraphOpName(g.op), " of ", n, " vectors gives ", n * (n - 1) / 2, " pairs, over ", kMaxWidth));
-        return;
-      }
-      g.fields = static_cast<int>(n);  // the vectors it interacts
-      g.rows = 1;
-      g.cols = g.op == GraphOp::kFm ? 1 : static_cast<int>(n * (n - 1) / 2);
-      break;
-    }
-    case GraphOp::kLoss: {
-      const int64_t w = in(0).width();
-      if (g.loss == GraphLoss::kSoftmaxCrossEntropy && w < 2) {
-        bad(absl::StrCat("input '", in(0).name, "' has width ", w, "; softmax_cross_entropy needs one logit per class (at least 2)"));
-      } else if (g.loss != GraphLoss::kSoftmaxCrossEntropy && w != 1) {
-        bad(absl::StrCat("input '", in(0).name, "' has width ", w, "; ",
-                         g.loss == GraphLoss::kBinaryCrossEntropy ? "binary_cross_entropy" : "squared_error",
-                         " needs width 1"));
-      }
-      g.rows = 1;
-      g.cols = 1;
-      break;
-    }
+    case GraphOp::kFm: InteractionShape(g, in, bad); break;
+    case GraphOp::kLoss: LossShape(g, in, bad); break;
   }
 }
 
@@ -325,60 +338,63 @@ std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
   return out;
 }
 
-absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
-  std::vector<std::string> p;
-  auto fail = [&p]() { return absl::InvalidArgumentError(absl::StrJoin(p, "\n")); };
-  if (model.graph_size() == 0) {
-    p.push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
-    return fail();
-  }
-  std::vector<Raw> raw;
+namespace {
+
+// The spec's nodes, mlp shorthands expanded, each name unique.
+void ExpandAll(const v1::ModelSpec& model, std::vector<Raw>* raw, std::vector<std::string>* p) {
   std::map<std::string, int> by_name;
   for (int i = 0; i < model.graph_size(); ++i) {
     const v1::GraphNode& n = model.graph(i);
     const std::string path = absl::StrCat("model.graph[", i, "]");
     if (n.name().empty()) {
-      p.push_back(absl::StrCat(path, ".name: required"));
-      continue;
+      p->push_back(absl::StrCat(path, ".name: required"));
+    } else if (n.name().find_first_of("./") != std::string::npos) {
+      p->push_back(absl::StrCat(path, " '", n.name(),
+                                "'.name: '.' and '/' are reserved ('.' joins an mlp's name and its layers')"));
+    } else if (!by_name.emplace(n.name(), i).second) {
+      p->push_back(absl::StrCat(path, " '", n.name(), "'.name: also the name of model.graph[", by_name[n.name()], "]"));
+    } else {
+      Expand(n, i, raw, p);
     }
-    if (n.name().find_first_of("./") != std::string::npos) {
-      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: '.' and '/' are reserved ('.' joins an mlp's name and its layers')"));
-      continue;
-    }
-    if (!by_name.emplace(n.name(), i).second) {
-      p.push_back(absl::StrCat(path, " '", n.name(), "'.name: also the name of model.graph[", by_name[n.name()], "]"));
-      continue;
-    }
-    Expand(n, i, &raw, &p);
   }
-  if (!p.empty()) return fail();
-  by_name.clear();
+}
+
+// Reads each node's parameters and resolves its inputs: in[i] the nodes i
+// reads, readers[i] the nodes that read i.
+void Resolve(std::vector<Raw>& raw, std::vector<std::vector<int>>* in, std::vector<std::vector<int>>* readers,
+             std::vector<std::string>* p) {
+  std::map<std::string, int> by_name;
   for (size_t i = 0; i < raw.size(); ++i) by_name[raw[i].info.name] = static_cast<int>(i);
-  // Resolve inputs and count each node's readers.
-  std::vector<std::vector<int>> in(raw.size()), readers(raw.size());
+  in->assign(raw.size(), {});
+  readers->assign(raw.size(), {});
   for (size_t i = 0; i < raw.size(); ++i) {
     Raw& r = raw[i];
-    ReadParameters(r, &p);
+    ReadParameters(r, p);
     const auto [lo, hi] = Arity(r.info.op);
     const int n = static_cast<int>(r.input_names.size());
     if (n < lo || (hi >= 0 && n > hi)) {
-      p.push_back(absl::StrCat(r.path, ".inputs: ", GraphOpName(r.info.op), " takes ",
-                               hi == 0 ? "no inputs" : hi == lo ? absl::StrCat(lo, " input") : absl::StrCat(lo, " or more inputs"),
-                               "; it names ", n));
+      p->push_back(absl::StrCat(
+          r.path, ".inputs: ", GraphOpName(r.info.op), " takes ",
+          hi == 0 ? "no inputs" : hi == lo ? absl::StrCat(lo, " input") : absl::StrCat(lo, " or more inputs"),
+          "; it names ", n));
       continue;
     }
     for (const std::string& name : r.input_names) {
       auto it = by_name.find(name);
       if (it == by_name.end()) {
-        p.push_back(absl::StrCat(r.path, ".inputs: unknown node '", name, "'"));
+        p->push_back(absl::StrCat(r.path, ".inputs: unknown node '", name, "'"));
       } else {
-        in[i].push_back(it->second);
-        readers[it->second].push_back(static_cast<int>(i));
+        (*in)[i].push_back(it->second);
+        (*readers)[it->second].push_back(static_cast<int>(i));
       }
     }
   }
-  if (!p.empty()) return fail();
-  // Order: Kahn's algorithm, earliest listed first among the ready ones.
+}
+
+// Kahn's algorithm, the earliest listed first among the ready nodes; a
+// cycle is reported with its nodes.
+std::vector<int> Order(const std::vector<Raw>& raw, const std::vector<std::vector<int>>& in,
+                       const std::vector<std::vector<int>>& readers, std::vector<std::string>* p) {
   std::vector<int> pending(raw.size()), order;
   std::set<int> ready;
   for (size_t i = 0; i < raw.size(); ++i) {
@@ -398,39 +414,49 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
     for (size_t i = 0; i < raw.size(); ++i) {
       if (pending[i] > 0) cycle.push_back(absl::StrCat("'", raw[i].info.name, "'"));
     }
-    p.push_back(absl::StrCat("model.graph: a cycle runs through ", absl::StrJoin(cycle, ", "),
-                             "; a graph's inputs must come before the nodes that read them"));
-    return fail();
+    p->push_back(absl::StrCat("model.graph: a cycle runs through ", absl::StrJoin(cycle, ", "),
+                              "; a graph's inputs must come before the nodes that read them"));
   }
-  // Exactly one loss, reached from every node.
+  return order;
+}
+
+// Which nodes lead to the loss (exactly one loss is required).
+std::vector<bool> UsedByLoss(const std::vector<Raw>& raw, const std::vector<std::vector<int>>& in,
+                             const std::vector<int>& order, std::vector<std::string>* p) {
   std::vector<int> losses;
   for (size_t i = 0; i < raw.size(); ++i) {
     if (raw[i].info.op == GraphOp::kLoss) losses.push_back(static_cast<int>(i));
   }
-  if (losses.size() != 1) {
-    p.push_back(absl::StrCat("model.graph: needs exactly one loss node; it has ", losses.size()));
-    return fail();
-  }
   std::vector<bool> used(raw.size(), false);
+  if (losses.size() != 1) {
+    p->push_back(absl::StrCat("model.graph: needs exactly one loss node; it has ", losses.size()));
+    return used;
+  }
   used[losses[0]] = true;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     if (!used[*it]) continue;
     for (int k : in[*it]) used[k] = true;
   }
+  return used;
+}
+
+// The nodes in `order`, inputs renumbered to positions in it.
+ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<int>>& in,
+                    const std::vector<int>& order, const std::vector<bool>& used, std::vector<std::string>* p) {
   ModelGraph g;
   std::vector<int> position(raw.size());
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = static_cast<int>(k);
   for (int i : order) {
-    Raw& r = raw[i];
+    const Raw& r = raw[i];
     if (!used[i]) {
-      p.push_back(absl::StrCat(r.path, ": nothing leads from it to the loss"));
+      p->push_back(absl::StrCat(r.path, ": nothing leads from it to the loss"));
       continue;
     }
     if (r.info.op == GraphOp::kDenseInput || r.info.op == GraphOp::kSparseInput) {
       int& slot = r.info.op == GraphOp::kDenseInput ? g.dense_input : g.sparse_input;
       if (slot >= 0) {
-        p.push_back(absl::StrCat(r.path, ": a graph has at most one ", GraphOpName(r.info.op), "; '",
-                                 g.nodes[slot].name, "' is one"));
+        p->push_back(absl::StrCat(r.path, ": a graph has at most one ", GraphOpName(r.info.op), "; '",
+                                  g.nodes[slot].name, "' is one"));
         continue;
       }
       slot = static_cast<int>(g.nodes.size());
@@ -439,11 +465,31 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
     for (int k : in[i]) info.inputs.push_back(position[k]);
     g.nodes.push_back(std::move(info));
   }
-  if (!p.empty()) return fail();
-  // Renumber inputs now that unused nodes cannot be present, and infer shapes.
-  for (size_t k = 0; k < g.nodes.size(); ++k) {
-    InferShape(raw[order[k]], g.nodes, g.nodes[k], &p);
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
+  std::vector<std::string> p;
+  auto fail = [&p]() { return absl::InvalidArgumentError(absl::StrJoin(p, "\n")); };
+  if (model.graph_size() == 0) {
+    p.push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
+    return fail();
   }
+  std::vector<Raw> raw;
+  ExpandAll(model, &raw, &p);
+  if (!p.empty()) return fail();
+  std::vector<std::vector<int>> in, readers;
+  Resolve(raw, &in, &readers, &p);
+  if (!p.empty()) return fail();
+  const std::vector<int> order = Order(raw, in, readers, &p);
+  if (!p.empty()) return fail();
+  const std::vector<bool> used = UsedByLoss(raw, in, order, &p);
+  if (!p.empty()) return fail();
+  ModelGraph g = Assemble(raw, in, order, used, &p);
+  if (!p.empty()) return fail();
+  for (size_t k = 0; k < g.nodes.size(); ++k) InferShape(raw[order[k]], g.nodes, g.nodes[k], &p);
   if (!p.empty()) return fail();
   return g;
 }

@@ -147,6 +147,51 @@ class GraphModel final : public Model {
     }
     const int Wd = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
     const int F = has_sparse ? node(g_.sparse_input).fields : 1;
+    RETURN_IF_ERROR(SplitRows(batch, Wd, F));
+    const size_t nnz = bag_keys_.size();
+    const uint64_t first = static_cast<uint64_t>(config_.dense_keys);
+    // Each embedding's keys: raw (per-field rows) or within the field (shared).
+    DistinctKeys(bag_keys_.data(), nnz, &raw_keys_, &raw_index_);
+    if (any_shared_) {
+      const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
+      std::vector<uint64_t> within(nnz);
+      for (size_t i = 0; i < nnz; ++i) within[i] = (bag_keys_[i] - first) & mask;
+      DistinctKeys(within.data(), nnz, &shared_keys_, &shared_index_);
+    }
+    if (any_mean_) {
+      mean_vals_.resize(nnz);
+      for (size_t bag = 0; bag + 1 < bag_offsets_.size(); ++bag) {
+        const int n = bag_offsets_[bag + 1] - bag_offsets_[bag];
+        for (int j = bag_offsets_[bag]; j < bag_offsets_[bag + 1]; ++j) mean_vals_[j] = bag_vals_[j] / n;
+      }
+    }
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      if (node(i).op == GraphOp::kEmbedding) tables_[nodes_[i].table].keys = node(i).shared ? shared_keys_ : raw_keys_;
+    }
+    RETURN_IF_ERROR(Upload(&d_bag_offsets_, bag_offsets_.data(), 4 * bag_offsets_.size()));
+    RETURN_IF_ERROR(Upload(&d_example_offsets_, example_offsets_.data(), 4 * example_offsets_.size()));
+    RETURN_IF_ERROR(Upload(&d_raw_index_, raw_index_.data(), 4 * nnz));
+    RETURN_IF_ERROR(Upload(&d_vals_, bag_vals_.data(), 4 * nnz));
+    if (any_shared_) RETURN_IF_ERROR(Upload(&d_shared_index_, shared_index_.data(), 4 * nnz));
+    if (any_mean_) RETURN_IF_ERROR(Upload(&d_mean_vals_, mean_vals_.data(), 4 * nnz));
+    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
+    // The host vectors stay untouched until the next Prepare, after Run.
+    return absl::OkStatus();
+  }
+
+  bool lowp() const { return config_.precision != DType::kFp32; }
+  // *out = x rounded to the GEMMs' 16-bit type.
+  absl::Status Half(const float* x, size_t n, Buffer* out) {
+    RETURN_IF_ERROR(Reserve(out, 2 * std::max<size_t>(n, 1)));
+    return be_->Cast(DType::kFp32, config_.precision, n, x, out->data());
+  }
+
+  // A batch's sparse rows into dense_host_ (B x Wd: the keys below
+  // dense_keys) and bags per (example, field) of the other keys:
+  // bag_offsets_ (B x F + 1), bag_keys_, bag_vals_, example_offsets_.
+  absl::Status SplitRows(const data::Batch& batch, int Wd, int F) {
+    const int B = batch.size;
+    const bool has_sparse = g_.sparse_input >= 0;
     if (Wd > 0) dense_host_.assign(size_t{1} * B * Wd, 0.0f);
     // Count each bag's values, then place them.
     bag_offsets_.assign(size_t{1} * B * F + 1, 0);
@@ -185,40 +230,7 @@ class GraphModel final : public Model {
     }
     example_offsets_.resize(B + 1);
     for (int b = 0; b <= B; ++b) example_offsets_[b] = bag_offsets_[size_t{1} * b * F];
-    // Each embedding's keys: raw (per-field rows) or within the field (shared).
-    DistinctKeys(bag_keys_.data(), nnz, &raw_keys_, &raw_index_);
-    if (any_shared_) {
-      const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
-      std::vector<uint64_t> within(nnz);
-      for (size_t i = 0; i < nnz; ++i) within[i] = (bag_keys_[i] - first) & mask;
-      DistinctKeys(within.data(), nnz, &shared_keys_, &shared_index_);
-    }
-    if (any_mean_) {
-      mean_vals_.resize(nnz);
-      for (size_t bag = 0; bag + 1 < bag_offsets_.size(); ++bag) {
-        const int n = bag_offsets_[bag + 1] - bag_offsets_[bag];
-        for (int j = bag_offsets_[bag]; j < bag_offsets_[bag + 1]; ++j) mean_vals_[j] = bag_vals_[j] / n;
-      }
-    }
-    for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      if (node(i).op == GraphOp::kEmbedding) tables_[nodes_[i].table].keys = node(i).shared ? shared_keys_ : raw_keys_;
-    }
-    RETURN_IF_ERROR(Upload(&d_bag_offsets_, bag_offsets_.data(), 4 * bag_offsets_.size()));
-    RETURN_IF_ERROR(Upload(&d_example_offsets_, example_offsets_.data(), 4 * example_offsets_.size()));
-    RETURN_IF_ERROR(Upload(&d_raw_index_, raw_index_.data(), 4 * nnz));
-    RETURN_IF_ERROR(Upload(&d_vals_, bag_vals_.data(), 4 * nnz));
-    if (any_shared_) RETURN_IF_ERROR(Upload(&d_shared_index_, shared_index_.data(), 4 * nnz));
-    if (any_mean_) RETURN_IF_ERROR(Upload(&d_mean_vals_, mean_vals_.data(), 4 * nnz));
-    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
-    // The host vectors stay untouched until the next Prepare, after Run.
     return absl::OkStatus();
-  }
-
-  bool lowp() const { return config_.precision != DType::kFp32; }
-  // *out = x rounded to the GEMMs' 16-bit type.
-  absl::Status Half(const float* x, size_t n, Buffer* out) {
-    RETURN_IF_ERROR(Reserve(out, 2 * std::max<size_t>(n, 1)));
-    return be_->Cast(DType::kFp32, config_.precision, n, x, out->data());
   }
 
   absl::Status Upload(Buffer* b, const void* src, size_t bytes) {
