@@ -494,6 +494,36 @@ absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
   return g;
 }
 
+absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes) {
+  if (model.type() != "softmax" && model.type() != "mlp") {
+    return absl::UnimplementedError(absl::StrCat("model type '", model.type(),
+                                                 "' has no graph: it reads a variable number of features per example"));
+  }
+  v1::ModelSpec out;
+  out.set_type("graph");
+  auto add = [&](const std::string& name, const std::string& op, const std::string& input) {
+    v1::GraphNode* n = out.add_graph();
+    n->set_name(name);
+    n->set_op(op);
+    if (!input.empty()) n->add_inputs(input);
+    return n;
+  };
+  add("features", "dense_input", "")->set_width(num_features);
+  std::vector<int> widths(model.hidden().begin(), model.type() == "mlp" ? model.hidden().end() : model.hidden().begin());
+  widths.push_back(num_classes);
+  const std::string act = model.activation().empty() ? "relu" : model.activation();
+  std::string prev = "features";
+  for (size_t l = 0; l < widths.size(); ++l) {
+    add(absl::StrCat("dense", l), "linear", prev)->set_width(widths[l]);
+    prev = absl::StrCat("dense", l);
+    if (l + 1 == widths.size()) break;
+    add(absl::StrCat(act, l), act, prev);
+    prev = absl::StrCat(act, l);
+  }
+  add("loss", "loss", prev)->set_loss("softmax_cross_entropy");
+  return out;
+}
+
 std::string ModelGraphText(const ModelGraph& graph) {
   std::string out = absl::StrFormat("%-22s %-16s %-28s %-12s %s\n", "node", "op", "inputs", "shape", "parameters");
   for (const GraphNodeInfo& g : graph.nodes) {

@@ -60,6 +60,14 @@ struct ModelGraph {
 absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model);
 std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model);
 
+// The graph a built-in dense model is: `softmax` and `mlp` as linear nodes
+// dense0, dense1, ... (so their tables are the built-in model's,
+// "dense<l>.weight" and "dense<l>.bias") with the model's activation
+// between them, and softmax cross-entropy. The sparse built-in types
+// (sparse_lr, fm, mf) take a variable number of features per example, which
+// a graph's fixed shapes do not express: UNIMPLEMENTED naming the type.
+absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes);
+
 // A table of the nodes: name, op, inputs, shape and parameters, and totals.
 std::string ModelGraphText(const ModelGraph& graph);
 

@@ -3,6 +3,7 @@
 // examples in deploy/examples define them, against central finite
 // differences of the forward pass; and the model's errors.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -11,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/config/model_graph.h"
 #include "common/config/spec_text.h"
 #include "worker/models/model.h"
 
@@ -325,6 +327,74 @@ TEST_CASE("graph: bf16 GEMMs give gradients within bf16's precision of fp32's an
   auto refused = CreateModel(c, be.get());
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()), Catch::Contains("fp16 needs loss scaling"));
+}
+
+TEST_CASE("graph: the softmax and mlp presets give bit-identical gradients and weights to the built-in models",
+          "[graph]") {
+  auto be = compute::NewCpuBackend(1);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch b;
+  b.size = 32;
+  b.num_features = 20;
+  for (int i = 0; i < 32 * 20; ++i) b.dense.push_back(n(rng));
+  for (int i = 0; i < 32; ++i) b.labels.push_back(static_cast<float>(i % 5));
+  for (const char* act : {"relu", "gelu"}) {
+    for (const char* type : {"softmax", "mlp"}) {
+      INFO(type << " " << act);
+      v1::ModelSpec spec;
+      spec.set_type(type);
+      spec.set_activation(act);
+      if (std::string(type) == "mlp") {
+        spec.add_hidden(16);
+        spec.add_hidden(8);
+      }
+      ModelConfig builtin;
+      builtin.type = type;
+      builtin.num_features = 20;
+      builtin.num_classes = 5;
+      builtin.hidden.assign(spec.hidden().begin(), spec.hidden().end());
+      builtin.activation = std::string(act) == "gelu" ? compute::Activation::kGelu : compute::Activation::kRelu;
+      auto preset = config::PresetGraph(spec, 20, 5);
+      REQUIRE(preset.ok());
+      ModelConfig graph;
+      graph.type = "graph";
+      graph.graph = *preset;
+      auto a = CreateModel(builtin, be.get());
+      auto g = CreateModel(graph, be.get());
+      REQUIRE(a.ok());
+      INFO(g.status().message());
+      REQUIRE(g.ok());
+      REQUIRE((*a)->tables().size() == (*g)->tables().size());
+      REQUIRE((*a)->Prepare(b).ok());
+      REQUIRE((*g)->Prepare(b).ok());
+      for (size_t t = 0; t < (*a)->tables().size(); ++t) {
+        Table& x = (*a)->tables()[t];
+        Table& y = (*g)->tables()[t];
+        REQUIRE(x.spec.name() == y.spec.name());
+        REQUIRE(x.elements == y.elements);
+        for (size_t i = 0; i < x.elements; ++i) x.value.as<float>()[i] = y.value.as<float>()[i] = 0.3f * n(rng);
+      }
+      // Three SGD steps each: the same weights to the bit.
+      for (int step = 0; step < 3; ++step) {
+        REQUIRE((*a)->Run(b, true).ok());
+        REQUIRE((*g)->Run(b, true).ok());
+        for (size_t t = 0; t < (*a)->tables().size(); ++t) {
+          Table& x = (*a)->tables()[t];
+          Table& y = (*g)->tables()[t];
+          CHECK(std::memcmp(x.grad.data(), y.grad.data(), x.elements * 4) == 0);
+          for (size_t i = 0; i < x.elements; ++i) {
+            x.value.as<float>()[i] -= 0.1f * x.grad.as<float>()[i];
+            y.value.as<float>()[i] -= 0.1f * y.grad.as<float>()[i];
+          }
+          CHECK(std::memcmp(x.value.data(), y.value.data(), x.elements * 4) == 0);
+        }
+      }
+    }
+  }
+  v1::ModelSpec fm;
+  fm.set_type("fm");
+  CHECK(absl::IsUnimplemented(config::PresetGraph(fm, 10, 2).status()));
 }
 
 }  // namespace
