@@ -29,10 +29,11 @@ constexpr OpName kOps[] = {
     {"concat", GraphOp::kConcat},          {"add", GraphOp::kAdd},
     {"dot_interaction", GraphOp::kDotInteraction}, {"fm", GraphOp::kFm},
     {"layer_norm", GraphOp::kLayerNorm},   {"loss", GraphOp::kLoss},
+    {"cross", GraphOp::kCross},
 };
 constexpr char kAllowedOps[] =
     "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, dot_interaction, "
-    "fm, layer_norm, loss";
+    "fm, layer_norm, loss, cross";
 
 bool IsActivation(GraphOp op) {
   return op == GraphOp::kRelu || op == GraphOp::kGelu || op == GraphOp::kSigmoid || op == GraphOp::kTanh;
@@ -130,6 +131,10 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       if (s.fields() <= 0 || s.fields() > kMaxFields) bad("fields", absl::StrCat(s.fields(), " must be 1 to ", kMaxFields));
       g.fields = s.fields();
       break;
+    case GraphOp::kCross:
+      if (s.fields() < 0 || s.fields() > kMaxFields) bad("fields", absl::StrCat(s.fields(), " must be 0 (all) to ", kMaxFields));
+      g.crossed = s.fields();
+      break;
     case GraphOp::kEmbedding:
       if (s.dim() <= 0 || s.dim() > kMaxDim) bad("dim", absl::StrCat(s.dim(), " must be 1 to ", kMaxDim));
       if (!s.pooling().empty() && s.pooling() != "sum" && s.pooling() != "mean") {
@@ -174,6 +179,7 @@ std::pair<int, int> Arity(GraphOp op) {
   switch (op) {
     case GraphOp::kDenseInput:
     case GraphOp::kSparseInput: return {0, 0};
+    case GraphOp::kCross: return {1, 1};
     case GraphOp::kConcat:
     case GraphOp::kAdd: return {2, -1};
     case GraphOp::kDotInteraction:
@@ -260,13 +266,19 @@ bool InputsReadable(const GraphNodeInfo& g, const std::vector<GraphNodeInfo>& no
       bad(absl::StrCat("input '", in.name, "' is the loss; nothing reads a loss"));
       return false;
     }
-    if ((in.op == GraphOp::kSparseInput) != (g.op == GraphOp::kEmbedding)) {
-      bad(g.op == GraphOp::kEmbedding
-              ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; an embedding reads a sparse_input")
-              : absl::StrCat("input '", in.name, "' is a sparse_input; only an embedding reads one"));
+    const bool reads_fields = g.op == GraphOp::kEmbedding || g.op == GraphOp::kCross;
+    if (IsSparseSource(in.op) != reads_fields || (g.op == GraphOp::kCross && in.op != GraphOp::kSparseInput)) {
+      bad(g.op == GraphOp::kCross ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; a cross reads a sparse_input")
+          : reads_fields ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op),
+                                        "; an embedding reads a sparse_input or a cross")
+                         : absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; only an embedding reads one"));
       return false;
     }
-    if (in.cols == 0 && in.op != GraphOp::kSparseInput) return false;
+    if (g.op == GraphOp::kEmbedding && g.shared && in.op == GraphOp::kCross) {
+      bad(absl::StrCat("shared: a cross's keys have no field to share within; input '", in.name, "' is a cross"));
+      return false;
+    }
+    if (in.cols == 0 && !IsSparseSource(in.op)) return false;
   }
   return true;
 }
@@ -280,6 +292,17 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
     case GraphOp::kDenseInput:
     case GraphOp::kSparseInput:
       break;
+    case GraphOp::kCross: {
+      const int k = g.crossed == 0 ? in(0).fields : g.crossed;
+      if (k < 2 || k > in(0).fields) {
+        bad(absl::StrCat("fields: crosses ", k, " fields; '", in(0).name, "' has ", in(0).fields,
+                         " (give 2 to its count, or 0 for all)"));
+        return;
+      }
+      g.crossed = k;
+      g.fields = k * (k - 1) / 2;
+      break;
+    }
     case GraphOp::kEmbedding:
       g.rows = g.sum_fields ? 1 : in(0).fields;
       g.cols = g.dim;
@@ -529,7 +552,7 @@ std::string ModelGraphText(const ModelGraph& graph) {
   for (const GraphNodeInfo& g : graph.nodes) {
     std::vector<std::string> ins;
     for (int k : g.inputs) ins.push_back(graph.nodes[k].name);
-    std::string shape = g.op == GraphOp::kSparseInput ? absl::StrCat(g.fields, " fields")
+    std::string shape = IsSparseSource(g.op) ? absl::StrCat(g.fields, " fields")
                         : g.rows == 1                  ? absl::StrCat(g.cols)
                                                        : absl::StrCat(g.rows, "x", g.cols);
     std::string params = g.op == GraphOp::kEmbedding ? absl::StrCat(g.dim, " per key") : absl::StrCat(g.dense_parameters);

@@ -9,8 +9,8 @@
 //
 // Shapes: each example's value at a node is `rows` vectors of `cols`
 // floats, stored row-major, so every node's output is a matrix of batch x
-// (rows * cols). A sparse_input has no values of its own (cols 0): only an
-// embedding reads it.
+// (rows * cols). A sparse_input, and a cross of its fields, have no values
+// of their own (cols 0): only an embedding reads them.
 #ifndef FULCRUM_COMMON_CONFIG_MODEL_GRAPH_H_
 #define FULCRUM_COMMON_CONFIG_MODEL_GRAPH_H_
 
@@ -25,8 +25,10 @@ namespace fulcrum::config {
 
 enum class GraphOp {
   kDenseInput, kSparseInput, kEmbedding, kLinear, kRelu, kGelu, kSigmoid, kTanh,
-  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss,
+  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross,
 };
+// sparse_input and cross: categorical fields, read by embeddings only.
+inline bool IsSparseSource(GraphOp op) { return op == GraphOp::kSparseInput || op == GraphOp::kCross; }
 const char* GraphOpName(GraphOp op);
 
 enum class GraphLoss { kSoftmaxCrossEntropy, kBinaryCrossEntropy, kSquaredError };
@@ -37,7 +39,8 @@ struct GraphNodeInfo {
   std::vector<int> inputs;  // indices of earlier nodes
   int rows = 1, cols = 0;   // per-example output shape
   int64_t width() const { return int64_t{rows} * cols; }
-  int fields = 0;                   // sparse_input
+  int fields = 0;                   // sparse_input, cross: fields given (cross: pairs of crossed fields)
+  int crossed = 0;                  // cross: the leading fields of its input it crosses
   int dim = 0;                      // embedding
   bool mean = false, shared = false, sum_fields = false;
   float init_stddev = 0.01f;

@@ -24,6 +24,21 @@ def fname(table):
     return table.replace("/", "~")
 
 
+M64 = (1 << 64) - 1
+
+
+def mix(x):  # splitmix64's finalizer, as worker/models/graph_bags.cc
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def cross_key(i, j, a, b):
+    return mix(mix(a ^ ((i << 48) | (j << 32))) ^ b)
+
+
 def read_graph(d):
     nodes, tables = [], []
     with open(f"{d}/graph.txt") as f:
@@ -54,6 +69,7 @@ def torch_step(d, meta, nodes, tables):
         params[t["name"]] = torch.tensor(v, requires_grad=True)
     shapes = {}
     out = {}
+    bags = {}
     for n in nodes:
         name, op, ins = n["name"], n["op"], [out.get(i) for i in n["inputs"]]
         if op == "dense_input":
@@ -64,9 +80,28 @@ def torch_step(d, meta, nodes, tables):
                         x[b, keys[j]] = vals[j]
             y = torch.tensor(x)
         elif op == "sparse_input":
+            # per example, per field: the (key, value) pairs
             y = None
-        elif op == "embedding":
             F_ = int(n["fields"])
+            bags[name] = []
+            for b in range(B):
+                per_field = [[] for _ in range(F_)]
+                for j in range(offs[b], offs[b + 1]):
+                    k = int(keys[j])
+                    if k >= D:
+                        per_field[(k - D) >> bits].append((k, vals[j]))
+                bags[name].append(per_field)
+        elif op == "cross":
+            y = None
+            K = int(n["crossed"])
+            bags[name] = []
+            for per_field in bags[n["inputs"][0]]:
+                crossed = []
+                for i in range(K):
+                    for j in range(i + 1, K):
+                        crossed.append([(cross_key(i, j, a, c), u * v) for a, u in per_field[i] for c, v in per_field[j]])
+                bags[name].append(crossed)
+        elif op == "embedding":
             rows = params[name]
             tkeys = np.fromfile(f"{d}/{fname(name)}.keys.u64", dtype=np.uint64)
             where = {int(k): i for i, k in enumerate(tkeys)}
@@ -74,14 +109,8 @@ def torch_step(d, meta, nodes, tables):
             dim = int(n["dim"])
             pooled = []
             for b in range(B):
-                per_field = [[] for _ in range(F_)]
-                for j in range(offs[b], offs[b + 1]):
-                    k = int(keys[j])
-                    if k < D:
-                        continue
-                    f = (k - D) >> bits
-                    key = (k - D) & mask if n["shared"] == "1" else k
-                    per_field[f].append(rows[where[key]] * vals[j])
+                per_field = [[rows[where[(k - D) & mask if n["shared"] == "1" else k]] * v for k, v in field]
+                             for field in bags[n["inputs"][0]][b]]
                 vecs = []
                 for items in per_field:
                     if not items:

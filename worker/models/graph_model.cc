@@ -7,6 +7,7 @@
 #include "common/config/model_graph.h"
 #include "common/status_macros.h"
 #include "worker/data/device_data.h"
+#include "worker/models/graph_bags.h"
 
 namespace fulcrum::models {
 namespace {
@@ -42,6 +43,11 @@ struct NodeState {
   Buffer x16, w16, g16;      // linear in bf16: its input, weights and output gradient
   int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
   bool grad_written = false;
+  // sparse_input and cross: the batch's bags, on the host and the device,
+  // and what the embeddings reading them need (mean values, shared keys).
+  Bags bags;
+  bool wants_mean = false, wants_shared = false;
+  Buffer d_offsets, d_example_offsets, d_index, d_index_shared, d_values, d_mean_values;
 };
 
 class GraphModel final : public Model {
@@ -64,8 +70,8 @@ class GraphModel final : public Model {
       } else if (n.op == GraphOp::kEmbedding) {
         nodes_[i].table = static_cast<int>(tables_.size());
         AddSparse(n.name, static_cast<uint32_t>(n.dim), Normal(0, n.init_stddev, seed));
-        any_shared_ |= n.shared;
-        any_mean_ |= n.mean;
+        nodes_[n.inputs[0]].wants_shared |= n.shared;
+        nodes_[n.inputs[0]].wants_mean |= n.mean;
       }
     }
     loss_ = &g_.nodes.back();
@@ -146,36 +152,38 @@ class GraphModel final : public Model {
       return absl::OkStatus();
     }
     const int Wd = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
-    const int F = has_sparse ? node(g_.sparse_input).fields : 1;
-    RETURN_IF_ERROR(SplitRows(batch, Wd, F));
-    const size_t nnz = bag_keys_.size();
     const uint64_t first = static_cast<uint64_t>(config_.dense_keys);
-    // Each embedding's keys: raw (per-field rows) or within the field (shared).
-    DistinctKeys(bag_keys_.data(), nnz, &raw_keys_, &raw_index_);
-    if (any_shared_) {
-      const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
-      std::vector<uint64_t> within(nnz);
-      for (size_t i = 0; i < nnz; ++i) within[i] = (bag_keys_[i] - first) & mask;
-      DistinctKeys(within.data(), nnz, &shared_keys_, &shared_index_);
-    }
-    if (any_mean_) {
-      mean_vals_.resize(nnz);
-      for (size_t bag = 0; bag + 1 < bag_offsets_.size(); ++bag) {
-        const int n = bag_offsets_[bag + 1] - bag_offsets_[bag];
-        for (int j = bag_offsets_[bag]; j < bag_offsets_[bag + 1]; ++j) mean_vals_[j] = bag_vals_[j] / n;
-      }
+    const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
+    Bags* fields = has_sparse ? &nodes_[g_.sparse_input].bags : nullptr;
+    if (fields != nullptr) fields->fields = node(g_.sparse_input).fields;
+    RETURN_IF_ERROR(SplitRows(batch, first, config_.field_bits, Wd, has_sparse ? node(g_.sparse_input).name : "",
+                              &dense_host_, fields));
+    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      NodeState& s = nodes_[i];
+      if (!config::IsSparseSource(node(i).op)) continue;
+      if (node(i).op == GraphOp::kCross) Cross(nodes_[node(i).inputs[0]].bags, B, node(i).crossed, &s.bags);
+      s.bags.Finish(B, s.wants_mean, s.wants_shared, first, mask);
+      RETURN_IF_ERROR(UploadBags(s));
     }
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      if (node(i).op == GraphOp::kEmbedding) tables_[nodes_[i].table].keys = node(i).shared ? shared_keys_ : raw_keys_;
+      if (node(i).op != GraphOp::kEmbedding) continue;
+      const Bags& b = nodes_[node(i).inputs[0]].bags;
+      tables_[nodes_[i].table].keys = node(i).shared ? b.distinct_shared : b.distinct;
     }
-    RETURN_IF_ERROR(Upload(&d_bag_offsets_, bag_offsets_.data(), 4 * bag_offsets_.size()));
-    RETURN_IF_ERROR(Upload(&d_example_offsets_, example_offsets_.data(), 4 * example_offsets_.size()));
-    RETURN_IF_ERROR(Upload(&d_raw_index_, raw_index_.data(), 4 * nnz));
-    RETURN_IF_ERROR(Upload(&d_vals_, bag_vals_.data(), 4 * nnz));
-    if (any_shared_) RETURN_IF_ERROR(Upload(&d_shared_index_, shared_index_.data(), 4 * nnz));
-    if (any_mean_) RETURN_IF_ERROR(Upload(&d_mean_vals_, mean_vals_.data(), 4 * nnz));
-    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
     // The host vectors stay untouched until the next Prepare, after Run.
+    return absl::OkStatus();
+  }
+
+  absl::Status UploadBags(NodeState& s) {
+    const Bags& b = s.bags;
+    const size_t nnz = b.keys.size();
+    RETURN_IF_ERROR(Upload(&s.d_offsets, b.offsets.data(), 4 * b.offsets.size()));
+    RETURN_IF_ERROR(Upload(&s.d_example_offsets, b.example_offsets.data(), 4 * b.example_offsets.size()));
+    RETURN_IF_ERROR(Upload(&s.d_index, b.index.data(), 4 * nnz));
+    RETURN_IF_ERROR(Upload(&s.d_values, b.values.data(), 4 * nnz));
+    if (s.wants_shared) RETURN_IF_ERROR(Upload(&s.d_index_shared, b.index_shared.data(), 4 * nnz));
+    if (s.wants_mean) RETURN_IF_ERROR(Upload(&s.d_mean_values, b.mean_values.data(), 4 * nnz));
     return absl::OkStatus();
   }
 
@@ -184,53 +192,6 @@ class GraphModel final : public Model {
   absl::Status Half(const float* x, size_t n, Buffer* out) {
     RETURN_IF_ERROR(Reserve(out, 2 * std::max<size_t>(n, 1)));
     return be_->Cast(DType::kFp32, config_.precision, n, x, out->data());
-  }
-
-  // A batch's sparse rows into dense_host_ (B x Wd: the keys below
-  // dense_keys) and bags per (example, field) of the other keys:
-  // bag_offsets_ (B x F + 1), bag_keys_, bag_vals_, example_offsets_.
-  absl::Status SplitRows(const data::Batch& batch, int Wd, int F) {
-    const int B = batch.size;
-    const bool has_sparse = g_.sparse_input >= 0;
-    if (Wd > 0) dense_host_.assign(size_t{1} * B * Wd, 0.0f);
-    // Count each bag's values, then place them.
-    bag_offsets_.assign(size_t{1} * B * F + 1, 0);
-    const uint64_t first = static_cast<uint64_t>(config_.dense_keys);
-    for (int b = 0; b < B; ++b) {
-      for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
-        const uint64_t k = batch.keys[j];
-        if (k < first) {
-          if (static_cast<int64_t>(k) < Wd) dense_host_[size_t{1} * b * Wd + k] = batch.values[j];
-          continue;
-        }
-        if (!has_sparse) continue;
-        const uint64_t f = config_.field_bits > 0 ? (k - first) >> config_.field_bits : 0;
-        if (f >= static_cast<uint64_t>(F)) {
-          return absl::InvalidArgumentError(absl::StrCat("model graph: example ", b, " of batch ", batch.index, " has key ",
-                                                         k, " of field ", f, "; node '", node(g_.sparse_input).name,
-                                                         "' has ", F, " fields"));
-        }
-        ++bag_offsets_[size_t{1} * b * F + f + 1];
-      }
-    }
-    for (size_t i = 1; i < bag_offsets_.size(); ++i) bag_offsets_[i] += bag_offsets_[i - 1];
-    const size_t nnz = static_cast<size_t>(bag_offsets_.back());
-    bag_keys_.resize(nnz);
-    bag_vals_.resize(nnz);
-    std::vector<int32_t> fill(bag_offsets_.begin(), bag_offsets_.end() - 1);
-    for (int b = 0; b < B && has_sparse; ++b) {
-      for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
-        const uint64_t k = batch.keys[j];
-        if (k < first) continue;
-        const uint64_t f = config_.field_bits > 0 ? (k - first) >> config_.field_bits : 0;
-        const int32_t at = fill[size_t{1} * b * F + f]++;
-        bag_keys_[at] = k;
-        bag_vals_[at] = batch.values[j];
-      }
-    }
-    example_offsets_.resize(B + 1);
-    for (int b = 0; b <= B; ++b) example_offsets_[b] = bag_offsets_[size_t{1} * b * F];
-    return absl::OkStatus();
   }
 
   absl::Status Upload(Buffer* b, const void* src, size_t bytes) {
@@ -244,7 +205,7 @@ class GraphModel final : public Model {
     NodeState& s = nodes_[i];
     const int B = batch.size;
     const size_t W = static_cast<size_t>(n.width());
-    if (n.op == GraphOp::kSparseInput) return absl::OkStatus();
+    if (config::IsSparseSource(n.op)) return absl::OkStatus();
     RETURN_IF_ERROR(Reserve(&s.out, 4 * W * std::max(B, 1)));
     RETURN_IF_ERROR(Reserve(&s.grad, 4 * W * std::max(B, 1)));
     float* y = s.out.as<float>();
@@ -254,13 +215,15 @@ class GraphModel final : public Model {
       case GraphOp::kDenseInput:
         return DenseInput(batch, W, y);
       case GraphOp::kSparseInput:
+      case GraphOp::kCross:
         return absl::OkStatus();
       case GraphOp::kEmbedding: {
+        const NodeState& src = nodes_[n.inputs[0]];
         const bool sum = n.sum_fields;
         return be_->EmbeddingBag(sum ? B : B * n.fields, n.dim, value(s.table),
-                                 (sum ? d_example_offsets_ : d_bag_offsets_).as<int32_t>(),
-                                 (n.shared ? d_shared_index_ : d_raw_index_).as<int32_t>(),
-                                 (n.mean ? d_mean_vals_ : d_vals_).as<float>(), false, y);
+                                 (sum ? src.d_example_offsets : src.d_offsets).as<int32_t>(),
+                                 (n.shared ? src.d_index_shared : src.d_index).as<int32_t>(),
+                                 (n.mean ? src.d_mean_values : src.d_values).as<float>(), false, y);
       }
       case GraphOp::kLinear:
         if (lowp()) {
@@ -366,7 +329,7 @@ class GraphModel final : public Model {
   // input needs no gradient (graph inputs).
   absl::StatusOr<float*> GradTarget(int k, size_t floats) {
     const GraphOp op = node(k).op;
-    if (op == GraphOp::kDenseInput || op == GraphOp::kSparseInput) return nullptr;
+    if (op == GraphOp::kDenseInput || config::IsSparseSource(op)) return nullptr;
     if (!nodes_[k].grad_written) return grad(k);
     RETURN_IF_ERROR(Reserve(&scratch_, 4 * std::max<size_t>(floats, 1)));
     return scratch_.as<float>();
@@ -391,7 +354,7 @@ class GraphModel final : public Model {
     NodeState& s = nodes_[i];
     const int B = batch_;
     const size_t W = static_cast<size_t>(n.width());
-    if (n.op == GraphOp::kDenseInput || n.op == GraphOp::kSparseInput) return absl::OkStatus();
+    if (n.op == GraphOp::kDenseInput || config::IsSparseSource(n.op)) return absl::OkStatus();
     if (n.op == GraphOp::kLoss) {
       nodes_[n.inputs[0]].grad_written = true;  // Loss wrote it in forward
       return absl::OkStatus();
@@ -402,12 +365,13 @@ class GraphModel final : public Model {
     switch (n.op) {
       case GraphOp::kEmbedding: {
         Table& t = tables_[s.table];
+        const NodeState& src = nodes_[in0];
         const bool sum = n.sum_fields;
         RETURN_IF_ERROR(be_->Zero(t.grad.data(), t.elements * 4));
         RETURN_IF_ERROR(be_->EmbeddingBagGrad(sum ? B : B * n.fields, n.dim, g,
-                                              (sum ? d_example_offsets_ : d_bag_offsets_).as<int32_t>(),
-                                              (n.shared ? d_shared_index_ : d_raw_index_).as<int32_t>(),
-                                              (n.mean ? d_mean_vals_ : d_vals_).as<float>(), false, nullptr,
+                                              (sum ? src.d_example_offsets : src.d_offsets).as<int32_t>(),
+                                              (n.shared ? src.d_index_shared : src.d_index).as<int32_t>(),
+                                              (n.mean ? src.d_mean_values : src.d_values).as<float>(), false, nullptr,
                                               t.grad.as<float>()));
         return GradientReady(s.table);
       }
@@ -498,13 +462,9 @@ class GraphModel final : public Model {
   config::ModelGraph g_;
   const GraphNodeInfo* loss_ = nullptr;
   std::vector<NodeState> nodes_;
-  bool any_shared_ = false, any_mean_ = false;
   int batch_ = 0;
-  // Host side of the batch's sparse rows, and their device copies.
-  std::vector<int32_t> bag_offsets_, example_offsets_, raw_index_, shared_index_;
-  std::vector<uint64_t> bag_keys_, raw_keys_, shared_keys_;
-  std::vector<float> bag_vals_, mean_vals_, dense_host_;
-  Buffer d_bag_offsets_, d_example_offsets_, d_raw_index_, d_shared_index_, d_vals_, d_mean_vals_, d_dense_;
+  std::vector<float> dense_host_;  // the dense features of sparse rows
+  Buffer d_dense_;
   Buffer labels_, loss_buf_, pred_, prob_, scratch_;
   std::vector<int32_t> class_host_, pred_host_;
   std::vector<float> loss_host_, prob_host_;

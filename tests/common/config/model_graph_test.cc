@@ -76,6 +76,24 @@ TEST_CASE("model graph: DLRM's shapes, order and parameter counts", "[graph]") {
   CHECK_THAT(text, Catch::Contains("16 per key"));
 }
 
+TEST_CASE("model graph: a cross of k fields has k(k-1)/2 fields for its embedding", "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 26}\n"
+                                 "  - {name: k, op: cross, inputs: [c], fields: 8}\n"
+                                 "  - {name: all, op: cross, inputs: [c]}\n"
+                                 "  - {name: e, op: embedding, inputs: [k], dim: 1, sum_fields: true}\n"
+                                 "  - {name: f, op: embedding, inputs: [all], dim: 2}\n"
+                                 "  - {name: s, op: linear, inputs: [f], width: 1}\n"
+                                 "  - {name: a, op: add, inputs: [e, s]}\n"
+                                 "  - {name: loss, op: loss, inputs: [a], loss: binary_cross_entropy}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  CHECK(Find(*g, "k").fields == 28);
+  CHECK(Find(*g, "all").fields == 325);
+  CHECK(Find(*g, "e").width() == 1);
+  CHECK(Find(*g, "f").rows == 325);
+  CHECK_THAT(ModelGraphText(*g), Catch::Contains("28 fields"));
+}
+
 TEST_CASE("model graph: concat stacks vectors of one width and flattens others", "[graph]") {
   auto g = BuildModelGraph(Graph("  - {name: x, op: dense_input, width: 4}\n"
                                  "  - {name: c, op: sparse_input, fields: 3}\n"
@@ -139,6 +157,21 @@ TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
                       "  - {name: e, op: embedding, inputs: [x], dim: 2}\n"
                       "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),
              Catch::Contains("input 'x' is a dense_input; an embedding reads a sparse_input"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: k, op: cross, inputs: [x]}\n"
+                      "  - {name: e, op: embedding, inputs: [k], dim: 1}\n"
+                      "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'k': input 'x' is a dense_input; a cross reads a sparse_input"));
+  CHECK_THAT(Problems("  - {name: c, op: sparse_input, fields: 3}\n"
+                      "  - {name: k, op: cross, inputs: [c], fields: 4}\n"
+                      "  - {name: e, op: embedding, inputs: [k], dim: 1}\n"
+                      "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),
+             Catch::Contains("model.graph[1] 'k': fields: crosses 4 fields; 'c' has 3"));
+  CHECK_THAT(Problems("  - {name: c, op: sparse_input, fields: 3}\n"
+                      "  - {name: k, op: cross, inputs: [c]}\n"
+                      "  - {name: e, op: embedding, inputs: [k], dim: 1, shared: true}\n"
+                      "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),
+             Catch::Contains("model.graph[2] 'e': shared: a cross's keys have no field to share within"));
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
                       "  - {name: l, op: mlp, inputs: [x], layers: [8, 0]}\n" + tail),
              Catch::Contains("model.graph[1] 'l'.layers[1].layers: 0 must be 1 to"));

@@ -14,6 +14,7 @@
 
 #include "common/config/model_graph.h"
 #include "common/config/spec_text.h"
+#include "worker/models/graph_bags.h"
 #include "worker/models/model.h"
 
 namespace fulcrum::models {
@@ -152,6 +153,41 @@ TEST_CASE("graph: embeddings with sum and mean pooling and shared rows match fin
                               "  - {name: logit, op: linear, inputs: [emb], width: 1}\n"
                               "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
   }
+}
+
+TEST_CASE("graph: embeddings of pairwise field crosses match finite differences", "[graph]") {
+  for (const char* options : {"fields: 0", "fields: 2"}) {
+    for (const char* pooling : {"sum", "mean"}) {
+      INFO(options << " " << pooling);
+      CheckGradients(ParseGraph(std::string("graph:\n"
+                                            "  - {name: cat, op: sparse_input, fields: 3}\n"
+                                            "  - {name: x, op: cross, inputs: [cat], ") +
+                                options +
+                                "}\n"
+                                "  - {name: wide, op: embedding, inputs: [x], dim: 2, pooling: " +
+                                pooling +
+                                "}\n"
+                                "  - {name: logit, op: linear, inputs: [wide], width: 1}\n"
+                                "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+    }
+  }
+}
+
+TEST_CASE("graph: a cross holds one key per pair of its fields' values", "[graph]") {
+  Bags in;
+  in.fields = 3;
+  // One example: field 0 has keys 10 and 11, field 1 key 20, field 2 none.
+  in.offsets = {0, 2, 3, 3};
+  in.keys = {10, 11, 20};
+  in.values = {1.0f, 0.5f, 2.0f};
+  Bags out;
+  Cross(in, 1, 3, &out);
+  CHECK(out.fields == 3);
+  CHECK(out.offsets == std::vector<int32_t>{0, 2, 2, 2});  // (0,1): two keys; (0,2), (1,2): none
+  CHECK(out.keys == std::vector<uint64_t>{CrossKey(0, 1, 10, 20), CrossKey(0, 1, 11, 20)});
+  CHECK(out.values == std::vector<float>{2.0f, 1.0f});
+  CHECK(CrossKey(0, 1, 10, 20) != CrossKey(0, 2, 10, 20));
+  CHECK(CrossKey(0, 1, 10, 20) != CrossKey(0, 1, 20, 10));
 }
 
 TEST_CASE("graph: concat add dot_interaction and fm match finite differences", "[graph]") {

@@ -1,0 +1,101 @@
+#include "worker/models/graph_bags.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace fulcrum::models {
+
+namespace {
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+}  // namespace
+
+uint64_t CrossKey(int i, int j, uint64_t a, uint64_t b) {
+  return Mix(Mix(a ^ (uint64_t{static_cast<uint32_t>(i)} << 48 | uint64_t{static_cast<uint32_t>(j)} << 32)) ^ b);
+}
+
+void Bags::Finish(int batch, bool mean, bool shared, uint64_t first, uint64_t mask) {
+  example_offsets.resize(batch + 1);
+  for (int b = 0; b <= batch; ++b) example_offsets[b] = offsets[static_cast<size_t>(b) * fields];
+  data::DistinctKeys(keys.data(), keys.size(), &distinct, &index);
+  if (shared) {
+    std::vector<uint64_t> within(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) within[i] = (keys[i] - first) & mask;
+    data::DistinctKeys(within.data(), within.size(), &distinct_shared, &index_shared);
+  }
+  if (mean) {
+    mean_values.resize(keys.size());
+    for (size_t bag = 0; bag + 1 < offsets.size(); ++bag) {
+      const int n = offsets[bag + 1] - offsets[bag];
+      for (int j = offsets[bag]; j < offsets[bag + 1]; ++j) mean_values[j] = values[j] / n;
+    }
+  }
+}
+
+absl::Status SplitRows(const data::Batch& batch, uint64_t first, int field_bits, int dense_width,
+                       const std::string& node, std::vector<float>* dense, Bags* bags) {
+  const int B = batch.size, F = bags ? bags->fields : 1;
+  if (dense_width > 0) dense->assign(static_cast<size_t>(B) * dense_width, 0.0f);
+  auto field = [&](uint64_t k) { return field_bits > 0 ? (k - first) >> field_bits : 0; };
+  std::vector<int32_t> count(static_cast<size_t>(B) * F + 1, 0);
+  for (int b = 0; b < B; ++b) {
+    for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
+      const uint64_t k = batch.keys[j];
+      if (k < first) {
+        if (static_cast<int64_t>(k) < dense_width) (*dense)[static_cast<size_t>(b) * dense_width + k] = batch.values[j];
+      } else if (bags != nullptr) {
+        if (field(k) >= static_cast<uint64_t>(F)) {
+          return absl::InvalidArgumentError(absl::StrCat("model graph: example ", b, " of batch ", batch.index,
+                                                         " has key ", k, " of field ", field(k), "; node '", node,
+                                                         "' has ", F, " fields"));
+        }
+        ++count[static_cast<size_t>(b) * F + field(k) + 1];
+      }
+    }
+  }
+  if (bags == nullptr) return absl::OkStatus();
+  for (size_t i = 1; i < count.size(); ++i) count[i] += count[i - 1];
+  bags->offsets = count;
+  bags->keys.resize(count.back());
+  bags->values.resize(count.back());
+  for (int b = 0; b < B; ++b) {
+    for (int j = batch.offsets[b]; j < batch.offsets[b + 1]; ++j) {
+      const uint64_t k = batch.keys[j];
+      if (k < first) continue;
+      const int32_t at = count[static_cast<size_t>(b) * F + field(k)]++;
+      bags->keys[at] = k;
+      bags->values[at] = batch.values[j];
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Cross(const Bags& in, int batch, int crossed, Bags* out) {
+  out->fields = crossed * (crossed - 1) / 2;
+  out->offsets.assign(1, 0);
+  out->keys.clear();
+  out->values.clear();
+  for (int b = 0; b < batch; ++b) {
+    const int32_t* bag = in.offsets.data() + static_cast<size_t>(b) * in.fields;
+    for (int i = 0; i < crossed; ++i) {
+      for (int j = i + 1; j < crossed; ++j) {
+        for (int x = bag[i]; x < bag[i + 1]; ++x) {
+          for (int y = bag[j]; y < bag[j + 1]; ++y) {
+            out->keys.push_back(CrossKey(i, j, in.keys[x], in.keys[y]));
+            out->values.push_back(in.values[x] * in.values[y]);
+          }
+        }
+        out->offsets.push_back(static_cast<int32_t>(out->keys.size()));
+      }
+    }
+  }
+}
+
+}  // namespace fulcrum::models
