@@ -508,10 +508,9 @@ TEST_CASE("DLRM and Wide and Deep and DeepFM graph specs train on generated clic
     Report(j);
     WARN(example << ": test AUC " << j.status().test_auc() << ", planted " << best_auc);
     CHECK(j.status().state() == v1::SUCCEEDED);
-    // Models with the planted model's pairwise form come within 0.06 of it
-    // in two epochs of 300k rows (within 0.005 on 2M rows: ctr_bench.sh);
-    // Wide & Deep has no such term. Every table is in the final cut.
-    CHECK(j.status().test_auc() > (std::string(example) == "ctr-wide-deep.yaml" ? 0.75 : best_auc - 0.06));
+    // Within 0.06 of the planted model in two epochs of 300k rows (about
+    // 0.005 on 2M rows: ctr_bench.sh). Every table is in the final cut.
+    CHECK(j.status().test_auc() > best_auc - 0.06);
     CHECK_FALSE(absl::StrContains(j.status().message(), "no final checkpoint"));
     CHECK(j.status().test_auc() < best_auc + 0.01);
   }
