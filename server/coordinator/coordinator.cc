@@ -118,7 +118,7 @@ absl::Status Coordinator::Load() {
         return absl::DataLossError(
             absl::StrCat("coordinator meta record is corrupt: its shard map: ", map.status().message()));
       }
-      shard_map_ = m.shard_map();
+      shard_maps_.Restore(m.shard_map());
     }
   }
   const absl::Time now = Now();
@@ -166,9 +166,9 @@ absl::Status Coordinator::Load() {
   }));
   FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << nodes_.size()
              << " nodes, shard map "
-             << (shard_map_ ? absl::StrCat("version ", shard_map_->version(), " over ", shard_map_->servers_size(),
-                                           " servers")
-                            : std::string("not built yet"));
+             << (shard_maps_.version() > 0 ? absl::StrCat("version ", shard_maps_.version(), " over ",
+                                                          shard_maps_.servers().size(), " servers")
+                                           : std::string("not built yet"));
   return absl::OkStatus();
 }
 
@@ -187,7 +187,7 @@ std::optional<std::string> Coordinator::ValueOfLocked(const std::string& key) co
     v1::CoordinatorMeta m;
     m.set_next_job(next_job_);
     m.set_next_node(next_node_);
-    if (shard_map_) *m.mutable_shard_map() = *shard_map_;
+    if (auto map = shard_maps_.map()) *m.mutable_shard_map() = *std::move(map);
     return m.SerializeAsString();
   }
   if (absl::StartsWith(key, kJobPrefix)) {

@@ -40,6 +40,7 @@
 #include "fulcrum/v1/ps.pb.h"
 #include "server/coordinator/coordinator_store.h"
 #include "server/coordinator/parked_polls.h"
+#include "server/coordinator/shard_map_state.h"
 
 namespace rocksdb {
 class Env;
@@ -343,10 +344,6 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> LiveServersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether there is a shard map and it lists exactly `servers`, in order.
-  bool MapListsExactlyLocked(const std::vector<std::string>& servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ... and is installed on each of them.
-  bool MapInstalledLocked(const std::vector<std::string>& live) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpGenerationLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Long polls: parked in polls_ (parked_polls.h), answered under mu_.
@@ -433,10 +430,9 @@ class Coordinator {
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;  // ranks handed to another worker (this process)
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::ShardMap> shard_map_ ABSL_GUARDED_BY(mu_);
-  // Servers (by address) known to hold shard_map_.
-  std::map<std::string, uint64_t> installed_ ABSL_GUARDED_BY(mu_);
-  bool install_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // a background InstallOnServers runs
+  // The shard map, who holds it, the installation in flight (its own lock,
+  // taken inside mu_).
+  ShardMapState shard_maps_{options_.virtual_shards};
   struct RetriedCall {
     uint64_t failures = 0;  // in a row
     absl::Time first_failure, last_failure, last_logged;

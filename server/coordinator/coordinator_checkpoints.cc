@@ -155,10 +155,10 @@ bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::
 }
 
 void Coordinator::ScheduleCheckpointsLocked() {
-  if (!shard_map_ || shutdown_) return;
+  if (shard_maps_.version() == 0 || shutdown_) return;
   const std::vector<std::string> live = LiveServersLocked();
   const std::set<std::string> live_set(live.begin(), live.end());
-  const bool map_ready = MapInstalledLocked(live);
+  const bool map_ready = shard_maps_.HeldBy(live);
   const absl::Time now = Now();
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() != 0) {
@@ -204,7 +204,7 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
   RestoreTask t;
   t.job_id = jid;
   t.cut = *cut;
-  t.targets.assign(shard_map_->servers().begin(), shard_map_->servers().end());
+  t.targets = shard_maps_.servers();
   for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
   ++t.min_incarnation;
   r.restore_in_flight = true;
@@ -282,8 +282,8 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   t.job_id = jid;
   t.cut_id = st->next_cut_id() == 0 ? 1 : st->next_cut_id();
   st->set_next_cut_id(t.cut_id + 1);
-  t.servers.assign(shard_map_->servers().begin(), shard_map_->servers().end());
-  t.map_version = shard_map_->version();
+  t.servers = shard_maps_.servers();
+  t.map_version = shard_maps_.version();
   t.steps_per_epoch = spe;
   t.spec = spec;
   t.rollbacks = st->rollbacks();
@@ -353,7 +353,7 @@ void Coordinator::RunCut(CutTask t) {
       if (failed.ok() && st->rollbacks() != t.rollbacks) {
         failed = absl::AbortedError("the job rolled back while the cut was taken");
       }
-      if (failed.ok() && (!shard_map_ || shard_map_->version() != t.map_version)) {
+      if (failed.ok() && shard_maps_.version() != t.map_version) {
         failed = absl::AbortedError("the shard map changed while the cut was taken");
       }
       v1::CheckpointInfo info;
@@ -518,17 +518,13 @@ void Coordinator::RunRestore(RestoreTask t) {
 void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers) {
   const std::vector<absl::Status> results = CallEachServer<absl::Status>(
       servers, [&](const std::string& s) { return servers_->InstallShardMap(s, map); });
+  std::vector<bool> took;
+  for (const absl::Status& r : results) took.push_back(r.ok());
   absl::MutexLock lock(&mu_);
-  install_in_flight_ = false;
-  // A map replaced meanwhile is no longer wanted: a server that refused it
-  // for having the newer one (from its heartbeat) did right.
-  if (!shard_map_ || shard_map_->version() != map.version()) return;
+  if (!shard_maps_.EndInstall(map.version(), servers, took)) return;  // replaced meanwhile
   for (size_t i = 0; i < servers.size(); ++i) {
     NoteRetriedCallLocked("install_shard_map", kInstallingShardMap, servers[i], results[i]);
-    if (results[i].ok()) {
-      installed_[servers[i]] = map.version();
-      kick_ = true;  // pending jobs may start now (failures wait for the next tick)
-    }
+    if (results[i].ok()) kick_ = true;  // pending jobs may start now (failures wait for the next tick)
   }
 }
 

@@ -52,9 +52,9 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
   out->Counter("fulcrum_coordinator_reassignments_total",
                "Ranks handed to another worker after one was lost (since this coordinator started)", {},
                static_cast<double>(reassignments_));
-  if (shard_map_) {
+  if (const uint64_t version = shard_maps_.version(); version > 0) {
     out->Gauge("fulcrum_coordinator_shard_map_version", "Version of the current shard map", {},
-               static_cast<double>(shard_map_->version()));
+               static_cast<double>(version));
   }
   for (const auto& [id, r] : jobs_) CollectJobMetricsLocked(id, r, now, out);
 }

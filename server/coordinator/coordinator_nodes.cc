@@ -173,7 +173,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
                                                info.hostname(), " pid ", info.pid(), " not registered"));
   }
   if (info.role() == v1::SERVER) {
-    installed_.erase(info.address());  // a new process: install the map again
+    shard_maps_.Forget(info.address());  // a new process: install the map again
     BumpGenerationLocked();
   } else {
     // Only the scheduler has news for a new worker (its first heartbeat is
@@ -228,6 +228,7 @@ std::string Coordinator::UserJobOverLocked(const std::string& job_id) const {
 
 std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& node_id) const {
   std::vector<v1::Assignment> out;
+  const std::optional<v1::ShardMap> map = shard_maps_.map();
   for (const auto& [id, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
     for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
@@ -243,7 +244,7 @@ std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& 
       if (a.spec().batch_size() == 0 && r.job.status().batch_size() > 0) {
         a.mutable_spec()->set_batch_size(r.job.status().batch_size());
       }
-      if (shard_map_) *a.mutable_shard_map() = *shard_map_;
+      if (map) *a.mutable_shard_map() = *map;
       out.push_back(std::move(a));
     }
   }
@@ -305,7 +306,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const s
   // node_timeout, and its jobs rolled back twice.
   v1::HeartbeatResponse r;
   r.set_generation(generation_);
-  if (shard_map_) *r.mutable_shard_map() = *shard_map_;
+  if (auto map = shard_maps_.map()) *r.mutable_shard_map() = *std::move(map);
   if (it->second.info.role() == v1::WORKER) {
     for (v1::Assignment& a : AssignmentsOfLocked(node_id)) *r.add_assignments() = std::move(a);
   } else {
@@ -509,7 +510,7 @@ v1::ClusterState Coordinator::GetCluster() const {
   absl::MutexLock lock(&mu_);
   v1::ClusterState s;
   s.set_generation(generation_);
-  if (shard_map_) *s.mutable_shard_map() = *shard_map_;
+  if (auto map = shard_maps_.map()) *s.mutable_shard_map() = *std::move(map);
   for (const auto& [id, n] : nodes_) {
     v1::NodeStatus* ns = s.add_nodes();
     *ns->mutable_info() = n.info;
@@ -549,24 +550,6 @@ std::vector<std::string> Coordinator::LiveServersLocked() const {
   std::vector<std::string> out;
   for (auto& [seq, a] : v) out.push_back(a);
   return out;
-}
-
-bool Coordinator::MapListsExactlyLocked(const std::vector<std::string>& servers) const {
-  // The same servers in any order: a server restarted at its address keeps
-  // its place (and its checkpoints' shards).
-  if (!shard_map_) return false;
-  std::set<std::string> have(shard_map_->servers().begin(), shard_map_->servers().end());
-  return have == std::set<std::string>(servers.begin(), servers.end());
-}
-
-bool Coordinator::MapInstalledLocked(const std::vector<std::string>& live) const {
-  return MapListsExactlyLocked(live) && std::all_of(live.begin(), live.end(), [&](const std::string& s)
-                                                                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                                                                    auto it = installed_.find(s);
-                                                                                    return it != installed_.end() &&
-                                                                                           it->second ==
-                                                                                               shard_map_->version();
-                                                                                  });
 }
 
 bool Coordinator::AnyRunningLocked() const {

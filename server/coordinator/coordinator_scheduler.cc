@@ -115,8 +115,7 @@ void Coordinator::DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
     if (n.info.role() == v1::SERVER) {
-      if (r.job.status().restoring_cut() == 0 && shard_map_ &&
-          std::count(shard_map_->servers().begin(), shard_map_->servers().end(), n.info.address())) {
+      if (r.job.status().restoring_cut() == 0 && shard_maps_.Lists(n.info.address())) {
         const std::string why = absl::StrCat("parameter server ", id, " at ", n.info.address(),
                                              " stopped; its shards of this job are lost");
         if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
@@ -172,41 +171,28 @@ void Coordinator::ExpireJobsLocked(absl::Time now) {
 }
 
 void Coordinator::FollowLiveServersLocked(const std::vector<std::string>& live, bool running) {
-  if (!live.empty() && !running && !MapListsExactlyLocked(live)) {
-    auto m = ShardMap::RoundRobin(shard_map_ ? shard_map_->version() + 1 : 1,
-                                  shard_map_ ? shard_map_->num_virtual_shards() : options_.virtual_shards, live);
-    if (m.ok()) {
-      shard_map_ = m->ToProto();
-      installed_.clear();
+  if (!running) {
+    if (std::optional<v1::ShardMap> m = shard_maps_.Follow(live)) {
       SaveMetaLocked();
       BumpGenerationLocked();
-      FLOG(INFO) << "shard map version " << shard_map_->version() << ": " << shard_map_->num_virtual_shards()
+      FLOG(INFO) << "shard map version " << m->version() << ": " << m->num_virtual_shards()
                  << " virtual shards over " << absl::StrJoin(live, ", ");
     }
   }
-  if (!shard_map_ || install_in_flight_) return;
-  std::vector<std::string> to_install;
-  for (const std::string& s : shard_map_->servers()) {
-    auto inst = installed_.find(s);
-    if ((inst == installed_.end() || inst->second != shard_map_->version()) &&
-        std::count(live.begin(), live.end(), s)) {
-      to_install.push_back(s);
-    }
-  }
+  v1::ShardMap map;
+  std::vector<std::string> to_install = shard_maps_.BeginInstall(live, &map);
   if (to_install.empty()) return;
-  install_in_flight_ = true;
-  Spawn([this, map = *shard_map_, to_install] { InstallOnServers(map, to_install); });
+  Spawn([this, map = std::move(map), to_install = std::move(to_install)] { InstallOnServers(map, to_install); });
 }
 
 void Coordinator::ReleaseFinishedJobsLocked() {
   for (auto& [jid, r] : jobs_) {
     if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
-        r.restore_in_flight || !shard_map_) {
+        r.restore_in_flight || shard_maps_.version() == 0) {
       continue;
     }
     r.release_in_flight = true;
-    Spawn([this, jid = jid, servers = std::vector<std::string>(shard_map_->servers().begin(),
-                                                               shard_map_->servers().end())] {
+    Spawn([this, jid = jid, servers = shard_maps_.servers()] {
       ReleaseOnServers(jid, servers);
     });
   }
@@ -290,7 +276,7 @@ std::string Coordinator::WhyPendingLocked(const JobRecord& r, const std::map<std
     return absl::StrCat("waiting for parameter servers: ", live.size(), " of ",
                         std::max<uint32_t>(1, options_.min_servers), " live");
   }
-  if (!MapInstalledLocked(live)) {
+  if (!shard_maps_.HeldBy(live)) {
     *reason = "ShardMapNotReady";
     if (running) return "the shard map changes when the running jobs end (a server joined or left)";
     std::string why = "installing the shard map on the servers";
@@ -369,8 +355,8 @@ void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, S
     r->started = Now();
     r->job.mutable_status()->set_start_time_unix_ms(NowMs());
     SetStateLocked(*r, v1::RUNNING, "Running", "JobRunning",
-                   absl::StrCat(need, " workers assigned; shard map version ", shard_map_->version(), " over ",
-                                shard_map_->servers_size(), " servers"));
+                   absl::StrCat(need, " workers assigned; shard map version ", shard_maps_.version(), " over ",
+                                shard_maps_.servers().size(), " servers"));
     RecomputeLocked(*r);
     SaveJobLocked(*r, true);
     BumpGenerationLocked();
