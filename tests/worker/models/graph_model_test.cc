@@ -255,6 +255,7 @@ v1::ModelSpec Example(const std::string& file) {
   for (v1::GraphNode& n : *m.mutable_graph()) {
     if (n.op() == "dense_input") n.set_width(kDense);
     if (n.op() == "sparse_input") n.set_fields(kFields);
+    if (n.op() == "cross") n.set_fields(std::min(n.fields(), kFields));
     if (n.op() == "linear") n.set_width(narrow(n.width()));
     n.set_dim(n.dim() > 0 ? narrow(n.dim()) : 0);
     for (int l = 0; l < n.layers_size(); ++l) {
