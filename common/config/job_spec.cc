@@ -24,23 +24,43 @@ std::string Allowed(std::initializer_list<const char*> allowed) {
   return absl::StrJoin(allowed, ", ");
 }
 
-// `model` is the model's type; a graph reads sparse data when it has a
-// sparse_input ("graph with sparse_input") and any data otherwise (its
-// dense_input takes the keys below its width from sparse rows).
-void CheckSource(const v1::DataSource& s, const std::string& path, const std::string& model,
+// What data a model reads: the sparse built-ins and graphs with a
+// sparse_input read sparse rows; other graphs either (a dense_input takes
+// the keys below its width from sparse rows), as does a spec without a
+// model type (reported elsewhere); every other type dense rows.
+struct ModelReads {
+  std::string model;
+  enum { kDense, kSparse, kAny } reads = kAny;
+  const char* why = "";  // appended to "reads sparse features"
+};
+
+ModelReads ReadsOf(const v1::ModelSpec& m) {
+  ModelReads r{m.type()};
+  if (OneOf(m.type(), {"sparse_lr", "fm", "mf"})) {
+    r.reads = ModelReads::kSparse;
+  } else if (!m.type().empty() && m.type() != "graph") {
+    r.reads = ModelReads::kDense;  // softmax, mlp, and an unknown type (refused beside this)
+  }
+  if (m.type() == "graph") {
+    for (const v1::GraphNode& n : m.graph()) {
+      if (n.op() == "sparse_input") r = {m.type(), ModelReads::kSparse, " (its sparse_input)"};
+    }
+  }
+  return r;
+}
+
+void CheckSource(const v1::DataSource& s, const std::string& path, const ModelReads& model,
                  std::vector<std::string>* p) {
-  const bool sparse_model = OneOf(model, {"sparse_lr", "fm", "mf", "graph with sparse_input"});
   const bool sparse_format = OneOf(s.format(), {"libsvm", "criteo"});
   if (s.format().empty()) {
     p->push_back(absl::StrCat(path, ".format: required; allowed: idx, libsvm, csv, criteo"));
   } else if (!OneOf(s.format(), {"idx", "libsvm", "csv", "criteo"})) {
     p->push_back(absl::StrCat(path, ".format: '", s.format(), "' is not one of: idx, libsvm, csv, criteo"));
-  } else if (sparse_model && !sparse_format) {
-    p->push_back(absl::StrCat(path, ".format: model '", model == "graph" || model.rfind("graph ", 0) == 0 ? "graph" : model,
-                              "' reads sparse features", model.size() > 5 && model.rfind("graph ", 0) == 0 ? " (its sparse_input)" : "",
+  } else if (model.reads == ModelReads::kSparse && !sparse_format) {
+    p->push_back(absl::StrCat(path, ".format: model '", model.model, "' reads sparse features", model.why,
                               ": use libsvm or criteo"));
-  } else if (!sparse_model && !model.empty() && model != "graph" && sparse_format) {
-    p->push_back(absl::StrCat(path, ".format: model '", model, "' reads dense features: use idx or csv"));
+  } else if (model.reads == ModelReads::kDense && sparse_format) {
+    p->push_back(absl::StrCat(path, ".format: model '", model.model, "' reads dense features: use idx or csv"));
   }
   if (s.path().empty()) p->push_back(absl::StrCat(path, ".path: required (a file; relative to the worker's --data_dir)"));
   // Workers confine data paths to their --data_roots; a ".." step or a NUL
@@ -154,12 +174,9 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
   if (m.num_classes() == 1 || m.num_classes() < 0) p.push_back("model.num_classes: must be 0 (from the data) or >= 2");
   if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
   if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
-  std::string kind = m.type();
+  const ModelReads kind = ReadsOf(m);
   if (m.type() == "graph") {
     for (std::string& s : ModelGraphProblems(m)) p.push_back(std::move(s));
-    for (const v1::GraphNode& n : m.graph()) {
-      if (n.op() == "sparse_input") kind = "graph with sparse_input";
-    }
   } else if (m.graph_size() > 0) {
     p.push_back(absl::StrCat("model.graph: only a model of type graph has nodes"));
   }

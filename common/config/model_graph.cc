@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 
 namespace fulcrum::config {
 namespace {
@@ -353,14 +353,6 @@ int64_t ModelGraph::floats_per_sparse_key() const {
   return n;
 }
 
-std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
-  auto g = BuildModelGraph(model);
-  if (g.ok()) return {};
-  std::vector<std::string> out;
-  for (absl::string_view line : absl::StrSplit(g.status().message(), '\n')) out.emplace_back(line);
-  return out;
-}
-
 namespace {
 
 // The spec's nodes, mlp shorthands expanded, each name unique.
@@ -491,30 +483,43 @@ ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<i
   return g;
 }
 
+// The graph, or nullopt with every problem found on *p (each stage runs
+// only when the ones before it found none).
+std::optional<ModelGraph> Build(const v1::ModelSpec& model, std::vector<std::string>* p) {
+  if (model.graph_size() == 0) {
+    p->push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
+    return std::nullopt;
+  }
+  std::vector<Raw> raw;
+  ExpandAll(model, &raw, p);
+  if (!p->empty()) return std::nullopt;
+  std::vector<std::vector<int>> in, readers;
+  Resolve(raw, &in, &readers, p);
+  if (!p->empty()) return std::nullopt;
+  const std::vector<int> order = Order(raw, in, readers, p);
+  if (!p->empty()) return std::nullopt;
+  const std::vector<bool> used = UsedByLoss(raw, in, order, p);
+  if (!p->empty()) return std::nullopt;
+  ModelGraph g = Assemble(raw, in, order, used, p);
+  if (!p->empty()) return std::nullopt;
+  for (size_t k = 0; k < g.nodes.size(); ++k) InferShape(raw[order[k]], g.nodes, g.nodes[k], p);
+  if (!p->empty()) return std::nullopt;
+  return g;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelGraph> BuildModelGraph(const v1::ModelSpec& model) {
   std::vector<std::string> p;
-  auto fail = [&p]() { return absl::InvalidArgumentError(absl::StrJoin(p, "\n")); };
-  if (model.graph_size() == 0) {
-    p.push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
-    return fail();
-  }
-  std::vector<Raw> raw;
-  ExpandAll(model, &raw, &p);
-  if (!p.empty()) return fail();
-  std::vector<std::vector<int>> in, readers;
-  Resolve(raw, &in, &readers, &p);
-  if (!p.empty()) return fail();
-  const std::vector<int> order = Order(raw, in, readers, &p);
-  if (!p.empty()) return fail();
-  const std::vector<bool> used = UsedByLoss(raw, in, order, &p);
-  if (!p.empty()) return fail();
-  ModelGraph g = Assemble(raw, in, order, used, &p);
-  if (!p.empty()) return fail();
-  for (size_t k = 0; k < g.nodes.size(); ++k) InferShape(raw[order[k]], g.nodes, g.nodes[k], &p);
-  if (!p.empty()) return fail();
-  return g;
+  std::optional<ModelGraph> g = Build(model, &p);
+  if (!g) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));
+  return *std::move(g);
+}
+
+std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
+  std::vector<std::string> p;
+  Build(model, &p);
+  return p;
 }
 
 absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes) {

@@ -30,14 +30,18 @@ bool ShardMapState::Lists(const std::string& address) const {
 
 bool ShardMapState::ListsExactly(const std::vector<std::string>& servers) const {
   absl::MutexLock lock(&mu_);
+  return ListsExactlyLocked(servers);
+}
+
+bool ShardMapState::ListsExactlyLocked(const std::vector<std::string>& servers) const {
   if (!map_) return false;
   return std::set<std::string>(map_->servers().begin(), map_->servers().end()) ==
          std::set<std::string>(servers.begin(), servers.end());
 }
 
 bool ShardMapState::HeldBy(const std::vector<std::string>& live) const {
-  if (!ListsExactly(live)) return false;
   absl::MutexLock lock(&mu_);
+  if (!ListsExactlyLocked(live)) return false;
   return std::all_of(live.begin(), live.end(), [&](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = installed_.find(s);
     return it != installed_.end() && it->second == map_->version();
@@ -51,8 +55,8 @@ void ShardMapState::Restore(v1::ShardMap map) {
 }
 
 std::optional<v1::ShardMap> ShardMapState::Follow(const std::vector<std::string>& live) {
-  if (live.empty() || ListsExactly(live)) return std::nullopt;
   absl::MutexLock lock(&mu_);
+  if (live.empty() || ListsExactlyLocked(live)) return std::nullopt;
   auto m = ShardMap::RoundRobin(map_ ? map_->version() + 1 : 1, map_ ? map_->num_virtual_shards() : virtual_shards_,
                                 live);
   if (!m.ok()) return std::nullopt;

@@ -51,6 +51,8 @@ class ShardMapState {
   void Forget(const std::string& address);
 
  private:
+  bool ListsExactlyLocked(const std::vector<std::string>& servers) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint32_t virtual_shards_;
   mutable absl::Mutex mu_;
   std::optional<v1::ShardMap> map_ ABSL_GUARDED_BY(mu_);

@@ -340,10 +340,16 @@ class GraphModel final : public Model {
     nodes_[k].grad_written = true;
     return absl::OkStatus();
   }
-  // Runs write(target) for input k's gradient of `floats` values.
+  // Runs write(target) for input k's gradient of `floats` values. When k
+  // takes no gradient, write is skipped, unless it `also_writes` tables'
+  // gradients: it then writes the input's into scratch, which is dropped.
   template <typename F>
-  absl::Status InputGrad(int k, size_t floats, F&& write) {
+  absl::Status InputGrad(int k, size_t floats, F&& write, bool also_writes = false) {
     ASSIGN_OR_RETURN(float* target, GradTarget(k, floats));
+    if (target == nullptr && also_writes) {
+      RETURN_IF_ERROR(Reserve(&scratch_, 4 * std::max<size_t>(floats, 1)));
+      return write(scratch_.as<float>());
+    }
     if (target == nullptr) return absl::OkStatus();
     RETURN_IF_ERROR(write(target));
     return AddGrad(k, target, floats);
@@ -411,17 +417,14 @@ class GraphModel final : public Model {
         }
         return absl::OkStatus();
       case GraphOp::kLayerNorm: {
-        RETURN_IF_ERROR(InputGrad(in0, W * B, [&](float* dx) {
-          return be_->LayerNormGrad(B, static_cast<int>(W), out(in0), value(s.table), s.mean.as<float>(),
-                                    s.rstd.as<float>(), g, dx, tables_[s.table].grad.as<float>(),
-                                    tables_[s.table + 1].grad.as<float>());
-        }));
-        if (node(in0).op == GraphOp::kDenseInput) {  // no input gradient wanted, but the tables' still are
-          RETURN_IF_ERROR(Reserve(&scratch_, 4 * W * std::max(B, 1)));
-          RETURN_IF_ERROR(be_->LayerNormGrad(B, static_cast<int>(W), out(in0), value(s.table), s.mean.as<float>(),
-                                             s.rstd.as<float>(), g, scratch_.as<float>(),
-                                             tables_[s.table].grad.as<float>(), tables_[s.table + 1].grad.as<float>()));
-        }
+        RETURN_IF_ERROR(InputGrad(
+            in0, W * B,
+            [&](float* dx) {
+              return be_->LayerNormGrad(B, static_cast<int>(W), out(in0), value(s.table), s.mean.as<float>(),
+                                        s.rstd.as<float>(), g, dx, tables_[s.table].grad.as<float>(),
+                                        tables_[s.table + 1].grad.as<float>());
+            },
+            /*also_writes=*/true));
         RETURN_IF_ERROR(GradientReady(s.table));
         return GradientReady(s.table + 1);
       }
