@@ -69,8 +69,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::unique_ptr<ServerContr
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       servers_(std::move(servers)),
-      store_(std::move(store)),
-      last_tick_(clock_->Now()) {}
+      store_(std::move(store)) {}
 
 Coordinator::~Coordinator() {
   Shutdown();
@@ -112,7 +111,7 @@ absl::Status Coordinator::Load() {
     v1::CoordinatorMeta m;
     if (!m.ParseFromString(*meta_bytes)) return absl::DataLossError("coordinator meta record is corrupt");
     next_job_ = m.next_job();
-    next_node_ = m.next_node();
+    members_.set_next_serial(m.next_node());
     if (m.has_shard_map()) {
       if (auto map = ShardMap::FromProto(m.shard_map()); !map.ok()) {
         return absl::DataLossError(
@@ -154,17 +153,14 @@ absl::Status Coordinator::Load() {
       next_job_ = std::max(next_job_, Serial(r.job.id()) + 1);
       jobs_.emplace(r.job.id(), std::move(r));
     } else if (absl::StartsWith(key, kNodePrefix)) {
-      NodeRecord n;
-      if (!n.info.ParseFromString(value)) return corrupt("");
-      if (key != kNodePrefix + n.info.node_id()) return corrupt(absl::StrCat("it holds node '", n.info.node_id(), "'"));
-      n.last_heartbeat = now;  // a grace period to heartbeat again
-      n.heard = false;
-      next_node_ = std::max(next_node_, Serial(n.info.node_id()) + 1);
-      nodes_.emplace(n.info.node_id(), std::move(n));
+      v1::NodeInfo info;
+      if (!info.ParseFromString(value)) return corrupt("");
+      if (key != kNodePrefix + info.node_id()) return corrupt(absl::StrCat("it holds node '", info.node_id(), "'"));
+      members_.Restore(info, now);  // a grace period to heartbeat again
     }
     return absl::OkStatus();
   }));
-  FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << nodes_.size()
+  FLOG(INFO) << "coordinator state in " << options_.data_dir << ": " << jobs_.size() << " jobs, " << members_.size()
              << " nodes, shard map "
              << (shard_maps_.version() > 0 ? absl::StrCat("version ", shard_maps_.version(), " over ",
                                                           shard_maps_.servers().size(), " servers")
@@ -186,7 +182,7 @@ std::optional<std::string> Coordinator::ValueOfLocked(const std::string& key) co
   if (key == kMetaKey) {
     v1::CoordinatorMeta m;
     m.set_next_job(next_job_);
-    m.set_next_node(next_node_);
+    m.set_next_node(members_.next_serial());
     if (auto map = shard_maps_.map()) *m.mutable_shard_map() = *std::move(map);
     return m.SerializeAsString();
   }
@@ -197,8 +193,8 @@ std::optional<std::string> Coordinator::ValueOfLocked(const std::string& key) co
     // A dead node never comes back under its id (it registers anew), so
     // a restarted coordinator must not know it: it would give it a grace
     // period and then declare it dead a second time.
-    auto it = nodes_.find(key.substr(strlen(kNodePrefix)));
-    if (it != nodes_.end() && it->second.alive) return it->second.info.SerializeAsString();
+    const std::optional<Membership::Node> n = members_.Get(key.substr(strlen(kNodePrefix)));
+    if (n && n->alive) return n->info.SerializeAsString();
   }
   return std::nullopt;
 }

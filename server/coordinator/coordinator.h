@@ -39,7 +39,9 @@
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "server/coordinator/coordinator_store.h"
+#include "server/coordinator/membership.h"
 #include "server/coordinator/parked_polls.h"
+#include "server/coordinator/placement.h"
 #include "server/coordinator/shard_map_state.h"
 
 namespace rocksdb {
@@ -197,9 +199,11 @@ class Coordinator {
   // Holds the coordinator's lock for `d`, as a write stuck on a slow disk
   // would: heartbeats and the scheduler wait behind it (tests).
   void StallForTesting(absl::Duration d);
-  // Runs one pass of the scheduler now, on the caller's thread (tests with
-  // CoordinatorOptions::clock and run_scheduler false).
-  void TickForTesting() { Tick(); }
+  // Runs one pass of the scheduler now, on the caller's thread, and waits
+  // until the calls to servers it started (shard-map installs, releases,
+  // cuts) have ended (tests with CoordinatorOptions::clock and run_scheduler
+  // false).
+  void TickForTesting();
 
  private:
   struct RankSlot {
@@ -253,36 +257,18 @@ class Coordinator {
     std::vector<std::string> targets;
     uint32_t min_incarnation = 0;
   };
-  struct NodeRecord {
-    v1::NodeInfo info;
-    absl::Time last_heartbeat;
-    absl::Time dead_since;  // when declared dead
-    bool alive = true;
-    // False for a node known only from the state a restarted coordinator
-    // loaded, until it registers, heartbeats or reports: it keeps the ranks
-    // it had for its grace period, but gets no new ones (it may be gone).
-    bool heard = true;
-    // It said it is going (HeartbeatRequest.leaving): gone at the next tick.
-    bool leaving = false;
-    // The node spoke to us (registered, heartbeated or reported) at `now`.
-    void Heard(absl::Time now) {
-      last_heartbeat = now;
-      heard = true;
-    }
-  };
-
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers,
               std::unique_ptr<CoordinatorStore> store);
   absl::Status Load();
   void SchedulerLoop();
   // One pass of the scheduler, in stages (coordinator_scheduler.cc).
   void Tick();
-  // After a gap in the scheduler's runs (its lock held, the process paused):
-  // nodes get a fresh node_timeout rather than all being declared dead.
-  void SpareNodesAfterStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A node past node_timeout: a server's running jobs roll back (or fail),
-  // a worker's ranks wait for another worker.
-  void DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Membership's liveness pass, and what follows from it.
+  void CheckLivenessLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A node declared dead (past node_timeout, or leaving): a server's running
+  // jobs roll back (or fail), a worker's ranks wait for another worker.
+  void NodeDiedLocked(const std::string& id, const Membership::Node& n, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // activeDeadlineSeconds and ttlSecondsAfterFinished.
   void ExpireJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // While no job runs the shard map follows the live servers; it is
@@ -290,14 +276,11 @@ class Coordinator {
   void FollowLiveServersLocked(const std::vector<std::string>& live, bool running)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseFinishedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live worker with the most free slots, preferring those not in
-  // `avoid`; "" when none has one. Takes the slot from `free`.
-  static std::string TakeSlot(std::map<std::string, int>& free, const std::set<std::string>& avoid);
   void ReassignLostRanksLocked(JobRecord& r, std::map<std::string, int>& free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a pending job cannot start now ("" when it can), and the reason code.
-  std::string WhyPendingLocked(const JobRecord& r, const std::map<std::string, int>& free,
-                               const std::vector<std::string>& live, bool running, bool blocked,
-                               std::string* reason) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a pending job starts now, and if not why (placement.h).
+  placement::Verdict ConsiderPendingLocked(const JobRecord& r, const placement::FreeSlots& free,
+                                           const std::vector<std::string>& live, bool running, bool blocked) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `pools`: free slots by pool (FreeSlotsLocked), filled as jobs need them.
   using SlotPools = std::map<std::string, std::map<std::string, int>>;
   std::map<std::string, int>& PoolOfLocked(const JobRecord& r, SlotPools& pools) const
@@ -423,13 +406,15 @@ class Coordinator {
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // a change the scheduler should look at now
-  absl::Time last_tick_ ABSL_GUARDED_BY(mu_);  // the scheduler's last liveness check
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_node_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;  // ranks handed to another worker (this process)
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, NodeRecord> nodes_ ABSL_GUARDED_BY(mu_);
+  // Nodes and their liveness (its own lock, taken inside mu_).
+  Membership members_{{.node_timeout = options_.node_timeout,
+                       .dead_node_retention = options_.dead_node_retention,
+                       .tick = options_.tick},
+                      clock_->Now()};
   // The shard map, who holds it, the installation in flight (its own lock,
   // taken inside mu_).
   ShardMapState shard_maps_{options_.virtual_shards};

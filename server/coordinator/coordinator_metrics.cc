@@ -17,13 +17,13 @@ void Coordinator::CollectMetrics(metrics::Scrape* out) const {
                {{"state", metrics::LabelValue(v1::JobState_Name(static_cast<v1::JobState>(st)))}}, n);
   }
   double live[2][2] = {{0, 0}, {0, 0}};  // [role: server, worker][alive]
-  for (const auto& [id, n] : nodes_) {
+  for (const auto& [id, n] : members_.All()) {
     const bool worker = n.info.role() == v1::WORKER;
     const std::string role = worker ? "worker" : "server";
     live[worker ? 1 : 0][n.alive ? 1 : 0] += 1;
     if (!n.alive) continue;
     out->Gauge("fulcrum_coordinator_node_heartbeat_age_seconds", "Seconds since a live node's last heartbeat",
-               {{"node", id}, {"role", role}}, absl::ToDoubleSeconds(now - n.last_heartbeat));
+               {{"node", id}, {"role", role}}, absl::ToDoubleSeconds(now - n.last_heard));
   }
   for (int role = 0; role < 2; ++role) {
     for (int alive = 0; alive < 2; ++alive) {

@@ -140,37 +140,20 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   RETURN_IF_ERROR(CheckUserWorkerLocked(node_in));
-  v1::NodeInfo info = node_in;
-  auto known = info.node_id().empty() ? nodes_.end() : nodes_.find(info.node_id());
-  const bool fresh = known == nodes_.end() || known->second.info.role() != info.role();
-  if (!fresh) {
-    known->second.info = info;  // a node re-registering after our restart
-  } else {
-    // A server restarted at an address already known replaces the old entry.
-    if (info.role() == v1::SERVER) {
-      for (auto& [id, n] : nodes_) {
-        if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive) {
-          // The scheduler declares it dead at its next tick, and deals with
-          // the jobs that had shards on it.
-          n.last_heartbeat = Now() - options_.node_timeout;
-          FLOG(WARNING) << "server " << id << " at " << info.address() << " re-registered: the old process is gone";
-        }
-      }
-    }
-    info.set_node_id(absl::StrCat(info.role() == v1::SERVER ? "server-" : "worker-", next_node_++));
-    SaveMetaLocked();
+  const Membership::Registered reg = members_.Register(node_in, Now());
+  for (const std::string& id : reg.displaced) {
+    // The scheduler declares it dead at its next tick, and deals with the
+    // jobs that had shards on it.
+    FLOG(WARNING) << "server " << id << " at " << node_in.address() << " re-registered: the old process is gone";
   }
-  if (info.slots() == 0) info.set_slots(1);
-  NodeRecord& n = nodes_[info.node_id()];
-  n.info = info;
-  n.alive = true;
-  n.Heard(Now());
-  SaveNodeLocked(info.node_id());
-  if (!store_->Saved(kNodePrefix + info.node_id()) || (fresh && !store_->Saved(kMetaKey))) {
+  if (reg.fresh) SaveMetaLocked();
+  SaveNodeLocked(reg.node_id);
+  const v1::NodeInfo info = members_.Get(reg.node_id)->info;
+  if (!store_->Saved(kNodePrefix + info.node_id()) || (reg.fresh && !store_->Saved(kMetaKey))) {
     // Its key stays unsaved: the repair deletes whatever part reached the disk.
-    if (fresh) nodes_.erase(info.node_id());
+    if (reg.fresh) members_.Unregister(info.node_id());
     return store_->Unavailable(absl::StrCat(info.role() == v1::SERVER ? "server" : "worker", " at ",
-                                               info.hostname(), " pid ", info.pid(), " not registered"));
+                                            info.hostname(), " pid ", info.pid(), " not registered"));
   }
   if (info.role() == v1::SERVER) {
     shard_maps_.Forget(info.address());  // a new process: install the map again
@@ -261,25 +244,24 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatCallback done) {
   absl::MutexLock lock(&mu_);
   absl::Status refused;
-  auto it = nodes_.find(req.node_id());
-  if (it == nodes_.end()) {
+  const Membership::Heard heard = members_.Hear(req.node_id(), Now());
+  if (heard == Membership::Heard::kUnknown) {
     refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered; register again"));
-  } else if (!it->second.alive) {
+  } else if (heard == Membership::Heard::kDead) {
     // Declared dead (a long pause): its work has moved; it starts over.
     refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
   } else {
-    it->second.Heard(Now());
     // A user process whose job is gone or ended has nothing more to do:
     // told so (it stops waiting for a rank), and forgotten at the next tick.
-    if (const std::string& job_id = it->second.info.job_id(); !job_id.empty()) {
+    if (const std::string job_id = members_.Get(req.node_id())->info.job_id(); !job_id.empty()) {
       if (const std::string over = UserJobOverLocked(job_id); !over.empty()) {
         refused = absl::FailedPreconditionError(absl::StrCat(over, "; this process has no rank to take"));
-        it->second.leaving = true;
+        members_.MarkLeaving(req.node_id());
         kick_ = true;
       }
     }
     if (req.leaving()) {
-      it->second.leaving = true;
+      members_.MarkLeaving(req.node_id());
       kick_ = true;
     }
   }
@@ -295,11 +277,11 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || !it->second.alive) {
+  const std::optional<Membership::Node> node = members_.Get(node_id);
+  if (!node || !node->alive) {
     return absl::NotFoundError(absl::StrCat("node '", node_id, "' was declared dead; register again"));
   }
-  // last_heartbeat is not touched again here: the caller may have died
+  // Its last_heard is not touched again here: the caller may have died
   // during the wait, and a server restarted at its address wakes this call
   // (RegisterNode bumps the generation) just after marking the old entry
   // overdue. Refreshing it then kept a kill -9'd server "alive" for another
@@ -307,7 +289,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const s
   v1::HeartbeatResponse r;
   r.set_generation(generation_);
   if (auto map = shard_maps_.map()) *r.mutable_shard_map() = *std::move(map);
-  if (it->second.info.role() == v1::WORKER) {
+  if (node->info.role() == v1::WORKER) {
     for (v1::Assignment& a : AssignmentsOfLocked(node_id)) *r.add_assignments() = std::move(a);
   } else {
     // The jobs a server may hold: those running (restoring included), with
@@ -354,8 +336,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(con
                                                    r.job.spec().epochs(), " epochs (0 to ",
                                                    r.job.spec().epochs() - 1, ")"));
   }
-  auto node = nodes_.find(req.node_id());
-  if (node != nodes_.end()) node->second.Heard(Now());
+  members_.Hear(req.node_id(), Now());
   // A rank that finished stays finished. Periodic progress sent before the
   // end can arrive after it (a worker sends its results first); taken, it
   // would turn the rank back to "training", and the job would end with the
@@ -511,11 +492,11 @@ v1::ClusterState Coordinator::GetCluster() const {
   v1::ClusterState s;
   s.set_generation(generation_);
   if (auto map = shard_maps_.map()) *s.mutable_shard_map() = *std::move(map);
-  for (const auto& [id, n] : nodes_) {
+  for (const auto& [id, n] : members_.All()) {
     v1::NodeStatus* ns = s.add_nodes();
     *ns->mutable_info() = n.info;
     ns->set_alive(n.alive);
-    ns->set_last_heartbeat_unix_ms(absl::ToUnixMillis(n.last_heartbeat));
+    ns->set_last_heartbeat_unix_ms(absl::ToUnixMillis(n.last_heard));
     for (const v1::Assignment& a : AssignmentsOfLocked(id)) {
       ns->add_assignments(absl::StrCat(a.job_id(), "/", a.rank()));
     }
@@ -526,12 +507,7 @@ v1::ClusterState Coordinator::GetCluster() const {
 // ---------------------------------------------------------------- scheduler
 
 std::map<std::string, int> Coordinator::FreeSlotsLocked(const std::string& job_id) const {
-  std::map<std::string, int> free;
-  for (const auto& [id, n] : nodes_) {
-    if (n.alive && n.heard && n.info.role() == v1::WORKER && n.info.job_id() == job_id) {
-      free[id] = static_cast<int>(n.info.slots());
-    }
-  }
+  std::map<std::string, int> free = members_.WorkerSlots(job_id);
   for (const auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
     for (const RankSlot& s : r.ranks) {
@@ -541,16 +517,7 @@ std::map<std::string, int> Coordinator::FreeSlotsLocked(const std::string& job_i
   return free;
 }
 
-std::vector<std::string> Coordinator::LiveServersLocked() const {
-  std::vector<std::pair<uint64_t, std::string>> v;
-  for (const auto& [id, n] : nodes_) {
-    if (n.alive && n.info.role() == v1::SERVER) v.emplace_back(Serial(id), n.info.address());
-  }
-  std::sort(v.begin(), v.end());
-  std::vector<std::string> out;
-  for (auto& [seq, a] : v) out.push_back(a);
-  return out;
-}
+std::vector<std::string> Coordinator::LiveServersLocked() const { return members_.LiveServerAddresses(); }
 
 bool Coordinator::AnyRunningLocked() const {
   // A job rolling back holds no tables yet: the map may change under it.

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/shard_map.h"
 #include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/placement.h"
 
 namespace fulcrum {
 
@@ -40,22 +41,21 @@ void Coordinator::StallForTesting(absl::Duration d) {
   absl::SleepFor(d);
 }
 
+void Coordinator::TickForTesting() {
+  Tick();
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+}
+
 void Coordinator::Tick() {
   absl::MutexLock lock(&mu_);
   // 0. Records a failed write left unsaved are written again.
   RepairStoreLocked();
   const absl::Time now = Now();
   // 1. Liveness. Dead nodes are forgotten after their retention.
-  SpareNodesAfterStallLocked(now);
-  const size_t known = nodes_.size();
-  std::erase_if(nodes_, [&](const auto& kv) {
-    return !kv.second.alive && now - kv.second.dead_since > options_.dead_node_retention;
-  });
-  if (nodes_.size() != known) BumpGenerationLocked();
+  CheckLivenessLocked(now);
   std::erase_if(failing_calls_, [&](const auto& kv) { return now - kv.second.last_failure > absl::Minutes(10); });
-  for (auto& [id, n] : nodes_) {
-    if (n.alive && (n.leaving || now - n.last_heartbeat >= options_.node_timeout)) DeclareDeadLocked(id, n, now);
-  }
   // 2. Active deadlines and TTLs.
   ExpireJobsLocked(now);
   // 3. The shard map follows the live servers while no job runs.
@@ -75,41 +75,25 @@ void Coordinator::Tick() {
   ScheduleCheckpointsLocked();
 }
 
-void Coordinator::SpareNodesAfterStallLocked(absl::Time now) {
-  // A scheduler that itself could not run for a while (the lock held by a
-  // write stuck on a slow disk, the process or machine paused) cannot tell
-  // a node that stopped heartbeating from one whose heartbeats waited
-  // behind it: every node then gets a fresh node_timeout instead of being
-  // declared dead at once (a 15 s disk stall on a CI machine once failed
-  // every job that way).
-  const absl::Duration gap = now - last_tick_;
-  last_tick_ = now;
-  // (Past half a node_timeout, and past five ticks so that a node_timeout
-  // shorter than the tick, as in tests, still declares nodes dead.)
-  if (gap <= std::max(options_.node_timeout / 2, 5 * options_.tick)) return;
-  size_t spared = 0;
-  for (auto& [id, n] : nodes_) {
-    if (n.alive && now - n.last_heartbeat >= options_.node_timeout / 2) {
-      n.last_heartbeat = now;
-      ++spared;
-    }
+void Coordinator::CheckLivenessLocked(absl::Time now) {
+  const Membership::Pass pass = members_.CheckLiveness(now);
+  if (pass.stall > absl::ZeroDuration()) {
+    FLOG(WARNING) << "the coordinator's scheduler did not run for " << absl::FormatDuration(pass.stall)
+                  << " (lock held or process paused); " << pass.spared
+                  << " node(s) get a fresh node_timeout to heartbeat before any is declared dead";
   }
-  FLOG(WARNING) << "the coordinator's scheduler did not run for " << absl::FormatDuration(gap)
-                << " (lock held or process paused); " << spared
-                << " node(s) get a fresh node_timeout to heartbeat before any is declared dead";
+  if (pass.forgotten > 0) BumpGenerationLocked();
+  for (const auto& [id, n] : pass.died) NodeDiedLocked(id, n, now);
 }
 
-void Coordinator::DeclareDeadLocked(const std::string& id, NodeRecord& n, absl::Time now) {
-  n.alive = false;
-  // A node that left is not listed as dead: it is forgotten at the next tick.
-  n.dead_since = n.leaving ? now - options_.dead_node_retention - absl::Nanoseconds(1) : now;
+void Coordinator::NodeDiedLocked(const std::string& id, const Membership::Node& n, absl::Time now) {
   WriteKeyLocked(kNodePrefix + id, false);  // deletes it (ValueOfLocked)
   BumpGenerationLocked();
   if (n.leaving) {
     FLOG(INFO) << id << " left" << (n.info.job_id().empty() ? "" : absl::StrCat(" (a user process of job ",
                                                                                     n.info.job_id(), ")"));
   } else {
-    FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heartbeat)
+    FLOG(WARNING) << id << " missed heartbeats for " << absl::FormatDuration(now - n.last_heard)
                   << ": declared dead";
   }
   for (auto& [jid, r] : jobs_) {
@@ -198,27 +182,6 @@ void Coordinator::ReleaseFinishedJobsLocked() {
   }
 }
 
-std::string Coordinator::TakeSlot(std::map<std::string, int>& free, const std::set<std::string>& avoid) {
-  std::string best;
-  int best_free = 0;
-  for (const auto& [id, f] : free) {
-    if (f > best_free && !avoid.count(id)) {
-      best = id;
-      best_free = f;
-    }
-  }
-  if (best.empty()) {  // a worker already in the job, if it has room
-    for (const auto& [id, f] : free) {
-      if (f > best_free) {
-        best = id;
-        best_free = f;
-      }
-    }
-  }
-  if (!best.empty()) --free[best];
-  return best;
-}
-
 void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, int>& free) {
   // A job rolling back gets its workers once the servers hold the cut.
   if (r.job.status().state() != v1::RUNNING || r.job.status().restoring_cut() != 0) return;
@@ -230,7 +193,7 @@ void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, in
   for (uint32_t rank = 0; rank < r.ranks.size(); ++rank) {
     RankSlot& s = r.ranks[rank];
     if (!s.node_id.empty() || s.finished) continue;
-    const std::string node = TakeSlot(free, in_job);
+    const std::string node = placement::TakeSlot(free, in_job);
     if (node.empty()) {
       r.job.mutable_status()->set_message(
           absl::StrCat("rank ", rank, " waits for ",
@@ -264,53 +227,29 @@ void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, in
   }
 }
 
-std::string Coordinator::WhyPendingLocked(const JobRecord& r, const std::map<std::string, int>& free,
-                                          const std::vector<std::string>& live, bool running, bool blocked,
-                                          std::string* reason) const {
-  *reason = "WorkersNotReady";
-  const uint32_t need = r.job.spec().num_workers();
-  int free_workers = 0;
-  for (const auto& [id, f] : free) free_workers += f > 0 ? 1 : 0;
-  if (live.size() < std::max<size_t>(1, options_.min_servers)) {
-    *reason = "ServersNotReady";
-    return absl::StrCat("waiting for parameter servers: ", live.size(), " of ",
-                        std::max<uint32_t>(1, options_.min_servers), " live");
-  }
-  if (!shard_maps_.HeldBy(live)) {
-    *reason = "ShardMapNotReady";
-    if (running) return "the shard map changes when the running jobs end (a server joined or left)";
-    std::string why = "installing the shard map on the servers";
-    // Say which server does not take it, and why (its address is wrong,
-    // a firewall, mismatched TLS), rather than wait without a word.
-    for (const std::string& s : live) {
-      auto f = failing_calls_.find({kInstallingShardMap, s});
-      if (f != failing_calls_.end()) {
-        absl::StrAppend(&why, "; ", s, " fails: ", f->second.error);
-        break;
-      }
+placement::Verdict Coordinator::ConsiderPendingLocked(const JobRecord& r, const placement::FreeSlots& free,
+                                                     const std::vector<std::string>& live, bool running,
+                                                     bool blocked) const {
+  placement::PendingInput in;
+  in.need = r.job.spec().num_workers();
+  in.user_workers = r.job.spec().user_workers();
+  in.free = &free;
+  in.live_servers = live.size();
+  in.min_servers = options_.min_servers;
+  in.map_held = shard_maps_.HeldBy(live);
+  in.running = running;
+  for (const std::string& s : live) {
+    auto f = failing_calls_.find({kInstallingShardMap, s});
+    if (f != failing_calls_.end()) {
+      in.install_failure = absl::StrCat(s, " fails: ", f->second.error);
+      break;
     }
-    return why;
   }
-  if (blocked) {
-    *reason = "Queued";
-    return "an earlier job is waiting for workers";
-  }
-  if (free_workers >= static_cast<int>(need)) return "";
-  if (r.job.spec().user_workers()) {
-    return absl::StrCat("needs ", need, " user processes registered for this job (fulcrum.Worker); ", free_workers,
-                        " so far");
-  }
-  int live_workers = 0, unheard = 0;
-  for (const auto& [id, n] : nodes_) {
-    if (!n.alive || n.info.role() != v1::WORKER) continue;
-    ++(n.heard ? live_workers : unheard);
-  }
-  std::string why = absl::StrCat("needs ", need, " workers with a free slot; ", free_workers, " free of ",
-                                 live_workers, " live");
-  if (unheard > 0) {
-    absl::StrAppend(&why, "; ", unheard, " known from before the coordinator restarted, not heard from since");
-  }
-  return why;
+  in.blocked = blocked;
+  const Membership::WorkerCount workers = members_.LiveWorkers();
+  in.live_workers = workers.heard;
+  in.unheard_workers = workers.unheard;
+  return placement::ConsiderPending(in);
 }
 
 std::map<std::string, int>& Coordinator::PoolOfLocked(const JobRecord& r, SlotPools& pools) const {
@@ -330,26 +269,23 @@ void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, S
     if (r->job.status().state() != v1::PENDING) continue;
     const bool user = r->job.spec().user_workers();
     std::map<std::string, int>& free = PoolOfLocked(*r, pools);
-    std::string reason;
-    const std::string why = WhyPendingLocked(*r, free, live, running, blocked && !user, &reason);
-    if (!why.empty()) {
+    const placement::Verdict v = ConsiderPendingLocked(*r, free, live, running, blocked && !user);
+    if (!v.start) {
       blocked = blocked || !user;
-      if (r->job.status().message() != why) {
-        r->job.mutable_status()->set_message(why);
-        r->job.mutable_status()->set_reason(reason);
+      if (r->job.status().message() != v.message) {
+        r->job.mutable_status()->set_message(v.message);
+        r->job.mutable_status()->set_reason(v.reason);
         SaveJobLocked(*r, false);
       }
       continue;
     }
     const uint32_t need = r->job.spec().num_workers();
-    std::set<std::string> used;
+    const std::vector<std::string> nodes = placement::PlaceRanks(free, need);
     for (uint32_t rank = 0; rank < need; ++rank) {
-      const std::string node = TakeSlot(free, used);
-      used.insert(node);
-      r->ranks[rank].node_id = node;
+      r->ranks[rank].node_id = nodes[rank];
       r->ranks[rank].incarnation = 0;
       v1::WorkerProgress* w = r->job.mutable_status()->mutable_workers(static_cast<int>(rank));
-      w->set_worker_id(node);
+      w->set_worker_id(nodes[rank]);
       w->set_state("assigned");
     }
     r->started = Now();
@@ -360,7 +296,8 @@ void Coordinator::StartPendingJobsLocked(const std::vector<JobRecord*>& order, S
     RecomputeLocked(*r);
     SaveJobLocked(*r, true);
     BumpGenerationLocked();
-    FLOG(INFO) << "job " << r->job.id() << " running on " << absl::StrJoin(used, ", ");
+    FLOG(INFO) << "job " << r->job.id() << " running on "
+               << absl::StrJoin(std::set<std::string>(nodes.begin(), nodes.end()), ", ");
   }
 }
 

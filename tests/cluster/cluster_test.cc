@@ -1204,6 +1204,21 @@ double MetricOf(const Coordinator& c, const std::string& series) {
   return at == std::string::npos ? -1 : std::stod(scrape.substr(at + series.size() + 2));
 }
 
+// Waits (on real time, at most `timeout`) until series `series` reaches
+// `at_least`; returns its last value. The faults below are real (a server
+// that refuses, a failing disk), so their effects come on real time: the
+// test waits for them to show, not for a fixed while.
+double WaitForMetric(const Coordinator& c, const std::string& series, double at_least,
+                     absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  double v = MetricOf(c, series);
+  while (v < at_least && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    v = MetricOf(c, series);
+  }
+  return v;
+}
+
 // The coordinator exports the test figures its ranks report: AUC and log
 // loss when rank 0 evaluated a binary task, RMSE for a regression, neither
 // for a job that reported none.
@@ -1274,10 +1289,9 @@ TEST_CASE("a server that cannot take the shard map is named in the waiting job a
   CHECK(j.status().reason() == "ShardMapNotReady");
   CHECK_THAT(j.status().message(), Catch::StartsWith("installing the shard map on the servers; " + nowhere +
                                                      " fails: UNAVAILABLE"));
-  // Retried every tick (100 ms) for 2 s more, logged once.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  const double failures =
-      MetricOf(cluster.coordinator(), "fulcrum_coordinator_server_call_failures_total{call=\"install_shard_map\"}");
+  // Retried every tick (100 ms), logged once.
+  const double failures = WaitForMetric(
+      cluster.coordinator(), "fulcrum_coordinator_server_call_failures_total{call=\"install_shard_map\"}", 10);
   REQUIRE(failures != -1);
   CHECK(failures >= 10);
   // The server goes (its heartbeats stop): the map drops it, the job runs.
@@ -1341,9 +1355,8 @@ TEST_CASE("a coordinator that cannot save its state refuses what it would lose a
   CHECK(c->GetCluster().nodes_size() == 1);
   CHECK(c->ListJobs(0, "", all)->jobs.size() == 1);
   // The scheduler retries every 200 ms meanwhile, and logs the outage once.
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CHECK(WaitForMetric(*c, "fulcrum_coordinator_store_write_failures_total", 4) >= 4);
   CHECK(c->SubmitJob(spec, false).status().code() == absl::StatusCode::kUnavailable);
-  CHECK(MetricOf(*c, "fulcrum_coordinator_store_write_failures_total") >= 4);
   CHECK(MetricOf(*c, "fulcrum_coordinator_store_unsaved_records") >= 3);  // meta, 2 jobs, a node
 
   disk.Set(Fault::kNone);
@@ -1392,7 +1405,7 @@ TEST_CASE("a coordinator that cannot save its state refuses what it would lose a
   fs::remove_all(dir);
 }
 
-TEST_CASE("a disk that fails for 3 s in the middle of a job loses none of its reports", "[cluster]") {
+TEST_CASE("a disk that fails in the middle of a job loses none of its reports", "[cluster]") {
   testing::FaultFs disk;
   InProcessCluster cluster(1, 2, 1, absl::Minutes(5), [&](CoordinatorOptions& o) {
     o.env = disk.env();
@@ -1406,9 +1419,10 @@ TEST_CASE("a disk that fails for 3 s in the middle of a job loses none of its re
       cluster.jobs(), id, [](const v1::Job& j) { return j.status().epochs_size() >= 2; }, absl::Seconds(60));
   REQUIRE(running.status().state() == v1::RUNNING);
   disk.Set(testing::FaultFs::Fault::kIoError);
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  // The workers' epoch reports were refused meanwhile (they send them again).
-  CHECK(MetricOf(cluster.coordinator(), "fulcrum_coordinator_store_write_failures_total") > 0);
+  // Down until writes have failed 15 times (about 3 s of the scheduler's
+  // 200 ms retries, with the workers' reports): the epoch reports meanwhile
+  // are refused (the workers send them again).
+  CHECK(WaitForMetric(cluster.coordinator(), "fulcrum_coordinator_store_write_failures_total", 15) >= 15);
   disk.Set(testing::FaultFs::Fault::kNone);
   int events = 0;
   const v1::Job done = WatchToEnd(cluster.jobs(), id, &events);
@@ -1439,7 +1453,8 @@ TEST_CASE("a coordinator away for 12 s while the job ends: every node is back wi
   // (epochs, the end) wait for the coordinator. Its nodes' channels back
   // off meanwhile: at gRPC's default (up to 120 s) their next try came
   // about 16 s into the outage, past the 2 s grace, and every node was
-  // declared dead.
+  // declared dead. The outage is real time: gRPC's reconnect backoff runs
+  // on it, and a shorter one stays inside the default backoff's early tries.
   cluster.StopCoordinator();
   std::this_thread::sleep_for(std::chrono::seconds(12));
   cluster.StartCoordinator();

@@ -1,7 +1,8 @@
-// The coordinator's scheduler on a fake clock: liveness, the grace after a
-// stall and dead-node retention, driven tick by tick (TickForTesting) with
-// no scheduler thread and no sleeping. A real RocksDB directory holds its
-// state; no server is called.
+// The coordinator's scheduler on a fake clock, driven tick by tick
+// (TickForTesting) with no scheduler thread and no sleeping: liveness, the
+// grace after a stall and dead-node retention (no server answers), then job
+// starts, queueing, a lost worker's rank moving, deadlines and TTLs (servers
+// accept every call). A real RocksDB directory holds its state.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/coordinator/coordinator.h"
+#include "tests/testing/clocked_cluster.h"
 #include "tests/testing/fake_clock.h"
 
 namespace fulcrum {
@@ -153,6 +155,122 @@ TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotte
   v1::HeartbeatRequest hb;
   hb.set_node_id(gone);
   CHECK(c->Heartbeat(hb).status().code() == absl::StatusCode::kNotFound);
+}
+
+
+// ---------------------------------------------------------------- job scheduling
+
+using testing::ClockedCluster;
+
+TEST_CASE("a job waits for min_servers and then for workers and starts once both are there", "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock, 1, [](CoordinatorOptions& o) { o.min_servers = 2; });
+  const std::string id = c.Submit(false, 2, "wait");
+  c.Run(absl::Milliseconds(200));
+  v1::Job j = *c->GetJob(id);
+  CHECK(j.status().state() == v1::PENDING);
+  CHECK(j.status().reason() == "ServersNotReady");
+  CHECK(j.status().message() == "waiting for parameter servers: 1 of 2 live");
+  c.AddServer();
+  auto w1 = c.Register("", 1);
+  REQUIRE(w1.ok());
+  c.Run(absl::Milliseconds(300));
+  j = *c->GetJob(id);
+  CHECK(j.status().reason() == "WorkersNotReady");
+  CHECK(j.status().message() == "needs 2 workers with a free slot; 1 free of 1 live");
+  auto w2 = c.Register("", 1);
+  REQUIRE(w2.ok());
+  c.Run(absl::Milliseconds(100));
+  j = *c->GetJob(id);
+  REQUIRE(j.status().state() == v1::RUNNING);
+  CHECK_THAT(j.status().conditions().rbegin()->message(),
+             Catch::StartsWith("2 workers assigned; shard map version ") && Catch::EndsWith(" over 2 servers"));
+  CHECK(c.Assignments(*w1) == std::vector<std::string>{id + "/0/0"});
+  CHECK(c.Assignments(*w2) == std::vector<std::string>{id + "/1/0"});
+}
+
+TEST_CASE("jobs start in submission order: a job waiting for workers holds back later ones", "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock);
+  auto w = c.Register("", 2);
+  REQUIRE(w.ok());
+  const std::string big = c.Submit(false, 2, "big");  // two ranks: two workers
+  const std::string small = c.Submit(false, 1, "small");
+  c.Run(absl::Milliseconds(500));
+  CHECK(c->GetJob(big)->status().reason() == "WorkersNotReady");
+  CHECK(c->GetJob(small)->status().state() == v1::PENDING);
+  CHECK(c->GetJob(small)->status().reason() == "Queued");
+  auto w2 = c.Register("", 1);
+  REQUIRE(w2.ok());
+  REQUIRE(c.RunUntil(big, v1::RUNNING));
+  // big took a slot on each worker; small takes w's second one.
+  REQUIRE(c.RunUntil(small, v1::RUNNING));
+  CHECK(c->GetJob(small)->status().workers(0).worker_id() == *w);
+}
+
+TEST_CASE("a worker silent past node_timeout loses its rank to a free worker on the coordinator's clock",
+          "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock);
+  auto a = c.Register("", 1);
+  REQUIRE(a.ok());
+  const std::string id = c.Submit(false, 1, "moves");
+  REQUIRE(c.RunUntil(id, v1::RUNNING));
+  auto b = c.Register("", 1);  // free, for when a goes
+  REQUIRE(b.ok());
+  c.Run(absl::Milliseconds(4800), *a);  // 4.9 s since a was last heard
+  CHECK(c->GetJob(id)->status().workers(0).worker_id() == *a);
+  c.Run(absl::Milliseconds(200), *a);
+  const v1::Job j = *c->GetJob(id);
+  CHECK(j.status().state() == v1::RUNNING);
+  CHECK(j.status().workers(0).worker_id() == *b);
+  CHECK(j.status().workers(0).incarnation() == 1);
+  CHECK(j.status().reason() == "WorkerReplaced");
+  bool lost = false;
+  for (const auto& cond : j.status().conditions()) lost = lost || cond.reason() == "WorkerLost";
+  CHECK(lost);
+  CHECK(c.Assignments(*b) == std::vector<std::string>{id + "/0/1"});
+}
+
+TEST_CASE("activeDeadlineSeconds fails a running job and ttlSecondsAfterFinished forgets it, on the clock",
+          "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock);
+  auto w = c.Register("", 1);
+  REQUIRE(w.ok());
+  const std::string id = c.Submit(false, 1, "bounded", [](v1::JobSpec& s) {
+    s.mutable_run_policy()->set_active_deadline_seconds(30);
+    s.mutable_run_policy()->set_ttl_seconds_after_finished(60);
+  });
+  REQUIRE(c.RunUntil(id, v1::RUNNING));
+  c.Run(absl::Seconds(29));
+  CHECK(c->GetJob(id)->status().state() == v1::RUNNING);
+  c.Run(absl::Seconds(2));
+  v1::Job j = *c->GetJob(id);
+  CHECK(j.status().state() == v1::FAILED);
+  CHECK(j.status().reason() == "DeadlineExceeded");
+  CHECK(j.status().message() == "the job ran longer than activeDeadlineSeconds (30 s)");
+  CHECK(c.Assignments(*w).empty());
+  c.Run(absl::Seconds(59));
+  CHECK(c->GetJob(id).ok());
+  c.Run(absl::Seconds(2));
+  CHECK(c->GetJob(id).status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("a job whose ranks all finish succeeds and frees its worker for the next", "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock);
+  auto w = c.Register("", 1);
+  REQUIRE(w.ok());
+  const std::string first = c.Submit(false, 1, "first");
+  const std::string second = c.Submit(false, 1, "second");
+  REQUIRE(c.RunUntil(first, v1::RUNNING));
+  c.Run(absl::Milliseconds(300));
+  CHECK(c->GetJob(second)->status().reason() == "WorkersNotReady");
+  c.Finish(first, 0);
+  REQUIRE(c.RunUntil(first, v1::SUCCEEDED));
+  REQUIRE(c.RunUntil(second, v1::RUNNING));
+  CHECK(c.Assignments(*w) == std::vector<std::string>{second + "/0/0"});
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include <catch2/catch.hpp>
 #include <unistd.h>
@@ -15,139 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/job_spec.h"
 #include "server/coordinator/coordinator.h"
+#include "tests/testing/clocked_cluster.h"
 #include "tests/testing/fake_clock.h"
 
 namespace fulcrum {
 namespace {
 
-namespace fs = std::filesystem;
-
-// Servers that take the shard map and drop jobs; nothing else is asked here.
-class AcceptingServers final : public ServerControl {
- public:
-  absl::Status InstallShardMap(const std::string&, const v1::ShardMap&) override { return absl::OkStatus(); }
-  absl::Status DeleteJob(const std::string&, const std::string&) override { return absl::OkStatus(); }
-  absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string&, const std::string&, uint64_t, uint64_t,
-                                              absl::Duration) override {
-    return absl::UnimplementedError("no cuts here");
-  }
-  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string&, const std::string&, uint64_t,
-                                           const std::vector<std::string>&, uint32_t) override {
-    return absl::UnimplementedError("no cuts here");
-  }
-  absl::Status DeleteCut(const std::string&, const std::string&, uint64_t) override { return absl::OkStatus(); }
-  absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string&, const std::string&) override {
-    return std::vector<v1::ShardCutMeta>();
-  }
-  absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string&, const v1::ReadCheckpointRequest&) override {
-    return absl::UnimplementedError("no cuts here");
-  }
-};
-
-class Cluster {
- public:
-  explicit Cluster(testing::FakeClock* clock) : clock_(clock) {
-    dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-user-workers-test-", getpid(), "-", counter_++);
-    fs::remove_all(dir_);
-    CoordinatorOptions o;
-    o.data_dir = dir_.string();
-    o.clock = clock;
-    o.run_scheduler = false;
-    o.node_timeout = absl::Seconds(5);
-    auto c = Coordinator::Open(o, std::make_unique<AcceptingServers>());
-    REQUIRE(c.ok());
-    c_ = *std::move(c);
-    v1::NodeInfo server;
-    server.set_role(v1::SERVER);
-    server.set_address("127.0.0.1:1");
-    auto s = c_->RegisterNode(server);
-    REQUIRE(s.ok());
-    nodes_.push_back(s->node_id());
-  }
-  ~Cluster() {
-    c_.reset();
-    fs::remove_all(dir_);
-  }
-  Coordinator& operator*() { return *c_; }
-  Coordinator* operator->() { return c_.get(); }
-
-  absl::StatusOr<std::string> Register(const std::string& job_id, uint32_t slots = 1) {
-    v1::NodeInfo info;
-    info.set_role(v1::WORKER);
-    info.set_job_id(job_id);
-    info.set_slots(slots);
-    auto r = c_->RegisterNode(info);
-    if (!r.ok()) return r.status();
-    nodes_.push_back(r->node_id());
-    return r->node_id();
-  }
-  std::string Submit(bool user, uint32_t workers, const std::string& name) {
-    v1::JobSpec spec;
-    spec.set_name(name);
-    spec.set_num_workers(workers);
-    spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-    spec.mutable_optimizer()->set_learning_rate(0.1f);
-    spec.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
-    if (user) {
-      spec.set_user_workers(true);
-    } else {
-      spec.mutable_model()->set_type("softmax");
-      spec.mutable_data()->mutable_train()->set_format("idx");
-      spec.mutable_data()->mutable_train()->set_path("x");
-      spec.mutable_data()->mutable_train()->set_labels("y");
-      spec.set_batch_size(8);
-      spec.set_epochs(1);
-    }
-    auto id = c_->SubmitJob(spec, false);
-    INFO(id.status().message());
-    REQUIRE(id.ok());
-    return *id;
-  }
-  // Heartbeats from every node but `silent`, then `d` of scheduler ticks.
-  void Run(absl::Duration d, const std::string& silent = "") {
-    for (absl::Duration done; done < d; done += absl::Milliseconds(100)) {
-      for (const std::string& n : nodes_) {
-        if (n == silent) continue;
-        v1::HeartbeatRequest hb;
-        hb.set_node_id(n);
-        (void)c_->Heartbeat(hb);
-      }
-      clock_->Advance(absl::Milliseconds(100));
-      c_->TickForTesting();
-    }
-  }
-  // Ticks until job `id` is in `state` (the shard map's install runs on a
-  // thread of its own); false after 10 s of real time.
-  bool RunUntil(const std::string& id, v1::JobState state) {
-    for (int i = 0; i < 1000; ++i) {
-      Run(absl::Milliseconds(100));
-      if (c_->GetJob(id)->status().state() == state) return true;
-      std::this_thread::yield();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-  // The assignments node `id` gets, as "job/rank/incarnation".
-  std::vector<std::string> Assignments(const std::string& id) {
-    v1::HeartbeatRequest hb;
-    hb.set_node_id(id);
-    auto r = c_->Heartbeat(hb);
-    REQUIRE(r.ok());
-    std::vector<std::string> out;
-    for (const auto& a : r->assignments()) {
-      out.push_back(absl::StrCat(a.job_id(), "/", a.rank(), "/", a.incarnation()));
-      CHECK(a.world_size() == c_->GetJob(a.job_id())->spec().num_workers());
-    }
-    return out;
-  }
-
- private:
-  static inline int counter_ = 0;
-  testing::FakeClock* clock_;
-  fs::path dir_;
-  std::unique_ptr<Coordinator> c_;
-  std::vector<std::string> nodes_;
-};
+using testing::ClockedCluster;
 
 TEST_CASE("a user_workers spec needs no model or data and refuses them", "[coordinator]") {
   v1::JobSpec spec;
@@ -167,7 +40,7 @@ TEST_CASE("a user_workers spec needs no model or data and refuses them", "[coord
 
 TEST_CASE("only a one-slot worker may register for a user_workers job that has not ended", "[coordinator]") {
   testing::FakeClock clock;
-  Cluster c(&clock);
+  ClockedCluster c(&clock);
   const std::string daemons_job = c.Submit(false, 1, "d");
   const std::string user_job = c.Submit(true, 1, "u");
   CHECK(c.Register("nope-99").status().code() == absl::StatusCode::kNotFound);
@@ -188,7 +61,7 @@ TEST_CASE("only a one-slot worker may register for a user_workers job that has n
 
 TEST_CASE("a user_workers job takes only its own processes and holds back no daemon job", "[coordinator]") {
   testing::FakeClock clock;
-  Cluster c(&clock);
+  ClockedCluster c(&clock);
   auto daemon = c.Register("", 4);
   REQUIRE(daemon.ok());
   const std::string user_job = c.Submit(true, 2, "u");
@@ -217,7 +90,7 @@ TEST_CASE("a user_workers job takes only its own processes and holds back no dae
 
 TEST_CASE("a lost user process's rank waits for another process of its job, not for a daemon", "[coordinator]") {
   testing::FakeClock clock;
-  Cluster c(&clock);
+  ClockedCluster c(&clock);
   auto daemon = c.Register("", 4);
   REQUIRE(daemon.ok());
   const std::string user_job = c.Submit(true, 2, "u");
@@ -244,7 +117,7 @@ TEST_CASE("a lost user process's rank waits for another process of its job, not 
 
 TEST_CASE("a process that leaves is forgotten at once, and its unfinished rank moves on", "[coordinator]") {
   testing::FakeClock clock;
-  Cluster c(&clock);
+  ClockedCluster c(&clock);
   const std::string user_job = c.Submit(true, 2, "u");
   auto p0 = c.Register(user_job);
   auto p1 = c.Register(user_job);
@@ -292,7 +165,7 @@ TEST_CASE("a process that leaves is forgotten at once, and its unfinished rank m
 
 TEST_CASE("a process of a job that ended is told so at its heartbeat and forgotten", "[coordinator]") {
   testing::FakeClock clock;
-  Cluster c(&clock);
+  ClockedCluster c(&clock);
   const std::string user_job = c.Submit(true, 2, "u");
   auto waiting = c.Register(user_job);  // the job still needs another process
   REQUIRE(waiting.ok());

@@ -1,0 +1,175 @@
+// Membership on its own: ids, re-registration, hearing from nodes, and the
+// liveness pass (silence, leaving, a stalled scheduler, retention), with
+// times given by the test.
+#include "server/coordinator/membership.h"
+
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace fulcrum {
+namespace {
+
+const absl::Time kStart = absl::FromUnixSeconds(1800000000);
+
+Membership::Options Opts(absl::Duration timeout = absl::Seconds(5), absl::Duration retention = absl::Minutes(10)) {
+  return {.node_timeout = timeout, .dead_node_retention = retention, .tick = absl::Milliseconds(100)};
+}
+
+v1::NodeInfo Server(const std::string& address) {
+  v1::NodeInfo n;
+  n.set_role(v1::SERVER);
+  n.set_address(address);
+  return n;
+}
+
+v1::NodeInfo Worker(uint32_t slots = 0, const std::string& job = "") {
+  v1::NodeInfo n;
+  n.set_role(v1::WORKER);
+  n.set_slots(slots);
+  n.set_job_id(job);
+  return n;
+}
+
+// Liveness passes every 100 ms from `*t` for `d`, as the scheduler runs them;
+// the nodes declared dead meanwhile.
+std::vector<std::string> Pass(Membership& m, absl::Time* t, absl::Duration d) {
+  std::vector<std::string> died;
+  for (absl::Duration done; done < d; done += absl::Milliseconds(100)) {
+    *t += absl::Milliseconds(100);
+    for (const auto& [id, n] : m.CheckLiveness(*t).died) died.push_back(id);
+  }
+  return died;
+}
+
+TEST_CASE("membership gives each new node an id of its role never given twice", "[membership]") {
+  Membership m(Opts(), kStart);
+  const auto s = m.Register(Server("h:1"), kStart);
+  const auto w = m.Register(Worker(), kStart);
+  CHECK(s.node_id == "server-0");
+  CHECK(w.node_id == "worker-1");
+  CHECK((s.fresh && w.fresh));
+  CHECK(m.Get(w.node_id)->info.slots() == 1);  // 0 means one slot
+  // A node re-registering under its id (after a coordinator restart) keeps it.
+  v1::NodeInfo again = Worker(4);
+  again.set_node_id(w.node_id);
+  const auto re = m.Register(again, kStart);
+  CHECK(re.node_id == w.node_id);
+  CHECK_FALSE(re.fresh);
+  CHECK(m.Get(w.node_id)->info.slots() == 4);
+  // An id of the other role is not taken over.
+  v1::NodeInfo other = Server("h:2");
+  other.set_node_id(w.node_id);
+  CHECK(m.Register(other, kStart).node_id == "server-2");
+  // An unsaved registration is undone; its id is not given again.
+  const auto undone = m.Register(Worker(), kStart);
+  m.Unregister(undone.node_id);
+  CHECK_FALSE(m.Get(undone.node_id).has_value());
+  CHECK(m.Register(Worker(), kStart).node_id == "worker-4");
+  CHECK(m.next_serial() == 5);
+  m.set_next_serial(3);  // never goes back
+  CHECK(m.next_serial() == 5);
+}
+
+TEST_CASE("a server registering at a known address displaces the old process at the next pass", "[membership]") {
+  Membership m(Opts(), kStart);
+  const std::string old_id = m.Register(Server("h:1"), kStart).node_id;
+  absl::Time t = kStart + absl::Seconds(1);
+  const auto fresh = m.Register(Server("h:1"), t);
+  CHECK(fresh.displaced == std::vector<std::string>{old_id});
+  const auto pass = m.CheckLiveness(t + absl::Milliseconds(100));
+  REQUIRE(pass.died.size() == 1);
+  CHECK(pass.died[0].first == old_id);
+  CHECK(m.LiveServerAddresses() == std::vector<std::string>{"h:1"});
+  CHECK(m.IsAlive(fresh.node_id));
+}
+
+TEST_CASE("a node silent for node_timeout is declared dead and must register again", "[membership]") {
+  Membership m(Opts(absl::Seconds(1)), kStart);
+  const std::string quiet = m.Register(Worker(), kStart).node_id;
+  const std::string talking = m.Register(Worker(), kStart).node_id;
+  absl::Time t = kStart;
+  std::vector<std::string> died;
+  for (int i = 0; i < 9; ++i) {
+    CHECK(m.Hear(talking, t) == Membership::Heard::kOk);
+    const auto d = Pass(m, &t, absl::Milliseconds(100));
+    died.insert(died.end(), d.begin(), d.end());
+  }
+  CHECK(died.empty());  // 0.9 s of silence
+  CHECK(m.Hear(talking, t) == Membership::Heard::kOk);
+  CHECK(Pass(m, &t, absl::Milliseconds(100)) == std::vector<std::string>{quiet});
+  CHECK_FALSE(m.IsAlive(quiet));
+  CHECK(m.Get(quiet)->dead_since == t);
+  CHECK(m.Hear(quiet, t) == Membership::Heard::kDead);  // not revived by a late heartbeat
+  CHECK(m.Hear("worker-99", t) == Membership::Heard::kUnknown);
+  CHECK(m.IsAlive(talking));
+}
+
+TEST_CASE("a leaving node goes at the next pass and is not listed as dead", "[membership]") {
+  Membership m(Opts(), kStart);
+  const std::string w = m.Register(Worker(), kStart).node_id;
+  m.MarkLeaving(w);
+  absl::Time t = kStart;
+  CHECK(Pass(m, &t, absl::Milliseconds(100)) == std::vector<std::string>{w});
+  Pass(m, &t, absl::Milliseconds(100));
+  CHECK_FALSE(m.Get(w).has_value());
+  CHECK(m.size() == 0);
+}
+
+TEST_CASE("after a stall of the passes every node gets a fresh node_timeout", "[membership]") {
+  Membership m(Opts(absl::Seconds(2)), kStart);
+  const std::string w = m.Register(Worker(), kStart).node_id;
+  absl::Time t = kStart + absl::Milliseconds(1500);  // one gap: past node_timeout / 2
+  Membership::Pass pass = m.CheckLiveness(t);
+  CHECK(pass.stall == absl::Milliseconds(1500));
+  CHECK(pass.spared == 1);
+  CHECK(pass.died.empty());
+  // The grace is one node_timeout from the end of the stall, no more.
+  CHECK(Pass(m, &t, absl::Milliseconds(1900)).empty());
+  CHECK(Pass(m, &t, absl::Milliseconds(100)) == std::vector<std::string>{w});
+  // Regular passes are no stall.
+  CHECK(m.CheckLiveness(t + absl::Milliseconds(100)).stall == absl::ZeroDuration());
+}
+
+TEST_CASE("a dead node is listed for dead_node_retention then forgotten", "[membership]") {
+  Membership m(Opts(absl::Milliseconds(300), absl::Seconds(1)), kStart);
+  const std::string w = m.Register(Worker(), kStart).node_id;
+  absl::Time t = kStart;
+  REQUIRE(Pass(m, &t, absl::Milliseconds(300)) == std::vector<std::string>{w});
+  Pass(m, &t, absl::Milliseconds(1000));
+  CHECK(m.Get(w).has_value());
+  t += absl::Milliseconds(100);
+  CHECK(m.CheckLiveness(t).forgotten == 1);
+  CHECK_FALSE(m.Get(w).has_value());
+}
+
+TEST_CASE("nodes restored after a restart get no slots until heard from", "[membership]") {
+  Membership m(Opts(), kStart);
+  v1::NodeInfo known = Worker(2);
+  known.set_node_id("worker-7");
+  m.Restore(known, kStart);
+  CHECK(m.next_serial() == 8);
+  CHECK(m.WorkerSlots("").empty());
+  CHECK(m.LiveWorkers().unheard == 1);
+  CHECK(m.LiveWorkers().heard == 0);
+  REQUIRE(m.Hear("worker-7", kStart + absl::Seconds(1)) == Membership::Heard::kOk);
+  CHECK(m.WorkerSlots("") == std::map<std::string, int>{{"worker-7", 2}});
+  CHECK(m.LiveWorkers().heard == 1);
+}
+
+TEST_CASE("live servers come oldest first and workers are pooled by job", "[membership]") {
+  Membership m(Opts(), kStart);
+  m.set_next_serial(9);
+  m.Register(Server("b:1"), kStart);  // server-9
+  m.Register(Worker(3), kStart);      // worker-10
+  m.Register(Server("a:1"), kStart);  // server-11: after server-9, though "server-11" < "server-9"
+  m.Register(Worker(1, "job-1"), kStart);
+  CHECK(m.LiveServerAddresses() == std::vector<std::string>{"b:1", "a:1"});
+  CHECK(m.WorkerSlots("") == std::map<std::string, int>{{"worker-10", 3}});
+  CHECK(m.WorkerSlots("job-1") == std::map<std::string, int>{{"worker-12", 1}});
+  CHECK(m.WorkerSlots("job-2").empty());
+  CHECK(m.All().size() == 4);
+}
+
+}  // namespace
+}  // namespace fulcrum
