@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/coordinator/coordinator_internal.h"
+#include "server/coordinator/cut_schedule.h"
 
 namespace fulcrum {
 
@@ -67,32 +68,6 @@ absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v
     out->push_back(*std::move(results[i]));
   }
   return absl::OkStatus();
-}
-
-// Whether the servers collect the job's steps in order. Local steps with
-// no staleness run BSP rounds there.
-bool IsBsp(const v1::JobSpec& spec) {
-  const auto& c = spec.consistency();
-  return c.model() == v1::ConsistencySpec::BSP || c.model() == v1::ConsistencySpec::MODEL_UNSPECIFIED ||
-         (c.model() == v1::ConsistencySpec::LOCAL && c.staleness() == 0);
-}
-
-// Local steps: the servers' clock counts rounds of sync_every_steps, and
-// each epoch ends one (worker/training/trainer.h). The rounds a rank has
-// completed after `step` inner steps, and the inner steps a clock of
-// `rounds` stands for; both the identity for other models.
-uint64_t RoundsOfSteps(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t step) {
-  const auto& c = spec.consistency();
-  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return step;
-  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
-  const uint64_t in_epoch = step % steps_per_epoch;
-  return step / steps_per_epoch * per_epoch + in_epoch / h;
-}
-uint64_t StepsOfRounds(const v1::JobSpec& spec, uint64_t steps_per_epoch, uint64_t rounds) {
-  const auto& c = spec.consistency();
-  if (c.model() != v1::ConsistencySpec::LOCAL || c.sync_every_steps() == 0 || steps_per_epoch == 0) return rounds;
-  const uint64_t h = c.sync_every_steps(), per_epoch = (steps_per_epoch + h - 1) / h;
-  return rounds / per_epoch * steps_per_epoch + std::min(steps_per_epoch, rounds % per_epoch * h);
 }
 
 }  // namespace
@@ -216,67 +191,31 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
 void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl::Time now) {
   v1::JobStatus* st = r.job.mutable_status();
   if (st->state() != v1::RUNNING || r.ranks.empty()) return;
-  const bool final = r.final_cut_pending;
-  if (!final && now < r.cut_backoff_until && r.manual_requested == r.manual_served) return;
-  const v1::JobSpec& spec = r.job.spec();
-  const v1::CheckpointPolicy& policy = spec.checkpoint();
-  uint64_t cur = 0;
-  for (const v1::WorkerProgress& w : st->workers()) cur = std::max<uint64_t>(cur, w.step());
-  const double rate = st->samples_per_second() / std::max(1u, spec.num_workers()) / std::max(1u, std::max(spec.batch_size(), st->batch_size()));
-  // Progress reports lag up to 0.5 s: ask for a step about a second ahead.
-  const uint64_t lead = static_cast<uint64_t>(std::ceil(rate)) + 2 + r.extra_lead;
-  const uint64_t last_step = st->checkpoints_size() > 0 ? st->checkpoints().rbegin()->step() : 0;
-  CutTask t;
-  if (final) {
-    if (st->total_steps() == 0) {
-      SucceedLocked(r, "");
-      return;
-    }
-    t.trigger = "final";
-    t.at_step = st->total_steps();
-  } else if (r.manual_requested > r.manual_served) {
-    t.trigger = "manual";
-    t.manual_ticket = r.manual_requested;
-    t.at_step = cur + lead;
-  } else if (st->checkpoints_size() == 0 && !r.first_cut_failed && cur > 0) {
-    // A cut soon after training starts, whatever the policy: a server lost
-    // before the first periodic cut then costs a rollback, not the job.
-    t.trigger = "first";
-    t.at_step = cur + lead;
-  } else if (policy.every_steps() > 0 && cur > 0) {
-    const uint64_t n = policy.every_steps();
-    if (IsBsp(spec)) {
-      // BSP cuts name a step ahead, which the servers wait for.
-      const uint64_t next = (last_step / n + 1) * n;
-      if (cur + 2 * lead < next) return;
-      t.at_step = next >= cur + lead ? next : (cur + lead + n - 1) / n * n;
-    } else {
-      // SSP/ASP cuts are taken when asked: ask once the fastest rank has
-      // crossed the next boundary, once per boundary.
-      const uint64_t next = (std::max(last_step, r.steps_boundary_asked) / n + 1) * n;
-      if (cur < next) return;
-      r.steps_boundary_asked = cur / n * n;
-    }
-    t.trigger = "steps";
-  } else if (policy.every_seconds() > 0 &&
-             now - std::max(r.last_cut, r.started) >= absl::Seconds(policy.every_seconds())) {
-    t.trigger = "seconds";
-    t.at_step = cur + lead;
-  } else {
+  cut_schedule::JobView view;
+  view.spec = &r.job.spec();
+  view.status = st;
+  view.final_pending = r.final_cut_pending;
+  view.manual_pending = r.manual_requested > r.manual_served;
+  view.first_cut_failed = r.first_cut_failed;
+  view.extra_lead = r.extra_lead;
+  view.steps_boundary_asked = r.steps_boundary_asked;
+  view.now = now;
+  view.started = r.started;
+  view.last_cut = r.last_cut;
+  view.backoff_until = r.cut_backoff_until;
+  const cut_schedule::Due due = cut_schedule::NextCut(view);
+  if (due.kind == cut_schedule::Due::Kind::kSucceed) {
+    SucceedLocked(r, "");
     return;
   }
-  if (!IsBsp(spec)) {
-    t.at_step = 0;  // SSP/ASP cuts are taken when asked
-  } else if (!final && st->total_steps() > 0 && t.at_step >= st->total_steps()) {
-    return;  // the final cut covers the end
-  }
-  const uint64_t spe = spec.epochs() > 0 ? st->total_steps() / spec.epochs() : 0;
-  if (t.at_step > 0 && spec.consistency().model() == v1::ConsistencySpec::LOCAL) {
-    // The servers count rounds: name the first round that ends at or after
-    // the step (the final cut: every round).
-    const uint64_t rounds = RoundsOfSteps(spec, spe, t.at_step);
-    t.at_step = StepsOfRounds(spec, spe, rounds) < t.at_step ? rounds + 1 : rounds;
-  }
+  if (due.kind != cut_schedule::Due::Kind::kCut) return;
+  r.steps_boundary_asked = due.steps_boundary_asked;
+  const v1::JobSpec& spec = r.job.spec();
+  CutTask t;
+  t.trigger = due.trigger;
+  t.at_step = due.at_step;
+  if (due.trigger == "manual") t.manual_ticket = r.manual_requested;
+  const uint64_t spe = due.steps_per_epoch;
   // No cut while state cannot be saved: a cut id is never used twice.
   if (!store_->AllSaved()) return;
   t.job_id = jid;
@@ -312,13 +251,13 @@ v1::CheckpointInfo Coordinator::CommittedCut(const CutTask& t, const std::vector
       clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
     }
   }
-  info.set_step(StepsOfRounds(t.spec, t.steps_per_epoch, step));
+  info.set_step(cut_schedule::StepsOfRounds(t.spec, t.steps_per_epoch, step));
   for (size_t k = 0; k < clocks.size(); ++k) {
     v1::RankPosition* p = info.add_positions();
     p->set_rank(static_cast<uint32_t>(k));
     // Under local steps the servers' clock counts rounds: positions are in
     // the ranks' steps.
-    const uint64_t rank_step = StepsOfRounds(t.spec, t.steps_per_epoch, clocks[k]);
+    const uint64_t rank_step = cut_schedule::StepsOfRounds(t.spec, t.steps_per_epoch, clocks[k]);
     p->set_step(rank_step);
     if (t.steps_per_epoch > 0) {
       p->set_epoch(static_cast<uint32_t>(rank_step / t.steps_per_epoch));
