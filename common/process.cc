@@ -41,6 +41,28 @@ void LimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int 
 
 }  // namespace
 
+namespace {
+
+void StartTrimThread(absl::Duration every) {
+  // Freed memory goes back to the system every so often: a flood of large
+  // messages (refused or not) leaves the heap as big as at its peak
+  // otherwise, with the thresholds pinned. A buffer in use is not touched;
+  // one freed just before costs its page faults once more.
+  std::thread([every] {
+    for (;;) {
+      absl::SleepFor(every);
+      malloc_trim(0);
+    }
+  }).detach();
+}
+
+void PinMallocThresholds() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+}  // namespace
+
 void InitServingProcess(const ServingProcessOptions& options) {
   // One malloc arena: glibc gives memory freed at the top of a thread's own
   // arena back only past M_TRIM_THRESHOLD, and malloc_trim does not shrink
@@ -52,24 +74,26 @@ void InitServingProcess(const ServingProcessOptions& options) {
   // GLIBC_TUNABLES=glibc.malloc.arena_max=N, which is then left alone.
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables == nullptr || std::strstr(tunables, "arena_max") == nullptr) mallopt(M_ARENA_MAX, 1);
-  if (options.pin_malloc_thresholds) {
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  }
+  if (options.pin_malloc_thresholds) PinMallocThresholds();
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   google::protobuf::SetLogHandler(&LimitedProtobufLog);
-  if (options.trim_every > absl::ZeroDuration()) {
-    // Freed memory goes back to the system every so often: a flood of large
-    // messages (refused or not) leaves the heap as big as at its peak
-    // otherwise, with the thresholds pinned. A buffer in use is not touched;
-    // one freed just before costs its page faults once more.
-    std::thread([every = options.trim_every] {
-      for (;;) {
-        absl::SleepFor(every);
-        malloc_trim(0);
-      }
-    }).detach();
-  }
+  if (options.trim_every > absl::ZeroDuration()) StartTrimThread(options.trim_every);
+}
+
+std::string TuneHeapForLargeMessages(absl::Duration trim_every) {
+  static const std::string* done = [trim_every] {
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) {
+      return new std::string("heap left as GLIBC_TUNABLES sets it");
+    }
+    mallopt(M_ARENA_MAX, 1);
+    PinMallocThresholds();
+    if (trim_every > absl::ZeroDuration()) StartTrimThread(trim_every);
+    return new std::string(absl::StrCat("heap tuned for large messages: one malloc arena, mmap threshold 256 MiB, "
+                                        "trim threshold 512 MiB, free memory returned every ",
+                                        absl::FormatDuration(trim_every)));
+  }();
+  return *done;
 }
 
 namespace {

@@ -28,6 +28,15 @@ struct ServingProcessOptions {
 };
 void InitServingProcess(const ServingProcessOptions& options = {});
 
+// The serving binaries' heap settings for a client process that moves
+// messages of a megabyte or more call after call (the Python package's
+// tables, docs/benchmarks.md "Python: push+pull from NumPy"): one malloc
+// arena, the mmap and trim thresholds pinned, freed memory returned every
+// `trim_every`. Applied once per process; left alone, and says so, when
+// GLIBC_TUNABLES already sets any glibc.malloc tunable (the user's choice).
+// Returns what it did, for the caller's log.
+std::string TuneHeapForLargeMessages(absl::Duration trim_every = absl::Seconds(10));
+
 // For the daemons: when the process dies of SIGSEGV, SIGABRT (glibc's heap
 // checks, failed assertions), SIGBUS, SIGFPE, SIGILL or SIGTRAP, prints the
 // signal and a symbolized stack trace of the failing thread to stderr (the

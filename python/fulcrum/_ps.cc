@@ -22,6 +22,7 @@
 #include "common/checkpoint_export.h"
 #include "common/config/spec_text.h"
 #include "common/dtype.h"
+#include "common/process.h"
 #include "common/rpc/security.h"
 #include "worker/rpc/grpc_ps_client.h"
 
@@ -313,6 +314,8 @@ PYBIND11_MODULE(_ps, m) {
       .def("push_async", &fulcrum::Tables::PushAsync, py::arg("job_id"), py::arg("step"),
            py::arg("dense") = py::dict(), py::arg("sparse") = py::dict(), py::arg("last") = true,
            py::arg("lr_scale") = 1.0f);
+  m.def("tune_heap", [] { return fulcrum::TuneHeapForLargeMessages(); },
+        "The serving processes' heap settings for megabyte messages (common/process.h); once per process.");
   py::class_<fulcrum::PendingPush>(m, "PendingPush").def("wait", &fulcrum::PendingPush::Wait);
   py::class_<fulcrum::Export>(m, "Export")
       .def(py::init<>())

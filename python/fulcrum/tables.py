@@ -19,8 +19,12 @@ target) is a ValueError naming the table.
 """
 
 import json
+import logging
+import os
 
 from fulcrum import _ps
+
+_log = logging.getLogger("fulcrum")
 
 
 class Tables:
@@ -28,12 +32,24 @@ class Tables:
     call at a time per Tables, or one Tables per thread)."""
 
     def __init__(self, servers, worker_id, rank=0, wire_dtype="fp32", tls=None, shared_memory=True,
-                 channels_per_server=4, rpc_timeout=60.0):
+                 channels_per_server=4, rpc_timeout=60.0, tune_heap=None):
         """servers: host:port of any of the job's servers (the shard map is
         asked of them); tls: (ca_file, cert_file, key_file) of a worker
-        certificate, None for plaintext servers (--insecure)."""
+        certificate, None for plaintext servers (--insecure).
+
+        tune_heap: give the process the heap settings Fulcrum's own
+        processes run with (one malloc arena, glibc's mmap and trim
+        thresholds pinned, free memory returned every 10 s), without which
+        glibc maps or trims each megabyte message's buffers call after call
+        (docs/benchmarks.md, "Python: push+pull from NumPy"). None: yes,
+        unless $FULCRUM_TUNE_HEAP is 0; never when GLIBC_TUNABLES already
+        sets a glibc.malloc tunable. What was done is in self.heap."""
         if isinstance(servers, str):
             servers = [servers]
+        if tune_heap is None:
+            tune_heap = os.environ.get("FULCRUM_TUNE_HEAP", "1") != "0"
+        self.heap = _ps.tune_heap() if tune_heap else "heap left as it is (tune_heap off)"
+        _log.info("fulcrum.Tables: %s", self.heap)
         self._t = _ps.Tables(list(servers), worker_id, rank, wire_dtype, list(tls) if tls else None, shared_memory,
                              channels_per_server, float(rpc_timeout))
 

@@ -110,6 +110,26 @@ def test_arrays_it_cannot_use_in_place_are_refused_naming_the_table(servers):
         fulcrum.Tables(servers.addresses, worker_id="x", wire_dtype="int8")
 
 
+def heap_of(env, servers):
+    """What fulcrum.Tables did to a fresh process's heap, run with `env`."""
+    code = ("import sys, fulcrum; t = fulcrum.Tables(sys.argv[1:], worker_id='heap'); "
+            "print(t.heap); t2 = fulcrum.Tables(sys.argv[1:], worker_id='heap2'); print(t2.heap)")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fulcrum.__file__)), **env)
+    out = subprocess.run(["/usr/bin/python3", "-c", code] + servers.addresses, env=env, check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    return out
+
+
+def test_tables_tune_the_heap_once_unless_told_not_to_or_glibc_tunables_say_otherwise(servers):
+    env = {k: "" for k in ("GLIBC_TUNABLES",)}
+    tuned = heap_of(dict(env, FULCRUM_TUNE_HEAP="1"), servers)
+    assert tuned[0].startswith("heap tuned for large messages: one malloc arena, mmap threshold 256 MiB")
+    assert tuned[1] == tuned[0]  # once per process: the second says what the first did
+    assert heap_of(dict(env, FULCRUM_TUNE_HEAP="0"), servers) == ["heap left as it is (tune_heap off)"] * 2
+    users = heap_of({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4", "FULCRUM_TUNE_HEAP": "1"}, servers)
+    assert users == ["heap left as GLIBC_TUNABLES sets it"] * 2
+
+
 def test_mutual_tls_needs_a_worker_certificate(tmp_path):
     tls = str(tmp_path / "pki")
     subprocess.run([os.path.join(SRC, "deploy/tls/gen-certs.sh"), tls, "--servers", "1", "--workers", "1"],
