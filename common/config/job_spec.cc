@@ -298,9 +298,6 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
       !OneOf(spec.model().type(), {"softmax", "mlp", "graph"})) {
     p.push_back(absl::StrCat("precision: model '", spec.model().type(), "' has no GEMMs to run in 16 bits; use fp32"));
   }
-  if (spec.precision() == v1::DTYPE_FP16 && spec.model().type() == "graph") {
-    p.push_back("precision: fp16 needs loss scaling, which graph models do not have; use bf16 (or fp32)");
-  }
 }
 
 }  // namespace

@@ -90,12 +90,14 @@ class GraphModel final : public Model {
     const int B = batch.size;
     RETURN_IF_ERROR(Labels(batch));
     for (size_t i = 0; i < g_.nodes.size(); ++i) RETURN_IF_ERROR(Forward(batch, static_cast<int>(i)));
+    Metrics m;
+    m.examples = B;
+    m.loss_scale = loss_scaler_.scale();
     if (train) {
       for (NodeState& s : nodes_) s.grad_written = false;
       for (size_t i = g_.nodes.size(); i-- > 0;) RETURN_IF_ERROR(Backward(static_cast<int>(i)));
+      if (fp16()) RETURN_IF_ERROR(loss_scaler_.Unscale(be_, tables_, &m));
     }
-    Metrics m;
-    m.examples = B;
     loss_host_.resize(B);
     RETURN_IF_ERROR(be_->CopyToHost(loss_host_.data(), loss_buf_.data(), size_t{4} * B));
     const Task t = task();
@@ -188,6 +190,10 @@ class GraphModel final : public Model {
   }
 
   bool lowp() const { return config_.precision != DType::kFp32; }
+  bool fp16() const { return config_.precision == DType::kFp16; }
+  // A table's gradient is final. Under fp16 none is until the loss scaler
+  // has seen them all (it may still zero or rescale every one).
+  absl::Status Ready(int t) { return fp16() ? absl::OkStatus() : GradientReady(t); }
   // *out = x rounded to the GEMMs' 16-bit type.
   absl::Status Half(const float* x, size_t n, Buffer* out) {
     RETURN_IF_ERROR(Reserve(out, 2 * std::max<size_t>(n, 1)));
@@ -308,7 +314,7 @@ class GraphModel final : public Model {
     const int in = n.inputs[0];
     RETURN_IF_ERROR(Reserve(&loss_buf_, size_t{4} * std::max(B, 1)));
     float* dx = grad(in);  // the loss is the only reader of its input
-    const float scale = 1.0f / std::max(B, 1);
+    const float scale = loss_scaler_.scale() / std::max(B, 1);  // 1 but under fp16
     switch (n.loss) {
       case GraphLoss::kSoftmaxCrossEntropy:
         RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * std::max(B, 1)));
@@ -379,7 +385,7 @@ class GraphModel final : public Model {
                                               (n.shared ? src.d_index_shared : src.d_index).as<int32_t>(),
                                               (n.mean ? src.d_mean_values : src.d_values).as<float>(), false, nullptr,
                                               t.grad.as<float>()));
-        return GradientReady(s.table);
+        return Ready(s.table);
       }
       case GraphOp::kLinear: {
         const float* x = out(in0);
@@ -392,8 +398,8 @@ class GraphModel final : public Model {
           RETURN_IF_ERROR(be_->Gemm(true, false, static_cast<int>(K), n.cols, B, 1.0f, x, g, 0.0f, dw));
         }
         RETURN_IF_ERROR(be_->ColumnSum(B, n.cols, g, tables_[s.table + 1].grad.as<float>()));
-        RETURN_IF_ERROR(GradientReady(s.table));
-        RETURN_IF_ERROR(GradientReady(s.table + 1));
+        RETURN_IF_ERROR(Ready(s.table));
+        RETURN_IF_ERROR(Ready(s.table + 1));
         return InputGrad(in0, K * B, [&](float* dx) {
           if (lowp()) {
             return be_->GemmLowp(config_.precision, false, true, B, static_cast<int>(K), n.cols, 1.0f,
@@ -425,8 +431,8 @@ class GraphModel final : public Model {
                                         tables_[s.table + 1].grad.as<float>());
             },
             /*also_writes=*/true));
-        RETURN_IF_ERROR(GradientReady(s.table));
-        return GradientReady(s.table + 1);
+        RETURN_IF_ERROR(Ready(s.table));
+        return Ready(s.table + 1);
       }
       default:
         return absl::OkStatus();
@@ -471,15 +477,16 @@ class GraphModel final : public Model {
   Buffer labels_, loss_buf_, pred_, prob_, scratch_;
   std::vector<int32_t> class_host_, pred_host_;
   std::vector<float> loss_host_, prob_host_;
+  LossScaler loss_scaler_{config_.precision == DType::kFp16};
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> CreateGraphModel(const ModelConfig& config, compute::Backend* backend) {
   ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(config.graph));
-  if (config.precision != DType::kFp32 && config.precision != DType::kBf16) {
+  if (config.precision != DType::kFp32 && config.precision != DType::kBf16 && config.precision != DType::kFp16) {
     return absl::InvalidArgumentError(
-        "model graph: precision must be fp32 or bf16 (fp16 needs loss scaling, which graph models do not have)");
+        absl::StrCat("model graph: precision must be fp32, bf16 or fp16, not ", DTypeName(config.precision)));
   }
   if (config.dense_keys < 0 || config.field_bits < 0 || config.field_bits > 40) {
     return absl::InvalidArgumentError(absl::StrCat("model graph: dense_keys ", config.dense_keys, " and field_bits ",

@@ -125,7 +125,6 @@ class Mlp final : public Model {
     acts16_.resize(dims_.size());
     aux_.resize(dims_.size());
     half_w_.resize(dims_.size());
-    if (config_.precision == DType::kFp16) loss_scale_ = 65536.0f;
   }
 
   Task task() const override { return Task::kClassification; }
@@ -180,13 +179,13 @@ class Mlp final : public Model {
     RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&pred_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&delta_, size_t{4} * B * *std::max_element(dims_.begin() + 1, dims_.end())));
-    const float scale = (config_.precision == DType::kFp16 ? loss_scale_ : 1.0f) / B;
+    const float scale = loss_scaler_.scale() / B;
     RETURN_IF_ERROR(be_->SoftmaxCrossEntropy(B, C, acts_[L].as<float>(), labels_.as<int32_t>(), scale,
                                              loss_.as<float>(), pred_.as<int32_t>(),
                                              train ? delta_.as<float>() : nullptr));
     Metrics m;
     m.examples = B;
-    m.loss_scale = loss_scale_;
+    m.loss_scale = loss_scaler_.scale();
     if (train) RETURN_IF_ERROR(Backward(B, &m));
     RETURN_IF_ERROR(Summarize(B, &m));
     return m;
@@ -238,25 +237,7 @@ class Mlp final : public Model {
       cur = 1 - cur;
     }
     if (config_.precision != DType::kFp16) return absl::OkStatus();
-    // Dynamic loss scaling.
-    bool finite = true;
-    for (Table& t : tables_) {
-      ASSIGN_OR_RETURN(bool ok, be_->AllFinite(t.elements, t.grad.as<float>()));
-      finite = finite && ok;
-    }
-    if (!finite) {
-      for (Table& t : tables_) RETURN_IF_ERROR(be_->Zero(t.grad.data(), t.elements * 4));
-      m->skipped = true;
-      loss_scale_ = std::max(1.0f, loss_scale_ / 2);
-      good_steps_ = 0;
-      return absl::OkStatus();
-    }
-    for (Table& t : tables_) RETURN_IF_ERROR(be_->Scale(t.elements, 1.0f / loss_scale_, t.grad.as<float>()));
-    if (++good_steps_ >= 1000) {
-      loss_scale_ = std::min(loss_scale_ * 2, 16777216.0f);
-      good_steps_ = 0;
-    }
-    return absl::OkStatus();
+    return loss_scaler_.Unscale(be_, tables_, m);
   }
 
   absl::Status Summarize(int B, Metrics* m) {
@@ -280,8 +261,7 @@ class Mlp final : public Model {
   Buffer d16_[2];
   std::vector<int32_t> labels_host_, pred_host_;
   std::vector<float> loss_host_;
-  float loss_scale_ = 1.0f;
-  int good_steps_ = 0;
+  LossScaler loss_scaler_{config_.precision == DType::kFp16};
 };
 
 // ---------------------------------------------------------------- sparse LR and FM
@@ -493,6 +473,27 @@ class MatrixFactorization final : public Model {
 };
 
 }  // namespace
+
+absl::Status LossScaler::Unscale(compute::Backend* be, std::vector<Table>& tables, Metrics* m) {
+  bool finite = true;
+  for (Table& t : tables) {
+    ASSIGN_OR_RETURN(bool ok, be->AllFinite(t.elements, t.grad.as<float>()));
+    finite = finite && ok;
+  }
+  if (!finite) {
+    for (Table& t : tables) RETURN_IF_ERROR(be->Zero(t.grad.data(), t.elements * 4));
+    m->skipped = true;
+    scale_ = std::max(1.0f, scale_ / 2);
+    good_steps_ = 0;
+    return absl::OkStatus();
+  }
+  for (Table& t : tables) RETURN_IF_ERROR(be->Scale(t.elements, 1.0f / scale_, t.grad.as<float>()));
+  if (++good_steps_ >= 1000) {
+    scale_ = std::min(scale_ * 2, 16777216.0f);
+    good_steps_ = 0;
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(const ModelConfig& c, compute::Backend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("CreateModel: no backend");

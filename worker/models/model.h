@@ -90,6 +90,23 @@ struct Metrics {
   std::vector<float> scores;
 };
 
+// fp16's dynamic loss scaling (the built-in MLP, model graphs): the loss
+// gradient is multiplied by scale(), 65 536 at first. After backward,
+// Unscale drops gradients that overflowed (zeroed, Metrics::skipped) and
+// halves the scale, or divides them by it, doubling the scale after 1 000
+// good steps in a row (at most 2^24). Off (scale 1, Unscale not called)
+// for other precisions.
+class LossScaler {
+ public:
+  explicit LossScaler(bool on) : scale_(on ? 65536.0f : 1.0f) {}
+  float scale() const { return scale_; }
+  absl::Status Unscale(compute::Backend* be, std::vector<Table>& tables, Metrics* m);
+
+ private:
+  float scale_;
+  int good_steps_ = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
