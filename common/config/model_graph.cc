@@ -29,11 +29,11 @@ constexpr OpName kOps[] = {
     {"concat", GraphOp::kConcat},          {"add", GraphOp::kAdd},
     {"dot_interaction", GraphOp::kDotInteraction}, {"fm", GraphOp::kFm},
     {"layer_norm", GraphOp::kLayerNorm},   {"loss", GraphOp::kLoss},
-    {"cross", GraphOp::kCross},
+    {"cross", GraphOp::kCross},            {"bias", GraphOp::kBias},
 };
 constexpr char kAllowedOps[] =
     "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, dot_interaction, "
-    "fm, layer_norm, loss, cross";
+    "fm, layer_norm, loss, cross, bias";
 
 bool IsActivation(GraphOp op) {
   return op == GraphOp::kRelu || op == GraphOp::kGelu || op == GraphOp::kSigmoid || op == GraphOp::kTanh;
@@ -145,7 +145,7 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       g.mean = s.pooling() == "mean";
       g.shared = s.shared();
       g.sum_fields = s.sum_fields();
-      g.init_stddev = s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
+      g.init_stddev = s.zero_init() ? 0.0f : s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
       break;
     case GraphOp::kLinear:
       if (g.from.empty()) g.cols = s.width();
@@ -320,9 +320,11 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
     case GraphOp::kSigmoid:
     case GraphOp::kTanh:
     case GraphOp::kLayerNorm:
+    case GraphOp::kBias:
       g.rows = in(0).rows;
       g.cols = in(0).cols;
       if (g.op == GraphOp::kLayerNorm) g.dense_parameters = 2 * g.width();
+      if (g.op == GraphOp::kBias) g.dense_parameters = g.width();
       break;
     case GraphOp::kConcat: ConcatShape(g, in, bad); break;
     case GraphOp::kAdd: AddShape(g, in, bad); break;
@@ -523,9 +525,10 @@ std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
 }
 
 absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes) {
-  if (model.type() != "softmax" && model.type() != "mlp") {
-    return absl::UnimplementedError(absl::StrCat("model type '", model.type(),
-                                                 "' has no graph: it reads a variable number of features per example"));
+  if (model.type() != "softmax" && model.type() != "mlp" && model.type() != "sparse_lr") {
+    return absl::UnimplementedError(absl::StrCat(
+        "model type '", model.type(), "' has no graph: its second-order terms are over the features within a field "
+        "(fm) or over rating pairs (mf), which graph ops do not compute"));
   }
   v1::ModelSpec out;
   out.set_type("graph");
@@ -536,6 +539,17 @@ absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_fe
     if (!input.empty()) n->add_inputs(input);
     return n;
   };
+  if (model.type() == "sparse_lr") {
+    // One field holding all of an example's features (LibSVM), a weight per
+    // feature (summed, scaled by the features' values) and a bias.
+    add("features", "sparse_input", "")->set_fields(1);
+    v1::GraphNode* linear = add("linear", "embedding", "features");
+    linear->set_dim(1);
+    linear->set_zero_init(true);
+    add("bias", "bias", "linear");
+    add("loss", "loss", "bias")->set_loss("binary_cross_entropy");
+    return out;
+  }
   add("features", "dense_input", "")->set_width(num_features);
   std::vector<int> widths(model.hidden().begin(), model.type() == "mlp" ? model.hidden().end() : model.hidden().begin());
   widths.push_back(num_classes);

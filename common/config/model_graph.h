@@ -25,7 +25,7 @@ namespace fulcrum::config {
 
 enum class GraphOp {
   kDenseInput, kSparseInput, kEmbedding, kLinear, kRelu, kGelu, kSigmoid, kTanh,
-  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross,
+  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross, kBias,
 };
 // sparse_input and cross: categorical fields, read by embeddings only.
 inline bool IsSparseSource(GraphOp op) { return op == GraphOp::kSparseInput || op == GraphOp::kCross; }
@@ -43,10 +43,10 @@ struct GraphNodeInfo {
   int crossed = 0;                  // cross: the leading fields of its input it crosses
   int dim = 0;                      // embedding
   bool mean = false, shared = false, sum_fields = false;
-  float init_stddev = 0.01f;
+  float init_stddev = 0.01f;        // embedding; 0 with zero_init
   float epsilon = 1e-5f;            // layer_norm
   GraphLoss loss = GraphLoss::kBinaryCrossEntropy;
-  int64_t dense_parameters = 0;     // linear: in x out + out; layer_norm: 2 x width
+  int64_t dense_parameters = 0;     // linear: in x out + out; layer_norm: 2 x width; bias: width
   std::string from;                 // the mlp node a node was expanded from
 };
 

@@ -67,9 +67,12 @@ class GraphModel final : public Model {
         nodes_[i].table = static_cast<int>(tables_.size());
         AddDense(n.name + ".gamma", {n.width()}, Constant(1.0f));
         AddDense(n.name + ".beta", {n.width()}, Zeros());
+      } else if (n.op == GraphOp::kBias) {
+        nodes_[i].table = static_cast<int>(tables_.size());
+        AddDense(n.name, {n.width()}, Zeros());
       } else if (n.op == GraphOp::kEmbedding) {
         nodes_[i].table = static_cast<int>(tables_.size());
-        AddSparse(n.name, static_cast<uint32_t>(n.dim), Normal(0, n.init_stddev, seed));
+        AddSparse(n.name, static_cast<uint32_t>(n.dim), n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());
         nodes_[n.inputs[0]].wants_shared |= n.shared;
         nodes_[n.inputs[0]].wants_mean |= n.mean;
       }
@@ -249,6 +252,9 @@ class GraphModel final : public Model {
         return be_->Activate(ActivationOf(n.op), W * B, x, y);
       case GraphOp::kConcat:
         return Concat(n, B, y);
+      case GraphOp::kBias:
+        RETURN_IF_ERROR(be_->Copy(y, x, 4 * W * B));
+        return be_->BiasAdd(B, static_cast<int>(W), value(s.table), y);
       case GraphOp::kAdd:
         RETURN_IF_ERROR(be_->Copy(y, x, 4 * W * B));
         for (size_t k = 1; k < n.inputs.size(); ++k) RETURN_IF_ERROR(be_->Axpy(W * B, 1.0f, out(n.inputs[k]), y));
@@ -417,6 +423,10 @@ class GraphModel final : public Model {
       case GraphOp::kDotInteraction:
       case GraphOp::kFm:
         return SplitBackward(n, s, B, W, g);
+      case GraphOp::kBias:
+        RETURN_IF_ERROR(be_->ColumnSum(B, static_cast<int>(W), g, tables_[s.table].grad.as<float>()));
+        RETURN_IF_ERROR(Ready(s.table));
+        return InputGrad(in0, W * B, [&](float* dx) { return be_->Copy(dx, g, 4 * W * B); });
       case GraphOp::kAdd:
         for (int k : n.inputs) {
           RETURN_IF_ERROR(InputGrad(k, W * B, [&](float* dx) { return be_->Copy(dx, g, 4 * W * B); }));

@@ -114,6 +114,26 @@ TEST_CASE("model graph: concat stacks vectors of one width and flattens others",
   CHECK(Find(*g, "n").dense_parameters == 34);
 }
 
+TEST_CASE("model graph: a bias node keeps its input's shape with one parameter per column", "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 2}\n"
+                                 "  - {name: e, op: embedding, inputs: [c], dim: 3, zero_init: true}\n"
+                                 "  - {name: b, op: bias, inputs: [e]}\n"
+                                 "  - {name: l, op: linear, inputs: [b], width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [l], loss: squared_error}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  CHECK(Find(*g, "b").rows == 2);
+  CHECK(Find(*g, "b").cols == 3);
+  CHECK(Find(*g, "b").dense_parameters == 6);
+  CHECK(Find(*g, "e").init_stddev == 0);
+  CHECK_THAT(ModelGraphText(*g), Catch::Contains("bias"));
+  auto two = BuildModelGraph(Graph("  - {name: x, op: dense_input, width: 2}\n"
+                                   "  - {name: b, op: bias, inputs: [x, x]}\n"
+                                   "  - {name: loss, op: loss, inputs: [b], loss: squared_error}\n"));
+  REQUIRE_FALSE(two.ok());
+  CHECK_THAT(std::string(two.status().message()), Catch::Contains("'b'"));
+}
+
 TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
   const std::string tail = "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n";
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
