@@ -137,12 +137,14 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       break;
     case GraphOp::kEmbedding:
       if (s.dim() <= 0 || s.dim() > kMaxDim) bad("dim", absl::StrCat(s.dim(), " must be 1 to ", kMaxDim));
-      if (!s.pooling().empty() && s.pooling() != "sum" && s.pooling() != "mean") {
-        bad("pooling", absl::StrCat("'", s.pooling(), "' is not one of: sum, mean"));
+      if (!s.pooling().empty() && s.pooling() != "sum" && s.pooling() != "mean" && s.pooling() != "fm") {
+        bad("pooling", absl::StrCat("'", s.pooling(), "' is not one of: sum, mean, fm"));
       }
+      if (s.pooling() == "fm" && s.sum_fields()) bad("sum_fields", "not with pooling fm (one value per field)");
       if (!(s.init_stddev() >= 0)) bad("init_stddev", "must be >= 0 (0: 0.01)");
       g.dim = s.dim();
       g.mean = s.pooling() == "mean";
+      g.fm = s.pooling() == "fm";
       g.shared = s.shared();
       g.sum_fields = s.sum_fields();
       g.init_stddev = s.zero_init() ? 0.0f : s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
@@ -305,7 +307,7 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
     }
     case GraphOp::kEmbedding:
       g.rows = g.sum_fields ? 1 : in(0).fields;
-      g.cols = g.dim;
+      g.cols = g.fm ? 1 : g.dim;
       g.fields = in(0).fields;
       if (g.width() > kMaxWidth) {
         bad(absl::StrCat(g.rows, " fields x dim ", g.dim, " = ", g.width(), " values per example, over ", kMaxWidth));
@@ -525,10 +527,10 @@ std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
 }
 
 absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes) {
-  if (model.type() != "softmax" && model.type() != "mlp" && model.type() != "sparse_lr") {
-    return absl::UnimplementedError(absl::StrCat(
-        "model type '", model.type(), "' has no graph: its second-order terms are over the features within a field "
-        "(fm) or over rating pairs (mf), which graph ops do not compute"));
+  if (model.type() != "softmax" && model.type() != "mlp" && model.type() != "sparse_lr" && model.type() != "fm") {
+    return absl::UnimplementedError(absl::StrCat("model type '", model.type(),
+                                                 "' has no graph: its terms are over a rating's user and item, "
+                                                 "with a bias in each factor row, which graph ops do not compute"));
   }
   v1::ModelSpec out;
   out.set_type("graph");
@@ -539,15 +541,26 @@ absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_fe
     if (!input.empty()) n->add_inputs(input);
     return n;
   };
-  if (model.type() == "sparse_lr") {
+  if (model.type() == "sparse_lr" || model.type() == "fm") {
     // One field holding all of an example's features (LibSVM), a weight per
-    // feature (summed, scaled by the features' values) and a bias.
+    // feature (summed, scaled by the features' values) and a bias; fm adds
+    // the second-order term over the features' factor vectors.
     add("features", "sparse_input", "")->set_fields(1);
     v1::GraphNode* linear = add("linear", "embedding", "features");
     linear->set_dim(1);
     linear->set_zero_init(true);
     add("bias", "bias", "linear");
-    add("loss", "loss", "bias")->set_loss("binary_cross_entropy");
+    std::string logit = "bias";
+    if (model.type() == "fm") {
+      v1::GraphNode* factors = add("factors", "embedding", "features");
+      factors->set_dim(model.factors() > 0 ? model.factors() : 8);
+      factors->set_pooling("fm");
+      factors->set_init_stddev(model.init_stddev());
+      v1::GraphNode* sum = add("logit", "add", "bias");
+      sum->add_inputs("factors");
+      logit = "logit";
+    }
+    add("loss", "loss", logit)->set_loss("binary_cross_entropy");
     return out;
   }
   add("features", "dense_input", "")->set_width(num_features);

@@ -43,6 +43,7 @@ struct GraphNodeInfo {
   int crossed = 0;                  // cross: the leading fields of its input it crosses
   int dim = 0;                      // embedding
   bool mean = false, shared = false, sum_fields = false;
+  bool fm = false;                  // embedding: pooling fm (one value per field)
   float init_stddev = 0.01f;        // embedding; 0 with zero_init
   float epsilon = 1e-5f;            // layer_norm
   GraphLoss loss = GraphLoss::kBinaryCrossEntropy;

@@ -40,6 +40,7 @@ struct NodeState {
   Buffer out, grad;
   Buffer stack, stack_grad;  // dot_interaction, fm: the inputs side by side
   Buffer mean, rstd;         // layer_norm
+  Buffer fm_s, fm_q, fm_t;   // embedding with pooling fm: sum_j x_j v_j, sum_j x_j^2 v_j^2, a row scratch
   Buffer x16, w16, g16;      // linear in bf16: its input, weights and output gradient
   int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
   bool grad_written = false;
@@ -227,6 +228,7 @@ class GraphModel final : public Model {
       case GraphOp::kCross:
         return absl::OkStatus();
       case GraphOp::kEmbedding: {
+        if (n.fm) return FmPool(n, s, B, y);
         const NodeState& src = nodes_[n.inputs[0]];
         const bool sum = n.sum_fields;
         return be_->EmbeddingBag(sum ? B : B * n.fields, n.dim, value(s.table),
@@ -316,6 +318,48 @@ class GraphModel final : public Model {
     return s.stack.as<const float>();
   }
 
+  // Embedding with pooling fm: per (example, field) bag of values x_j with
+  // rows v_j, y = 1/2 (|sum_j x_j v_j|^2 - sum_j x_j^2 |v_j|^2), as the
+  // built-in fm model computes its second-order term.
+  absl::Status FmPool(const GraphNodeInfo& n, NodeState& s, int B, float* y) {
+    const NodeState& src = nodes_[n.inputs[0]];
+    const int bags = B * n.fields, k = n.dim;
+    const int32_t* index = (n.shared ? src.d_index_shared : src.d_index).as<int32_t>();
+    RETURN_IF_ERROR(Reserve(&s.fm_s, size_t{4} * std::max(bags, 1) * k));
+    RETURN_IF_ERROR(Reserve(&s.fm_q, size_t{4} * std::max(bags, 1) * k));
+    RETURN_IF_ERROR(Reserve(&s.fm_t, size_t{4} * std::max(bags, 1)));
+    const float* V = value(s.table);
+    RETURN_IF_ERROR(be_->EmbeddingBag(bags, k, V, src.d_offsets.as<int32_t>(), index, src.d_values.as<float>(), false,
+                                      s.fm_s.as<float>()));
+    RETURN_IF_ERROR(be_->EmbeddingBag(bags, k, V, src.d_offsets.as<int32_t>(), index, src.d_values.as<float>(), true,
+                                      s.fm_q.as<float>()));
+    RETURN_IF_ERROR(be_->Zero(y, size_t{4} * bags));
+    RETURN_IF_ERROR(be_->RowDot(bags, k, s.fm_s.as<float>(), k, s.fm_s.as<float>(), k, s.fm_t.as<float>()));
+    RETURN_IF_ERROR(be_->Axpy(bags, 0.5f, s.fm_t.as<float>(), y));
+    ASSIGN_OR_RETURN(const float* ones, Ones(k));
+    RETURN_IF_ERROR(be_->RowDot(bags, k, s.fm_q.as<float>(), k, ones, 0, s.fm_t.as<float>()));
+    return be_->Axpy(bags, -0.5f, s.fm_t.as<float>(), y);
+  }
+  absl::Status FmPoolBackward(const GraphNodeInfo& n, NodeState& s, int B, const float* g) {
+    const NodeState& src = nodes_[n.inputs[0]];
+    const int bags = B * n.fields, k = n.dim;
+    const int32_t* index = (n.shared ? src.d_index_shared : src.d_index).as<int32_t>();
+    const int32_t* offsets = src.d_offsets.as<int32_t>();
+    Table& t = tables_[s.table];
+    float* gV = t.grad.as<float>();
+    float* tmp = s.fm_q.as<float>();  // forward's sum of squares is not needed again
+    RETURN_IF_ERROR(be_->Zero(t.grad.data(), t.elements * 4));
+    // d/dv_j of 1/2 |s|^2: x_j g s.
+    RETURN_IF_ERROR(be_->ScaleRows(bags, k, g, s.fm_s.as<float>(), k, tmp, k));
+    RETURN_IF_ERROR(be_->EmbeddingBagGrad(bags, k, tmp, offsets, index, src.d_values.as<float>(), false, nullptr, gV));
+    // d/dv_j of -1/2 sum x_j^2 |v_j|^2: through the square bag with -g/2.
+    RETURN_IF_ERROR(be_->ScaleRows(bags, k, g, nullptr, 0, tmp, k));
+    RETURN_IF_ERROR(be_->Scale(size_t{1} * bags * k, -0.5f, tmp));
+    RETURN_IF_ERROR(be_->EmbeddingBagGrad(bags, k, tmp, offsets, index, src.d_values.as<float>(), true, value(s.table),
+                                          gV));
+    return Ready(s.table);
+  }
+
   absl::Status Loss(const GraphNodeInfo& n, int B, const float* x) {
     const int in = n.inputs[0];
     RETURN_IF_ERROR(Reserve(&loss_buf_, size_t{4} * std::max(B, 1)));
@@ -382,6 +426,7 @@ class GraphModel final : public Model {
     const size_t K = in0 < 0 ? 0 : static_cast<size_t>(node(in0).width());
     switch (n.op) {
       case GraphOp::kEmbedding: {
+        if (n.fm) return FmPoolBackward(n, s, B, g);
         Table& t = tables_[s.table];
         const NodeState& src = nodes_[in0];
         const bool sum = n.sum_fields;

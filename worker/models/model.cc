@@ -299,11 +299,15 @@ class SparseLinear final : public Model {
                                         s_.as<float>()));
       RETURN_IF_ERROR(be_->EmbeddingBag(B, k, V, offsets_.as<int32_t>(), idx_.as<int32_t>(), vals_.as<float>(), true,
                                         q_.as<float>()));
-      // logit += 0.5 * (|s|^2 - sum(q))
+      // logit += 0.5 * (|s|^2 - sum(q)), the term summed on its own first
+      // (as the fm preset's graph computes it: the same bits).
+      RETURN_IF_ERROR(Reserve(&f_, size_t{4} * B));
+      RETURN_IF_ERROR(be_->Zero(f_.data(), size_t{4} * B));
       RETURN_IF_ERROR(be_->RowDot(B, k, s_.as<float>(), k, s_.as<float>(), k, t_.as<float>()));
-      RETURN_IF_ERROR(be_->Axpy(B, 0.5f, t_.as<float>(), logit_.as<float>()));
+      RETURN_IF_ERROR(be_->Axpy(B, 0.5f, t_.as<float>(), f_.as<float>()));
       RETURN_IF_ERROR(be_->RowDot(B, k, q_.as<float>(), k, ones, 0, t_.as<float>()));
-      RETURN_IF_ERROR(be_->Axpy(B, -0.5f, t_.as<float>(), logit_.as<float>()));
+      RETURN_IF_ERROR(be_->Axpy(B, -0.5f, t_.as<float>(), f_.as<float>()));
+      RETURN_IF_ERROR(be_->Axpy(B, 1.0f, f_.as<float>(), logit_.as<float>()));
     }
     RETURN_IF_ERROR(Reserve(&loss_, size_t{4} * B));
     RETURN_IF_ERROR(Reserve(&prob_, size_t{4} * B));
@@ -373,7 +377,7 @@ class SparseLinear final : public Model {
   }
 
   const bool fm_;
-  Buffer idx_, vals_, offsets_, labels_, logit_, s_, q_, t_, loss_, prob_, dlogit_;
+  Buffer idx_, vals_, offsets_, labels_, logit_, s_, q_, t_, f_, loss_, prob_, dlogit_;
   std::vector<int32_t> idx_host_;
   std::vector<float> loss_host_, prob_host_;
 };

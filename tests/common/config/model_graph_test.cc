@@ -134,6 +134,26 @@ TEST_CASE("model graph: a bias node keeps its input's shape with one parameter p
   CHECK_THAT(std::string(two.status().message()), Catch::Contains("'b'"));
 }
 
+TEST_CASE("model graph: pooling fm gives one value per field and refuses sum_fields", "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 3}\n"
+                                 "  - {name: f, op: embedding, inputs: [c], dim: 5, pooling: fm}\n"
+                                 "  - {name: l, op: linear, inputs: [f], width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [l], loss: squared_error}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  CHECK(Find(*g, "f").rows == 3);
+  CHECK(Find(*g, "f").cols == 1);
+  CHECK(g->floats_per_sparse_key() == 5);
+  auto bad = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 3}\n"
+                                   "  - {name: f, op: embedding, inputs: [c], dim: 5, pooling: fm, sum_fields: true}\n"
+                                   "  - {name: g, op: embedding, inputs: [c], dim: 5, pooling: max}\n"
+                                   "  - {name: a, op: concat, inputs: [f, g]}\n"
+                                   "  - {name: loss, op: loss, inputs: [a], loss: squared_error}\n"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()),
+             Catch::Contains("sum_fields: not with pooling fm") && Catch::Contains("'max' is not one of: sum, mean, fm"));
+}
+
 TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
   const std::string tail = "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n";
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"

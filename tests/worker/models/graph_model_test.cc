@@ -144,8 +144,9 @@ TEST_CASE("graph: element-wise ops and layer_norm match finite differences", "[g
   }
 }
 
-TEST_CASE("graph: embeddings with sum and mean pooling and shared rows match finite differences", "[graph]") {
-  for (const char* options : {"", ", pooling: mean", ", shared: true", ", sum_fields: true, pooling: mean"}) {
+TEST_CASE("graph: embeddings with sum and mean and fm pooling and shared rows match finite differences", "[graph]") {
+  for (const char* options : {"", ", pooling: mean", ", shared: true", ", sum_fields: true, pooling: mean",
+                              ", pooling: fm", ", pooling: fm, shared: true"}) {
     INFO(options);
     CheckGradients(ParseGraph(std::string("graph:\n"
                                           "  - {name: cat, op: sparse_input, fields: 3}\n"
@@ -467,9 +468,6 @@ TEST_CASE("graph: the softmax and mlp presets give bit-identical gradients and w
       }
     }
   }
-  v1::ModelSpec fm;
-  fm.set_type("fm");
-  CHECK(absl::IsUnimplemented(config::PresetGraph(fm, 10, 2).status()));
 }
 
 // Each key's row of sparse table `t`.
@@ -480,7 +478,8 @@ std::map<uint64_t, std::vector<float>> Rows(const Table& t, bool grad) {
   return out;
 }
 
-TEST_CASE("graph: the sparse_lr preset gives bit-identical gradients and weights to the built-in model", "[graph]") {
+TEST_CASE("graph: the sparse_lr and fm presets give bit-identical gradients and weights to the built-in models",
+          "[graph]") {
   auto be = compute::NewCpuBackend(1);
   std::mt19937 rng(31);
   std::normal_distribution<float> n(0, 1);
@@ -496,48 +495,72 @@ TEST_CASE("graph: the sparse_lr preset gives bit-identical gradients and weights
     b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
     b.labels.push_back(static_cast<float>(rng() % 2));
   }
-  v1::ModelSpec spec;
-  spec.set_type("sparse_lr");
-  auto preset = config::PresetGraph(spec, 0, 2);
-  REQUIRE(preset.ok());
-  ModelConfig builtin;
-  builtin.type = "sparse_lr";
-  ModelConfig graph;
-  graph.type = "graph";
-  graph.graph = *preset;
-  auto a = CreateModel(builtin, be.get());
-  auto g = CreateModel(graph, be.get());
-  REQUIRE((a.ok() && g.ok()));
-  REQUIRE((*a)->tables().size() == 2);
-  REQUIRE((*g)->tables().size() == 2);
-  std::map<uint64_t, float> w;  // the weights of both, by key
-  float bias = 0.25f;
-  for (int step = 0; step < 3; ++step) {
-    REQUIRE((*a)->Prepare(b).ok());
-    REQUIRE((*g)->Prepare(b).ok());
-    for (auto* m : {&**a, &**g}) {
-      Table& lin = m->tables()[0];
-      REQUIRE(lin.spec.name() == "linear");
-      REQUIRE(m->tables()[1].spec.name() == "bias");
-      for (size_t k = 0; k < lin.keys.size(); ++k) {
-        if (!w.count(lin.keys[k])) w[lin.keys[k]] = 0.1f * n(rng);
-        lin.value.as<float>()[k] = w[lin.keys[k]];
+  for (const char* type : {"sparse_lr", "fm"}) {
+    INFO(type);
+    const bool fm = std::string(type) == "fm";
+    v1::ModelSpec spec;
+    spec.set_type(type);
+    spec.set_factors(4);
+    auto preset = config::PresetGraph(spec, 0, 2);
+    REQUIRE(preset.ok());
+    ModelConfig builtin;
+    builtin.type = type;
+    builtin.factors = 4;
+    ModelConfig graph;
+    graph.type = "graph";
+    graph.graph = *preset;
+    auto a = CreateModel(builtin, be.get());
+    auto g = CreateModel(graph, be.get());
+    INFO(g.status().message());
+    REQUIRE((a.ok() && g.ok()));
+    const size_t tables = fm ? 3 : 2;
+    REQUIRE((*a)->tables().size() == tables);
+    REQUIRE((*g)->tables().size() == tables);
+    // The weights of both: sparse rows by (table, key), the bias.
+    std::map<std::pair<size_t, uint64_t>, std::vector<float>> w;
+    float bias = 0.25f;
+    for (int step = 0; step < 3; ++step) {
+      REQUIRE((*a)->Prepare(b).ok());
+      REQUIRE((*g)->Prepare(b).ok());
+      for (auto* m : {&**a, &**g}) {
+        for (size_t t = 0; t < tables; ++t) {
+          Table& x = m->tables()[t];
+          REQUIRE(x.spec.name() == (*a)->tables()[t].spec.name());
+          if (!x.sparse) {
+            x.value.as<float>()[0] = bias;
+            continue;
+          }
+          for (size_t k = 0; k < x.keys.size(); ++k) {
+            std::vector<float>& row = w[{t, x.keys[k]}];
+            while (row.size() < x.dim) row.push_back(0.1f * n(rng));
+            std::copy(row.begin(), row.end(), x.value.as<float>() + k * x.dim);
+          }
+        }
       }
-      m->tables()[1].value.as<float>()[0] = bias;
+      auto ra = (*a)->Run(b, true);
+      auto rg = (*g)->Run(b, true);
+      REQUIRE((ra.ok() && rg.ok()));
+      CHECK(ra->loss_sum == rg->loss_sum);
+      CHECK(ra->scores == rg->scores);
+      for (size_t t = 0; t < tables; ++t) {
+        Table& x = (*a)->tables()[t];
+        INFO("table " << x.spec.name());
+        if (!x.sparse) {
+          CHECK(std::memcmp(x.grad.data(), (*g)->tables()[t].grad.data(), 4) == 0);
+          bias -= 0.5f * x.grad.as<float>()[0];
+          continue;
+        }
+        const auto ga = Rows(x, true);
+        CHECK(ga == Rows((*g)->tables()[t], true));
+        for (const auto& [key, row] : ga) {  // one SGD step on the shared weights
+          for (size_t d = 0; d < row.size(); ++d) w[{t, key}][d] -= 0.5f * row[d];
+        }
+      }
     }
-    auto ra = (*a)->Run(b, true);
-    auto rg = (*g)->Run(b, true);
-    REQUIRE((ra.ok() && rg.ok()));
-    CHECK(ra->loss_sum == rg->loss_sum);
-    CHECK(ra->scores == rg->scores);
-    const auto ga = Rows((*a)->tables()[0], true), gg = Rows((*g)->tables()[0], true);
-    CHECK(ga == gg);
-    const float gb = (*a)->tables()[1].grad.as<float>()[0];
-    CHECK(std::memcmp(&gb, (*g)->tables()[1].grad.data(), 4) == 0);
-    // One SGD step on the shared weights.
-    for (const auto& [key, row] : ga) w[key] -= 0.5f * row[0];
-    bias -= 0.5f * gb;
   }
+  v1::ModelSpec mf;
+  mf.set_type("mf");
+  CHECK(absl::IsUnimplemented(config::PresetGraph(mf, 0, 0).status()));
 }
 
 }  // namespace
