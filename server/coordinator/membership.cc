@@ -84,12 +84,6 @@ std::optional<Membership::Node> Membership::Get(const std::string& node_id) cons
   return it->second;
 }
 
-bool Membership::IsAlive(const std::string& node_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  return it != nodes_.end() && it->second.alive;
-}
-
 std::vector<std::pair<std::string, Membership::Node>> Membership::All() const {
   absl::MutexLock lock(&mu_);
   return {nodes_.begin(), nodes_.end()};

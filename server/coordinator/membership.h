@@ -76,7 +76,6 @@ class Membership {
   void MarkLeaving(const std::string& node_id);
 
   std::optional<Node> Get(const std::string& node_id) const;
-  bool IsAlive(const std::string& node_id) const;
   // Every node known, alive or dead, by id.
   std::vector<std::pair<std::string, Node>> All() const;
   size_t size() const;

@@ -6,6 +6,14 @@
 
 namespace fulcrum::placement {
 
+namespace {
+
+int WorkersWithRoom(const FreeSlots& free) {
+  return static_cast<int>(std::count_if(free.begin(), free.end(), [](const auto& kv) { return kv.second > 0; }));
+}
+
+}  // namespace
+
 std::string TakeSlot(FreeSlots& free, const std::set<std::string>& avoid) {
   std::string best;
   int best_free = 0;
@@ -28,8 +36,7 @@ std::string TakeSlot(FreeSlots& free, const std::set<std::string>& avoid) {
 }
 
 std::vector<std::string> PlaceRanks(FreeSlots& free, uint32_t need) {
-  const auto with_room = std::count_if(free.begin(), free.end(), [](const auto& kv) { return kv.second > 0; });
-  if (with_room < static_cast<std::ptrdiff_t>(need)) return {};
+  if (WorkersWithRoom(free) < static_cast<int>(need)) return {};
   std::vector<std::string> nodes;
   std::set<std::string> used;
   for (uint32_t rank = 0; rank < need; ++rank) {
@@ -41,10 +48,7 @@ std::vector<std::string> PlaceRanks(FreeSlots& free, uint32_t need) {
 
 Verdict ConsiderPending(const PendingInput& in) {
   Verdict v;
-  int free_workers = 0;
-  if (in.free != nullptr) {
-    for (const auto& [id, f] : *in.free) free_workers += f > 0 ? 1 : 0;
-  }
+  const int free_workers = in.free != nullptr ? WorkersWithRoom(*in.free) : 0;
   const uint32_t min_servers = std::max<uint32_t>(1, in.min_servers);
   if (in.live_servers < min_servers) {
     v.reason = "ServersNotReady";

@@ -47,9 +47,9 @@ class ClockedCluster {
  public:
   static constexpr absl::Duration kTick = absl::Milliseconds(100);
 
+  using Adjust = std::function<void(CoordinatorOptions&)>;
   // `servers`: how many register now; `adjust` changes the options first.
-  explicit ClockedCluster(FakeClock* clock, int servers = 1,
-                          const std::function<void(CoordinatorOptions&)>& adjust = nullptr)
+  explicit ClockedCluster(FakeClock* clock, int servers = 1, const Adjust& adjust = nullptr)
       : clock_(clock) {
     dir_ = std::filesystem::temp_directory_path() /
            absl::StrCat("fulcrum-clocked-cluster-", getpid(), "-", counter_++);

@@ -81,7 +81,7 @@ TEST_CASE("a server registering at a known address displaces the old process at 
   REQUIRE(pass.died.size() == 1);
   CHECK(pass.died[0].first == old_id);
   CHECK(m.LiveServerAddresses() == std::vector<std::string>{"h:1"});
-  CHECK(m.IsAlive(fresh.node_id));
+  CHECK(m.Get(fresh.node_id)->alive);
 }
 
 TEST_CASE("a node silent for node_timeout is declared dead and must register again", "[membership]") {
@@ -98,11 +98,11 @@ TEST_CASE("a node silent for node_timeout is declared dead and must register aga
   CHECK(died.empty());  // 0.9 s of silence
   CHECK(m.Hear(talking, t) == Membership::Heard::kOk);
   CHECK(Pass(m, &t, absl::Milliseconds(100)) == std::vector<std::string>{quiet});
-  CHECK_FALSE(m.IsAlive(quiet));
+  CHECK_FALSE(m.Get(quiet)->alive);
   CHECK(m.Get(quiet)->dead_since == t);
   CHECK(m.Hear(quiet, t) == Membership::Heard::kDead);  // not revived by a late heartbeat
   CHECK(m.Hear("worker-99", t) == Membership::Heard::kUnknown);
-  CHECK(m.IsAlive(talking));
+  CHECK(m.Get(talking)->alive);
 }
 
 TEST_CASE("a leaving node goes at the next pass and is not listed as dead", "[membership]") {

@@ -1,16 +1,12 @@
 // The coordinator's scheduler on a fake clock, driven tick by tick
 // (TickForTesting) with no scheduler thread and no sleeping: liveness, the
-// grace after a stall and dead-node retention (no server answers), then job
+// grace after a stall and dead-node retention (no server registered), then job
 // starts, queueing, a lost worker's rank moving, deadlines and TTLs (servers
 // accept every call). A real RocksDB directory holds its state.
-#include <filesystem>
-#include <memory>
 #include <string>
 
 #include <catch2/catch.hpp>
-#include <unistd.h>
 
-#include "absl/strings/str_cat.h"
 #include "server/coordinator/coordinator.h"
 #include "tests/testing/clocked_cluster.h"
 #include "tests/testing/fake_clock.h"
@@ -18,64 +14,16 @@
 namespace fulcrum {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::ClockedCluster;
 
-// Servers are never called by these tests: every call fails.
-class NoServers final : public ServerControl {
- public:
-  absl::Status InstallShardMap(const std::string& a, const v1::ShardMap&) override { return Unreachable(a); }
-  absl::Status DeleteJob(const std::string& a, const std::string&) override { return Unreachable(a); }
-  absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& a, const std::string&, uint64_t, uint64_t,
-                                              absl::Duration) override {
-    return Unreachable(a);
-  }
-  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& a, const std::string&, uint64_t,
-                                           const std::vector<std::string>&, uint32_t) override {
-    return Unreachable(a);
-  }
-  absl::Status DeleteCut(const std::string& a, const std::string&, uint64_t) override { return Unreachable(a); }
-  absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& a, const std::string&) override {
-    return Unreachable(a);
-  }
-  absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& a,
-                                                     const v1::ReadCheckpointRequest&) override {
-    return Unreachable(a);
-  }
-
- private:
-  static absl::Status Unreachable(const std::string& a) { return absl::UnavailableError(a + ": no servers here"); }
-};
-
-// A coordinator on `clock` with a scheduler only the test runs.
-class ClockedCoordinator {
- public:
-  ClockedCoordinator(testing::FakeClock* clock, absl::Duration node_timeout,
-                     absl::Duration retention = absl::Minutes(10)) {
-    dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-scheduler-test-", getpid(), "-", counter_++);
-    fs::remove_all(dir_);
-    CoordinatorOptions o;
-    o.data_dir = dir_.string();
-    o.clock = clock;
-    o.run_scheduler = false;
-    o.tick = absl::Milliseconds(100);
+// The liveness cases' options: a ClockedCluster with no server registered
+// (none is called) whose nodes time out after `node_timeout`.
+ClockedCluster::Adjust Timeouts(absl::Duration node_timeout, absl::Duration retention = absl::Minutes(10)) {
+  return [=](CoordinatorOptions& o) {
     o.node_timeout = node_timeout;
     o.dead_node_retention = retention;
-    auto c = Coordinator::Open(o, std::make_unique<NoServers>());
-    REQUIRE(c.ok());
-    coordinator_ = *std::move(c);
-  }
-  ~ClockedCoordinator() {
-    coordinator_.reset();
-    fs::remove_all(dir_);
-  }
-  Coordinator& operator*() { return *coordinator_; }
-  Coordinator* operator->() { return coordinator_.get(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path dir_;
-  std::unique_ptr<Coordinator> coordinator_;
-};
+  };
+}
 
 // "alive", "dead" or "forgotten": node `id` in the coordinator's cluster state.
 std::string NodeState(const Coordinator& coordinator, const std::string& id) {
@@ -105,7 +53,7 @@ void Run(testing::FakeClock& clock, Coordinator& c, absl::Duration d, absl::Dura
 
 TEST_CASE("a silent node is declared dead once node_timeout passes on the coordinator's clock", "[coordinator]") {
   testing::FakeClock clock;
-  ClockedCoordinator c(&clock, absl::Seconds(5));
+  ClockedCluster c(&clock, 0, Timeouts(absl::Seconds(5)));
   const std::string node = RegisterSilentWorker(*c);
   Run(clock, *c, absl::Milliseconds(4900));
   CHECK(NodeState(*c, node) == "alive");
@@ -126,7 +74,7 @@ TEST_CASE("a silent node is declared dead once node_timeout passes on the coordi
 TEST_CASE("a coordinator that could not run for a while gives nodes a fresh node_timeout before declaring them dead",
           "[coordinator]") {
   testing::FakeClock clock;
-  ClockedCoordinator c(&clock, absl::Seconds(1));
+  ClockedCluster c(&clock, 0, Timeouts(absl::Seconds(1)));
   const std::string node = RegisterSilentWorker(*c);
   auto alive = [&]() { return NodeState(*c, node) == "alive"; };
   c->TickForTesting();
@@ -143,7 +91,7 @@ TEST_CASE("a coordinator that could not run for a while gives nodes a fresh node
 
 TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotten", "[coordinator]") {
   testing::FakeClock clock;
-  ClockedCoordinator c(&clock, absl::Milliseconds(300), absl::Seconds(1));
+  ClockedCluster c(&clock, 0, Timeouts(absl::Milliseconds(300), absl::Seconds(1)));
   const std::string gone = RegisterSilentWorker(*c);
   Run(clock, *c, absl::Milliseconds(400));
   REQUIRE(NodeState(*c, gone) == "dead");
@@ -159,8 +107,6 @@ TEST_CASE("a dead node stays listed for dead_node_retention and is then forgotte
 
 
 // ---------------------------------------------------------------- job scheduling
-
-using testing::ClockedCluster;
 
 TEST_CASE("a job waits for min_servers and then for workers and starts once both are there", "[coordinator]") {
   testing::FakeClock clock;
