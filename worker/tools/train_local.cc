@@ -66,6 +66,7 @@ absl::StatusOr<fulcrum::training::TrainerOptions> TrainerOptionsFor(const fulcru
   }
   to.prefetch_parameters = true;  // as fulcrum-worker does
   to.clip_global_norm = spec.optimizer().clip_global_norm();
+  if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();  // as fulcrum-worker
   to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0
                           ? absl::GetFlag(FLAGS_decode_threads)
                           : fulcrum::data::DefaultDecodeThreads(
