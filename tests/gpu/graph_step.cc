@@ -4,7 +4,7 @@
 // the same graph in torch and compare the loss and every gradient.
 //   DIR/graph.txt: "batch B dense_keys D field_bits F", then one line per
 //     node in order: "node NAME OP ROWS COLS INPUTS(a,b or -) fields=.. dim=..
-//     mean=0|1 shared=0|1 sum_fields=0|1 eps=.. loss=.. crossed=.."; then one
+//     mean=0|1 shared=0|1 sum_fields=0|1 fm=0|1 eps=.. loss=.. crossed=.."; then one
 //     line per table: "table NAME dense|sparse ELEMENTS DIM".
 //   DIR/keys.u64, values.f32, offsets.i32, labels.f32: the batch (CSR).
 //   DIR/<table>.value.f32 and, per device, DIR/<device>.<table>.grad.f32;
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     for (int k : n.inputs) ins.push_back(graph->nodes[k].name);
     g << "node " << n.name << " " << fulcrum::config::GraphOpName(n.op) << " " << n.rows << " " << n.cols << " "
       << (ins.empty() ? "-" : absl::StrJoin(ins, ",")) << " fields=" << n.fields << " dim=" << n.dim
-      << " mean=" << n.mean << " shared=" << n.shared << " sum_fields=" << n.sum_fields << " eps=" << n.epsilon
+      << " mean=" << n.mean << " shared=" << n.shared << " sum_fields=" << n.sum_fields << " fm=" << n.fm << " eps=" << n.epsilon
       << " loss=" << LossName(n.loss) << " crossed=" << n.crossed << "\n";
   }
   std::mt19937 rng(5);

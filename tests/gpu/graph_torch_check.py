@@ -113,7 +113,11 @@ def torch_step(d, meta, nodes, tables):
                              for field in bags[n["inputs"][0]][b]]
                 vecs = []
                 for items in per_field:
-                    if not items:
+                    if n["fm"] == "1":  # pooling fm: 1/2 (|sum x v|^2 - sum |x v|^2), one value per field
+                        s = torch.stack(items).sum(0) if items else torch.zeros(dim, dtype=torch.float64)
+                        sq = sum((t * t).sum() for t in items) if items else torch.zeros((), dtype=torch.float64)
+                        vecs.append((0.5 * ((s * s).sum() - sq)).reshape(1))
+                    elif not items:
                         vecs.append(torch.zeros(dim, dtype=torch.float64))
                     else:
                         s = torch.stack(items).sum(0)
@@ -124,6 +128,8 @@ def torch_step(d, meta, nodes, tables):
         elif op == "linear":
             w = params[name + ".weight"].reshape(ins[0].shape[1], n["cols"])
             y = ins[0] @ w + params[name + ".bias"]
+        elif op == "bias":
+            y = ins[0] + params[name]
         elif op == "relu":
             y = torch.relu(ins[0])
         elif op == "gelu":

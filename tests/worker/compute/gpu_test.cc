@@ -4,8 +4,10 @@
 // with the reason, and ctest reports it as skipped.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -17,6 +19,13 @@
 
 namespace fulcrum::compute {
 namespace {
+
+// The source tree: $FULCRUM_SOURCE_DIR where set (a GPU machine runs this
+// test from a bundle, away from the tree it was built in), else the build's.
+std::string SourceDir() {
+  const char* env = std::getenv("FULCRUM_SOURCE_DIR");
+  return env != nullptr && *env != '\0' ? env : FULCRUM_SOURCE_DIR;
+}
 
 std::unique_ptr<Backend> Gpu() {
   std::string why;
@@ -541,7 +550,7 @@ TEST_CASE("GPU: model-graph ops (dot interaction and fm and layer norm and sigmo
   }
 }
 
-TEST_CASE("GPU: the DLRM and Wide and Deep and DeepFM examples' gradients match the CPU's in fp32 and bf16 and fp16",
+TEST_CASE("GPU: the click-through examples' and every graph op's gradients match the CPU's in fp32 and bf16 and fp16",
           "[gpu]") {
   auto gpu = Gpu();
   if (!gpu) return;
@@ -558,8 +567,11 @@ TEST_CASE("GPU: the DLRM and Wide and Deep and DeepFM examples' gradients match 
     }
     for (int f = 0; f < 26; ++f) {
       if (rng() % 10 == 0) continue;  // absent
-      b.keys.push_back(13 + (uint64_t{static_cast<uint32_t>(f)} << 20) + rng() % 50);
-      b.values.push_back(1);
+      const int count = rng() % 4 == 0 ? 2 : 1;  // two values: pooling fm has pairs within the field
+      for (int j = 0; j < count; ++j) {
+        b.keys.push_back(13 + (uint64_t{static_cast<uint32_t>(f)} << 20) + rng() % 50);
+        b.values.push_back(1);
+      }
     }
     b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
     b.labels.push_back(static_cast<float>(rng() % 2));
@@ -567,10 +579,11 @@ TEST_CASE("GPU: the DLRM and Wide and Deep and DeepFM examples' gradients match 
   // 16-bit GEMMs round the same inputs on both; only the sums' order differs.
   const std::pair<DType, double> precisions[] = {{DType::kFp32, 1e-4}, {DType::kBf16, 1e-2}, {DType::kFp16, 1e-2}};
   for (const auto& [precision, bound] : precisions) {
-    for (const char* file : {"ctr-dlrm.yaml", "ctr-wide-deep.yaml", "ctr-deepfm.yaml"}) {
+    for (const char* file : {"deploy/examples/ctr-dlrm.yaml", "deploy/examples/ctr-wide-deep.yaml",
+                             "deploy/examples/ctr-deepfm.yaml", "tests/gpu/graph_all_ops.yaml"}) {
       INFO(file << " " << DTypeName(precision));
       v1::JobSpec spec;
-      REQUIRE_OK(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/" + file, &spec));
+      REQUIRE_OK(config::ParseSpecFile(SourceDir() + "/" + file, &spec));
       models::ModelConfig c;
       c.type = "graph";
       c.graph = spec.model();
