@@ -42,35 +42,10 @@ make_spec() {  # make_spec EXAMPLE -> the example for one worker and EPOCHS epoc
 for m in dlrm wide-deep deepfm; do make_spec "$m"; done
 export OPENBLAS_NUM_THREADS=1
 
-# local_run MODEL -> "AUC SAMPLES_PER_S ROWS_PER_S ROWS_PER_EXAMPLE" (AUC of the last epoch, rates the best)
-local_run() {
-  "$build/worker/fulcrum-train-local" --spec="$tmp/$1.yaml" --device=cpu --cpu_threads=1 --data_dir="$tmp/data" 2>/dev/null | python3 -c '
-import re, sys
-auc, sps, rps, rpe = 0, 0, 0, 0
-for line in sys.stdin:
-    if m := re.match(r"epoch \d+: test AUC ([0-9.]+)", line): auc = float(m[1])
-    if m := re.match(r"epoch \d+: (\d+) samples/s", line): sps = max(sps, int(m[1]))
-    if m := re.search(r"sparse rows pulled: (\d+)/s, ([0-9.]+) per example", line): rps, rpe = max(rps, int(m[1])), float(m[2])
-print(auc, sps, rps, rpe)'
-}
-
-# cluster_run PORT SERVERS -> "AUC SAMPLES_PER_S" of DLRM on a local cluster with one worker
-cluster_run() {
-  local port=$1 dir=$tmp/c$1
-  "$root/deploy/local/cluster.sh" start --servers "$2" --workers 1 --dir "$dir" --port "$port" --bin "$build" \
-    --data "$tmp/data" >/dev/null
-  local ctl=(env)
-  mapfile -t -O 1 ctl <"$dir/env"
-  ctl+=("$build/server/fulcrumctl")
-  "${ctl[@]}" submit -f "$tmp/dlrm.yaml" >/dev/null
-  local id
-  id=$("${ctl[@]}" list | awk '{print $1}' | head -1)
-  "${ctl[@]}" --output=json status "$id" | python3 -c '
-import json, sys
-s = json.load(sys.stdin)["status"]
-print("%.4f" % s.get("test_auc", 0), round(max(e["samples_per_second"] for e in s["epochs"])))'
-  "$root/deploy/local/cluster.sh" stop --dir "$dir" >/dev/null
-}
+# shellcheck source=tests/bench/ctr_lib.sh
+source "$root/tests/bench/ctr_lib.sh"
+local_run() { ctr_local_run "$build" "$tmp/$1.yaml" cpu "$tmp/data"; }  # MODEL
+cluster_run() { ctr_cluster_run "$build" "$tmp/dlrm.yaml" "$2" "$1" "$tmp/data" "$tmp/c$1"; }  # PORT SERVERS
 
 read -r dlrm_auc base1 rows1 per_example < <(local_run dlrm)
 read -r wd_auc wd_sps wd_rows _ < <(local_run wide-deep)

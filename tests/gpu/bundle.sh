@@ -12,7 +12,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
 cmake -S "$root" -B "$build" -G Ninja -DFULCRUM_CUDA=ON >/dev/null
 cmake --build "$build" --target gpu_test fulcrum-compute-bench fulcrum-mlp-step fulcrum-graph-step fulcrum-cuda-selftest \
-  fulcrum-coordinator fulcrum-server fulcrum-worker fulcrumctl
+  fulcrum-coordinator fulcrum-server fulcrum-worker fulcrumctl fulcrum-train-local fulcrum-datagen
 out=$root/.gpu-bundle
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/server" "$out/worker" "$out/data/mnist"
@@ -21,8 +21,9 @@ bins=("$build/tests/gpu_test" "$build/tests/bench/fulcrum-compute-bench" "$build
 cp "${bins[@]}" "$out/"
 daemons=("$build/server/fulcrum-coordinator" "$build/server/fulcrum-server" "$build/server/fulcrumctl")
 cp "${daemons[@]}" "$out/server/"
-cp "$build/worker/fulcrum-worker" "$out/worker/"
-bins+=("${daemons[@]}" "$build/worker/fulcrum-worker")
+tools=("$build/worker/fulcrum-worker" "$build/worker/fulcrum-train-local" "$build/worker/fulcrum-datagen")
+cp "${tools[@]}" "$out/worker/"
+bins+=("${daemons[@]}" "${tools[@]}")
 data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 "$root/deploy/local/fetch_data.sh" "$data" mnist >/dev/null
 for f in "$data"/mnist/*-ubyte; do gzip -c "$f" >"$out/data/mnist/$(basename "$f").gz"; done
