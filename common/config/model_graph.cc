@@ -30,10 +30,11 @@ constexpr OpName kOps[] = {
     {"dot_interaction", GraphOp::kDotInteraction}, {"fm", GraphOp::kFm},
     {"layer_norm", GraphOp::kLayerNorm},   {"loss", GraphOp::kLoss},
     {"cross", GraphOp::kCross},            {"bias", GraphOp::kBias},
+    {"field", GraphOp::kField},            {"slice", GraphOp::kSlice},
 };
 constexpr char kAllowedOps[] =
     "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, dot_interaction, "
-    "fm, layer_norm, loss, cross, bias";
+    "fm, layer_norm, loss, cross, bias, field, slice";
 
 bool IsActivation(GraphOp op) {
   return op == GraphOp::kRelu || op == GraphOp::kGelu || op == GraphOp::kSigmoid || op == GraphOp::kTanh;
@@ -130,6 +131,18 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
     case GraphOp::kSparseInput:
       if (s.fields() <= 0 || s.fields() > kMaxFields) bad("fields", absl::StrCat(s.fields(), " must be 1 to ", kMaxFields));
       g.fields = s.fields();
+      g.by_position = s.by_position();
+      break;
+    case GraphOp::kField:
+      if (s.index() < 0) bad("index", absl::StrCat(s.index(), " must be >= 0 (fields count from 0)"));
+      g.index = s.index();
+      g.fields = 1;
+      break;
+    case GraphOp::kSlice:
+      if (s.begin() < 0) bad("begin", absl::StrCat(s.begin(), " must be >= 0 (values count from 0)"));
+      if (s.width() <= 0 || s.width() > kMaxWidth) bad("width", absl::StrCat(s.width(), " must be 1 to ", kMaxWidth));
+      g.begin = s.begin();
+      g.cols = s.width();
       break;
     case GraphOp::kCross:
       if (s.fields() < 0 || s.fields() > kMaxFields) bad("fields", absl::StrCat(s.fields(), " must be 0 (all) to ", kMaxFields));
@@ -181,7 +194,8 @@ std::pair<int, int> Arity(GraphOp op) {
   switch (op) {
     case GraphOp::kDenseInput:
     case GraphOp::kSparseInput: return {0, 0};
-    case GraphOp::kCross: return {1, 1};
+    case GraphOp::kCross:
+    case GraphOp::kField: return {1, 1};
     case GraphOp::kConcat:
     case GraphOp::kAdd: return {2, -1};
     case GraphOp::kDotInteraction:
@@ -268,12 +282,14 @@ bool InputsReadable(const GraphNodeInfo& g, const std::vector<GraphNodeInfo>& no
       bad(absl::StrCat("input '", in.name, "' is the loss; nothing reads a loss"));
       return false;
     }
-    const bool reads_fields = g.op == GraphOp::kEmbedding || g.op == GraphOp::kCross;
-    if (IsSparseSource(in.op) != reads_fields || (g.op == GraphOp::kCross && in.op != GraphOp::kSparseInput)) {
-      bad(g.op == GraphOp::kCross ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; a cross reads a sparse_input")
+    const bool reads_fields = g.op == GraphOp::kEmbedding || g.op == GraphOp::kCross || g.op == GraphOp::kField;
+    const bool from_input = g.op == GraphOp::kCross || g.op == GraphOp::kField;  // reads a sparse_input only
+    if (IsSparseSource(in.op) != reads_fields || (from_input && in.op != GraphOp::kSparseInput)) {
+      bad(from_input ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; a ", GraphOpName(g.op),
+                                    " reads a sparse_input")
           : reads_fields ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op),
-                                        "; an embedding reads a sparse_input or a cross")
-                         : absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; only an embedding reads one"));
+                                        "; an embedding reads a sparse_input, a cross or a field")
+                         : absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; only an embedding, a cross or a field reads one"));
       return false;
     }
     if (g.op == GraphOp::kEmbedding && g.shared && in.op == GraphOp::kCross) {
@@ -305,6 +321,18 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       g.fields = k * (k - 1) / 2;
       break;
     }
+    case GraphOp::kField:
+      if (g.index >= in(0).fields) {
+        bad(absl::StrCat("index: ", g.index, " is past '", in(0).name, "''s ", in(0).fields,
+                         " fields (they count from 0)"));
+      }
+      break;
+    case GraphOp::kSlice:
+      if (int64_t{g.begin} + g.cols > in(0).width()) {
+        bad(absl::StrCat("values ", g.begin, " to ", g.begin + g.cols - 1, " are past '", in(0).name, "''s ",
+                         in(0).width(), " (begin and width count from 0)"));
+      }
+      break;
     case GraphOp::kEmbedding:
       g.rows = g.sum_fields ? 1 : in(0).fields;
       g.cols = g.fm ? 1 : g.dim;
@@ -480,6 +508,15 @@ ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<i
       }
       slot = static_cast<int>(g.nodes.size());
     }
+    if (r.info.op == GraphOp::kDenseInput || r.info.by_position) {
+      const bool dense = r.info.op == GraphOp::kDenseInput;
+      const int other = dense ? g.sparse_input : g.dense_input;
+      if (other >= 0 && (dense ? g.nodes[other].by_position : true)) {
+        p->push_back(absl::StrCat(r.path, ": a sparse_input by_position takes every key of an example; no ",
+                                  "dense_input can go beside it ('", g.nodes[other].name, "')"));
+        continue;
+      }
+    }
     GraphNodeInfo info = r.info;
     for (int k : in[i]) info.inputs.push_back(position[k]);
     g.nodes.push_back(std::move(info));
@@ -527,10 +564,9 @@ std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model) {
 }
 
 absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes) {
-  if (model.type() != "softmax" && model.type() != "mlp" && model.type() != "sparse_lr" && model.type() != "fm") {
-    return absl::UnimplementedError(absl::StrCat("model type '", model.type(),
-                                                 "' has no graph: its terms are over a rating's user and item, "
-                                                 "with a bias in each factor row, which graph ops do not compute"));
+  if (model.type() != "softmax" && model.type() != "mlp" && model.type() != "sparse_lr" && model.type() != "fm" &&
+      model.type() != "mf") {
+    return absl::InvalidArgumentError(absl::StrCat("model type '", model.type(), "' is not a built-in type"));
   }
   v1::ModelSpec out;
   out.set_type("graph");
@@ -541,6 +577,33 @@ absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_fe
     if (!input.empty()) n->add_inputs(input);
     return n;
   };
+  if (model.type() == "mf") {
+    // A rating's two keys by position; each row the k factors, then the
+    // bias: prediction = <user factors, item factors> + user bias + item
+    // bias + global bias, under squared error.
+    const int k = model.factors() > 0 ? model.factors() : 8;
+    add("rating", "sparse_input", "")->set_fields(2);
+    out.mutable_graph(0)->set_by_position(true);
+    for (const char* side : {"user", "item"}) {
+      const std::string key = absl::StrCat(side, "_key");
+      add(key, "field", "rating")->set_index(std::string(side) == "user" ? 0 : 1);
+      v1::GraphNode* e = add(side, "embedding", key);
+      e->set_dim(k + 1);
+      e->set_init_stddev(model.init_stddev());
+      v1::GraphNode* f = add(absl::StrCat(side, "_factors"), "slice", side);
+      f->set_width(k);
+      v1::GraphNode* b = add(absl::StrCat(side, "_bias"), "slice", side);
+      b->set_begin(k);
+      b->set_width(1);
+    }
+    add("dot", "dot_interaction", "user_factors")->add_inputs("item_factors");
+    v1::GraphNode* sum = add("sum", "add", "dot");
+    sum->add_inputs("user_bias");
+    sum->add_inputs("item_bias");
+    add("global_bias", "bias", "sum");
+    add("loss", "loss", "global_bias")->set_loss("squared_error");
+    return out;
+  }
   if (model.type() == "sparse_lr" || model.type() == "fm") {
     // One field holding all of an example's features (LibSVM), a weight per
     // feature (summed, scaled by the features' values) and a bias; fm adds

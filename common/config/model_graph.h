@@ -25,10 +25,12 @@ namespace fulcrum::config {
 
 enum class GraphOp {
   kDenseInput, kSparseInput, kEmbedding, kLinear, kRelu, kGelu, kSigmoid, kTanh,
-  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross, kBias,
+  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross, kBias, kField, kSlice,
 };
-// sparse_input and cross: categorical fields, read by embeddings only.
-inline bool IsSparseSource(GraphOp op) { return op == GraphOp::kSparseInput || op == GraphOp::kCross; }
+// sparse_input, cross and field: categorical fields, read by embeddings only.
+inline bool IsSparseSource(GraphOp op) {
+  return op == GraphOp::kSparseInput || op == GraphOp::kCross || op == GraphOp::kField;
+}
 const char* GraphOpName(GraphOp op);
 
 enum class GraphLoss { kSoftmaxCrossEntropy, kBinaryCrossEntropy, kSquaredError };
@@ -39,7 +41,10 @@ struct GraphNodeInfo {
   std::vector<int> inputs;  // indices of earlier nodes
   int rows = 1, cols = 0;   // per-example output shape
   int64_t width() const { return int64_t{rows} * cols; }
-  int fields = 0;                   // sparse_input, cross: fields given (cross: pairs of crossed fields)
+  int fields = 0;                   // sparse_input, cross, field: fields given (cross: pairs of crossed fields)
+  bool by_position = false;         // sparse_input: field f is the f-th key, exactly `fields` keys an example
+  int index = 0;                    // field: the input's field it takes
+  int begin = 0;                    // slice: the first value it takes (cols: how many)
   int crossed = 0;                  // cross: the leading fields of its input it crosses
   int dim = 0;                      // embedding
   bool mean = false, shared = false, sum_fields = false;
@@ -67,9 +72,10 @@ std::vector<std::string> ModelGraphProblems(const v1::ModelSpec& model);
 // The graph a built-in dense model is: `softmax` and `mlp` as linear nodes
 // dense0, dense1, ... (so their tables are the built-in model's,
 // "dense<l>.weight" and "dense<l>.bias") with the model's activation
-// between them, and softmax cross-entropy. The sparse built-in types
-// (sparse_lr, fm, mf) take a variable number of features per example, which
-// a graph's fixed shapes do not express: UNIMPLEMENTED naming the type.
+// between them, and softmax cross-entropy; sparse_lr and fm over one
+// field of all an example's features, with tables "linear", "bias" and
+// "factors"; mf over the two keys of a rating by position, with tables
+// "user", "item" (k factors, then the bias) and "global_bias".
 absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_features, int num_classes);
 
 // A table of the nodes: name, op, inputs, shape and parameters, and totals.

@@ -4,7 +4,8 @@
 // the same graph in torch and compare the loss and every gradient.
 //   DIR/graph.txt: "batch B dense_keys D field_bits F", then one line per
 //     node in order: "node NAME OP ROWS COLS INPUTS(a,b or -) fields=.. dim=..
-//     mean=0|1 shared=0|1 sum_fields=0|1 fm=0|1 eps=.. loss=.. crossed=.."; then one
+//     mean=0|1 shared=0|1 sum_fields=0|1 fm=0|1 by_position=0|1 index=.. begin=..
+//     eps=.. loss=.. crossed=.."; then one
 //     line per table: "table NAME dense|sparse ELEMENTS DIM".
 //   DIR/keys.u64, values.f32, offsets.i32, labels.f32: the batch (CSR).
 //   DIR/<table>.value.f32 and, per device, DIR/<device>.<table>.grad.f32;
@@ -52,13 +53,23 @@ int Fail(const std::string& what) {
 
 // Criteo-shaped rows: 13 dense values (some absent), 26 fields of 0 to 2
 // ids from a small range (absent, multi-valued and repeated rows all occur).
-fulcrum::data::Batch MakeBatch(int B) {
+// Criteo-shaped rows; for a graph whose sparse_input takes its keys by
+// position, `by_position` keys from 0 to 6 an example instead.
+fulcrum::data::Batch MakeBatch(int B, int by_position) {
   std::mt19937 rng(11);
   std::normal_distribution<float> n(0, 1);
   fulcrum::data::Batch b;
   b.size = B;
   b.offsets.push_back(0);
-  for (int i = 0; i < B; ++i) {
+  for (int i = 0; by_position > 0 && i < B; ++i) {
+    for (int f = 0; f < by_position; ++f) {
+      b.keys.push_back(rng() % 7);
+      b.values.push_back(1.0f);
+    }
+    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+    b.labels.push_back(n(rng));
+  }
+  for (int i = 0; by_position == 0 && i < B; ++i) {
     for (int k = 0; k < kDense; ++k) {
       if (rng() % 8 == 0) continue;
       b.keys.push_back(k);
@@ -109,7 +120,9 @@ int main(int argc, char** argv) {
   c.field_bits = kFieldBits;
   auto model = fulcrum::models::CreateModel(c, be->get());
   if (!model.ok()) return Fail(model.status().ToString());
-  const fulcrum::data::Batch batch = MakeBatch(absl::GetFlag(FLAGS_batch));
+  const int by_position =
+      graph->sparse_input >= 0 && graph->nodes[graph->sparse_input].by_position ? graph->nodes[graph->sparse_input].fields : 0;
+  const fulcrum::data::Batch batch = MakeBatch(absl::GetFlag(FLAGS_batch), by_position);
   if (auto s = (*model)->Prepare(batch); !s.ok()) return Fail(s.ToString());
 
   std::ofstream g(dir + "/graph.txt");
@@ -119,7 +132,7 @@ int main(int argc, char** argv) {
     for (int k : n.inputs) ins.push_back(graph->nodes[k].name);
     g << "node " << n.name << " " << fulcrum::config::GraphOpName(n.op) << " " << n.rows << " " << n.cols << " "
       << (ins.empty() ? "-" : absl::StrJoin(ins, ",")) << " fields=" << n.fields << " dim=" << n.dim
-      << " mean=" << n.mean << " shared=" << n.shared << " sum_fields=" << n.sum_fields << " fm=" << n.fm << " eps=" << n.epsilon
+      << " mean=" << n.mean << " shared=" << n.shared << " sum_fields=" << n.sum_fields << " fm=" << n.fm << " by_position=" << n.by_position << " index=" << n.index << " begin=" << n.begin << " eps=" << n.epsilon
       << " loss=" << LossName(n.loss) << " crossed=" << n.crossed << "\n";
   }
   std::mt19937 rng(5);

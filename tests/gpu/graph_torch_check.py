@@ -86,11 +86,18 @@ def torch_step(d, meta, nodes, tables):
             bags[name] = []
             for b in range(B):
                 per_field = [[] for _ in range(F_)]
-                for j in range(offs[b], offs[b + 1]):
+                if n["by_position"] == "1":  # field f: the f-th key, as it is
+                    per_field = [[(int(keys[offs[b] + f]), vals[offs[b] + f])] for f in range(F_)]
+                for j in range(offs[b], offs[b + 1]) if n["by_position"] != "1" else ():
                     k = int(keys[j])
                     if k >= D:
                         per_field[(k - D) >> bits].append((k, vals[j]))
                 bags[name].append(per_field)
+        elif op == "field":
+            y = None
+            bags[name] = [[per_field[int(n["index"])]] for per_field in bags[n["inputs"][0]]]
+        elif op == "slice":
+            y = ins[0][:, int(n["begin"]):int(n["begin"]) + n["cols"]]
         elif op == "cross":
             y = None
             K = int(n["crossed"])

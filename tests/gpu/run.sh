@@ -49,7 +49,8 @@ part_tests() {
   step "DLRM, Wide & Deep, DeepFM and every graph op against torch autograd"
   timeout 120 python3 tests/gpu/graph_torch_check.py --tool "$bundle/fulcrum-graph-step" \
     --spec deploy/examples/ctr-dlrm.yaml --spec deploy/examples/ctr-wide-deep.yaml \
-    --spec deploy/examples/ctr-deepfm.yaml --spec tests/gpu/graph_all_ops.yaml || fail "graph torch check"
+    --spec deploy/examples/ctr-deepfm.yaml --spec tests/gpu/graph_all_ops.yaml --spec tests/gpu/graph_mf.yaml ||
+    fail "graph torch check"
 }
 
 part_ctr() {

@@ -77,6 +77,38 @@ absl::Status SplitRows(const data::Batch& batch, uint64_t first, int field_bits,
   return absl::OkStatus();
 }
 
+absl::Status SplitByPosition(const data::Batch& batch, const std::string& node, Bags* bags) {
+  const int B = batch.size, F = bags->fields;
+  for (int b = 0; b < B; ++b) {
+    if (batch.offsets[b + 1] - batch.offsets[b] != F) {
+      return absl::InvalidArgumentError(absl::StrCat("model graph: example ", b, " of batch ", batch.index, " has ",
+                                                     batch.offsets[b + 1] - batch.offsets[b], " keys; node '", node,
+                                                     "' takes exactly ", F, " by position"));
+    }
+  }
+  const size_t n = static_cast<size_t>(B) * F;
+  bags->offsets.resize(n + 1);
+  for (size_t i = 0; i <= n; ++i) bags->offsets[i] = static_cast<int32_t>(i);
+  bags->keys.assign(batch.keys.begin() + batch.offsets[0], batch.keys.begin() + batch.offsets[0] + n);
+  bags->values.assign(batch.values.begin() + batch.offsets[0], batch.values.begin() + batch.offsets[0] + n);
+  return absl::OkStatus();
+}
+
+void SelectField(const Bags& in, int batch, int f, Bags* out) {
+  out->fields = 1;
+  out->offsets.assign(1, 0);
+  out->keys.clear();
+  out->values.clear();
+  for (int b = 0; b < batch; ++b) {
+    const size_t bag = static_cast<size_t>(b) * in.fields + f;
+    for (int x = in.offsets[bag]; x < in.offsets[bag + 1]; ++x) {
+      out->keys.push_back(in.keys[x]);
+      out->values.push_back(in.values[x]);
+    }
+    out->offsets.push_back(static_cast<int32_t>(out->keys.size()));
+  }
+}
+
 void Cross(const Bags& in, int batch, int crossed, Bags* out) {
   out->fields = crossed * (crossed - 1) / 2;
   out->offsets.assign(1, 0);

@@ -40,6 +40,14 @@ struct Bags {
 absl::Status SplitRows(const data::Batch& batch, uint64_t first, int field_bits, int dense_width,
                        const std::string& node, std::vector<float>* dense, Bags* bags);
 
+// Sparse rows by position (a sparse_input by_position): field f of example
+// b holds its f-th key, as it is, with its value. An example with other
+// than `bags->fields` keys is INVALID_ARGUMENT naming it and `node`.
+absl::Status SplitByPosition(const data::Batch& batch, const std::string& node, Bags* bags);
+
+// Field `f` of `in`'s bags, as a source of one field (a `field` node).
+void SelectField(const Bags& in, int batch, int f, Bags* out);
+
 // The pairwise crosses of the first `crossed` fields of `in`: bag (b, p)
 // for pair p = (i, j), i < j, holds one value per pair of example b's
 // values of fields i and j, keyed CrossKey(i, j, key_i, key_j), valued

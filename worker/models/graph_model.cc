@@ -162,13 +162,18 @@ class GraphModel final : public Model {
     const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
     Bags* fields = has_sparse ? &nodes_[g_.sparse_input].bags : nullptr;
     if (fields != nullptr) fields->fields = node(g_.sparse_input).fields;
-    RETURN_IF_ERROR(SplitRows(batch, first, config_.field_bits, Wd, has_sparse ? node(g_.sparse_input).name : "",
-                              &dense_host_, fields));
+    if (fields != nullptr && node(g_.sparse_input).by_position) {
+      RETURN_IF_ERROR(SplitByPosition(batch, node(g_.sparse_input).name, fields));
+    } else {
+      RETURN_IF_ERROR(SplitRows(batch, first, config_.field_bits, Wd, has_sparse ? node(g_.sparse_input).name : "",
+                                &dense_host_, fields));
+    }
     if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       NodeState& s = nodes_[i];
       if (!config::IsSparseSource(node(i).op)) continue;
       if (node(i).op == GraphOp::kCross) Cross(nodes_[node(i).inputs[0]].bags, B, node(i).crossed, &s.bags);
+      if (node(i).op == GraphOp::kField) SelectField(nodes_[node(i).inputs[0]].bags, B, node(i).index, &s.bags);
       s.bags.Finish(B, s.wants_mean, s.wants_shared, first, mask);
       RETURN_IF_ERROR(UploadBags(s));
     }
@@ -226,6 +231,7 @@ class GraphModel final : public Model {
         return DenseInput(batch, W, y);
       case GraphOp::kSparseInput:
       case GraphOp::kCross:
+      case GraphOp::kField:
         return absl::OkStatus();
       case GraphOp::kEmbedding: {
         if (n.fm) return FmPool(n, s, B, y);
@@ -254,6 +260,10 @@ class GraphModel final : public Model {
         return be_->Activate(ActivationOf(n.op), W * B, x, y);
       case GraphOp::kConcat:
         return Concat(n, B, y);
+      case GraphOp::kSlice: {
+        ASSIGN_OR_RETURN(const float* ones, Ones(std::max(B, 1)));
+        return be_->ScaleRows(B, n.cols, ones, x + n.begin, static_cast<int>(K), y, n.cols);
+      }
       case GraphOp::kBias:
         RETURN_IF_ERROR(be_->Copy(y, x, 4 * W * B));
         return be_->BiasAdd(B, static_cast<int>(W), value(s.table), y);
@@ -468,6 +478,12 @@ class GraphModel final : public Model {
       case GraphOp::kDotInteraction:
       case GraphOp::kFm:
         return SplitBackward(n, s, B, W, g);
+      case GraphOp::kSlice:
+        return InputGrad(in0, K * B, [&](float* dx) -> absl::Status {
+          ASSIGN_OR_RETURN(const float* ones, Ones(std::max(B, 1)));
+          RETURN_IF_ERROR(be_->Zero(dx, 4 * K * B));
+          return be_->ScaleRows(B, n.cols, ones, g, n.cols, dx + n.begin, static_cast<int>(K));
+        });
       case GraphOp::kBias:
         RETURN_IF_ERROR(be_->ColumnSum(B, static_cast<int>(W), g, tables_[s.table].grad.as<float>()));
         RETURN_IF_ERROR(Ready(s.table));

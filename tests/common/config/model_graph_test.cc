@@ -154,6 +154,51 @@ TEST_CASE("model graph: pooling fm gives one value per field and refuses sum_fie
              Catch::Contains("sum_fields: not with pooling fm") && Catch::Contains("'max' is not one of: sum, mean, fm"));
 }
 
+TEST_CASE("model graph: field selects one field and slice a run of values, each checked against its input",
+          "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: r, op: sparse_input, fields: 2, by_position: true}\n"
+                                 "  - {name: i, op: field, inputs: [r], index: 1}\n"
+                                 "  - {name: e, op: embedding, inputs: [i], dim: 5}\n"
+                                 "  - {name: s, op: slice, inputs: [e], begin: 4, width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [s], loss: squared_error}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  CHECK(Find(*g, "r").by_position);
+  CHECK(Find(*g, "i").fields == 1);
+  CHECK(Find(*g, "i").index == 1);
+  CHECK(Find(*g, "e").width() == 5);
+  CHECK(Find(*g, "s").begin == 4);
+  CHECK(Find(*g, "s").width() == 1);
+  CHECK_THAT(Problems("  - {name: r, op: sparse_input, fields: 2}\n"
+                      "  - {name: i, op: field, inputs: [r], index: 2}\n"
+                      "  - {name: e, op: embedding, inputs: [i], dim: 5}\n"
+                      "  - {name: s, op: slice, inputs: [e], begin: 3, width: 3}\n"
+                      "  - {name: loss, op: loss, inputs: [s], loss: squared_error}\n"),
+             Catch::Contains("model.graph[1] 'i': index: 2 is past 'r''s 2 fields") &&
+                 Catch::Contains("model.graph[3] 's': values 3 to 5 are past 'e''s 5"));
+  CHECK_THAT(Problems("  - {name: r, op: sparse_input, fields: 2}\n"
+                      "  - {name: i, op: field, inputs: [r], index: -1}\n"
+                      "  - {name: e, op: embedding, inputs: [i], dim: 5}\n"
+                      "  - {name: s, op: slice, inputs: [e], begin: -1}\n"
+                      "  - {name: loss, op: loss, inputs: [s], loss: squared_error}\n"),
+             Catch::Contains("model.graph[1] 'i'.index: -1 must be >= 0") &&
+                 Catch::Contains("model.graph[3] 's'.begin: -1 must be >= 0") &&
+                 Catch::Contains("model.graph[3] 's'.width: 0 must be 1 to"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: i, op: field, inputs: [x]}\n"
+                      "  - {name: e, op: embedding, inputs: [i], dim: 1}\n"
+                      "  - {name: loss, op: loss, inputs: [e], loss: squared_error}\n"),
+             Catch::Contains("model.graph[1] 'i': input 'x' is a dense_input; a field reads a sparse_input"));
+  CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
+                      "  - {name: r, op: sparse_input, fields: 2, by_position: true}\n"
+                      "  - {name: e, op: embedding, inputs: [r], dim: 4}\n"
+                      "  - {name: c, op: concat, inputs: [x, e]}\n"
+                      "  - {name: l, op: linear, inputs: [c], width: 1}\n"
+                      "  - {name: loss, op: loss, inputs: [l], loss: squared_error}\n"),
+             Catch::Contains("a sparse_input by_position takes every key of an example; no dense_input can go beside "
+                             "it ('x')"));
+}
+
 TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
   const std::string tail = "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n";
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
@@ -192,7 +237,7 @@ TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
              Catch::Contains("model.graph[1] 'unused': nothing leads from it to the loss"));
   CHECK_THAT(Problems("  - {name: c, op: sparse_input, fields: 3}\n"
                       "  - {name: l, op: linear, inputs: [c], width: 1}\n" + tail),
-             Catch::Contains("model.graph[1] 'l': input 'c' is a sparse_input; only an embedding reads one"));
+             Catch::Contains("model.graph[1] 'l': input 'c' is a sparse_input; only an embedding, a cross or a field reads one"));
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
                       "  - {name: e, op: embedding, inputs: [x], dim: 2}\n"
                       "  - {name: l, op: linear, inputs: [e], width: 1}\n" + tail),

@@ -606,5 +606,36 @@ TEST_CASE("GPU: the click-through examples' and every graph op's gradients match
   }
 }
 
+TEST_CASE("GPU: the mf preset graph's gradients (field and slice over keys by position) match the CPU's", "[gpu]") {
+  auto gpu = Gpu();
+  if (!gpu) return;
+  auto cpu = NewCpuBackend(0);
+  std::mt19937 rng(29);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch b;  // ratings: a user key and an item key (the same range) by position
+  b.size = 300;
+  b.offsets.push_back(0);
+  for (int i = 0; i < b.size; ++i) {
+    b.keys.push_back(rng() % 40);
+    b.keys.push_back(rng() % 40);
+    b.values.insert(b.values.end(), {1.0f, 1.0f});
+    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+    b.labels.push_back(3 + n(rng));
+  }
+  v1::JobSpec spec;
+  REQUIRE_OK(config::ParseSpecFile(SourceDir() + "/tests/gpu/graph_mf.yaml", &spec));
+  models::ModelConfig c;
+  c.type = "graph";
+  c.graph = spec.model();
+  auto want = Grads(*cpu, c, b);
+  auto got = Grads(*gpu, c, b);
+  REQUIRE(want.size() == 3);
+  REQUIRE(want.size() == got.size());
+  for (size_t t = 0; t < want.size(); ++t) {
+    INFO("table " << t);
+    Close(got[t], want[t], 1e-4, 1e-5);
+  }
+}
+
 }  // namespace
 }  // namespace fulcrum::compute

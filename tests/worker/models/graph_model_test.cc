@@ -63,6 +63,24 @@ data::Batch CtrBatch(int B, uint32_t seed, int classes = 2) {
   return b;
 }
 
+// Ratings: per example a user key (0-5) and an item key (0-5, overlapping
+// the users'), by position, and a real label.
+data::Batch RatingBatch(int B, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0, 1);
+  data::Batch b;
+  b.size = B;
+  b.offsets.push_back(0);
+  for (int i = 0; i < B; ++i) {
+    b.keys.push_back(rng() % 6);
+    b.keys.push_back(rng() % 6);
+    b.values.insert(b.values.end(), {1.0f, 1.0f});
+    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+    b.labels.push_back(n(rng));
+  }
+  return b;
+}
+
 struct Fixture {
   std::unique_ptr<compute::Backend> be = compute::NewCpuBackend(1);
   std::unique_ptr<Model> model;
@@ -88,10 +106,12 @@ double Loss(Model& m, const data::Batch& b) {
 
 // Every table's gradient (Run's mean over the batch) against central
 // differences, on up to `per_table` elements of each.
-void CheckGradients(const v1::ModelSpec& spec, int classes = 2, int per_table = 12) {
+void CheckGradients(const v1::ModelSpec& spec, int classes = 2, int per_table = 12,
+                    const data::Batch* batch = nullptr) {
   auto be = compute::NewCpuBackend(1);
   std::unique_ptr<Model> m = MakeModel(be.get(), spec);
-  const data::Batch b = CtrBatch(16, 7, classes);
+  const data::Batch ctr = CtrBatch(16, 7, classes);
+  const data::Batch& b = batch != nullptr ? *batch : ctr;
   REQUIRE(m->Prepare(b).ok());
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0, 0.5f);
@@ -174,6 +194,55 @@ TEST_CASE("graph: embeddings of pairwise field crosses match finite differences"
                                 "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
     }
   }
+}
+
+TEST_CASE("graph: field and slice ops over a sparse_input by position match finite differences", "[graph]") {
+  const data::Batch ratings = RatingBatch(16, 9);
+  CheckGradients(ParseGraph("graph:\n"
+                            "  - {name: r, op: sparse_input, fields: 2, by_position: true}\n"
+                            "  - {name: u, op: field, inputs: [r]}\n"
+                            "  - {name: i, op: field, inputs: [r], index: 1}\n"
+                            "  - {name: ue, op: embedding, inputs: [u], dim: 4}\n"
+                            "  - {name: ie, op: embedding, inputs: [i], dim: 4}\n"
+                            "  - {name: uf, op: slice, inputs: [ue], width: 3}\n"
+                            "  - {name: ub, op: slice, inputs: [ue], begin: 3, width: 1}\n"
+                            "  - {name: if, op: slice, inputs: [ie], begin: 1, width: 3}\n"
+                            "  - {name: dot, op: dot_interaction, inputs: [uf, if]}\n"
+                            "  - {name: sum, op: add, inputs: [dot, ub]}\n"
+                            "  - {name: loss, op: loss, inputs: [sum], loss: squared_error}\n"),
+                 0, 12, &ratings);
+  // The same rows, where the same key is a user and an item: two tables.
+  auto be = compute::NewCpuBackend(1);
+  std::unique_ptr<Model> m =
+      MakeModel(be.get(), ParseGraph("graph:\n"
+                                     "  - {name: r, op: sparse_input, fields: 2, by_position: true}\n"
+                                     "  - {name: u, op: field, inputs: [r]}\n"
+                                     "  - {name: i, op: field, inputs: [r], index: 1}\n"
+                                     "  - {name: ue, op: embedding, inputs: [u], dim: 1}\n"
+                                     "  - {name: ie, op: embedding, inputs: [i], dim: 1}\n"
+                                     "  - {name: sum, op: add, inputs: [ue, ie]}\n"
+                                     "  - {name: loss, op: loss, inputs: [sum], loss: squared_error}\n"));
+  REQUIRE(m->Prepare(ratings).ok());
+  REQUIRE(m->tables().size() == 2);
+  std::vector<uint64_t> users, items;
+  for (int b = 0; b < ratings.size; ++b) {
+    users.push_back(ratings.keys[2 * b]);
+    items.push_back(ratings.keys[2 * b + 1]);
+  }
+  for (const auto& [t, want] : {std::pair{0, users}, std::pair{1, items}}) {
+    std::vector<uint64_t> distinct;
+    for (uint64_t k : want) {
+      if (std::find(distinct.begin(), distinct.end(), k) == distinct.end()) distinct.push_back(k);
+    }
+    CHECK(m->tables()[t].keys == distinct);
+  }
+  data::Batch three = RatingBatch(16, 9);
+  three.keys.insert(three.keys.begin() + 2, 4);  // example 1 gets a third key
+  three.values.insert(three.values.begin() + 2, 1.0f);
+  for (size_t k = 2; k < three.offsets.size(); ++k) ++three.offsets[k];
+  const absl::Status s = m->Prepare(three);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK_THAT(std::string(s.message()), Catch::Contains("example 1 of batch 0 has 3 keys; node 'r' takes exactly 2"));
 }
 
 TEST_CASE("graph: a cross holds one key per pair of its fields' values", "[graph]") {
@@ -478,9 +547,79 @@ std::map<uint64_t, std::vector<float>> Rows(const Table& t, bool grad) {
   return out;
 }
 
-TEST_CASE("graph: the sparse_lr and fm presets give bit-identical gradients and weights to the built-in models",
-          "[graph]") {
+// The built-in sparse model `type` (factors 4) and its preset graph on
+// the same weights, three SGD steps: the loss, scores and every table's
+// gradient bit for bit, sparse rows key by key.
+void CheckPresetMatchesBuiltin(const std::string& type, const data::Batch& b, size_t tables, float scale) {
+  INFO(type);
   auto be = compute::NewCpuBackend(1);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> n(0, 1);
+  v1::ModelSpec spec;
+  spec.set_type(type);
+  spec.set_factors(4);
+  auto preset = config::PresetGraph(spec, 0, 2);
+  INFO(preset.status().message());
+  REQUIRE(preset.ok());
+  ModelConfig builtin;
+  builtin.type = type;
+  builtin.factors = 4;
+  ModelConfig graph;
+  graph.type = "graph";
+  graph.graph = *preset;
+  auto a = CreateModel(builtin, be.get());
+  auto g = CreateModel(graph, be.get());
+  INFO(g.status().message());
+  REQUIRE((a.ok() && g.ok()));
+  CHECK((*g)->task() == (*a)->task());
+  REQUIRE((*a)->tables().size() == tables);
+  REQUIRE((*g)->tables().size() == tables);
+  // The weights of both: sparse rows by (table, key), the dense bias.
+  std::map<std::pair<size_t, uint64_t>, std::vector<float>> w;
+  float bias = 0.25f;
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE((*a)->Prepare(b).ok());
+    REQUIRE((*g)->Prepare(b).ok());
+    for (auto* m : {&**a, &**g}) {
+      for (size_t t = 0; t < tables; ++t) {
+        Table& x = m->tables()[t];
+        REQUIRE(x.spec.name() == (*a)->tables()[t].spec.name());
+        REQUIRE(x.dim == (*a)->tables()[t].dim);
+        if (!x.sparse) {
+          x.value.as<float>()[0] = bias;
+          continue;
+        }
+        for (size_t k = 0; k < x.keys.size(); ++k) {
+          std::vector<float>& row = w[{t, x.keys[k]}];
+          while (row.size() < x.dim) row.push_back(scale * n(rng));
+          std::copy(row.begin(), row.end(), x.value.as<float>() + k * x.dim);
+        }
+      }
+    }
+    auto ra = (*a)->Run(b, true);
+    auto rg = (*g)->Run(b, true);
+    REQUIRE((ra.ok() && rg.ok()));
+    CHECK(ra->loss_sum == rg->loss_sum);
+    CHECK(ra->scores == rg->scores);
+    for (size_t t = 0; t < tables; ++t) {
+      Table& x = (*a)->tables()[t];
+      INFO("step " << step << " table " << x.spec.name());
+      if (!x.sparse) {
+        CHECK(std::memcmp(x.grad.data(), (*g)->tables()[t].grad.data(), 4) == 0);
+        bias -= 0.5f * x.grad.as<float>()[0];
+        continue;
+      }
+      const auto ga = Rows(x, true);
+      CHECK(ga == Rows((*g)->tables()[t], true));
+      for (const auto& [key, row] : ga) {  // one SGD step on the shared weights
+        for (size_t d = 0; d < row.size(); ++d) w[{t, key}][d] -= 0.5f * row[d];
+      }
+    }
+  }
+}
+
+TEST_CASE("graph: the sparse_lr and fm and mf presets give bit-identical gradients and weights to the built-in models",
+          "[graph]") {
   std::mt19937 rng(31);
   std::normal_distribution<float> n(0, 1);
   data::Batch b;  // LibSVM rows: 1 to 12 features of 200, with values
@@ -495,72 +634,21 @@ TEST_CASE("graph: the sparse_lr and fm presets give bit-identical gradients and 
     b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
     b.labels.push_back(static_cast<float>(rng() % 2));
   }
-  for (const char* type : {"sparse_lr", "fm"}) {
-    INFO(type);
-    const bool fm = std::string(type) == "fm";
-    v1::ModelSpec spec;
-    spec.set_type(type);
-    spec.set_factors(4);
-    auto preset = config::PresetGraph(spec, 0, 2);
-    REQUIRE(preset.ok());
-    ModelConfig builtin;
-    builtin.type = type;
-    builtin.factors = 4;
-    ModelConfig graph;
-    graph.type = "graph";
-    graph.graph = *preset;
-    auto a = CreateModel(builtin, be.get());
-    auto g = CreateModel(graph, be.get());
-    INFO(g.status().message());
-    REQUIRE((a.ok() && g.ok()));
-    const size_t tables = fm ? 3 : 2;
-    REQUIRE((*a)->tables().size() == tables);
-    REQUIRE((*g)->tables().size() == tables);
-    // The weights of both: sparse rows by (table, key), the bias.
-    std::map<std::pair<size_t, uint64_t>, std::vector<float>> w;
-    float bias = 0.25f;
-    for (int step = 0; step < 3; ++step) {
-      REQUIRE((*a)->Prepare(b).ok());
-      REQUIRE((*g)->Prepare(b).ok());
-      for (auto* m : {&**a, &**g}) {
-        for (size_t t = 0; t < tables; ++t) {
-          Table& x = m->tables()[t];
-          REQUIRE(x.spec.name() == (*a)->tables()[t].spec.name());
-          if (!x.sparse) {
-            x.value.as<float>()[0] = bias;
-            continue;
-          }
-          for (size_t k = 0; k < x.keys.size(); ++k) {
-            std::vector<float>& row = w[{t, x.keys[k]}];
-            while (row.size() < x.dim) row.push_back(0.1f * n(rng));
-            std::copy(row.begin(), row.end(), x.value.as<float>() + k * x.dim);
-          }
-        }
-      }
-      auto ra = (*a)->Run(b, true);
-      auto rg = (*g)->Run(b, true);
-      REQUIRE((ra.ok() && rg.ok()));
-      CHECK(ra->loss_sum == rg->loss_sum);
-      CHECK(ra->scores == rg->scores);
-      for (size_t t = 0; t < tables; ++t) {
-        Table& x = (*a)->tables()[t];
-        INFO("table " << x.spec.name());
-        if (!x.sparse) {
-          CHECK(std::memcmp(x.grad.data(), (*g)->tables()[t].grad.data(), 4) == 0);
-          bias -= 0.5f * x.grad.as<float>()[0];
-          continue;
-        }
-        const auto ga = Rows(x, true);
-        CHECK(ga == Rows((*g)->tables()[t], true));
-        for (const auto& [key, row] : ga) {  // one SGD step on the shared weights
-          for (size_t d = 0; d < row.size(); ++d) w[{t, key}][d] -= 0.5f * row[d];
-        }
-      }
-    }
-  }
-  v1::ModelSpec mf;
-  mf.set_type("mf");
-  CHECK(absl::IsUnimplemented(config::PresetGraph(mf, 0, 0).status()));
+  CheckPresetMatchesBuiltin("sparse_lr", b, 2, 0.1f);
+  CheckPresetMatchesBuiltin("fm", b, 3, 0.1f);
+  CheckPresetMatchesBuiltin("mf", RatingBatch(40, 41), 3, 0.3f);  // user, item: k factors and the bias; global_bias
+
+  v1::ModelSpec spec;
+  spec.set_type("mf");
+  spec.set_factors(4);
+  auto preset = config::PresetGraph(spec, 0, 0);
+  REQUIRE(preset.ok());
+  // tests/gpu/graph_mf.yaml, which the torch cross-check runs, is this preset.
+  v1::JobSpec file;
+  REQUIRE(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/tests/gpu/graph_mf.yaml", &file).ok());
+  CHECK(file.model().SerializeAsString() == preset->SerializeAsString());
+  spec.set_type("dlrm");
+  CHECK(absl::IsInvalidArgument(config::PresetGraph(spec, 0, 0).status()));
 }
 
 }  // namespace
