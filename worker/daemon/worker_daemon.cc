@@ -302,7 +302,7 @@ class WorkerDaemon::Runner {
     sum.set_samples_per_second(e.samples_per_second);
     FLOG(INFO) << tag << ": epoch " << epoch << " took " << e.seconds << " s: pull " << e.pull_wait_seconds
                << " s, compute " << e.compute_seconds << " s, push " << e.push_wait_seconds << " s, data "
-               << e.data_wait_seconds << " s";
+               << e.data_wait_seconds << " s, prepare " << e.prepare_seconds << " s";
     v1::ReportProgressRequest r = Base();
     progress_.set_state("training");
     *r.mutable_progress() = progress_;

@@ -66,6 +66,10 @@ struct Batch {
                          : rows.data();
   }
   bool sparse() const { return !offsets.empty(); }
+  // What a model computed from the batch on the decoding threads
+  // (PrefetchOptions::host_work), and which model's work it is.
+  std::shared_ptr<const void> host_work;
+  const void* host_work_by = nullptr;
 
   // Empties the batch for n examples: dense data sized n x num_features
   // (0 features: sparse, with offsets = {0} and no keys yet).
@@ -82,6 +86,8 @@ struct Batch {
     device = nullptr;
     rows.clear();
     features_uploaded = false;
+    host_work.reset();
+    host_work_by = nullptr;
   }
 };
 

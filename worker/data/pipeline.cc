@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
   } else {
     dataset_->Fill(idx, n, batch.get());
     if (batch->sparse() && options_.distinct_keys) DistinctKeys(batch->keys.data(), batch->keys.size(), &batch->distinct_keys, &batch->key_index);
+    if (options_.host_work) options_.host_work(batch.get());
   }
   batch->epoch = epoch_;
   batch->index = i;

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -64,6 +65,9 @@ struct PrefetchOptions {
   // Sparse batches: find the distinct keys on the decoding threads
   // (Batch::distinct_keys), for models that use them.
   bool distinct_keys = true;
+  // Run on each decoded batch on the decoding threads (Model::HostWork):
+  // a model's own host work, off the training thread.
+  std::function<void(Batch*)> host_work;
   BatchPool* pool = nullptr;  // batches to reuse and give back (may be null)
 };
 

@@ -109,6 +109,26 @@ void SelectField(const Bags& in, int batch, int f, Bags* out) {
   }
 }
 
+void BuildGraphHostBatch(const GraphHostPlan& plan, const data::Batch& batch, GraphHostBatch* out) {
+  const config::ModelGraph& g = plan.graph;
+  const int B = batch.size, sp = g.sparse_input;
+  out->bags.resize(g.nodes.size());
+  Bags* fields = sp >= 0 ? &out->bags[sp] : nullptr;
+  if (fields != nullptr) fields->fields = g.nodes[sp].fields;
+  out->status = fields != nullptr && g.nodes[sp].by_position
+                    ? SplitByPosition(batch, g.nodes[sp].name, fields)
+                    : SplitRows(batch, plan.first, plan.field_bits, plan.dense_width, sp >= 0 ? g.nodes[sp].name : "",
+                                &out->dense, fields);
+  if (!out->status.ok()) return;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const config::GraphNodeInfo& n = g.nodes[i];
+    if (!config::IsSparseSource(n.op)) continue;
+    if (n.op == config::GraphOp::kCross) Cross(out->bags[n.inputs[0]], B, n.crossed, &out->bags[i]);
+    if (n.op == config::GraphOp::kField) SelectField(out->bags[n.inputs[0]], B, n.index, &out->bags[i]);
+    out->bags[i].Finish(B, plan.wants_mean[i], plan.wants_shared[i], plan.first, plan.mask);
+  }
+}
+
 void Cross(const Bags& in, int batch, int crossed, Bags* out) {
   out->fields = crossed * (crossed - 1) / 2;
   out->offsets.assign(1, 0);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/config/model_graph.h"
 #include "worker/data/dataset.h"
 
 namespace fulcrum::models {
@@ -54,6 +55,30 @@ void SelectField(const Bags& in, int batch, int f, Bags* out);
 // value_i * value_j.
 void Cross(const Bags& in, int batch, int crossed, Bags* out);
 uint64_t CrossKey(int i, int j, uint64_t a, uint64_t b);
+
+// What a graph's host work on a batch needs, fixed when the model is made:
+// the graph, the sparse rows' layout (keys below `first` are dense
+// features, fields of `field_bits` bits above it) and, per node, what the
+// embeddings reading it want.
+struct GraphHostPlan {
+  config::ModelGraph graph;
+  uint64_t first = 0, mask = ~uint64_t{0};
+  int field_bits = 0, dense_width = 0;
+  std::vector<bool> wants_mean, wants_shared;  // per node
+};
+
+// A batch's host side: the dense features of its sparse rows and the bags
+// of every categorical source (sparse_input, cross, field; by node),
+// finished with their distinct keys, or the batch's error.
+struct GraphHostBatch {
+  absl::Status status;
+  std::vector<float> dense;
+  std::vector<Bags> bags;
+};
+
+// Builds *out from a sparse batch; reads nothing but `plan` and `batch`, so
+// decoding threads can run it ahead of the step (Model::HostWork).
+void BuildGraphHostBatch(const GraphHostPlan& plan, const data::Batch& batch, GraphHostBatch* out);
 
 }  // namespace fulcrum::models
 

@@ -44,9 +44,8 @@ struct NodeState {
   Buffer x16, w16, g16;      // linear in bf16: its input, weights and output gradient
   int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
   bool grad_written = false;
-  // sparse_input and cross: the batch's bags, on the host and the device,
-  // and what the embeddings reading them need (mean values, shared keys).
-  Bags bags;
+  // sparse_input, cross and field: the batch's bags on the device, and
+  // what the embeddings reading them need (mean values, shared keys).
   bool wants_mean = false, wants_shared = false;
   Buffer d_offsets, d_example_offsets, d_index, d_index_shared, d_values, d_mean_values;
 };
@@ -79,6 +78,31 @@ class GraphModel final : public Model {
       }
     }
     loss_ = &g_.nodes.back();
+    auto plan = std::make_shared<GraphHostPlan>();
+    plan->graph = g_;
+    plan->first = static_cast<uint64_t>(config_.dense_keys);
+    plan->mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
+    plan->field_bits = config_.field_bits;
+    plan->dense_width = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
+    for (const NodeState& s : nodes_) {
+      plan->wants_mean.push_back(s.wants_mean);
+      plan->wants_shared.push_back(s.wants_shared);
+    }
+    plan_ = std::move(plan);
+  }
+
+  // Splitting the rows into bags and finding their keys, on the decoding
+  // threads: on a GPU this host work would otherwise hold up every step.
+  std::function<void(data::Batch*)> HostWork() const override {
+    if (g_.sparse_input < 0) return nullptr;
+    std::shared_ptr<const GraphHostPlan> plan = plan_;
+    return [plan](data::Batch* b) {
+      if (!b->sparse()) return;
+      auto work = std::make_shared<GraphHostBatch>();
+      BuildGraphHostBatch(*plan, *b, work.get());
+      b->host_work = std::move(work);
+      b->host_work_by = plan.get();
+    };
   }
 
   Task task() const override {
@@ -157,37 +181,30 @@ class GraphModel final : public Model {
       }
       return absl::OkStatus();
     }
-    const int Wd = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
-    const uint64_t first = static_cast<uint64_t>(config_.dense_keys);
-    const uint64_t mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
-    Bags* fields = has_sparse ? &nodes_[g_.sparse_input].bags : nullptr;
-    if (fields != nullptr) fields->fields = node(g_.sparse_input).fields;
-    if (fields != nullptr && node(g_.sparse_input).by_position) {
-      RETURN_IF_ERROR(SplitByPosition(batch, node(g_.sparse_input).name, fields));
-    } else {
-      RETURN_IF_ERROR(SplitRows(batch, first, config_.field_bits, Wd, has_sparse ? node(g_.sparse_input).name : "",
-                                &dense_host_, fields));
+    // The decoding threads' work on this batch, else the same work here.
+    const GraphHostBatch* host = batch.host_work_by == plan_.get()
+                                     ? static_cast<const GraphHostBatch*>(batch.host_work.get())
+                                     : nullptr;
+    if (host == nullptr) {
+      BuildGraphHostBatch(*plan_, batch, &host_);
+      host = &host_;
     }
-    if (Wd > 0) RETURN_IF_ERROR(Upload(&d_dense_, dense_host_.data(), 4 * dense_host_.size()));
+    RETURN_IF_ERROR(host->status);
+    if (plan_->dense_width > 0) RETURN_IF_ERROR(Upload(&d_dense_, host->dense.data(), 4 * host->dense.size()));
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      NodeState& s = nodes_[i];
-      if (!config::IsSparseSource(node(i).op)) continue;
-      if (node(i).op == GraphOp::kCross) Cross(nodes_[node(i).inputs[0]].bags, B, node(i).crossed, &s.bags);
-      if (node(i).op == GraphOp::kField) SelectField(nodes_[node(i).inputs[0]].bags, B, node(i).index, &s.bags);
-      s.bags.Finish(B, s.wants_mean, s.wants_shared, first, mask);
-      RETURN_IF_ERROR(UploadBags(s));
+      if (config::IsSparseSource(node(i).op)) RETURN_IF_ERROR(UploadBags(nodes_[i], host->bags[i]));
     }
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       if (node(i).op != GraphOp::kEmbedding) continue;
-      const Bags& b = nodes_[node(i).inputs[0]].bags;
+      const Bags& b = host->bags[node(i).inputs[0]];
       tables_[nodes_[i].table].keys = node(i).shared ? b.distinct_shared : b.distinct;
     }
-    // The host vectors stay untouched until the next Prepare, after Run.
+    // The host vectors (the batch's, or host_) stay untouched until the
+    // step's Run has synchronized: the batch goes back to the pipeline after.
     return absl::OkStatus();
   }
 
-  absl::Status UploadBags(NodeState& s) {
-    const Bags& b = s.bags;
+  absl::Status UploadBags(NodeState& s, const Bags& b) {
     const size_t nnz = b.keys.size();
     RETURN_IF_ERROR(Upload(&s.d_offsets, b.offsets.data(), 4 * b.offsets.size()));
     RETURN_IF_ERROR(Upload(&s.d_example_offsets, b.example_offsets.data(), 4 * b.example_offsets.size()));
@@ -543,7 +560,8 @@ class GraphModel final : public Model {
   const GraphNodeInfo* loss_ = nullptr;
   std::vector<NodeState> nodes_;
   int batch_ = 0;
-  std::vector<float> dense_host_;  // the dense features of sparse rows
+  std::shared_ptr<const GraphHostPlan> plan_;
+  GraphHostBatch host_;  // Prepare's own host work, for batches that come without it
   Buffer d_dense_;
   Buffer labels_, loss_buf_, pred_, prob_, scratch_;
   std::vector<int32_t> class_host_, pred_host_;

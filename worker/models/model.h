@@ -114,6 +114,11 @@ class Model {
   // Whether Prepare uses Batch::distinct_keys (one key space over all the
   // batch's features), so the pipeline should find them ahead of the step.
   virtual bool wants_distinct_keys() const { return false; }
+  // Host work on a batch that Prepare would otherwise do on the training
+  // thread, for the pipeline's decoding threads to do ahead of the step
+  // (data::PrefetchOptions::host_work); null when there is none. Safe to
+  // call from several threads at once, and after the model is gone.
+  virtual std::function<void(data::Batch*)> HostWork() const { return nullptr; }
   const ModelConfig& config() const { return config_; }
   std::vector<Table>& tables() { return tables_; }
   compute::Backend* backend() const { return be_; }

@@ -98,8 +98,9 @@ absl::Status TrainEpochs(fulcrum::training::Trainer& trainer, const fulcrum::v1:
     }
     std::printf("epoch %u: %.0f samples/s, train loss %.4f, test accuracy %.4f\n", e + 1, r->samples_per_second,
                 r->train.loss, accuracy);
-    std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s\n", r->seconds, r->pull_wait_seconds,
-                r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds);
+    std::printf("  %.3f s: pull %.3f s, compute %.3f s, push %.3f s, data %.3f s, prepare %.3f s\n", r->seconds,
+                r->pull_wait_seconds, r->compute_seconds, r->push_wait_seconds, r->data_wait_seconds,
+                r->prepare_seconds);
     if (r->sparse_rows_pulled > 0 && r->seconds > 0) {
       std::printf("  sparse rows pulled: %.0f/s, %.1f per example\n", r->sparse_rows_pulled / r->seconds,
                   static_cast<double>(r->sparse_rows_pulled) / std::max<int64_t>(r->train.examples, 1));

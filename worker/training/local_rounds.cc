@@ -420,6 +420,7 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     const auto d = Clock::now();
     StepTiming t;
     t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+    t.prepare = std::chrono::duration<double>(a - t_batch).count();
     t.pull = std::chrono::duration<double>(b - a).count();
     t.compute = std::chrono::duration<double>(c - b).count();
     t.push = std::chrono::duration<double>(d - c).count();

@@ -303,6 +303,7 @@ void Trainer::CloseStep(const StepTiming& t, const models::Metrics& m, EpochResu
   result->data_wait_seconds += t.data_wait;
   result->pull_wait_seconds += t.pull;
   result->compute_seconds += t.compute;
+  result->prepare_seconds += t.prepare;
   result->push_wait_seconds += t.push;
   if (options_.on_step) options_.on_step(step_, m, t);
   ++step_;
@@ -390,6 +391,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
   po.threads = options_.decode_threads;
   po.upload = options_.upload;
   po.distinct_keys = model_->wants_distinct_keys();
+  po.host_work = model_->HostWork();
   po.pool = &batch_pool_;
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
@@ -424,6 +426,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       const auto e = Clock::now();
       StepTiming t;
       t.data_wait = std::chrono::duration<double>(t_batch - t_data).count();
+      t.prepare = std::chrono::duration<double>(a - t_batch).count();
       t.pull = std::chrono::duration<double>(b - a).count();
       t.compute = std::chrono::duration<double>(d - c).count();
       t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
@@ -477,6 +480,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   po.threads = options_.decode_threads;
   po.upload = options_.upload;
   po.distinct_keys = model_->wants_distinct_keys();
+  po.host_work = model_->HostWork();
   ASSIGN_OR_RETURN(po.device, DeviceDataFor(test));
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());

@@ -49,6 +49,7 @@ namespace fulcrum::training {
 // Where one step's wall time went, in seconds (they add up to `total`).
 struct StepTiming {
   double data_wait = 0;  // waiting for the prefetcher's batch
+  double prepare = 0;    // the model's host work on the batch (keys, bags) and its uploads
   double pull = 0;       // waiting for parameters
   double compute = 0;    // forward + backward (gradient pushes start during it)
   double push = 0;       // waiting for pushes to be acknowledged
@@ -129,6 +130,7 @@ struct EpochResult {
   double pull_wait_seconds = 0;  // time steps waited for parameters
   double push_wait_seconds = 0;  // time steps waited for their pushes
   double compute_seconds = 0;    // forward + backward
+  double prepare_seconds = 0;    // the model's host work on each batch (Model::Prepare)
   // Local steps: of the pull and push waits, the time the rounds' ends and
   // starts spent on device-side copies and updates of the anchor and the
   // replica (microseconds on a GPU, milliseconds on the CPU backend).
