@@ -2,9 +2,11 @@
 // prefetching pipeline, and the text-to-LibSVM converter.
 #include <zlib.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -344,6 +346,39 @@ TEST_CASE("sparse batches come with their distinct keys, found on the pipeline's
     ++batches;
   }
   CHECK(batches == 3);
+}
+
+TEST_CASE("a model's host work runs on the pipeline's threads on every batch, ahead of the consumer") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "1 " + std::to_string(1 + i) + ":1\n";
+  REQUIRE_OK_AND_ASSIGN(auto ds, ReadLibSvm(dir.Write("w.svm", text)));
+  const std::thread::id consumer = std::this_thread::get_id();
+  std::atomic<int> calls{0}, on_consumer{0};
+  PrefetchOptions o;
+  o.batch_size = 16;
+  o.threads = 2;
+  o.distinct_keys = false;
+  o.host_work = [&](Batch* b) {
+    ++calls;
+    if (std::this_thread::get_id() == consumer) ++on_consumer;
+    b->host_work = std::make_shared<const size_t>(b->keys.size());  // the batch's key count, as its "work"
+    b->host_work_by = &calls;
+  };
+  Prefetcher p(ds.get(), ShardOrder(40, 0, 1, 5, 0), 0, o, nullptr);
+  int batches = 0;
+  for (;;) {
+    REQUIRE_OK_AND_ASSIGN(auto b, p.Next());
+    if (!b) break;
+    REQUIRE(b->host_work_by == &calls);
+    CHECK(*static_cast<const size_t*>(b->host_work.get()) == b->keys.size());
+    CHECK(b->distinct_keys.empty());
+    ++batches;
+    p.Recycle(std::move(b));
+  }
+  CHECK(batches == 3);
+  CHECK(calls == 3);
+  CHECK(on_consumer == 0);
 }
 
 TEST_CASE("a dataset on the device: batches gathered there equal the host's, bit for bit") {
