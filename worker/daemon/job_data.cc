@@ -102,6 +102,10 @@ static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc
   const std::string& format = spec.data().train().format();
   const config::GraphNodeInfo* dense = g.dense_input >= 0 ? &g.nodes[g.dense_input] : nullptr;
   const config::GraphNodeInfo* sparse = g.sparse_input >= 0 ? &g.nodes[g.sparse_input] : nullptr;
+  if (sparse != nullptr && sparse->by_position && format != "libsvm") {
+    return absl::InvalidArgumentError(absl::StrCat("model.graph node '", sparse->name, "': by_position takes the keys "
+                                                   "of libsvm rows (\"rating user:1 item:1\"), not ", format, " rows"));
+  }
   if (format == "criteo") {
     mc->dense_keys = data::kCriteoIntegers;
     mc->field_bits = spec.data().train().hash_bits() > 0 ? static_cast<int>(spec.data().train().hash_bits()) : 20;
@@ -116,7 +120,7 @@ static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc
     }
   } else if (format == "libsvm") {
     mc->dense_keys = dense != nullptr ? static_cast<int>(dense->width()) : 0;
-    if (sparse != nullptr && sparse->fields != 1) {
+    if (sparse != nullptr && !sparse->by_position && sparse->fields != 1) {
       return absl::InvalidArgumentError(absl::StrCat("model.graph node '", sparse->name, "': ", sparse->fields,
                                                      " fields, but libsvm rows have one (keys at and above the "
                                                      "dense_input's width)"));

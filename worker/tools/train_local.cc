@@ -95,6 +95,7 @@ absl::Status TrainEpochs(fulcrum::training::Trainer& trainer, const fulcrum::v1:
       if (!t.ok()) return t.status();
       accuracy = t->accuracy;
       if (t->auc > 0) std::printf("epoch %u: test AUC %.4f, log loss %.4f\n", e + 1, t->auc, t->loss);
+      if (t->rmse > 0) std::printf("epoch %u: test RMSE %.4f\n", e + 1, t->rmse);
     }
     std::printf("epoch %u: %.0f samples/s, train loss %.4f, test accuracy %.4f\n", e + 1, r->samples_per_second,
                 r->train.loss, accuracy);

@@ -6,7 +6,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/config/model_graph.h"
 #include "tests/testing/process_util.h"
+#include "worker/daemon/job_data.h"
 #include "worker/daemon/worker_daemon.h"
 
 namespace fulcrum {
@@ -100,6 +102,38 @@ TEST_CASE("classes in the data that disagree with the model's are refused, namin
   mc.type = "mf";
   test.set_classes(30);
   CHECK(CheckClasses(spec, mc, train, &test).ok());
+}
+
+TEST_CASE("a graph reading libsvm rows by position takes their keys as fields, and no other format", "[data]") {
+  const fs::path dir = testing::MakeTempDir("fulcrum-by-position");
+  std::ofstream(dir / "r.svm") << "4.5 3:1 1007:1\n2 1:1 1007:1\n3 3:1 1002:1\n";  // user, then item
+  v1::JobSpec spec;
+  spec.mutable_model()->set_type("mf");
+  spec.mutable_model()->set_factors(3);
+  auto graph = config::PresetGraph(spec.model(), 0, 0);
+  REQUIRE(graph.ok());
+  *spec.mutable_model() = *graph;
+  spec.mutable_data()->mutable_train()->set_format("libsvm");
+  spec.mutable_data()->mutable_train()->set_path("r.svm");
+  spec.mutable_data()->mutable_train()->set_label_kind("real");
+  auto data = LoadDataSource(spec.data().train(), dir.string(), nullptr);
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  auto mc = ModelConfigFor(spec, **data);
+  INFO(mc.status().message());
+  REQUIRE(mc.ok());
+  CHECK(mc->dense_keys == 0);
+  // A sparse_input of two fields without by_position: libsvm rows have one.
+  spec.mutable_model()->mutable_graph(0)->set_by_position(false);
+  mc = ModelConfigFor(spec, **data);
+  REQUIRE(mc.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(mc.status().message().find("node 'rating': 2 fields, but libsvm rows have one") != std::string::npos);
+  spec.mutable_model()->mutable_graph(0)->set_by_position(true);
+  spec.mutable_data()->mutable_train()->set_format("criteo");
+  mc = ModelConfigFor(spec, **data);
+  REQUIRE(mc.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(mc.status().message().find("by_position takes the keys of libsvm rows") != std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace
