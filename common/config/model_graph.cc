@@ -289,7 +289,8 @@ bool InputsReadable(const GraphNodeInfo& g, const std::vector<GraphNodeInfo>& no
                                     " reads a sparse_input")
           : reads_fields ? absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op),
                                         "; an embedding reads a sparse_input, a cross or a field")
-                         : absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op), "; only an embedding, a cross or a field reads one"));
+                         : absl::StrCat("input '", in.name, "' is a ", GraphOpName(in.op),
+                                        "; only an embedding, a cross or a field reads one"));
       return false;
     }
     if (g.op == GraphOp::kEmbedding && g.shared && in.op == GraphOp::kCross) {
