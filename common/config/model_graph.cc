@@ -104,10 +104,11 @@ void Expand(const v1::GraphNode& n, int index, std::vector<Raw>* out, std::vecto
     lin.info.from = n.name();
     lin.input_names = l == 0 ? inputs : std::vector<std::string>{prev_name};
     prev_name = lin.info.name;
+    const std::string layer_path = lin.path;
     out->push_back(std::move(lin));
     if (a == GraphOp::kLoss) continue;
     Raw r;
-    r.path = lin.path;
+    r.path = layer_path;
     r.spec = &n;
     r.info.op = a;
     r.info.name = l + 1 == L ? n.name() : absl::StrCat(n.name(), ".", GraphOpName(a), l);

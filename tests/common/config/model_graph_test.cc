@@ -199,6 +199,15 @@ TEST_CASE("model graph: field selects one field and slice a run of values, each 
                              "it ('x')"));
 }
 
+TEST_CASE("model graph: an mlp's activation layers are named by their layer in errors", "[graph]") {
+  const std::string p = Problems("  - {name: x, op: dense_input, width: 4}\n"
+                                 "  - {name: unused, op: mlp, inputs: [x], layers: [3, 2]}\n"
+                                 "  - {name: l, op: linear, inputs: [x], width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [l], loss: squared_error}\n");
+  CHECK_THAT(p, Catch::Contains("model.graph[1] 'unused'.layers[0]: nothing leads from it to the loss"));
+  CHECK_THAT(p, !Catch::Contains("\n: nothing leads") && !Catch::StartsWith(": "));
+}
+
 TEST_CASE("model graph: every mistake names its node and field", "[graph]") {
   const std::string tail = "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n";
   CHECK_THAT(Problems("  - {name: x, op: dense_input, width: 4}\n"
