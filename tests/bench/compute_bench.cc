@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "tests/testing/source_dir.h"
 #include "worker/compute/backend.h"
 #include "worker/data/device_data.h"
 #include "worker/data/pipeline.h"
@@ -90,7 +91,8 @@ struct Case {
 // is installed. `why` says why a run gave no figure.
 struct TorchPeer {
   std::string python = "python3";
-  std::string script = FULCRUM_SOURCE_DIR "/tests/bench/torch_step.py";
+  // A bundle run elsewhere (tests/gpu/run.sh) names its own source tree.
+  std::string script = testing::SourceDir() + "/tests/bench/torch_step.py";
   bool enabled = true;
   std::string why;
 
@@ -250,10 +252,6 @@ int main(int argc, char** argv) {
   DType precision = DType::kFp32;
   DataOptions data_options;
   TorchPeer torch;
-  // A bundle run elsewhere (tests/gpu/bench.sh) names its own source tree.
-  if (const char* src = std::getenv("FULCRUM_SOURCE_DIR"); src != nullptr && *src != 0) {
-    torch.script = std::string(src) + "/tests/bench/torch_step.py";
-  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;

@@ -4,7 +4,6 @@
 // with the reason, and ctest reports it as skipped.
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -12,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/testing/source_dir.h"
 #include "tests/testing/test_util.h"
 #include "worker/compute/backend.h"
 #include "common/config/spec_text.h"
@@ -20,12 +20,7 @@
 namespace fulcrum::compute {
 namespace {
 
-// The source tree: $FULCRUM_SOURCE_DIR where set (a GPU machine runs this
-// test from a bundle, away from the tree it was built in), else the build's.
-std::string SourceDir() {
-  const char* env = std::getenv("FULCRUM_SOURCE_DIR");
-  return env != nullptr && *env != '\0' ? env : FULCRUM_SOURCE_DIR;
-}
+using testing::SourceDir;
 
 std::unique_ptr<Backend> Gpu() {
   std::string why;
