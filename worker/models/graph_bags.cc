@@ -109,6 +109,23 @@ void SelectField(const Bags& in, int batch, int f, Bags* out) {
   }
 }
 
+std::shared_ptr<const GraphHostPlan> MakeGraphHostPlan(config::ModelGraph graph, int dense_keys, int field_bits) {
+  auto plan = std::make_shared<GraphHostPlan>();
+  plan->first = static_cast<uint64_t>(dense_keys);
+  plan->mask = field_bits > 0 ? (uint64_t{1} << field_bits) - 1 : ~uint64_t{0};
+  plan->field_bits = field_bits;
+  plan->dense_width = graph.dense_input >= 0 ? static_cast<int>(graph.nodes[graph.dense_input].width()) : 0;
+  plan->wants_mean.assign(graph.nodes.size(), false);
+  plan->wants_shared.assign(graph.nodes.size(), false);
+  for (const config::GraphNodeInfo& n : graph.nodes) {
+    if (n.op != config::GraphOp::kEmbedding) continue;
+    if (n.mean) plan->wants_mean[n.inputs[0]] = true;
+    if (n.shared) plan->wants_shared[n.inputs[0]] = true;
+  }
+  plan->graph = std::move(graph);
+  return plan;
+}
+
 void BuildGraphHostBatch(const GraphHostPlan& plan, const data::Batch& batch, GraphHostBatch* out) {
   const config::ModelGraph& g = plan.graph;
   const int B = batch.size, sp = g.sparse_input;

@@ -6,6 +6,7 @@
 #define FULCRUM_WORKER_MODELS_GRAPH_BAGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,13 +60,14 @@ uint64_t CrossKey(int i, int j, uint64_t a, uint64_t b);
 // What a graph's host work on a batch needs, fixed when the model is made:
 // the graph, the sparse rows' layout (keys below `first` are dense
 // features, fields of `field_bits` bits above it) and, per node, what the
-// embeddings reading it want.
+// embeddings reading it want (mean values, keys within their field).
 struct GraphHostPlan {
   config::ModelGraph graph;
   uint64_t first = 0, mask = ~uint64_t{0};
   int field_bits = 0, dense_width = 0;
   std::vector<bool> wants_mean, wants_shared;  // per node
 };
+std::shared_ptr<const GraphHostPlan> MakeGraphHostPlan(config::ModelGraph graph, int dense_keys, int field_bits);
 
 // A batch's host side: the dense features of its sparse rows and the bags
 // of every categorical source (sparse_input, cross, field; by node),

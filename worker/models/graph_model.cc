@@ -44,15 +44,16 @@ struct NodeState {
   Buffer x16, w16, g16;      // linear in bf16: its input, weights and output gradient
   int table = -1;            // linear: weight (bias next); layer_norm: gamma (beta next); embedding
   bool grad_written = false;
-  // sparse_input, cross and field: the batch's bags on the device, and
-  // what the embeddings reading them need (mean values, shared keys).
-  bool wants_mean = false, wants_shared = false;
+  // sparse_input, cross and field: the batch's bags on the device.
   Buffer d_offsets, d_example_offsets, d_index, d_index_shared, d_values, d_mean_values;
 };
 
 class GraphModel final : public Model {
  public:
-  GraphModel(ModelConfig c, compute::Backend* be, config::ModelGraph g) : Model(std::move(c), be), g_(std::move(g)) {
+  GraphModel(ModelConfig c, compute::Backend* be, config::ModelGraph g)
+      : Model(std::move(c), be),
+        plan_(MakeGraphHostPlan(std::move(g), config_.dense_keys, config_.field_bits)),
+        g_(plan_->graph) {
     nodes_.resize(g_.nodes.size());
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const GraphNodeInfo& n = g_.nodes[i];
@@ -73,22 +74,9 @@ class GraphModel final : public Model {
       } else if (n.op == GraphOp::kEmbedding) {
         nodes_[i].table = static_cast<int>(tables_.size());
         AddSparse(n.name, static_cast<uint32_t>(n.dim), n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());
-        nodes_[n.inputs[0]].wants_shared |= n.shared;
-        nodes_[n.inputs[0]].wants_mean |= n.mean;
       }
     }
     loss_ = &g_.nodes.back();
-    auto plan = std::make_shared<GraphHostPlan>();
-    plan->graph = g_;
-    plan->first = static_cast<uint64_t>(config_.dense_keys);
-    plan->mask = config_.field_bits > 0 ? (uint64_t{1} << config_.field_bits) - 1 : ~uint64_t{0};
-    plan->field_bits = config_.field_bits;
-    plan->dense_width = g_.dense_input >= 0 ? static_cast<int>(node(g_.dense_input).width()) : 0;
-    for (const NodeState& s : nodes_) {
-      plan->wants_mean.push_back(s.wants_mean);
-      plan->wants_shared.push_back(s.wants_shared);
-    }
-    plan_ = std::move(plan);
   }
 
   // Splitting the rows into bags and finding their keys, on the decoding
@@ -192,7 +180,7 @@ class GraphModel final : public Model {
     RETURN_IF_ERROR(host->status);
     if (plan_->dense_width > 0) RETURN_IF_ERROR(Upload(&d_dense_, host->dense.data(), 4 * host->dense.size()));
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      if (config::IsSparseSource(node(i).op)) RETURN_IF_ERROR(UploadBags(nodes_[i], host->bags[i]));
+      if (config::IsSparseSource(node(i).op)) RETURN_IF_ERROR(UploadBags(i, host->bags[i]));
     }
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       if (node(i).op != GraphOp::kEmbedding) continue;
@@ -204,14 +192,15 @@ class GraphModel final : public Model {
     return absl::OkStatus();
   }
 
-  absl::Status UploadBags(NodeState& s, const Bags& b) {
+  absl::Status UploadBags(size_t i, const Bags& b) {
+    NodeState& s = nodes_[i];
     const size_t nnz = b.keys.size();
     RETURN_IF_ERROR(Upload(&s.d_offsets, b.offsets.data(), 4 * b.offsets.size()));
     RETURN_IF_ERROR(Upload(&s.d_example_offsets, b.example_offsets.data(), 4 * b.example_offsets.size()));
     RETURN_IF_ERROR(Upload(&s.d_index, b.index.data(), 4 * nnz));
     RETURN_IF_ERROR(Upload(&s.d_values, b.values.data(), 4 * nnz));
-    if (s.wants_shared) RETURN_IF_ERROR(Upload(&s.d_index_shared, b.index_shared.data(), 4 * nnz));
-    if (s.wants_mean) RETURN_IF_ERROR(Upload(&s.d_mean_values, b.mean_values.data(), 4 * nnz));
+    if (plan_->wants_shared[i]) RETURN_IF_ERROR(Upload(&s.d_index_shared, b.index_shared.data(), 4 * nnz));
+    if (plan_->wants_mean[i]) RETURN_IF_ERROR(Upload(&s.d_mean_values, b.mean_values.data(), 4 * nnz));
     return absl::OkStatus();
   }
 
@@ -556,11 +545,12 @@ class GraphModel final : public Model {
     return absl::OkStatus();
   }
 
-  config::ModelGraph g_;
+  // The graph lives in the host plan the decoding threads share (graph_bags.h).
+  std::shared_ptr<const GraphHostPlan> plan_;
+  const config::ModelGraph& g_;
   const GraphNodeInfo* loss_ = nullptr;
   std::vector<NodeState> nodes_;
   int batch_ = 0;
-  std::shared_ptr<const GraphHostPlan> plan_;
   GraphHostBatch host_;  // Prepare's own host work, for batches that come without it
   Buffer d_dense_;
   Buffer labels_, loss_buf_, pred_, prob_, scratch_;
