@@ -375,25 +375,30 @@ absl::StatusOr<std::string> Trainer::DenseFingerprint() {
   return std::string(buf);
 }
 
+absl::StatusOr<data::PrefetchOptions> Trainer::PipelineOptions(const data::Dataset& data, int batch_size) {
+  data::PrefetchOptions po;
+  po.batch_size = batch_size;
+  po.depth = options_.prefetch_depth;
+  po.threads = options_.decode_threads;
+  po.upload = options_.upload;
+  po.distinct_keys = model_->wants_distinct_keys();
+  po.host_work = model_->HostWork();
+  ASSIGN_OR_RETURN(po.device, DeviceDataFor(data));
+  return po;
+}
+
 absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int epoch, int64_t start_batch) {
   const auto t0 = Clock::now();
   // The CPU backend's kernels run on this thread (and OpenBLAS's, with one
   // compute thread): keep denormal activations and gradients from costing
   // a microcode assist each (common/float_env.h).
   ScopedFlushDenormals flush;
-  data::PrefetchOptions po;
-  po.batch_size = options_.batch_size;
-  po.depth = options_.prefetch_depth;
+  ASSIGN_OR_RETURN(data::PrefetchOptions po, PipelineOptions(train, options_.batch_size));
+  po.pool = &batch_pool_;
   std::vector<int64_t> order =
       data::ShardOrder(train.size(), options_.rank, options_.world_size, options_.seed, epoch, options_.shuffle);
   const size_t skip = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(0, start_batch)) * options_.batch_size);
   order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(skip));
-  po.threads = options_.decode_threads;
-  po.upload = options_.upload;
-  po.distinct_keys = model_->wants_distinct_keys();
-  po.host_work = model_->HostWork();
-  po.pool = &batch_pool_;
-  ASSIGN_OR_RETURN(po.device, DeviceDataFor(train));
   data::Prefetcher prefetch(&train, std::move(order), epoch, po, model_->backend());
   EpochResult result;
   result.epoch = epoch;
@@ -474,14 +479,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   // replica, so the next epoch's first round starts without another pull.
   RETURN_IF_ERROR(LandRounds());
   ScopedFlushDenormals flush;
-  data::PrefetchOptions po;
-  po.batch_size = std::max(options_.batch_size, 256);
-  po.depth = options_.prefetch_depth;
-  po.threads = options_.decode_threads;
-  po.upload = options_.upload;
-  po.distinct_keys = model_->wants_distinct_keys();
-  po.host_work = model_->HostWork();
-  ASSIGN_OR_RETURN(po.device, DeviceDataFor(test));
+  ASSIGN_OR_RETURN(const data::PrefetchOptions po, PipelineOptions(test, std::max(options_.batch_size, 256)));
   data::Prefetcher prefetch(&test, data::ShardOrder(test.size(), 0, 1, 0, 0, /*shuffle=*/false), 0, po,
                             model_->backend());
   EvalResult r;

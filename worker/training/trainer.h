@@ -320,6 +320,9 @@ class Trainer {
   };
   std::map<const data::Dataset*, OnDevice> on_device_;
   absl::StatusOr<const data::DeviceData*> DeviceDataFor(const data::Dataset& dataset);
+  // The pipeline's options for `data` in batches of `batch_size`, as the
+  // training epochs and evaluation share them.
+  absl::StatusOr<data::PrefetchOptions> PipelineOptions(const data::Dataset& data, int batch_size);
 };
 
 }  // namespace fulcrum::training
