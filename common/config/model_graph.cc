@@ -493,6 +493,7 @@ std::vector<bool> UsedByLoss(const std::vector<Raw>& raw, const std::vector<std:
 ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<int>>& in,
                     const std::vector<int>& order, const std::vector<bool>& used, std::vector<std::string>* p) {
   ModelGraph g;
+  std::string sparse_path;
   std::vector<int> position(raw.size());
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = static_cast<int>(k);
   for (int i : order) {
@@ -509,19 +510,15 @@ ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<i
         continue;
       }
       slot = static_cast<int>(g.nodes.size());
-    }
-    if (r.info.op == GraphOp::kDenseInput || r.info.by_position) {
-      const bool dense = r.info.op == GraphOp::kDenseInput;
-      const int other = dense ? g.sparse_input : g.dense_input;
-      if (other >= 0 && (dense ? g.nodes[other].by_position : true)) {
-        p->push_back(absl::StrCat(r.path, ": a sparse_input by_position takes every key of an example; no ",
-                                  "dense_input can go beside it ('", g.nodes[other].name, "')"));
-        continue;
-      }
+      if (r.info.op == GraphOp::kSparseInput) sparse_path = r.path;
     }
     GraphNodeInfo info = r.info;
     for (int k : in[i]) info.inputs.push_back(position[k]);
     g.nodes.push_back(std::move(info));
+  }
+  if (g.sparse_input >= 0 && g.nodes[g.sparse_input].by_position && g.dense_input >= 0) {
+    p->push_back(absl::StrCat(sparse_path, ": a sparse_input by_position takes every key of an example; no ",
+                              "dense_input can go beside it ('", g.nodes[g.dense_input].name, "')"));
   }
   return g;
 }
