@@ -43,7 +43,7 @@ vocab=${VOCAB:-100}
 for b in worker/fulcrum-train-local worker/fulcrum-datagen server/fulcrumctl; do
   [[ -x $bin/$b ]] || { echo "ctr.sh: $bin/$b missing (tests/gpu/bundle.sh makes the bundle)" >&2; exit 1; }
 done
-export CTR_LOG=${OUT:-/tmp}/gpu-ctr-trainers.log
+export CTR_LOG=${OUT:-/tmp}/gpu-ctr-trainers.log CTR_TIMEOUT=300
 : >"$CTR_LOG"
 exec > >(tee "${OUT:-/tmp}/gpu-ctr.txt") 2>&1
 tmp=$(mktemp -d)
@@ -60,29 +60,21 @@ python3 -c "import torch" 2>/dev/null && have_torch=1
 
 echo "# tests/gpu/ctr.sh on $(hostname), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(nproc) cores"
 nvidia-smi -L 2>/dev/null
-mkdir -p "$tmp/data/ctr"
-gen=$("$bin/worker/fulcrum-datagen" ctr --train="$tmp/data/ctr/train.tsv.gz" --test="$tmp/data/ctr/test.tsv.gz" \
-  --train_rows="$rows" --test_rows=$((rows / 20)) --vocab="$vocab")
-echo "$gen"
-best=$(sed -n 's/.*best AUC \([0-9.]*\).*/\1/p' <<<"$gen")
-[[ -n $best ]] || { echo "ctr.sh: no planted AUC in fulcrum-datagen's output" >&2; exit 1; }
+best=$(ctr_generate "$bin" "$tmp/data" "$rows" "$vocab") || { echo "ctr.sh: no data" >&2; exit 1; }
 
-spec() {  # spec EXAMPLE BATCH EPOCHS -> the example for one worker
-  local f=$tmp/$1-$2-$3.yaml
-  sed "s/^epochs: .*/epochs: $3/; s/^num_workers: .*/num_workers: 1/; s/^batch_size: .*/batch_size: $2/" \
-    "$root/deploy/examples/ctr-$1.yaml" >"$f"
+spec() {  # spec EXAMPLE BATCH EPOCHS -> the example for one worker (dry run: a few steps an epoch)
+  local f
+  f=$(ctr_spec "$1" "$tmp/$1-$2-$3.yaml" "$3" "$2")
   ((dry)) && echo "max_steps_per_epoch: $steps" >>"$f"
   echo "$f"
 }
-f() { python3 -c "print(f'{$1:$2}')"; }
 
 echo
 echo "| model, batch 128, 2 epochs, $dev | test AUC | planted - model | samples/s |"
 echo "| --- | ---: | ---: | ---: |"
 for m in dlrm deepfm; do
-  read -r auc sps _ _ < <(timeout 300 bash -c 'source "$0"; ctr_local_run "$@"' "$root/tests/bench/ctr_lib.sh" \
-    "$bin" "$(spec "$m" 128 2)" "$dev" "$tmp/data")
-  echo "| $m | $auc | $(f "$best - ${auc:-0}" .4f) | $sps |"
+  read -r auc sps _ _ < <(ctr_local_run "$bin" "$(spec "$m" 128 2)" "$dev" "$tmp/data")
+  echo "| $m | $auc | $(ctr_fmt "$best - ${auc:-0}" .4f) | $sps |"
 done
 
 echo
@@ -90,16 +82,15 @@ echo "| DLRM, 1 epoch, $dev | batch | Fulcrum samples/s | torch samples/s | Fulc
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 declare -A one
 for b in $batches; do
-  read -r auc sps _ _ < <(timeout 300 bash -c 'source "$0"; ctr_local_run "$@"' "$root/tests/bench/ctr_lib.sh" \
-    "$bin" "$(spec dlrm "$b" 1)" "$dev" "$tmp/data")
+  read -r auc sps _ _ < <(ctr_local_run "$bin" "$(spec dlrm "$b" 1)" "$dev" "$tmp/data")
   one[$b]=${sps:-0}
   t=0
   ((have_torch)) && t=$(timeout 120 python3 tests/gpu/dlrm_torch.py --batch "$b" --rows_per_field "$vocab" \
     --steps "$steps" --device "$dev" | sed -n 's/.*: \([0-9]*\) samples\/s/\1/p')
-  echo "| one process | $b | ${one[$b]} | ${t:-0} | $(f "${one[$b]} / max(${t:-0}, 1)" .2f) | $(f "${one[$b]} / 740000" .2f) | $auc |"
+  echo "| one process | $b | ${one[$b]} | ${t:-0} | $(ctr_fmt "${one[$b]} / max(${t:-0}, 1)" .2f) | $(ctr_fmt "${one[$b]} / 740000" .2f) | $auc |"
 done
 b=2048
 for s in 1 2; do
   read -r auc sps < <(ctr_cluster_run "$bin" "$(spec dlrm $b 1)" "$s" $((7400 + 20 * s)) "$tmp/data" "$tmp/c$s")
-  echo "| local cluster, $s server(s) + 1 worker | $b | $sps | - | $(f "$sps / max(${one[$b]}, 1)" .2f) of one process | $(f "$sps / 740000" .2f) | $auc |"
+  echo "| local cluster, $s server(s) + 1 worker | $b | $sps | - | $(ctr_fmt "$sps / max(${one[$b]}, 1)" .2f) of one process | $(ctr_fmt "$sps / 740000" .2f) | $auc |"
 done

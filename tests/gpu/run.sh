@@ -61,7 +61,7 @@ part_ctr() {
 part_bench() {
   for p in fp32 bf16 fp16; do
     step "fulcrum-compute-bench --device=cuda:0 --precision=$p"
-    timeout 90 "$bundle/fulcrum-compute-bench" --device=cuda:0 --precision=$p || fail "compute bench $p"
+    timeout 90 "$bundle/fulcrum-compute-bench" --device=cuda:0 --precision="$p" || fail "compute bench $p"
   done
 }
 
@@ -79,6 +79,12 @@ nvidia-smi -L || echo "(nvidia-smi unavailable)"
 [[ -x $bundle/gpu_test ]] ||
   fail "$bundle/gpu_test missing: run tests/gpu/bundle.sh on the build machine and carry .gpu-bundle"
 for part in "${parts[@]}"; do
-  [[ $part == selftest || -x $bundle/gpu_test ]] && "part_$part"
+  case $part in
+    selftest) part_selftest ;;  # needs only the toolkit, not the bundle
+    *) [[ -x $bundle/gpu_test ]] || continue ;;&
+    tests) part_tests ;;
+    ctr) part_ctr ;;
+    bench) part_bench ;;
+  esac
 done
 exit $status

@@ -226,7 +226,7 @@ TEST_CASE("graph: field and slice ops over a sparse_input by position match fini
   REQUIRE(m->Prepare(ratings).ok());
   REQUIRE(m->tables().size() == 2);
   std::vector<uint64_t> users, items;
-  for (int b = 0; b < ratings.size; ++b) {
+  for (size_t b = 0; b < static_cast<size_t>(ratings.size); ++b) {
     users.push_back(ratings.keys[2 * b]);
     items.push_back(ratings.keys[2 * b + 1]);
   }
