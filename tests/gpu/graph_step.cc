@@ -61,15 +61,18 @@ fulcrum::data::Batch MakeBatch(int B, int by_position) {
   fulcrum::data::Batch b;
   b.size = B;
   b.offsets.push_back(0);
-  for (int i = 0; by_position > 0 && i < B; ++i) {
-    for (int f = 0; f < by_position; ++f) {
-      b.keys.push_back(rng() % 7);
-      b.values.push_back(1.0f);
+  if (by_position > 0) {
+    for (int i = 0; i < B; ++i) {
+      for (int f = 0; f < by_position; ++f) {
+        b.keys.push_back(rng() % 7);
+        b.values.push_back(1.0f);
+      }
+      b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
+      b.labels.push_back(n(rng));
     }
-    b.offsets.push_back(static_cast<int32_t>(b.keys.size()));
-    b.labels.push_back(n(rng));
+    return b;
   }
-  for (int i = 0; by_position == 0 && i < B; ++i) {
+  for (int i = 0; i < B; ++i) {
     for (int k = 0; k < kDense; ++k) {
       if (rng() % 8 == 0) continue;
       b.keys.push_back(k);

@@ -85,10 +85,11 @@ def torch_step(d, meta, nodes, tables):
             F_ = int(n["fields"])
             bags[name] = []
             for b in range(B):
-                per_field = [[] for _ in range(F_)]
                 if n["by_position"] == "1":  # field f: the f-th key, as it is
-                    per_field = [[(int(keys[offs[b] + f]), vals[offs[b] + f])] for f in range(F_)]
-                for j in range(offs[b], offs[b + 1]) if n["by_position"] != "1" else ():
+                    bags[name].append([[(int(keys[offs[b] + f]), vals[offs[b] + f])] for f in range(F_)])
+                    continue
+                per_field = [[] for _ in range(F_)]
+                for j in range(offs[b], offs[b + 1]):
                     k = int(keys[j])
                     if k >= D:
                         per_field[(k - D) >> bits].append((k, vals[j]))
