@@ -69,6 +69,9 @@ struct PushMessage {
   // The payloads lie in memory the sender can still write (a shared-memory
   // slot): every gradient is copied out before it is checked or applied.
   bool volatile_payload = false;
+  // The SPIFFE ID of the certificate the request came with (set by the
+  // transport, never by the sender); empty in plaintext and in-process.
+  std::string caller;
 };
 
 struct PushResult {
@@ -99,6 +102,7 @@ struct PullMessage {
   std::vector<DenseChunkRef> dense;
   std::vector<SparseKeysView> sparse;
   std::shared_ptr<const void> keepalive;
+  std::string caller;  // as PushMessage::caller
 };
 
 struct PullResult {

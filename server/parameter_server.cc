@@ -166,13 +166,25 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJob(const v1::PsJob
   return CreateJobUnchecked(spec);
 }
 
-std::vector<std::string> ParameterServer::SetAdmittedJobs(const std::vector<std::pair<std::string, uint64_t>>& jobs,
+std::vector<std::string> ParameterServer::SetAdmittedJobs(const std::vector<v1::AdmittedJob>& jobs,
                                                           absl::Time now) {
   std::vector<std::string> reclaim;
   {
+    absl::MutexLock lock(&owners_mu_);
+    owners_.clear();
+    for (const v1::AdmittedJob& j : jobs) {
+      std::vector<v1::RankOwner>& ranks = owners_[j.job_id()];
+      for (const v1::RankOwner& o : j.ranks()) {
+        if (o.rank() >= static_cast<uint32_t>(j.ranks_size())) continue;  // not from our coordinator
+        if (ranks.size() <= o.rank()) ranks.resize(o.rank() + 1);
+        ranks[o.rank()] = o;
+      }
+    }
+  }
+  {
     absl::MutexLock lock(&mu_);
     admitted_.clear();
-    for (const auto& [id, quota] : jobs) admitted_[id] = quota;
+    for (const v1::AdmittedJob& j : jobs) admitted_[j.job_id()] = j.quota_bytes();
     for (auto it = unadmitted_since_.begin(); it != unadmitted_since_.end();) {
       auto next = std::next(it);
       if (!jobs_.contains(it->first) || admitted_.contains(it->first)) unadmitted_since_.erase(it);
@@ -492,8 +504,48 @@ void ParameterServer::CountRejected(int op, const absl::Status& s) const {
   if (code > 0 && code < 17) rejected_[op][code].fetch_add(1, std::memory_order_relaxed);
 }
 
+absl::Status ParameterServer::CheckRankCaller(const std::string& job_id, uint32_t rank, uint32_t incarnation,
+                                              const std::string& caller, absl::string_view what) const {
+  if (caller.empty() || !options_.require_admission) return absl::OkStatus();
+  absl::MutexLock lock(&owners_mu_);
+  auto it = owners_.find(job_id);
+  // Not admitted (yet, or any more): the job's own lookup answers.
+  if (it == owners_.end()) return absl::OkStatus();
+  const std::string who = absl::StrCat(what, " as rank ", rank, " (incarnation ", incarnation, ") of job ",
+                                       QuoteInput(job_id), " with certificate ", caller);
+  if (rank >= it->second.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": the job has ", it->second.size(), " ranks"));
+  }
+  const v1::RankOwner& owner = it->second[rank];
+  if (incarnation > owner.incarnation()) {
+    return absl::UnavailableError(absl::StrCat(who, ": this server knows the rank up to incarnation ",
+                                               owner.incarnation(),
+                                               "; it learns new assignments with its next heartbeat"));
+  }
+  if (incarnation < owner.incarnation()) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": the rank moved on to incarnation ",
+                                                      owner.incarnation(), " on node ",
+                                                      owner.node_id().empty() ? std::string("(none yet)") : owner.node_id()));
+  }
+  if (owner.node_id().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": the rank has no worker now (that incarnation was lost; its replacement resumes it)"));
+  }
+  if (owner.certificate() != caller) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who, ": the rank belongs to node ", owner.node_id(), ", whose certificate is ",
+        owner.certificate().empty() ? std::string("none (plaintext)") : owner.certificate(),
+        "; a worker pushes and pulls only as the ranks the coordinator gave it"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
   const absl::Time t0 = absl::Now();
+  if (absl::Status s = CheckRankCaller(m.job_id, m.rank, m.incarnation, m.caller, "push"); !s.ok()) {
+    CountRejected(0, s);
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(m.job_id);
   absl::StatusOr<MapRef> ref = job.ok() ? Map() : job.status();
   absl::Status s = ref.ok() ? (*job)->Push(m, *ref->map, ref->self, out) : ref.status();
@@ -513,6 +565,11 @@ absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
 
 void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline,
                            PullCallback done) {
+  if (absl::Status s = CheckRankCaller(m->job_id, m->rank, m->incarnation, m->caller, "pull"); !s.ok()) {
+    CountRejected(1, s);
+    done(s);
+    return;
+  }
   auto job = FindJob(m->job_id);
   auto map = job.ok() ? Map() : job.status();
   if (!map.ok()) {

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/messages.h"
 #include "common/shard_map.h"
+#include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "common/deadline_timer.h"
 #include "server/checkpoint.h"
@@ -74,10 +75,10 @@ class ParameterServer {
   // (yet) admitted, PERMISSION_DENIED for another quota than it granted.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::PsJobSpec& spec);
 
-  // The jobs the coordinator admits now (job id -> quota_bytes), from its
-  // heartbeat answer at `now`. Jobs held here that it has not listed for
-  // unadmitted_grace are deleted (returns their ids).
-  std::vector<std::string> SetAdmittedJobs(const std::vector<std::pair<std::string, uint64_t>>& jobs, absl::Time now);
+  // The jobs the coordinator admits now (id, quota_bytes, and who owns each
+  // rank), from its heartbeat answer at `now`. Jobs held here that it has
+  // not listed for unadmitted_grace are deleted (returns their ids).
+  std::vector<std::string> SetAdmittedJobs(const std::vector<v1::AdmittedJob>& jobs, absl::Time now);
   // NOT_FOUND for an unknown job. Returns bytes freed; waiting pulls fail ABORTED.
   absl::StatusOr<uint64_t> DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::GetJobResponse> GetJob(const std::string& job_id) const;
@@ -166,6 +167,14 @@ class ParameterServer {
 
   absl::StatusOr<CheckpointStore*> Store() const;
 
+  // With require_admission, a push or pull that came with a certificate
+  // (`caller`) must be of a rank the coordinator gave to a node of that
+  // certificate, in the incarnation it gave: PERMISSION_DENIED for another
+  // certificate, FAILED_PRECONDITION for an incarnation the rank has left,
+  // UNAVAILABLE (retried) for one this server has not heard of yet.
+  absl::Status CheckRankCaller(const std::string& job_id, uint32_t rank, uint32_t incarnation,
+                               const std::string& caller, absl::string_view what) const;
+
   // Requests refused, by operation (0 push, 1 pull) and status code.
   void CountRejected(int op, const absl::Status& s) const;
   mutable std::atomic<uint64_t> rejected_[2][17] = {};
@@ -183,6 +192,10 @@ class ParameterServer {
   // when each job held here has been missing from that list.
   absl::flat_hash_map<std::string, uint64_t> admitted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> unadmitted_since_ ABSL_GUARDED_BY(mu_);
+  // require_admission: each admitted job's ranks as the coordinator gave
+  // them (index: rank). A lock of its own: every push and pull reads it.
+  mutable absl::Mutex owners_mu_;
+  absl::flat_hash_map<std::string, std::vector<v1::RankOwner>> owners_ ABSL_GUARDED_BY(owners_mu_);
   // CreateJob without the admission and quota checks (Restore, which the
   // coordinator drives).
   absl::StatusOr<v1::CreateJobResponse> CreateJobUnchecked(const v1::PsJobSpec& spec);

@@ -242,7 +242,7 @@ uint64_t Coordinator::WaitJobAsync(const std::string& job_id, uint64_t version, 
                       if (shutdown_) {
                         job = absl::UnavailableError("coordinator is shutting down");
                       } else if (j == jobs_.end()) {
-                        job = absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+                        job = coordinator_internal::NoJobError(job_id);
                       } else if (version != 0 && j->second.version == version) {
                         return nullptr;  // woken for its job's cut waiters: nothing new
                       } else {

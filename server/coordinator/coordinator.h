@@ -160,7 +160,8 @@ class Coordinator {
   uint64_t WaitJobAsync(const std::string& job_id, uint64_t version, JobCallback done);
   using HeartbeatCallback = std::function<void(absl::StatusOr<v1::HeartbeatResponse>)>;
   // Heartbeat below, answered through `done`.
-  uint64_t HeartbeatAsync(const v1::HeartbeatRequest& request, HeartbeatCallback done);
+  uint64_t HeartbeatAsync(const v1::HeartbeatRequest& request, HeartbeatCallback done,
+                          const std::string& certificate = "");
   // Withdraws a parked poll: true when its `done` will not run, false when
   // it has run or is about to.
   bool CancelWait(uint64_t ticket);
@@ -182,12 +183,19 @@ class Coordinator {
                                 const std::function<bool(const v1::ExportCheckpointChunk&)>& write);
 
   // ---- cluster API
-  absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::NodeInfo& node);
+  // `certificate` is the caller's: the SPIFFE ID of the certificate it
+  // presented (empty in plaintext). A node is bound to the certificate it
+  // registered with (NodeInfo.certificate); heartbeats, reports and later
+  // registrations as that node must present the same, else
+  // PERMISSION_DENIED (docs/security.md, "What each certificate may do").
+  absl::StatusOr<v1::RegisterNodeResponse> RegisterNode(const v1::NodeInfo& node, const std::string& certificate = "");
   // Marks the node heard, then answers once the generation differs from the
   // request's (at once for 0) or after min(wait_ms, heartbeat_interval).
   // Blocks; the gRPC service uses HeartbeatAsync.
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(const v1::ReportProgressRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  const std::string& certificate = "");
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(const v1::ReportProgressRequest& request,
+                                                            const std::string& certificate = "");
   v1::ClusterState GetCluster() const;
 
   // Stops the scheduler and wakes every long poll. Idempotent.

@@ -532,7 +532,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
   };
   if (shutdown_) return at_once(absl::UnavailableError("coordinator is shutting down"));
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return at_once(absl::NotFoundError(absl::StrCat("no job '", job_id, "'")));
+  if (it == jobs_.end()) return at_once(coordinator_internal::NoJobError(job_id));
   const v1::JobStatus& st = it->second.job.status();
   if (st.state() != v1::RUNNING) {
     return at_once(absl::FailedPreconditionError(
@@ -571,7 +571,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
 absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint64_t cut_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
   JobRecord& r = it->second;
   const v1::JobStatus& st = r.job.status();
   if (FindCut(st, cut_id) == nullptr) {
@@ -597,7 +597,7 @@ absl::Status Coordinator::ExportCheckpoint(const std::string& job_id, uint64_t c
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
     const v1::CheckpointInfo* cut = FindCut(it->second.job.status(), cut_id);
     if (cut == nullptr) {
       return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",

@@ -7,7 +7,17 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/errors.h"
+
 namespace fulcrum::coordinator_internal {
+
+// NOT_FOUND for a job id the caller gave: quoted and cut as outside input
+// is (docs/security.md, "Limits").
+inline absl::Status NoJobError(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("no job ", QuoteInput(job_id)));
+}
 
 // RocksDB keys: job/<id>, node/<id> and the meta record.
 inline constexpr char kJobPrefix[] = "job/";

@@ -76,7 +76,7 @@ absl::StatusOr<std::string> Coordinator::SubmitJob(const v1::JobSpec& spec_in, b
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
   return it->second.job;
 }
 
@@ -119,7 +119,7 @@ absl::StatusOr<Coordinator::JobPage> Coordinator::ListJobs(
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
   JobRecord& r = it->second;
   if (config::JobEnded(r.job.status().state())) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' already ended: ",

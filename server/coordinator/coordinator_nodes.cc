@@ -44,6 +44,7 @@ absl::Status CheckNodeInfo(const v1::NodeInfo& n) {
   if (n.hostname().size() > kMaxNodeString) return too_long("hostname", n.hostname());
   if (n.version().size() > kMaxNodeString) return too_long("version", n.version());
   if (n.node_id().size() > kMaxNodeString) return too_long("node_id", n.node_id());
+  if (n.job_id().size() > kMaxNodeString) return too_long("job_id", n.job_id());
   if (n.address().size() > kMaxNodeString) return too_long("address", n.address());
   if (n.slots() > kMaxSlots) {
     return absl::InvalidArgumentError(absl::StrCat("register: slots is ", n.slots(), "; allowed: 1 to ", kMaxSlots,
@@ -129,10 +130,16 @@ std::string CutMessage(const std::string& message, size_t max) {
 
 }  // namespace
 
-absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::NodeInfo& node_in) {
-  if (node_in.role() != v1::SERVER && node_in.role() != v1::WORKER) {
-    return absl::InvalidArgumentError("register: role must be SERVER or WORKER");
+absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::NodeInfo& node_given,
+                                                                   const std::string& certificate) {
+  if (node_given.role() != v1::SERVER && node_given.role() != v1::WORKER) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: role must be SERVER or WORKER; got ", static_cast<int>(node_given.role())));
   }
+  // The binding is the coordinator's to make: whatever the node wrote there
+  // is replaced by the certificate it presented.
+  v1::NodeInfo node_in = node_given;
+  node_in.set_certificate(certificate);
   if (node_in.role() == v1::SERVER && node_in.address().empty()) {
     return absl::InvalidArgumentError("register: a server must give the address its parameter service listens on");
   }
@@ -140,7 +147,7 @@ absl::StatusOr<v1::RegisterNodeResponse> Coordinator::RegisterNode(const v1::Nod
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("coordinator is shutting down");
   RETURN_IF_ERROR(CheckUserWorkerLocked(node_in));
-  const Membership::Registered reg = members_.Register(node_in, Now());
+  ASSIGN_OR_RETURN(const Membership::Registered reg, members_.Register(node_in, Now()));
   for (const std::string& id : reg.displaced) {
     // The scheduler declares it dead at its next tick, and deals with the
     // jobs that had shards on it.
@@ -234,22 +241,29 @@ std::vector<v1::Assignment> Coordinator::AssignmentsOfLocked(const std::string& 
   return out;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req,
+                                                             const std::string& certificate) {
   std::promise<absl::StatusOr<v1::HeartbeatResponse>> answer;
   auto got = answer.get_future();
-  HeartbeatAsync(req, [&answer](absl::StatusOr<v1::HeartbeatResponse> r) { answer.set_value(std::move(r)); });
+  HeartbeatAsync(
+      req, [&answer](absl::StatusOr<v1::HeartbeatResponse> r) { answer.set_value(std::move(r)); }, certificate);
   return got.get();
 }
 
-uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatCallback done) {
+uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatCallback done,
+                                     const std::string& certificate) {
   absl::MutexLock lock(&mu_);
-  absl::Status refused;
-  const Membership::Heard heard = members_.Hear(req.node_id(), Now());
-  if (heard == Membership::Heard::kUnknown) {
-    refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered; register again"));
+  // Another member's certificate: refused before the node is marked heard or
+  // leaving, and without its assignments.
+  absl::Status refused = members_.CheckCaller(req.node_id(), certificate, "heartbeat");
+  const Membership::Heard heard = refused.ok() ? members_.Hear(req.node_id(), Now()) : Membership::Heard::kOk;
+  if (!refused.ok()) {
+    // Answered at once, with nothing of the node's.
+  } else if (heard == Membership::Heard::kUnknown) {
+    refused = absl::NotFoundError(absl::StrCat("node ", QuoteInput(req.node_id()), " is not registered; register again"));
   } else if (heard == Membership::Heard::kDead) {
     // Declared dead (a long pause): its work has moved; it starts over.
-    refused = absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' was declared dead; register again"));
+    refused = absl::NotFoundError(absl::StrCat("node ", QuoteInput(req.node_id()), " was declared dead; register again"));
   } else {
     // A user process whose job is gone or ended has nothing more to do:
     // told so (it stops waiting for a rank), and forgotten at the next tick.
@@ -300,14 +314,30 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const s
       v1::AdmittedJob* a = r.add_admitted_jobs();
       a->set_job_id(id);
       a->set_quota_bytes(job.job.spec().quota_bytes());
+      // Who may push and pull as each rank: its node's certificate.
+      for (uint32_t rank = 0; rank < job.ranks.size(); ++rank) {
+        const RankSlot& slot = job.ranks[rank];
+        v1::RankOwner* o = a->add_ranks();
+        o->set_rank(rank);
+        o->set_incarnation(slot.incarnation);
+        o->set_node_id(slot.node_id);
+        if (slot.node_id.empty()) continue;
+        if (const std::optional<Membership::Node> owner = members_.Get(slot.node_id)) {
+          o->set_certificate(owner->info.certificate());
+        }
+      }
     }
   }
   return r;
 }
 
-absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1::ReportProgressRequest& req) {
+absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1::ReportProgressRequest& req,
+                                                                      const std::string& certificate) {
   RETURN_IF_ERROR(CheckProgressReport(req));
   absl::MutexLock lock(&mu_);
+  // A worker reports only as the node its certificate registered (and,
+  // below, only for the ranks assigned to that node).
+  RETURN_IF_ERROR(members_.CheckCaller(req.node_id(), certificate, "progress report"));
   absl::StatusOr<v1::ReportProgressResponse> resp = ReportProgressLocked(req);
   // A result (an epoch's summary, the end, an error) is acknowledged once it
   // is saved: until then the worker keeps it and sends it again (applying
@@ -322,7 +352,7 @@ absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgress(const v1:
 absl::StatusOr<v1::ReportProgressResponse> Coordinator::ReportProgressLocked(const v1::ReportProgressRequest& req) {
   v1::ReportProgressResponse resp;
   auto it = jobs_.find(req.job_id());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", req.job_id(), "'"));
+  if (it == jobs_.end()) return coordinator_internal::NoJobError(req.job_id());
   JobRecord& r = it->second;
   if (r.job.status().state() != v1::RUNNING || req.rank() >= r.ranks.size() ||
       r.ranks[req.rank()].node_id != req.node_id() || r.ranks[req.rank()].incarnation != req.incarnation()) {

@@ -29,14 +29,31 @@ void Membership::Restore(const v1::NodeInfo& info, absl::Time now) {
   next_serial_ = std::max(next_serial_, Serial(info.node_id()) + 1);
 }
 
-Membership::Registered Membership::Register(v1::NodeInfo info, absl::Time now) {
+absl::StatusOr<Membership::Registered> Membership::Register(v1::NodeInfo info, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Registered out;
   auto known = info.node_id().empty() ? nodes_.end() : nodes_.find(info.node_id());
-  out.fresh = known == nodes_.end() || known->second.info.role() != info.role();
+  // A node registers again under its id only with the certificate it was
+  // bound to; any other caller is a new node (it cannot become this one).
+  out.fresh = known == nodes_.end() || known->second.info.role() != info.role() ||
+              known->second.info.certificate() != info.certificate();
   if (out.fresh) {
-    // A server restarted at an address already known replaces the old entry.
+    // A server restarted at an address already known replaces the old entry,
+    // but only one with its certificate: another member cannot push a live
+    // server out by registering at its address.
     if (info.role() == v1::SERVER) {
+      for (const auto& [id, n] : nodes_) {
+        // (An entry bound to no certificate comes from state saved before
+        // bindings: its own server takes it over.)
+        if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive &&
+            !n.info.certificate().empty() && n.info.certificate() != info.certificate()) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "register: address ", info.address(), " belongs to live server ", id, " (certificate ",
+              CertificateName(n.info.certificate()), "); the caller's certificate is ",
+              CertificateName(info.certificate()), ": a server may take over only an address its own certificate "
+              "registered, or one whose server was declared dead"));
+        }
+      }
       for (auto& [id, n] : nodes_) {
         if (n.info.role() == v1::SERVER && n.info.address() == info.address() && n.alive) {
           n.last_heard = now - options_.node_timeout;
@@ -54,6 +71,26 @@ Membership::Registered Membership::Register(v1::NodeInfo info, absl::Time now) {
   n.last_heard = now;
   out.node_id = n.info.node_id();
   return out;
+}
+
+std::string CertificateName(const std::string& certificate) {
+  return certificate.empty() ? std::string("none (plaintext)") : certificate;
+}
+
+absl::Status Membership::CheckCaller(const std::string& node_id, const std::string& certificate,
+                                     absl::string_view what) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::OkStatus();  // unknown: the caller's own answer says so
+  const std::string& bound = it->second.info.certificate();
+  if (bound == certificate) return absl::OkStatus();
+  if (bound.empty()) {
+    // Known from state saved before nodes were bound to certificates.
+    return absl::NotFoundError(absl::StrCat("node '", node_id, "' is bound to no certificate; register again"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(what, " as node '", node_id, "', which registered with certificate ",
+                                                  bound, "; the caller's is ", CertificateName(certificate),
+                                                  ": a member acts only as the node it registered"));
 }
 
 void Membership::Unregister(const std::string& node_id) {

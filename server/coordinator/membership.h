@@ -17,11 +17,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fulcrum/v1/cluster.pb.h"
 
 namespace fulcrum {
+
+// A certificate identity for messages: the SPIFFE ID, or "none (plaintext)".
+std::string CertificateName(const std::string& certificate);
 
 class Membership {
  public:
@@ -62,8 +68,16 @@ class Membership {
     std::vector<std::string> displaced;
   };
   // Registers `info` as alive and heard at `now`: under its node_id when
-  // known with the same role, else under a new id. slots 0 becomes 1.
-  Registered Register(v1::NodeInfo info, absl::Time now);
+  // known with the same role and certificate (info.certificate, the
+  // caller's, set by the coordinator), else under a new id. slots 0 becomes
+  // 1. PERMISSION_DENIED for a server at the address of a live server that
+  // registered with another certificate.
+  absl::StatusOr<Registered> Register(v1::NodeInfo info, absl::Time now);
+  // OK when `node_id` is unknown or registered with `certificate` (the
+  // caller's); PERMISSION_DENIED naming both when it registered with
+  // another, NOT_FOUND (register again) when it has none on record. `what`
+  // names the call.
+  absl::Status CheckCaller(const std::string& node_id, const std::string& certificate, absl::string_view what) const;
   // Undoes a fresh registration (one that could not be saved). Its id is
   // not given again.
   void Unregister(const std::string& node_id);

@@ -83,7 +83,7 @@ using Responder = std::function<void(uint64_t id, const absl::Status& s, bool is
 // saves copying the whole request first. A pull's keys are copied, as a
 // parked pull outlives this call.
 void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<const void> keepalive,
-                         Responder respond, bool in_shared_memory = false) {
+                         Responder respond, const std::string& caller, bool in_shared_memory = false) {
   wire::StreamRequestView req;
   absl::Status s = wire::DecodeStreamRequest(p, &req);
   if (s.ok() && !req.has_body) s = absl::InvalidArgumentError("stream request has neither push nor pull");
@@ -95,6 +95,7 @@ void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<
     PushMessage m;
     m.keepalive = std::move(keepalive);
     m.volatile_payload = in_shared_memory;
+    m.caller = caller;
     PushResult result;
     s = wire::DecodePush(req.body, &m);
     if (s.ok()) s = ps->Push(m, &result);
@@ -115,6 +116,7 @@ void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<
     respond(req.id, s, false, wire::Writer());
     return;
   }
+  m->caller = caller;
   const uint64_t id = req.id;
   ps->Pull(std::move(m), absl::InfiniteFuture(), [respond = std::move(respond), id](absl::StatusOr<PullResult> r) {
     if (!r.ok()) {
@@ -130,7 +132,8 @@ void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<
 // deletes itself once gRPC is done with it and no pull is still waiting.
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit StreamReactor(ParameterServer* ps) : ps_(ps) { StartRead(&in_); }
+  // `caller`: the certificate identity of the stream's peer (CallerOf).
+  StreamReactor(ParameterServer* ps, std::string caller) : ps_(ps), caller_(std::move(caller)) { StartRead(&in_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -192,7 +195,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     HandleStreamRequest(ps_, p, std::move(keepalive),
                         [this](uint64_t id, const absl::Status& st, bool is_push, wire::Writer body) {
                           Respond(id, st, is_push, std::move(body));
-                        });
+                        },
+                        caller_);
   }
 
   void Respond(uint64_t id, const absl::Status& s, bool is_push, wire::Writer body) {
@@ -226,6 +230,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   ParameterServer* const ps_;
+  const std::string caller_;
   grpc::ByteBuffer in_;
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> out_ ABSL_GUARDED_BY(mu_);
@@ -251,8 +256,8 @@ class ShmSession {
   // Counts requests in `*served` too, and in `*polled` those it found
   // polling for an announced push (every session's, for the metrics).
   ShmSession(ParameterServer* ps, std::shared_ptr<shm::Segment> seg, std::atomic<uint64_t>* served,
-             std::atomic<uint64_t>* polled, absl::Duration poll)
-      : ps_(ps), seg_(std::move(seg)), served_(served), polled_(polled), poll_(poll) {
+             std::atomic<uint64_t>* polled, absl::Duration poll, std::string caller)
+      : ps_(ps), seg_(std::move(seg)), served_(served), polled_(polled), poll_(poll), caller_(std::move(caller)) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~ShmSession() {
@@ -304,7 +309,8 @@ class ShmSession {
               false, wire::Writer());
       return;
     }
-    HandleStreamRequest(ps_, Payload(seg_->request(i), n), nullptr, std::move(respond), /*in_shared_memory=*/true);
+    HandleStreamRequest(ps_, Payload(seg_->request(i), n), nullptr, std::move(respond), caller_,
+                        /*in_shared_memory=*/true);
   }
 
   static void Answer(const shm::Segment& seg, uint32_t i, uint64_t id, const absl::Status& s, bool is_push,
@@ -328,6 +334,7 @@ class ShmSession {
   std::atomic<uint64_t>* const served_;
   std::atomic<uint64_t>* const polled_;
   const absl::Duration poll_;
+  const std::string caller_;  // the certificate identity of the call that opened it
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> requests_{0};
   std::thread thread_;
@@ -350,9 +357,9 @@ struct ShmRegistry {
 class ShmReactor final : public grpc::ServerWriteReactor<v1::SharedMemoryEvent> {
  public:
   // Refuses with `refused` when that is not OK.
-  ShmReactor(ParameterServer* ps, ShmRegistry* registry, const std::string& peer,
+  ShmReactor(ParameterServer* ps, ShmRegistry* registry, const std::string& peer, std::string caller,
              const v1::OpenSharedMemoryRequest& req, const absl::Status& refused = absl::OkStatus())
-      : registry_(registry), peer_(peer) {
+      : registry_(registry), peer_(peer), caller_(std::move(caller)) {
     absl::Status s = refused.ok() ? Open(ps, req) : refused;
     if (!s.ok()) {
       FLOG(INFO) << "shared memory refused to " << peer_ << ": " << s;
@@ -425,13 +432,14 @@ class ShmReactor final : public grpc::ServerWriteReactor<v1::SharedMemoryEvent> 
                << HumanBytes(seg->slot_bytes()) << " (fd " << seg->fd() << ")";
     absl::MutexLock lock(&mu_);
     session_ = std::make_unique<ShmSession>(ps, std::move(seg), &registry_->requests, &registry_->polled,
-                                            registry_->poll);
+                                            registry_->poll, caller_);
     return absl::OkStatus();
   }
 
   static constexpr size_t kMaxSessions = 64;
   ShmRegistry* const registry_;
   const std::string peer_;
+  const std::string caller_;
   v1::SharedMemoryEvent event_;
   absl::Mutex mu_;
   std::unique_ptr<ShmSession> session_ ABSL_GUARDED_BY(mu_);
@@ -562,6 +570,7 @@ class PsGrpcServer::Service final : public ServiceBase {
     PushMessage m;
     PushResult result;
     absl::Status s = DecodePushBuffer(*req, &m);
+    m.caller = CallerOf(*ctx);
     if (s.ok()) s = ps_->Push(m, &result);
     if (s.ok()) *resp = wire::EncodePushResult(result).Finish();
     reactor->Finish(ToGrpcStatus(s));
@@ -577,6 +586,7 @@ class PsGrpcServer::Service final : public ServiceBase {
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
+    m->caller = CallerOf(*ctx);
     ps_->Pull(std::move(m), DeadlineOf(ctx), [reactor, resp](absl::StatusOr<PullResult> r) {
       if (r.ok()) *resp = wire::EncodePullResult(*std::move(r)).Finish();
       reactor->Finish(ToGrpcStatus(r.status()));
@@ -585,8 +595,8 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
-      grpc::CallbackServerContext*) override {
-    return new StreamReactor(ps_);
+      grpc::CallbackServerContext* ctx) override {
+    return new StreamReactor(ps_, CallerOf(*ctx));
   }
 
   grpc::ServerWriteReactor<v1::SharedMemoryEvent>* OpenSharedMemory(grpc::CallbackServerContext* ctx,
@@ -596,7 +606,7 @@ class PsGrpcServer::Service final : public ServiceBase {
                                                       security::Role::kWorker},
                                                "ParameterService.OpenSharedMemory")
                        : absl::FailedPreconditionError("this server runs with --shared_memory=false");
-    return new ShmReactor(ps_, &shm_, ctx->peer(), *req, allowed);
+    return new ShmReactor(ps_, &shm_, ctx->peer(), CallerOf(*ctx), *req, allowed);
   }
 
   void set_shared_memory(bool on, absl::Duration poll) {
@@ -623,6 +633,12 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
  private:
+  // The SPIFFE ID of the caller's verified certificate, which the parameter
+  // server checks against the rank a push or pull names; empty in plaintext.
+  std::string CallerOf(const grpc::ServerContextBase& ctx) const {
+    return transport_.tls() ? security::PeerOf(ctx).spiffe_id : std::string();
+  }
+
   // Deleting jobs, shard maps and checkpoints are the coordinator's; peer
   // servers read checkpoints (Restore from another server's cut). Workers,
   // whose certificates also pass the handshake, create their job's tables,

@@ -19,9 +19,7 @@ std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::stri
   o.info.set_pid(getpid());
   o.on_update = [ps](const v1::HeartbeatResponse& r) {
     if (r.admitted_jobs_set()) {
-      std::vector<std::pair<std::string, uint64_t>> jobs;
-      for (const v1::AdmittedJob& j : r.admitted_jobs()) jobs.emplace_back(j.job_id(), j.quota_bytes());
-      ps->SetAdmittedJobs(jobs, absl::Now());
+      ps->SetAdmittedJobs({r.admitted_jobs().begin(), r.admitted_jobs().end()}, absl::Now());
     }
     if (!r.has_shard_map() || r.shard_map().servers_size() == 0) return;
     auto have = ps->GetShardMap();

@@ -42,6 +42,16 @@ struct BspRun {
   std::vector<float> sparse;  // rows of keys {0, 1, 2, 100}
 };
 
+// What a coordinator's heartbeat admits: (job id, quota_bytes) pairs.
+std::vector<v1::AdmittedJob> Admitted(const std::vector<std::pair<std::string, uint64_t>>& jobs) {
+  std::vector<v1::AdmittedJob> out;
+  for (const auto& [id, quota] : jobs) {
+    out.emplace_back().set_job_id(id);
+    out.back().set_quota_bytes(quota);
+  }
+  return out;
+}
+
 float Grad(uint32_t r, int t, size_t i) {
   // Non-dyadic values, so summation order shows in the bits.
   return 0.1f * static_cast<float>(r + 1) + 0.01f * static_cast<float>(t) +
@@ -725,13 +735,13 @@ TEST_CASE("with a coordinator, a server creates only the jobs it admits and drop
   REQUIRE_STATUS(ps->CreateJob(spec).status(), absl::StatusCode::kUnavailable,
                  "job 'train-1' is not admitted by the coordinator (yet)");
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  CHECK(ps->SetAdmittedJobs({{"train-1", 0}}, t0).empty());
+  CHECK(ps->SetAdmittedJobs(Admitted({{"train-1", 0}}), t0).empty());
   REQUIRE_OK(ps->CreateJob(spec).status());
   // Another quota than the coordinator granted.
   auto greedy = spec;
   greedy.set_job_id("train-2");
   greedy.set_quota_bytes(1 << 20);
-  CHECK(ps->SetAdmittedJobs({{"train-1", 0}, {"train-2", 0}}, t0).empty());
+  CHECK(ps->SetAdmittedJobs(Admitted({{"train-1", 0}, {"train-2", 0}}), t0).empty());
   REQUIRE_STATUS(ps->CreateJob(greedy).status(), absl::StatusCode::kPermissionDenied,
                  "job 'train-2' asks for quota_bytes 1048576; the coordinator granted 0");
   // The coordinator stops listing train-1 (it ended, or never ran): the job
@@ -740,7 +750,7 @@ TEST_CASE("with a coordinator, a server creates only the jobs it admits and drop
   CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(59)).empty());
   REQUIRE_OK(ps->GetJob("train-1").status());
   // Listed again within the grace period: the clock starts over.
-  CHECK(ps->SetAdmittedJobs({{"train-1", 0}}, t0 + absl::Seconds(60)).empty());
+  CHECK(ps->SetAdmittedJobs(Admitted({{"train-1", 0}}), t0 + absl::Seconds(60)).empty());
   CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(61)).empty());
   CHECK(ps->SetAdmittedJobs({}, t0 + absl::Seconds(120)).empty());
   REQUIRE_OK(ps->GetJob("train-1").status());

@@ -23,6 +23,7 @@
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/rpc/grpc_server_control.h"
 #include "server/coordinator/rpc/coordinator_service.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 
@@ -33,58 +34,14 @@ namespace fs = std::filesystem;
 using security::Role;
 using security::TlsFiles;
 
-// Runs deploy/tls/gen-certs.sh DIR ARGS...
-void GenCerts(const std::string& dir, std::vector<std::string> args = {}) {
-  std::vector<std::string> argv = {std::string(FULCRUM_SOURCE_DIR) + "/deploy/tls/gen-certs.sh", dir};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const auto p = testing::Spawn(argv, dir + ".log");
-  int status = 0;
-  REQUIRE(waitpid(p.pid, &status, 0) == p.pid);
-  INFO(testing::ReadFile(dir + ".log"));
-  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
-}
-
-TlsFiles Files(const std::string& dir, const std::string& name) {
-  return {dir + "/ca.crt", dir + "/" + name + ".crt", dir + "/" + name + ".key", ""};
-}
-
-// A user's token file as gen-certs.sh writes it: the token alone, with no
-// newline (grpcio refuses a metadata value that ends in one).
-std::string Token(const std::string& dir, const std::string& user) {
-  const std::string raw = testing::ReadFile(dir + "/token-" + user);
-  REQUIRE(raw.size() == 64);
-  REQUIRE(std::string(absl::StripAsciiWhitespace(raw)) == raw);
-  return raw;
-}
-
-// One CA ("a") with a coordinator, one server and one worker, and an
-// unrelated CA ("b") with the same names, made once for every test here.
-struct Pki {
-  std::string root = testing::MakeTempDir("fulcrum-security");
-  std::string a = root + "/a", b = root + "/b";
-  Pki() {
-    GenCerts(a, {"--servers", "1", "--workers", "1", "--user", "demo", "--user", "bob"});
-    GenCerts(b, {"--servers", "1", "--workers", "1"});
-  }
-};
-Pki& Certs() {
-  static Pki* pki = new Pki();
-  return *pki;
-}
-
-// A member's mutual TLS from `dir`'s certificate for `name`.
-std::shared_ptr<const security::Transport> MemberTls(const std::string& dir, const std::string& name,
-                                                     absl::Duration refresh = absl::Seconds(60)) {
-  auto t = security::Transport::Member(Files(dir, name), refresh);
-  REQUIRE_OK(t.status());
-  return *std::move(t);
-}
-// A user's TLS: the server checked against the CA in `dir`, no certificate.
-std::shared_ptr<const security::Transport> UserTls(const std::string& dir) {
-  auto t = security::Transport::Client(dir + "/ca.crt");
-  REQUIRE_OK(t.status());
-  return *std::move(t);
-}
+using testing::Certs;
+using testing::Files;
+using testing::GenCerts;
+using testing::MemberTls;
+using testing::Pki;
+using testing::PsCall;
+using testing::Token;
+using testing::UserTls;
 
 TEST_CASE("LoadIdentity reads a member's SPIFFE role and names what is wrong with bad files", "[security]") {
   const Pki& pki = Certs();
@@ -171,23 +128,6 @@ TEST_CASE("token files: errors name the line, tokens map to users, the admin gro
   const absl::Status denied = CheckJobAccess({"carol", false}, "j-1", "bob");
   REQUIRE(denied.code() == absl::StatusCode::kPermissionDenied);
   REQUIRE(denied.message().find("user 'carol' may act only on their own jobs") != std::string::npos);
-}
-
-// A unary call on the parameter service over `transport`; `server_cert`
-// receives the PEM certificate the server showed.
-template <typename Req, typename Resp>
-absl::Status PsCall(const security::Transport& transport, const std::string& address, int index,
-                    grpc::Status (v1::ParameterService::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
-                    const Req& req, std::string* server_cert = nullptr) {
-  auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(address, index, transport));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  Resp resp;
-  const grpc::Status s = ((*stub).*method)(&ctx, req, &resp);
-  if (server_cert != nullptr && ctx.auth_context() != nullptr) {
-    for (const auto& v : ctx.auth_context()->FindPropertyValues("x509_pem_cert")) server_cert->assign(v.data(), v.size());
-  }
-  return FromGrpcStatus(s);
 }
 
 TEST_CASE("mutual TLS on the parameter service: only cluster certificates connect, roles limit what they call, "
@@ -481,6 +421,10 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
   REQUIRE(s.message().find("user 'bob' may act only on their own jobs") != std::string::npos);
   REQUIRE(bob.Cancel(id).code() == absl::StatusCode::kPermissionDenied);
   REQUIRE(bob.Get("no-such-job").status().code() == absl::StatusCode::kNotFound);
+  // Outside input is echoed cut to 64 bytes (docs/security.md, "Limits").
+  s = bob.Get(std::string(20000, 'j')).status();
+  REQUIRE(s.code() == absl::StatusCode::kNotFound);
+  REQUIRE(s.message() == "no job '" + std::string(64, 'j') + "' (cut: 20000 bytes)");
   REQUIRE_OK_AND_ASSIGN(auto bobs, bob.List());
   REQUIRE(bobs.empty());
   REQUIRE_OK_AND_ASSIGN(auto demos, demo.List());
@@ -532,6 +476,284 @@ TEST_CASE("the coordinator: bearer tokens on the job API, users see only their o
   REQUIRE_OK(worker.Cluster());  // members see the cluster without a token
   REQUIRE(worker.List().status().code() == absl::StatusCode::kUnauthenticated);  // but not the jobs
   server->Shutdown();
+}
+
+}  // namespace
+}  // namespace fulcrum
+
+namespace fulcrum {
+namespace {
+
+// The cluster API as one member's certificate calls it.
+class Member {
+ public:
+  Member(const std::string& address, const std::string& name)
+      : stub_(v1::ClusterService::NewStub(CreateFulcrumChannel(address, next_index_++, *MemberTls(Certs().a, name)))) {}
+  absl::StatusOr<std::string> Register(v1::NodeInfo node) {
+    v1::RegisterNodeRequest req;
+    *req.mutable_node() = std::move(node);
+    v1::RegisterNodeResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    absl::Status s = FromGrpcStatus(stub_->RegisterNode(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp.node_id();
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& node_id, bool leaving = false) {
+    v1::HeartbeatRequest req;
+    req.set_node_id(node_id);
+    req.set_leaving(leaving);
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    absl::Status s = FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+  absl::StatusOr<v1::ReportProgressResponse> Report(const v1::ReportProgressRequest& req) {
+    v1::ReportProgressResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    absl::Status s = FromGrpcStatus(stub_->ReportProgress(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+  absl::StatusOr<v1::ClusterState> Cluster() {
+    v1::ClusterState resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    absl::Status s = FromGrpcStatus(stub_->GetCluster(&ctx, v1::GetClusterRequest(), &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+ private:
+  static inline int next_index_ = 3000;
+  std::unique_ptr<v1::ClusterService::Stub> stub_;
+};
+
+v1::NodeInfo Node(v1::NodeRole role, const std::string& address = "", const std::string& node_id = "") {
+  v1::NodeInfo n;
+  n.set_role(role);
+  n.set_address(address);
+  n.set_node_id(node_id);
+  n.set_hostname("test");
+  n.set_slots(1);
+  return n;
+}
+
+const v1::NodeStatus* FindNode(const v1::ClusterState& state, const std::string& id) {
+  for (const v1::NodeStatus& n : state.nodes()) {
+    if (n.info().node_id() == id) return &n;
+  }
+  return nullptr;
+}
+
+TEST_CASE("the cluster API: a certificate registers, heartbeats, leaves and reports only as the node it "
+          "registered, in its role, and only for that node's ranks",
+          "[security][grpc]") {
+  const Pki& pki = Certs();
+  // A real parameter server (server-0's certificate) for the coordinator to
+  // install its shard map on.
+  testing::TestCluster::Options po;
+  po.num_servers = 1;
+  po.security = MemberTls(pki.a, "server-0");
+  auto servers = testing::TestCluster::Start(po);
+  std::unique_ptr<Coordinator> coordinator;
+  auto grpc_server = StartSecureCoordinator(
+      pki, "fulcrum-coord-identity", [](CoordinatorOptions& o) { o.node_timeout = absl::Seconds(60); },
+      &coordinator);
+  const std::string addr = grpc_server->address();
+  Member server0(addr, "server-0"), server1(addr, "server-1"), worker0(addr, "worker-0"), worker1(addr, "worker-1");
+
+  REQUIRE_OK_AND_ASSIGN(const std::string s0, server0.Register(Node(v1::SERVER, servers->address(0))));
+  REQUIRE_OK_AND_ASSIGN(const std::string w0, worker0.Register(Node(v1::WORKER)));
+  CoordinatorClient demo(*UserTls(pki.a), addr, Token(pki.a, "demo"));
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_num_workers(1);
+  REQUIRE_OK_AND_ASSIGN(const std::string job_id, demo.Submit(spec));
+  v1::Job job;
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE_OK_AND_ASSIGN(job, demo.Get(job_id));
+    if (job.status().state() == v1::RUNNING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO(job.status().message());
+  REQUIRE(job.status().state() == v1::RUNNING);
+  REQUIRE(job.status().workers(0).worker_id() == w0);
+  // worker-1 joins too, with a node of its own.
+  REQUIRE_OK_AND_ASSIGN(const std::string w1, worker1.Register(Node(v1::WORKER)));
+  REQUIRE(w1 != w0);
+
+  // RegisterNode. Under another node's id: a node of its own, not that one.
+  REQUIRE_OK_AND_ASSIGN(const std::string taken, worker1.Register(Node(v1::WORKER, "", w0)));
+  CHECK(taken != w0);
+  // At a live server's address, with another server's certificate: refused
+  // (it would push server-0 out of the shard map).
+  REQUIRE_STATUS(server1.Register(Node(v1::SERVER, servers->address(0))).status(), absl::StatusCode::kPermissionDenied,
+                 absl::StrCat("address ", servers->address(0), " belongs to live server ", s0));
+  // In another role (a worker's certificate as a server), an unknown role,
+  // an oversized string.
+  REQUIRE_STATUS(worker1.Register(Node(v1::SERVER, "127.0.0.1:9")).status(), absl::StatusCode::kPermissionDenied,
+                 "spiffe://fulcrum/worker/worker-1");
+  REQUIRE_STATUS(worker1.Register(Node(static_cast<v1::NodeRole>(99))).status(), absl::StatusCode::kInvalidArgument,
+                 "register: role must be SERVER or WORKER; got 99");
+  v1::NodeInfo long_job = Node(v1::WORKER);
+  long_job.set_job_id(std::string(20000, 'j'));
+  REQUIRE_STATUS(worker1.Register(long_job).status(), absl::StatusCode::kInvalidArgument,
+                 "register: job_id is 20000 bytes; at most 256 allowed");
+
+  // Heartbeat. As another node: refused, with nothing of that node's (its
+  // assignment carries the job's spec).
+  REQUIRE_STATUS(worker1.Heartbeat(w0).status(), absl::StatusCode::kPermissionDenied,
+                 absl::StrCat("heartbeat as node '", w0,
+                              "', which registered with certificate spiffe://fulcrum/worker/worker-0; the caller's is "
+                              "spiffe://fulcrum/worker/worker-1"));
+  REQUIRE_STATUS(server1.Heartbeat(w0).status(), absl::StatusCode::kPermissionDenied,
+                 "the caller's is spiffe://fulcrum/server/server-1");  // another role
+  // Leaving as another node: refused, and that node stays.
+  REQUIRE_STATUS(worker1.Heartbeat(s0, /*leaving=*/true).status(), absl::StatusCode::kPermissionDenied,
+                 absl::StrCat("heartbeat as node '", s0, "'"));
+  REQUIRE_STATUS(server1.Heartbeat(s0, /*leaving=*/true).status(), absl::StatusCode::kPermissionDenied,
+                 "spiffe://fulcrum/server/server-0");
+  // As itself: its assignment, and for the server the rank's owner.
+  REQUIRE_OK_AND_ASSIGN(v1::HeartbeatResponse mine, worker0.Heartbeat(w0));
+  REQUIRE(mine.assignments_size() == 1);
+  CHECK(mine.assignments(0).job_id() == job_id);
+  REQUIRE_OK_AND_ASSIGN(v1::HeartbeatResponse admitted, server0.Heartbeat(s0));
+  REQUIRE(admitted.admitted_jobs_size() == 1);
+  REQUIRE(admitted.admitted_jobs(0).ranks_size() == 1);
+  CHECK(admitted.admitted_jobs(0).ranks(0).node_id() == w0);
+  CHECK(admitted.admitted_jobs(0).ranks(0).certificate() == "spiffe://fulcrum/worker/worker-0");
+
+  // ReportProgress. A failure reported for worker-0's rank by another
+  // certificate is refused; by worker-1 as itself it is not its rank: stop.
+  v1::ReportProgressRequest fail;
+  fail.set_node_id(w0);
+  fail.set_job_id(job_id);
+  fail.set_rank(0);
+  fail.set_incarnation(job.status().workers(0).incarnation());
+  fail.set_error("injected by another certificate");
+  fail.set_error_reason("BadData");
+  REQUIRE_STATUS(worker1.Report(fail).status(), absl::StatusCode::kPermissionDenied,
+                 "progress report as node '" + w0 + "'");
+  REQUIRE_STATUS(server0.Report(fail).status(), absl::StatusCode::kPermissionDenied,
+                 "ReportProgress is for cluster members with a worker certificate");
+  fail.set_node_id(w1);
+  REQUIRE_OK_AND_ASSIGN(v1::ReportProgressResponse not_yours, worker1.Report(fail));
+  CHECK(not_yours.stop());
+
+  // None of it touched the job or the cluster: still running on worker-0
+  // over server-0, which is alive.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a few scheduler ticks
+  REQUIRE_OK_AND_ASSIGN(job, demo.Get(job_id));
+  CHECK(job.status().state() == v1::RUNNING);
+  CHECK(job.status().restarts() == 0);
+  CHECK(job.status().workers(0).worker_id() == w0);
+  REQUIRE_OK_AND_ASSIGN(v1::ClusterState cluster, worker0.Cluster());
+  REQUIRE(FindNode(cluster, s0) != nullptr);
+  CHECK(FindNode(cluster, s0)->alive());
+  CHECK(FindNode(cluster, s0)->info().certificate() == "spiffe://fulcrum/server/server-0");
+  CHECK(FindNode(cluster, w0)->info().certificate() == "spiffe://fulcrum/worker/worker-0");
+
+  // The owner's own report is taken.
+  v1::ReportProgressRequest progress;
+  progress.set_node_id(w0);
+  progress.set_job_id(job_id);
+  progress.set_rank(0);
+  progress.set_incarnation(job.status().workers(0).incarnation());
+  progress.mutable_progress()->set_state("training");
+  REQUIRE_OK_AND_ASSIGN(v1::ReportProgressResponse taken_report, worker0.Report(progress));
+  CHECK_FALSE(taken_report.stop());
+  grpc_server->Shutdown();
+}
+
+// A job admitted on `cluster`'s server with rank 0 on worker-0's node
+// (incarnation 1) and rank 1 waiting for a worker.
+void AdmitWithOwners(testing::TestCluster& cluster, const std::string& job_id, uint64_t quota) {
+  v1::AdmittedJob j;
+  j.set_job_id(job_id);
+  j.set_quota_bytes(quota);
+  v1::RankOwner* r0 = j.add_ranks();
+  r0->set_rank(0);
+  r0->set_incarnation(1);
+  r0->set_node_id("worker-7");
+  r0->set_certificate("spiffe://fulcrum/worker/worker-0");
+  v1::RankOwner* r1 = j.add_ranks();
+  r1->set_rank(1);
+  r1->set_incarnation(1);
+  cluster.server(0)->SetAdmittedJobs({j}, absl::Now());
+}
+
+TEST_CASE("the parameter service: with a coordinator, a certificate pushes and pulls only as the ranks given to "
+          "its node, over unary calls, streams and shared memory",
+          "[security][grpc]") {
+  const Pki& pki = Certs();
+  testing::TestCluster::Options o;
+  o.num_servers = 1;
+  o.security = MemberTls(pki.a, "server-0");
+  o.require_admission = true;
+  auto cluster = testing::TestCluster::Start(o);
+  const auto spec = testing::JobSpec("owned", {testing::DenseTableSpec("w", 64)}, 2);
+  AdmitWithOwners(*cluster, "owned", spec.quota_bytes());
+
+  struct Path {
+    const char* name;
+    GrpcPsClientOptions::Transport transport;
+    bool shared_memory;
+  };
+  const Path paths[] = {{"unary", GrpcPsClientOptions::Transport::kUnary, false},
+                        {"stream", GrpcPsClientOptions::Transport::kStream, false},
+                        {"shared memory", GrpcPsClientOptions::Transport::kStream, true}};
+  for (const Path& path : paths) {
+    INFO(path.name);
+    auto make = [&](const std::string& cert, uint32_t rank, uint32_t incarnation) {
+      GrpcPsClientOptions c;
+      c.security = MemberTls(pki.a, cert);
+      c.transport = path.transport;
+      c.shared_memory = path.shared_memory;
+      c.incarnation = incarnation;
+      c.retry_budget = absl::Milliseconds(300);
+      return cluster->Client(rank, c);
+    };
+    auto client = [&](const std::string& cert, uint32_t rank, uint32_t incarnation) {
+      auto c = make(cert, rank, incarnation);
+      REQUIRE_OK(c->OpenJob("owned"));
+      return c;
+    };
+    std::vector<float> g(64, 1.0f), w(64, 0.0f);
+    PushBatch push;
+    push.dense.push_back({"w", g.data(), g.size()});
+    auto push_and_pull = [&](PsClient& c) -> absl::Status {
+      absl::Status s = c.Push("owned", push);
+      if (!s.ok()) return s;
+      return c.Pull("owned", {0, {{"w", w.data(), w.size()}}, {}, /*unclocked=*/false});
+    };
+    auto owner = make("worker-0", 0, 1);
+    REQUIRE_OK(owner->CreateJob(spec));  // any member may (the job is admitted)
+    // Another worker's certificate, and a server's, as rank 0: refused.
+    REQUIRE_STATUS(client("worker-1", 0, 1)->Push("owned", push), absl::StatusCode::kPermissionDenied,
+                   "push as rank 0 (incarnation 1) of job 'owned' with certificate spiffe://fulcrum/worker/worker-1: "
+                   "the rank belongs to node worker-7, whose certificate is spiffe://fulcrum/worker/worker-0");
+    REQUIRE_STATUS(client("server-1", 0, 1)->Push("owned", push), absl::StatusCode::kPermissionDenied,
+                   "with certificate spiffe://fulcrum/server/server-1");
+    REQUIRE_STATUS(client("worker-1", 0, 1)->Pull("owned", {0, {{"w", w.data(), w.size()}}, {}, false}),
+                   absl::StatusCode::kPermissionDenied, "pull as rank 0");
+    // The owner's certificate, in another incarnation: one the server has
+    // not heard of (retried, then UNAVAILABLE), one the rank has left.
+    REQUIRE_STATUS(client("worker-0", 0, 2)->Push("owned", push), absl::StatusCode::kUnavailable,
+                   "this server knows the rank up to incarnation 1");
+    REQUIRE_STATUS(client("worker-0", 0, 0)->Push("owned", push), absl::StatusCode::kFailedPrecondition,
+                   "the rank moved on to incarnation 1 on node worker-7");
+    // A rank with no worker now.
+    REQUIRE_STATUS(client("worker-0", 1, 1)->Push("owned", push), absl::StatusCode::kFailedPrecondition,
+                   "the rank has no worker now");
+    // Nothing of those reached the table: the owner's own step is the first.
+    REQUIRE_OK(cluster->server(0)->GetJob("owned").status());
+    REQUIRE_OK(push_and_pull(*owner));
+    CHECK(cluster->server(0)->GetJob("owned")->rank_clock(0) == 1);
+    REQUIRE_OK(cluster->server(0)->DeleteJob("owned").status());
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     po.default_quota_bytes = options.default_quota_bytes;
     po.memory_limit_bytes = options.memory_limit_bytes;
     po.max_wait = options.max_wait;
+    po.require_admission = options.require_admission;
     if (!options.data_dir.empty()) po.data_dir = absl::StrCat(options.data_dir, "/server-", i);
     auto ps = ParameterServer::Create(po);
     REQUIRE(ps.ok());

@@ -69,6 +69,9 @@ class TestCluster {
     size_t blocking_queue = 256;   // PsGrpcServer::Options
     // The servers' transport (PsGrpcServer::Options); plaintext when null.
     std::shared_ptr<const security::Transport> security;
+    // As with a coordinator (ParameterServerOptions::require_admission):
+    // the test admits jobs with SetAdmittedJobs.
+    bool require_admission = false;
   };
   static std::unique_ptr<TestCluster> Start(Options options);
   static std::unique_ptr<TestCluster> Start() { return Start(Options()); }

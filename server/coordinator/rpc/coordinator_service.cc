@@ -362,14 +362,17 @@ class CoordinatorGrpcServer::ClusterImpl final
                             v1::RegisterNodeResponse* resp) override {
     // A node registers in the role its certificate names: a worker's
     // certificate cannot join as a parameter server.
-    const security::Role role = req->node().role() == v1::SERVER   ? security::Role::kServer
-                                : req->node().role() == v1::WORKER ? security::Role::kWorker
-                                                                    : security::Role::kUnknown;
-    if (auto s = transport_.RequireRole(*ctx, {role}, absl::StrCat("registering as ", v1::NodeRole_Name(req->node().role())));
+    const v1::NodeRole asked = req->node().role();
+    if (asked != v1::SERVER && asked != v1::WORKER) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("register: role must be SERVER or WORKER; got ", static_cast<int>(asked))));
+    }
+    const security::Role role = asked == v1::SERVER ? security::Role::kServer : security::Role::kWorker;
+    if (auto s = transport_.RequireRole(*ctx, {role}, absl::StrCat("registering as ", v1::NodeRole_Name(asked)));
         !s.ok()) {
       return ToGrpcStatus(s);
     }
-    auto r = c_->RegisterNode(req->node());
+    auto r = c_->RegisterNode(req->node(), CertificateOf(*ctx));
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;
@@ -382,15 +385,17 @@ class CoordinatorGrpcServer::ClusterImpl final
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
-    return new ParkedUnaryReactor<v1::HeartbeatResponse>(
-        c_, resp, "heartbeat", [&](auto done) { return c_->HeartbeatAsync(*req, std::move(done)); });
+    const std::string certificate = CertificateOf(*ctx);
+    return new ParkedUnaryReactor<v1::HeartbeatResponse>(c_, resp, "heartbeat", [&](auto done) {
+      return c_->HeartbeatAsync(*req, std::move(done), certificate);
+    });
   }
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ReportProgressRequest* req,
                               v1::ReportProgressResponse* resp) override {
     if (auto s = transport_.RequireRole(*ctx, {security::Role::kWorker}, "ReportProgress"); !s.ok()) {
       return ToGrpcStatus(s);
     }
-    auto r = c_->ReportProgress(*req);
+    auto r = c_->ReportProgress(*req, CertificateOf(*ctx));
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;
@@ -405,6 +410,12 @@ class CoordinatorGrpcServer::ClusterImpl final
   }
 
  private:
+  // The caller's identity, which binds the node it registers: the SPIFFE ID
+  // of its verified certificate; empty in plaintext (every caller trusted).
+  std::string CertificateOf(const grpc::ServerContextBase& ctx) const {
+    return transport_.tls() ? security::PeerOf(ctx).spiffe_id : std::string();
+  }
+
   Coordinator* c_;
   JobImpl* jobs_;
   const security::Transport& transport_;
