@@ -125,6 +125,12 @@ bool IsJobNotOnServer(const absl::Status& status) {
   return status.code() == absl::StatusCode::kNotFound && absl::EndsWith(status.message(), kNotOnServer);
 }
 
+bool IsParameterMemoryExhausted(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         (absl::StrContains(status.message(), "parameter memory quota of") ||
+          absl::StrContains(status.message(), "parameter memory limit of"));
+}
+
 absl::Status Annotate(const absl::Status& status, const std::string& context) {
   if (status.ok()) return status;
   absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));

@@ -27,6 +27,14 @@ absl::Status JobNotOnServerError(const std::string& job_id);
 // Whether `status` is that answer, possibly with context added in front.
 bool IsJobNotOnServer(const absl::Status& status);
 
+// Whether `status` is a parameter server's refusal to grow a job past its
+// memory quota (quota_bytes) or the server past its memory limit
+// (--memory_limit_bytes): RESOURCE_EXHAUSTED naming that quota or limit,
+// possibly with context in front. Rolling back to a checkpoint does not
+// cure it (the same rows come back), so workers report it as
+// "QuotaExceeded" and the coordinator fails the job at once.
+bool IsParameterMemoryExhausted(const absl::Status& status);
+
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
 // points past U+10FFFF), as proto3 string fields must be.
 bool IsValidUtf8(std::string_view s);

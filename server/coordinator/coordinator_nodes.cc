@@ -489,16 +489,22 @@ bool Coordinator::RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest
   FLOG(WARNING) << "job " << r.job.id() << " rank " << req.rank() << " on " << req.node_id()
                 << " failed: " << error;
   const std::string message = absl::StrCat("rank ", req.rank(), " on ", req.node_id(), ": ", error);
-  // Bad data, bad specs and a user process's own error (UserError: an
-  // exception in its code) fail the same way every time; anything else (a
-  // server that lost its state, a crash) rolls back to the last cut.
-  // A server that lost the job (ServerLost) does not count against the
-  // backoff limit, as when the scheduler finds a server dead.
-  if (reason != "BadData" && reason != "BadSpec" && reason != "UserError" &&
-      BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
+  // Bad data, bad specs, a user process's own error (UserError: an
+  // exception in its code) and a table out of parameter memory
+  // (QuotaExceeded: a rollback brings the same rows back) fail the same way
+  // every time; anything else (a server that lost its state, a crash) rolls
+  // back to the last cut. A server that lost the job (ServerLost) does not
+  // count against the backoff limit, as when the scheduler finds a server
+  // dead.
+  const bool final = reason == "BadData" || reason == "BadSpec" || reason == "UserError" || reason == "QuotaExceeded";
+  if (!final && BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
     return true;
   }
-  FinishLocked(r, v1::FAILED, reason, message);
+  FinishLocked(r, v1::FAILED, reason,
+               reason == "QuotaExceeded"
+                   ? absl::StrCat(message, " (a rollback would bring the same rows back: raise the job's quota_bytes "
+                                           "or the servers' --memory_limit_bytes, or spread the job over more servers)")
+                   : message);
   return false;
 }
 

@@ -20,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "common/config/job_spec.h"
 #include "common/config/spec_text.h"
 #include "common/metrics/metrics.h"
@@ -1690,6 +1691,36 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   CHECK(j.status().failures_in_a_row() == 1);
   CHECK(j.status().step_at_last_failure() > stuck_at);
   Cancel(cluster.jobs(), id);
+}
+
+TEST_CASE("a table out of parameter memory ends the job at once: a rollback would bring the same rows back",
+          "[cluster][checkpoint][quota]") {
+  InProcessCluster cluster(1, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(400);
+  spec.mutable_checkpoint()->set_every_steps(50);
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  // A committed cut, so a rollback would be possible.
+  const v1::Job j = WaitForJob(
+      cluster.jobs(), id,
+      [](const v1::Job& j) {
+        return j.status().checkpoints_size() > 0 && j.status().workers_size() > 0 &&
+               j.status().workers(0).state() == "training";
+      },
+      absl::Seconds(30));
+  REQUIRE(j.status().state() == v1::RUNNING);
+  const std::string error = absl::StrCat("push to 127.0.0.1:1: job '", id,
+                                         "' would exceed its parameter memory quota of 67108864 bytes on this server: "
+                                         "a new row of table 'factors' needs 32 bytes, 67108848 already in use");
+  CHECK(IsParameterMemoryExhausted(absl::ResourceExhaustedError(error)));
+  FailRank0(cluster.address(), j, "QuotaExceeded", error);
+  const v1::Job failed = Get(cluster.jobs(), id);
+  INFO(failed.status().message());
+  CHECK(failed.status().state() == v1::FAILED);
+  CHECK(failed.status().reason() == "QuotaExceeded");
+  CHECK(failed.status().rollbacks() == 0);
+  CHECK(failed.status().message().find("raise the job's quota_bytes") != std::string::npos);
 }
 
 TEST_CASE("after a rollback, ranks back on their own worker are not 'replaced', and ranks without figures are not "

@@ -655,8 +655,11 @@ TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash",
   std::vector<float> rows(11 * 8);
   REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
   keys.push_back(999);
-  REQUIRE_STATUS(c->Pull("rows", {0, {}, {{"emb", keys.data(), 11, rows.data()}}}),
-                 absl::StatusCode::kResourceExhausted, "a new row of table 'emb'");
+  const absl::Status full = c->Pull("rows", {0, {}, {{"emb", keys.data(), 11, rows.data()}}});
+  REQUIRE_STATUS(full, absl::StatusCode::kResourceExhausted, "a new row of table 'emb'");
+  // What a worker reports as QuotaExceeded (no rollback cures it).
+  CHECK(IsParameterMemoryExhausted(full));
+  CHECK_FALSE(IsParameterMemoryExhausted(absl::ResourceExhaustedError("the pull pool is full")));
   // The existing rows still serve.
   REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
 
@@ -695,6 +698,7 @@ TEST_CASE("jobs whose quotas add up to more than the server's memory limit are R
   REQUIRE_STATUS(c->CreateJob(Spec("b")), absl::StatusCode::kResourceExhausted,
                  "this server's parameter memory limit of 3145728 bytes (--memory_limit_bytes) is reached: "
                  "job 'b': ");
+  CHECK(IsParameterMemoryExhausted(c->CreateJob(Spec("b"))));
   REQUIRE(ps->GetJob("b").status().code() == absl::StatusCode::kNotFound);
   REQUIRE(ps->memory_used_bytes() == kJobBytes);  // the failed job gave back what it took
   // Sparse rows draw from the same limit: 400 rows of 4 KiB do not fit in

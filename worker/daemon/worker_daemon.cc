@@ -95,6 +95,8 @@ class WorkerDaemon::Runner {
       // A server that no longer holds the running job was restarted: the
       // coordinator rolls back as for any server it declares lost.
       if (IsJobNotOnServer(s)) reason = "ServerLost";
+      // Out of parameter memory: the same rows come back after a rollback.
+      if (IsParameterMemoryExhausted(s)) reason = "QuotaExceeded";
       r.set_error_reason(reason);
       progress_.set_state("failed");
       *r.mutable_progress() = progress_;
