@@ -2,8 +2,13 @@
 
 #include <cmath>
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/reflection.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
@@ -102,6 +107,53 @@ void CheckSource(const v1::DataSource& s, const std::string& path, const ModelRe
   }
 }
 
+// Every enum field of `m` and the messages under it holds one of its
+// enum's values: proto3 keeps any number a client sends, and code that
+// switches on the value would silently take a default for the rest.
+void EnumProblems(const google::protobuf::Message& m, const std::string& prefix, std::vector<std::string>* p) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);  // those set (non-default) only
+  for (const FieldDescriptor* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < r->FieldSize(m, f); ++i) {
+          EnumProblems(r->GetRepeatedMessage(m, f, i), absl::StrCat(path, "[", i, "]"), p);
+        }
+      } else {
+        EnumProblems(r->GetMessage(m, f), path, p);
+      }
+      continue;
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_ENUM) continue;
+    const google::protobuf::EnumDescriptor* e = f->enum_type();
+    auto check = [&](int v, const std::string& where) {
+      if (e->FindValueByNumber(v) != nullptr) return;
+      // Short names, as specs write them: DTYPE_FP16 is fp16 where the
+      // zero value is DTYPE_UNSPECIFIED.
+      std::string prefix;
+      if (const auto* zero = e->FindValueByNumber(0); zero != nullptr && absl::EndsWith(zero->name(), "UNSPECIFIED")) {
+        prefix = zero->name().substr(0, zero->name().size() - std::string("UNSPECIFIED").size());
+      }
+      std::vector<std::string> names;
+      for (int i = 0; i < e->value_count(); ++i) {
+        if (e->value(i)->number() == 0) continue;
+        absl::string_view name = e->value(i)->name();
+        absl::ConsumePrefix(&name, prefix);
+        names.push_back(absl::AsciiStrToLower(name));
+      }
+      p->push_back(absl::StrCat(where, ": ", v, " is not one of: ", absl::StrJoin(names, ", ")));
+    };
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(m, f); ++i) check(r->GetRepeatedEnumValue(m, f, i), absl::StrCat(path, "[", i, "]"));
+    } else {
+      check(r->GetEnumValue(m, f), path);
+    }
+  }
+}
+
 void CheckUnit(float v, const std::string& path, std::vector<std::string>* p) {
   if (!(v >= 0 && v < 1)) p->push_back(absl::StrCat(path, ": ", v, " must be in [0, 1)"));
 }
@@ -171,7 +223,9 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
     p.push_back(absl::StrCat("model.activation: '", m.activation(), "' is not one of: relu, gelu"));
   }
   if (m.num_features() < 0) p.push_back("model.num_features: must be >= 0 (0: from the data)");
-  if (m.num_classes() == 1 || m.num_classes() < 0) p.push_back("model.num_classes: must be 0 (from the data) or >= 2");
+  if (m.num_classes() == 1 || m.num_classes() < 0 || m.num_classes() > kMaxClasses) {
+    p.push_back(absl::StrCat("model.num_classes: ", m.num_classes(), " must be 0 (from the data) or 2 to ", kMaxClasses));
+  }
   if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
   if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
   const ModelReads kind = ReadsOf(m);
@@ -294,6 +348,13 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
     p.push_back(absl::StrCat("batch_size_auto.warmup_steps: ", ab.warmup_steps(), " must be at most 10000000"));
   }
   if ((spec.epochs() < 1 && !spec.user_workers()) || spec.epochs() > 100000) p.push_back(absl::StrCat("epochs: ", spec.epochs(), " must be 1 to 100000"));
+  if (spec.checkpoint().keep() > kMaxCheckpointsKept) {
+    p.push_back(absl::StrCat("checkpoint.keep: ", spec.checkpoint().keep(), " must be 0 (3) to ", kMaxCheckpointsKept));
+  }
+  if (spec.run_policy().backoff_limit() > kMaxBackoffLimit) {
+    p.push_back(absl::StrCat("run_policy.backoff_limit: ", spec.run_policy().backoff_limit(), " must be 0 (6) to ",
+                             kMaxBackoffLimit));
+  }
   if (spec.precision() != v1::DTYPE_UNSPECIFIED && spec.precision() != v1::DTYPE_FP32 &&
       !OneOf(spec.model().type(), {"softmax", "mlp", "graph"})) {
     p.push_back(absl::StrCat("precision: model '", spec.model().type(), "' has no GEMMs to run in 16 bits; use fp32"));
@@ -305,6 +366,7 @@ void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
 std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   std::vector<std::string> p;
   NameProblems(spec, &p);
+  EnumProblems(spec, "", &p);
   if (spec.user_workers()) {
     UserWorkerProblems(spec, &p);
   } else {

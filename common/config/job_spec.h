@@ -25,6 +25,9 @@ inline bool CarriesResult(const v1::ReportProgressRequest& r) {
 
 // The most workers (ranks) a job may have.
 inline constexpr uint32_t kMaxWorkers = 1024;
+inline constexpr int32_t kMaxClasses = 100000;          // model.num_classes
+inline constexpr uint32_t kMaxCheckpointsKept = 1000;  // checkpoint.keep
+inline constexpr uint32_t kMaxBackoffLimit = 1000;     // run_policy.backoff_limit
 
 // What a worker read, for logs and fulcrumctl: "digits.csv.gz: 1438
 // examples, 64 features, class labels (10 classes) from column 64 (counted

@@ -185,6 +185,38 @@ TEST_CASE("validation lists every semantic mistake with what is allowed", "[spec
   CHECK(std::string(st.message()).find(std::to_string(p.size()) + " problems") != std::string::npos);
 }
 
+TEST_CASE("enums outside their values and numbers past their ranges are refused, naming the field", "[spec]") {
+  // What a client built from proto/ can send that no YAML would: proto3
+  // keeps any number in an enum field.
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText(kYaml, "a.yaml", &s).ok());
+  REQUIRE(JobSpecProblems(s).empty());
+  s.set_precision(static_cast<v1::DType>(99));
+  s.set_wire_dtype(static_cast<v1::DType>(2147483647));
+  s.mutable_consistency()->set_model(static_cast<v1::ConsistencySpec::Model>(77));
+  s.mutable_optimizer()->set_kind(static_cast<v1::OptimizerSpec::Kind>(-1));
+  s.mutable_model()->set_num_classes(2147483647);
+  s.mutable_checkpoint()->set_keep(4294967295u);
+  s.mutable_run_policy()->set_backoff_limit(4294967295u);
+  const std::vector<std::string> p = JobSpecProblems(s);
+  INFO(ValidateJobSpec(s).message());
+  auto has = [&](const std::string& needle) { return HasProblem(p, needle); };
+  CHECK(has("precision: 99 is not one of: fp32, fp16, bf16"));
+  CHECK(has("wire_dtype: 2147483647 is not one of: fp32, fp16, bf16"));
+  CHECK(has("consistency.model: 77 is not one of: "));
+  CHECK(has("optimizer.kind: -1 is not one of: sgd, momentum, adagrad, adam"));
+  CHECK(has("model.num_classes: 2147483647 must be 0 (from the data) or 2 to 100000"));
+  CHECK(has("checkpoint.keep: 4294967295 must be 0 (3) to 1000"));
+  CHECK(has("run_policy.backoff_limit: 4294967295 must be 0 (6) to 1000"));
+  // The bounds themselves pass.
+  v1::JobSpec edge;
+  REQUIRE(ParseSpecText(kYaml, "a.yaml", &edge).ok());
+  edge.mutable_checkpoint()->set_keep(1000);
+  edge.mutable_run_policy()->set_backoff_limit(1000);
+  edge.mutable_model()->set_num_classes(100000);
+  CHECK(JobSpecProblems(edge).empty());
+}
+
 TEST_CASE("staleness_aware_lr is refused outside ssp and asp", "[spec]") {
   for (const char* model : {"bsp", "local", "ssp", "asp"}) {
     v1::JobSpec s;
