@@ -20,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/rpc/grpc_log.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -159,6 +160,9 @@ int main(int argc, char** argv) {
   fulcrum::SetUsage("Fulcrum parameter server");
   absl::ParseCommandLine(argc, argv);
   fulcrum::InitServingProcess();
+  // gRPC's own lines (a failed handshake costs a caller nothing) are
+  // rate-limited per kind, as ours are.
+  fulcrum::LimitGrpcLogs();
   fulcrum::InstallCrashHandler(argv[0]);
   auto transport = fulcrum::security::TransportFromFlags("fulcrum-server", fulcrum::security::Role::kServer);
   if (!transport.ok()) {

@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/rpc/grpc_log.h"
 #include "common/flags_usage.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // Small messages only: a refused flood of large ones must not stay in the heap.
   fulcrum::InitServingProcess({.pin_malloc_thresholds = false});
+  // gRPC's own lines (a failed handshake costs a caller nothing) are
+  // rate-limited per kind, as ours are.
+  fulcrum::LimitGrpcLogs();
   fulcrum::InstallCrashHandler(argv[0]);
   fulcrum::BlockTerminationSignals();
   auto transport = fulcrum::security::TransportFromFlags("fulcrum-coordinator", fulcrum::security::Role::kCoordinator);

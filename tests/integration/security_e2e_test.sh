@@ -57,6 +57,33 @@ expect 4 "no --tls_ca_file or \$FULCRUM_TLS_CA_FILE given" env FULCRUM_TOKEN_FIL
 if grep -q "ssl_transport_security" "$work/out"; then fail "gRPC's log line leaks into fulcrumctl's output"; fi
 [[ $(wc -l <"$work/out") == 1 ]] || fail "wanted one line of error, got $(wc -l <"$work/out")"
 
+# Tokens as shells and editors leave them: a trailing newline is trimmed; a
+# control character is refused with a message that does not print the token
+# (gRPC aborted on it, and printed it at debug verbosity).
+token=$(cat "$tls/token-demo")
+expect 0 "no jobs" env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN="$token"$'\n' "${ctl[@]}" list
+expect 2 "the bearer token from \$FULCRUM_TOKEN has a character not allowed in a token at position 9" \
+  env GRPC_VERBOSITY=debug FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN="${token:0:8}"$'\a'"${token:8}" "${ctl[@]}" list
+if grep -qF "${token:0:8}" "$work/out"; then fail "fulcrumctl printed the token"; fi
+printf '%s\r\n' "$token" >"$work/token-cr"
+expect 0 "no jobs" env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN_FILE="$work/token-cr" "${ctl[@]}" list
+printf '%s\001%s\n' "${token:0:4}" "${token:4}" >"$work/token-ctrl"
+expect 2 "the bearer token from the token file $work/token-ctrl has a character not allowed" \
+  env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN_FILE="$work/token-ctrl" "${ctl[@]}" list
+
+# Bad handshakes cost a caller nothing: gRPC's line for each is rate-limited
+# (at most 10 a minute per kind), not one line per connection.
+log=$work/cluster/logs/coordinator.log
+before=$(grep -c "Handshake failed" "$log" || true)
+for _ in $(seq 200); do
+  { exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && exec 3>&-; } 2>/dev/null || true
+done
+sleep 1
+after=$(grep -c "Handshake failed" "$log" || true)
+echo "200 bad handshakes: $((after - before)) 'Handshake failed' lines in the coordinator's log"
+((after > before)) || fail "no handshake failure was logged (is the line still gRPC's?)"
+((after - before <= 11)) || fail "$((after - before)) handshake lines for 200 bad handshakes: not rate-limited"
+
 demo=(env FULCRUM_TLS_CA_FILE="$tls/ca.crt" FULCRUM_TOKEN_FILE="$tls/token-demo")
 sed -e 's/^epochs: .*/epochs: 3/' "$root/deploy/examples/digits-softmax.yaml" >"$work/digits.yaml"
 expect 0 "SUCCEEDED" "${demo[@]}" "${ctl[@]}" submit -f "$work/digits.yaml"
