@@ -168,20 +168,40 @@ void Authorize(const Session& session, grpc::ClientContext* ctx) {
   if (!session.token.empty()) ctx->AddMetadata("authorization", "Bearer " + session.token);
 }
 
+// A bearer token as read from `source`, trimmed of surrounding whitespace
+// (a file's or a variable's trailing newline); an error naming the source
+// and the position of a character an HTTP header cannot carry (gRPC would
+// abort on it). The token itself is never printed.
+std::string CleanToken(std::string* token, const std::string& source) {
+  *token = std::string(absl::StripAsciiWhitespace(*token));
+  if (token->empty()) return absl::StrCat("the bearer token from ", source, " is empty");
+  for (size_t i = 0; i < token->size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>((*token)[i]);
+    if (c <= ' ' || c > '~') {
+      return absl::StrCat("the bearer token from ", source, " has a character not allowed in a token at position ",
+                          i + 1, " of ", token->size(), " (", c < 0x80 ? "a space or control character" : "a non-ASCII byte",
+                          "); tokens are printable ASCII (openssl rand -hex 32 makes one)");
+    }
+  }
+  return "";
+}
+
 // Reads the credentials the header comment describes. Empty on success, else
 // what is wrong.
 std::string SetUpCredentials(Session* session) {
   std::string token_file = absl::GetFlag(FLAGS_token_file);
   if (token_file.empty() && !Env("FULCRUM_TOKEN").empty()) {
     session->token = Env("FULCRUM_TOKEN");
+    if (std::string bad = CleanToken(&session->token, "$FULCRUM_TOKEN"); !bad.empty()) return bad;
   } else {
     if (token_file.empty()) token_file = Env("FULCRUM_TOKEN_FILE");
     if (!token_file.empty()) {
       std::ifstream in(token_file);
       if (!in) return absl::StrCat("cannot read the token file ", token_file);
       std::getline(in, session->token);
-      session->token = std::string(absl::StripAsciiWhitespace(session->token));
-      if (session->token.empty()) return absl::StrCat("the token file ", token_file, " is empty");
+      if (std::string bad = CleanToken(&session->token, absl::StrCat("the token file ", token_file)); !bad.empty()) {
+        return bad;
+      }
     }
   }
   if (Insecure()) {
