@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_record.h"
 #include "common/logging.h"
+#include "common/rocksdb_options.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 
@@ -108,16 +109,11 @@ absl::Status CheckpointStore::OpenDbLocked() {
   // the rest on demand. A cut is one file, so this covers 64 cuts read at
   // once without reopening.
   options.max_open_files = kMaxOpenFiles;
-  // RocksDB's info log starts a new file on each open; keep a few.
-  options.keep_log_file_num = 4;
-  options.max_log_file_size = 1 << 20;
   // The store's own writes are small (a cut's meta, a deletion's
-  // tombstones): a small memtable flushes, and so ends its log file, every
-  // few thousand cuts; the manifest (one edit per ingest and deletion)
-  // starts afresh past a few MiB. Both stay bounded on a server that runs
-  // for months.
-  options.write_buffer_size = 4 << 20;
-  options.max_manifest_file_size = 4 << 20;
+  // tombstones), but the info log, the manifest (one edit per ingest and
+  // deletion) and the write-ahead log grow with each: bounded, for a server
+  // that runs for months.
+  BoundRocksDbOwnFiles(&options);
   rocksdb::DB* db = nullptr;
   db_.reset();  // RocksDB's lock on the directory goes with it
   RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir_, &db), absl::StrCat("opening checkpoints in ", dir_)));
@@ -556,7 +552,9 @@ absl::StatusOr<CheckpointStore::DiskUse> CheckpointStore::Disk() const {
   for (const auto& e : fs::recursive_directory_iterator(dir_, ec)) {
     if (!e.is_regular_file(ec)) continue;
     ++use.files;
-    use.bytes += e.file_size(ec);
+    const uint64_t size = e.file_size(ec);
+    use.bytes += size;
+    if (e.path().extension() != ".sst") use.own_bytes += size;
   }
   if (ec) return absl::InternalError(absl::StrCat("listing ", dir_, ": ", ec.message()));
   absl::ReaderMutexLock lock(&db_mu_);

@@ -87,6 +87,9 @@ class CheckpointStore {
   // manifests), their bytes, and the table files RocksDB tracks.
   struct DiskUse {
     uint64_t files = 0, bytes = 0, table_files = 0;
+    // RocksDB's own files (everything but the .sst tables: LOG, MANIFEST,
+    // the write-ahead log, OPTIONS): at most kRocksDbOwnFilesBound.
+    uint64_t own_bytes = 0;
   };
   absl::StatusOr<DiskUse> Disk() const;
 

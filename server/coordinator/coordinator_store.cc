@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/rocksdb_options.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
 
@@ -37,6 +38,9 @@ absl::Status CoordinatorStore::ReopenLocked() {
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   if (options_.env != nullptr) db_options.env = options_.env;
+  // Every job update and node registration is a write: RocksDB's own files
+  // must not grow with them for as long as the coordinator runs.
+  BoundRocksDbOwnFiles(&db_options);
   rocksdb::DB* db = nullptr;
   db_.reset();  // RocksDB's lock on the directory goes with it
   RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, options_.dir, &db),
