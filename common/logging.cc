@@ -12,9 +12,12 @@
 namespace fulcrum {
 namespace {
 std::atomic<int> g_min_severity{0};
+std::atomic<LogSink> g_sink{nullptr};
 }  // namespace
 
 void SetMinLogSeverity(LogSeverity severity) { g_min_severity = static_cast<int>(severity); }
+
+void SetLogSink(LogSink sink) { g_sink.store(sink); }
 
 LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : severity_(severity) {
   const auto now = std::chrono::system_clock::now();
@@ -29,12 +32,17 @@ LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : sever
   static constexpr char kLetters[] = {'I', 'W', 'E'};
   char frac[16];
   std::snprintf(frac, sizeof(frac), ".%06ldZ", static_cast<long>(micros));
-  stream_ << kLetters[static_cast<int>(severity)] << ' ' << buf << frac << ' '
-          << (base ? base + 1 : file) << ':' << line << "] ";
+  stream_ << kLetters[static_cast<int>(severity)] << ' ' << buf << frac << ' ';
+  prefix_ = static_cast<size_t>(stream_.tellp());
+  stream_ << (base ? base + 1 : file) << ':' << line << "] ";
 }
 
 LogMessage::~LogMessage() {
   if (static_cast<int>(severity_) < g_min_severity.load(std::memory_order_relaxed)) return;
+  if (LogSink sink = g_sink.load(); sink != nullptr) {
+    sink(severity_, stream_.str().substr(prefix_));
+    return;
+  }
   stream_ << '\n';
   const std::string s = stream_.str();
   std::fwrite(s.data(), 1, s.size(), stderr);

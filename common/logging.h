@@ -24,10 +24,19 @@ class LogMessage {
  private:
   LogSeverity severity_;
   std::ostringstream stream_;
+  size_t prefix_ = 0;  // bytes of the time stamp before the file name
 };
 
 // Messages below this severity are dropped (tests raise it to kWarning).
 void SetMinLogSeverity(LogSeverity severity);
+
+// Where messages go instead of stderr: a library loaded into another
+// program (the Python package's C++ client) hands them to that program's
+// logging. `sink` gets the severity and the line without its prefix or
+// newline ("file.cc:12] text"), from any thread, and must not log itself.
+// nullptr: stderr again.
+using LogSink = void (*)(LogSeverity severity, const std::string& line);
+void SetLogSink(LogSink sink);
 
 // Lets at most `burst` events through per `window`; counts the rest.
 // Thread-safe. Allow() says whether this one may be logged, and in

@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/checkpoint_export.h"
 #include "common/config/spec_text.h"
 #include "common/dtype.h"
@@ -30,6 +33,44 @@ namespace py = pybind11;
 
 namespace fulcrum {
 namespace {
+
+// The C++ client's log lines, held for Python's logging (fulcrum.tables
+// takes them after each call): a C++ thread never calls into Python, so no
+// line waits on the GIL. At most kMaxHeldLines are held; past that the
+// oldest go, counted.
+class HeldLogs {
+ public:
+  static constexpr size_t kMaxHeldLines = 1000;
+  static HeldLogs& Get() {
+    static HeldLogs* logs = new HeldLogs();
+    return *logs;
+  }
+  static void Sink(LogSeverity severity, const std::string& line) { Get().Add(severity, line); }
+  void Add(LogSeverity severity, const std::string& line) {
+    absl::MutexLock lock(&mu_);
+    if (lines_.size() >= kMaxHeldLines) {
+      lines_.pop_front();
+      ++dropped_;
+    }
+    lines_.emplace_back(static_cast<int>(severity), line);
+  }
+  // (severity 0 info, 1 warning, 2 error; the line), oldest first, and how
+  // many were dropped since the last take.
+  std::pair<std::vector<std::pair<int, std::string>>, uint64_t> Take() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::pair<int, std::string>> out(std::make_move_iterator(lines_.begin()),
+                                                 std::make_move_iterator(lines_.end()));
+    lines_.clear();
+    const uint64_t dropped = dropped_;
+    dropped_ = 0;
+    return {std::move(out), dropped};
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::pair<int, std::string>> lines_ ABSL_GUARDED_BY(mu_);
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // An absl::Status on its way to Python as fulcrum.FulcrumError.
 struct StatusError {
@@ -121,11 +162,12 @@ class Tables {
  public:
   Tables(std::vector<std::string> servers, std::string worker_id, uint32_t rank, const std::string& wire_dtype,
          std::optional<std::vector<std::string>> tls, bool shared_memory, int channels_per_server,
-         double rpc_timeout_s) {
+         double rpc_timeout_s, uint32_t incarnation) {
     GrpcPsClientOptions o;
     o.bootstrap_servers = std::move(servers);
     o.worker_id = std::move(worker_id);
     o.rank = rank;
+    o.incarnation = incarnation;
     o.shared_memory = shared_memory;
     o.channels_per_server = channels_per_server;
     o.rpc_timeout = absl::Seconds(rpc_timeout_s);
@@ -299,10 +341,10 @@ PYBIND11_MODULE(_ps, m) {
   });
   py::class_<fulcrum::Tables>(m, "Tables")
       .def(py::init<std::vector<std::string>, std::string, uint32_t, const std::string&,
-                    std::optional<std::vector<std::string>>, bool, int, double>(),
+                    std::optional<std::vector<std::string>>, bool, int, double, uint32_t>(),
            py::arg("servers"), py::arg("worker_id"), py::arg("rank") = 0, py::arg("wire_dtype") = "fp32",
            py::arg("tls") = py::none(), py::arg("shared_memory") = true, py::arg("channels_per_server") = 4,
-           py::arg("rpc_timeout") = 60.0)
+           py::arg("rpc_timeout") = 60.0, py::arg("incarnation") = 0)
       .def("create_job", &fulcrum::Tables::CreateJob, py::arg("spec_text"))
       .def("open_job", &fulcrum::Tables::OpenJob, py::arg("job_id"))
       .def("delete_job", &fulcrum::Tables::DeleteJob, py::arg("job_id"))
@@ -314,6 +356,11 @@ PYBIND11_MODULE(_ps, m) {
       .def("push_async", &fulcrum::Tables::PushAsync, py::arg("job_id"), py::arg("step"),
            py::arg("dense") = py::dict(), py::arg("sparse") = py::dict(), py::arg("last") = true,
            py::arg("lr_scale") = 1.0f);
+  // The client's log lines go to Python's logging (logger "fulcrum"), not
+  // to the user's stderr.
+  fulcrum::SetLogSink(&fulcrum::HeldLogs::Sink);
+  m.def("take_logs", [] { return fulcrum::HeldLogs::Get().Take(); },
+        "The C++ client's log lines since the last call: ([(severity, line)], lines dropped).");
   m.def("tune_heap", [] { return fulcrum::TuneHeapForLargeMessages(); },
         "The serving processes' heap settings for megabyte messages (common/process.h); once per process.");
   py::class_<fulcrum::PendingPush>(m, "PendingPush").def("wait", &fulcrum::PendingPush::Wait);

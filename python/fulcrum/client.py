@@ -41,14 +41,45 @@ def _env(name):
 
 def _read_token(path):
     try:
-        with open(path) as f:
-            token = f.readline().strip()
+        # The first line, ended by \n alone: a \r inside is the token's (and
+        # refused), not a line break that would cut it short.
+        with open(path, newline="") as f:
+            token = f.read().split("\n", 1)[0]
     except OSError as e:
         raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT,
                            f"cannot read the token file {path}: {e.strerror}") from None
+    return _clean_token(token, f"the token file {path}")
+
+
+def _clean_token(token, source):
+    """The token trimmed of surrounding whitespace; FulcrumError naming the
+    source (never the token) when it is empty or holds a character an HTTP
+    header cannot carry."""
+    token = token.strip()
     if not token:
-        raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT, f"the token file {path} is empty")
+        raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT, f"the bearer token from {source} is empty")
+    for i, c in enumerate(token):
+        if not " " < c <= "~":
+            kind = "a space or control character" if ord(c) < 0x80 else "a non-ASCII character"
+            raise FulcrumError("token", grpc.StatusCode.INVALID_ARGUMENT,
+                               f"the bearer token from {source} has a character not allowed in a token at "
+                               f"position {i + 1} of {len(token)} ({kind}); tokens are printable ASCII "
+                               "(openssl rand -hex 32 makes one)")
     return token
+
+
+def _resolve_token(token, token_file):
+    """The bearer token to send, or None: `token`, else `token_file`, else
+    $FULCRUM_TOKEN, else the file $FULCRUM_TOKEN_FILE. token="" sends none."""
+    if token is not None:
+        return _clean_token(token, "the token argument") if token else None
+    if token_file:
+        return _read_token(token_file)
+    if _env("FULCRUM_TOKEN"):
+        return _clean_token(_env("FULCRUM_TOKEN"), "$FULCRUM_TOKEN")
+    if _env("FULCRUM_TOKEN_FILE"):
+        return _read_token(_env("FULCRUM_TOKEN_FILE"))
+    return None
 
 
 def state_name(job):
@@ -64,14 +95,14 @@ class Client:
         self.coordinator = coordinator or _env("FULCRUM_COORDINATOR") or "127.0.0.1:7070"
         if insecure is None:
             insecure = os.environ.get("FULCRUM_INSECURE") == "1"
-        if token is None:
-            token_file = token_file or (None if _env("FULCRUM_TOKEN") else _env("FULCRUM_TOKEN_FILE"))
-            token = _read_token(token_file) if token_file else _env("FULCRUM_TOKEN")
+        token = _resolve_token(token, token_file)
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         self.timeout = timeout
         self._credentials = None
+        self._ca_file = None
         if not insecure:
             ca_file = ca_file or _env("FULCRUM_TLS_CA_FILE")
+            self._ca_file = ca_file
             roots = None
             if ca_file:
                 try:
@@ -109,7 +140,22 @@ class Client:
         try:
             return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise FulcrumError(name, e.code(), e.details()) from None
+            raise self._error(name, e) from None
+
+    def _error(self, name, e):
+        """FulcrumError for a failed call; an unreachable coordinator gets
+        fulcrumctl's hint of what to check."""
+        message = e.details() or ""
+        # A coordinator that answered UNAVAILABLE itself (it cannot save its
+        # state) was reached: the hint is for one that could not be.
+        if e.code() == grpc.StatusCode.UNAVAILABLE and not message.startswith("the coordinator "):
+            expected = "plaintext (insecure=True or $FULCRUM_INSECURE=1)" if self._credentials is None else (
+                "TLS signed by the CA in " + (self._ca_file or "this system's trust store (no ca_file or "
+                                              "$FULCRUM_TLS_CA_FILE given; a local cluster's CA is "
+                                              "RUN_DIR/tls/ca.crt)"))
+            message += (f" (is fulcrum-coordinator running at {self.coordinator}? pass coordinator= or set "
+                        f"$FULCRUM_COORDINATOR; does it serve {expected} as this client expects?)")
+        return FulcrumError(name, e.code(), message)
 
     # ----------------------------------------------------------------- jobs
 
@@ -146,15 +192,16 @@ class Client:
         return self._call(f"status {job_id}", self._jobs.GetJob, cluster_pb2.JobRef(job_id=job_id))
 
     def list(self, page_size=0):
-        """Every job the caller may see, oldest first, fetched page by page."""
-        token = ""
+        """Every job the caller may see, oldest first (a list, fetched page
+        by page when called: an unreachable coordinator raises here)."""
+        jobs, token = [], ""
         while True:
             page = self._call("list", self._jobs.ListJobs,
                               cluster_pb2.ListJobsRequest(page_size=page_size, page_token=token))
-            yield from page.jobs
+            jobs.extend(page.jobs)
             token = page.next_page_token
             if not token:
-                return
+                return jobs
 
     def cancel(self, job_id):
         """Cancels a job; returns it as cancelled."""
@@ -170,7 +217,7 @@ class Client:
             for event in stream:
                 yield event
         except grpc.RpcError as e:
-            raise FulcrumError(name, e.code(), e.details()) from None
+            raise self._error(name, e) from None
 
     def wait(self, job_id, timeout=None):
         """Watches the job to its end; returns the last Job."""

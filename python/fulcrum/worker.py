@@ -43,7 +43,7 @@ import time
 
 import grpc
 
-from fulcrum.client import FulcrumError, _env, _read_token
+from fulcrum.client import FulcrumError, _env, _resolve_token
 from fulcrum.v1 import cluster_pb2
 from fulcrum.v1 import cluster_pb2_grpc
 from fulcrum.v1 import common_pb2
@@ -106,9 +106,7 @@ class Worker:
             files = [_env(v) for v in ("FULCRUM_TLS_CA_FILE", "FULCRUM_TLS_CERT_FILE", "FULCRUM_TLS_KEY_FILE")]
             if all(files):
                 tls = tuple(files)
-        if token is None:
-            token_file = token_file or (None if _env("FULCRUM_TOKEN") else _env("FULCRUM_TOKEN_FILE"))
-            token = _read_token(token_file) if token_file else _env("FULCRUM_TOKEN")
+        token = _resolve_token(token, token_file)
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         self.tls = tuple(tls) if tls else None
         if self.tls:
@@ -220,7 +218,7 @@ class Worker:
         key = (wire, shared_memory)
         if key not in self._tables:
             self._tables[key] = Tables(self.servers, self.worker_id, rank=self.rank, wire_dtype=wire, tls=self.tls,
-                                       shared_memory=shared_memory)
+                                       shared_memory=shared_memory, incarnation=self.incarnation)
         return self._tables[key]
 
     @property

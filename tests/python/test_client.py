@@ -122,6 +122,37 @@ def test_credentials_come_from_the_arguments_or_the_environment(cluster, monkeyp
     assert "/nonexistent/token" in e.value.message
 
 
+def test_tokens_are_trimmed_and_a_token_no_header_can_carry_is_refused_without_printing_it(cluster, monkeypatch,
+                                                                                            tmp_path):
+    token = open(os.path.join(cluster.tls_dir, "token-admin")).read().strip()
+    monkeypatch.setenv("FULCRUM_COORDINATOR", cluster.coordinator)
+    monkeypatch.setenv("FULCRUM_TLS_CA_FILE", cluster.ca_file)
+    monkeypatch.delenv("FULCRUM_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("FULCRUM_INSECURE", raising=False)
+    # A trailing newline, as `FULCRUM_TOKEN="$(cat token; echo)"` leaves it.
+    monkeypatch.setenv("FULCRUM_TOKEN", token + "\n")
+    with fulcrum.Client() as c:
+        assert len(c.cluster().nodes) == 2
+    # A control character inside: refused before any call, naming where.
+    for bad, source in ((token[:10] + "\x07" + token[10:], "$FULCRUM_TOKEN"),
+                        (token[:10] + "\u00e9" + token[10:], "$FULCRUM_TOKEN")):
+        monkeypatch.setenv("FULCRUM_TOKEN", bad)
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            fulcrum.Client()
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"the bearer token from {source} has a character not allowed in a token at position 11" in e.value.message
+        assert token[:10] not in e.value.message
+    monkeypatch.delenv("FULCRUM_TOKEN")
+    path = tmp_path / "token"
+    path.write_text("  " + token[:5] + "\r" + token[5:] + "\n")
+    with pytest.raises(fulcrum.FulcrumError) as e:
+        fulcrum.Client(token_file=str(path))
+    assert f"the bearer token from the token file {path} has a character not allowed" in e.value.message
+    with pytest.raises(fulcrum.FulcrumError) as e:
+        fulcrum.Worker(job_id="any", token=token + "\x00", insecure=True)
+    assert "the bearer token from the token argument" in e.value.message
+
+
 def test_users_see_only_their_own_jobs(cluster):
     with cluster.client("demo") as demo, cluster.client("admin") as admin:
         job_id = admin.submit(digits(epochs=1, name="admins"))
@@ -182,3 +213,12 @@ def test_checkpoint_export_restore_and_cancel_a_running_job(cluster, tmp_path):
             c.checkpoint(job_id)
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert fulcrum.state_name(c.wait(job_id, timeout=30)) == "CANCELLED"
+
+
+def test_an_absent_coordinator_is_reported_by_the_call_itself_with_what_to_check():
+    with fulcrum.Client("127.0.0.1:1", insecure=True, timeout=3) as c:
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.list()  # a list, fetched at the call: not only once iterated
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "is fulcrum-coordinator running at 127.0.0.1:1?" in e.value.message
+        assert "plaintext (insecure=True" in e.value.message

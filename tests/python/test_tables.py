@@ -151,3 +151,17 @@ def test_mutual_tls_needs_a_worker_certificate(tmp_path):
         assert "nope.crt" in e.value.message
     finally:
         s.stop()
+
+
+def test_the_cpp_clients_log_lines_go_to_python_logging_not_to_stderr(servers, caplog, capfd):
+    import logging  # pylint: disable=import-outside-toplevel
+    caplog.set_level(logging.INFO, logger="fulcrum")
+    t = fulcrum.Tables(servers.addresses, worker_id="py-log")
+    t.create_job(job("logged", [dense("w", 16)]))
+    w = np.zeros(16, dtype=np.float32)
+    t.push("logged", 0, dense={"w": np.ones(16, dtype=np.float32)})
+    t.pull("logged", 1, dense={"w": w})
+    err = capfd.readouterr().err
+    client_lines = [r.getMessage() for r in caplog.records if ".cc:" in r.getMessage()]
+    assert client_lines, "the C++ client logged nothing at INFO"
+    assert not any(".cc:" in line for line in err.splitlines()), err
