@@ -18,8 +18,12 @@ every rank's push. CPU tensors are pushed and pulled in place; CUDA ones go
 through a host copy. Every call is fulcrum.Tables's, so errors are its.
 """
 
-import numpy as np
-import torch
+import weakref
+
+from fulcrum import _require
+
+np = _require("numpy", "python3-numpy")
+torch = _require("torch", "python3-torch")
 
 _DTYPE_OK = (torch.float32,)
 
@@ -204,8 +208,32 @@ class _PullRows(torch.autograd.Function):
         emb = ctx.emb
         g = np.ascontiguousarray(grad.detach().to("cpu", torch.float32).numpy())
         emb.tables.push(emb.job_id, emb.clock, sparse={emb.table: (ctx.keys, g)})
-        emb.clock += 1
+        emb._steps[0] += 1  # pylint: disable=protected-access
         return None, None, None
+
+
+# Embeddings of one job on one Tables share a step count: each push is a
+# step of the rank's, and a server may acknowledge a step number it holds
+# as complete for the rank as a duplicate, without applying it. With a
+# count per Embedding, a second Embedding (an MF's item side) repeated the
+# first's step numbers.
+_embedding_steps = weakref.WeakKeyDictionary()
+
+
+def _shared_steps(tables, job_id):
+    return _embedding_steps.setdefault(tables, {}).setdefault(job_id, [0])
+
+
+def _embedding_initializer(initializer):
+    """An Embedding's rows' initializer as a table spec takes it."""
+    if initializer is None or initializer == "normal":
+        return {"kind": "normal", "a": 0.0, "b": 1.0}
+    if initializer == "zeros":
+        return {"kind": "zeros"}
+    if isinstance(initializer, dict) and initializer.get("kind") in ("zeros", "constant", "uniform", "normal"):
+        return dict(initializer)
+    raise ValueError(f"Embedding initializer {initializer!r}: give 'zeros', 'normal' (N(0, 1)) or a dict with "
+                     "kind zeros, constant, uniform or normal (a, b, seed)")
 
 
 class Embedding(torch.nn.Module):
@@ -214,23 +242,41 @@ class Embedding(torch.nn.Module):
     their summed gradients, which the servers' optimizer applies. Its table
     is made with the job: pass `spec()` in extra_tables of the
     ParameterServerOptimizer that creates the job (or create the job with it).
-    Its pushes are steps of their own: use it in ASP jobs (under BSP a step
-    would wait for them as for the dense tables' pushes)."""
+    Its pushes are steps of the rank's, one count for all the job's
+    Embeddings on these Tables (an MF's user and item sides): use it in ASP
+    jobs (under BSP a step would wait for them as for the dense tables'
+    pushes).
 
-    def __init__(self, tables, job_id, table, dim, optimizer=None):
+    Rows start as torch.nn.Embedding's do, N(0, 1), drawn on the servers as
+    a pure function of (seed, table, id), so every process sees the same
+    row. `initializer` changes that: "zeros", "normal" (N(0, 1)), or a
+    table initializer as the servers take it ({"kind": "normal", "a": mean,
+    "b": stddev, "seed": s}, {"kind": "uniform", "a": low, "b": high},
+    {"kind": "constant", "a": value}). Zeros suit a linear model's weights;
+    a factorization needs random rows (both sides at zero get no gradient)."""
+
+    def __init__(self, tables, job_id, table, dim, optimizer=None, initializer=None):
         super().__init__()
         self.tables = tables
         self.job_id = job_id
         self.table = table
         self.dim = dim
         self.optimizer = optimizer or {"kind": "sgd", "learning_rate": 0.01}
-        self.clock = 0
+        self.initializer = _embedding_initializer(initializer)
+        self._steps = _shared_steps(tables, job_id)
         # A parameter-free module still needs a tensor that requires grad
         # for autograd to reach _PullRows.backward.
         self._anchor = torch.zeros((), requires_grad=True)
 
+    @property
+    def clock(self):
+        """This rank's next step: one count for every Embedding of the job on
+        these Tables."""
+        return self._steps[0]
+
     def spec(self):
-        return {"name": self.table, "kind": "sparse", "dim": self.dim, "optimizer": self.optimizer}
+        return {"name": self.table, "kind": "sparse", "dim": self.dim, "optimizer": self.optimizer,
+                "initializer": self.initializer}
 
     def forward(self, ids):
         flat = ids.reshape(-1).to("cpu", torch.int64)

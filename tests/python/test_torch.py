@@ -44,7 +44,8 @@ def test_steps_through_the_servers_equal_torch_optim_in_one_process(servers, kin
 
 def test_an_embedding_pulls_distinct_rows_and_pushes_their_summed_gradients(servers):
     tables = fulcrum.Tables(servers.addresses, worker_id="torch-emb")
-    emb = ftorch.Embedding(tables, "torch-emb", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5})
+    emb = ftorch.Embedding(tables, "torch-emb", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5},
+                           initializer="zeros")
     head = torch.nn.Linear(4, 1)
     ftorch.ParameterServerOptimizer(head, tables, "torch-emb", extra_tables=[emb.spec()])
     ids = torch.tensor([[3, 7], [3, 1_000_000]])
@@ -63,6 +64,73 @@ def test_an_embedding_pulls_distinct_rows_and_pushes_their_summed_gradients(serv
     np.testing.assert_allclose(emb(torch.tensor([7])).detach().numpy(), expected[1:2], atol=1e-6)
     with pytest.raises(ValueError, match="ids must be >= 0"):
         emb(torch.tensor([-1]))
+
+
+def test_embedding_rows_start_as_torchs_do_and_the_same_in_every_process(servers):
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-emb-init")
+    emb = ftorch.Embedding(tables, "torch-emb-init", "user", dim=8)
+    tables.create_job({"job_id": "torch-emb-init", "num_workers": 1, "consistency": {"model": "asp"},
+                       "tables": [emb.spec()]})
+    rows = emb(torch.arange(4000)).detach().numpy()
+    # torch.nn.Embedding's default, N(0, 1).
+    assert abs(rows.mean()) < 0.03 and abs(rows.std() - 1.0) < 0.03
+    # A second process (another client) pulls the same rows.
+    other = fulcrum.Tables(servers.addresses, worker_id="torch-emb-init-2")
+    other.open_job("torch-emb-init")
+    again = np.empty((3, 8), dtype=np.float32)
+    other.pull("torch-emb-init", 0, sparse={"user": (np.array([0, 1, 2], dtype=np.uint64), again)})
+    np.testing.assert_array_equal(again, rows[:3])
+    with pytest.raises(ValueError, match="Embedding initializer 'xavier'"):
+        ftorch.Embedding(tables, "torch-emb-init", "item", dim=8, initializer="xavier")
+
+
+def test_matrix_factorization_with_two_embeddings_learns_and_zero_rows_do_not(servers):
+    # Ratings of rank 3 (centred), 60 users x 50 items, 1 500 of them seen.
+    rng = np.random.default_rng(3)
+    u, v = rng.normal(size=(60, 3)), rng.normal(size=(50, 3))
+    pairs = rng.choice(60 * 50, size=1500, replace=False)
+    users, items = torch.tensor(pairs // 50), torch.tensor(pairs % 50)
+    ratings = torch.tensor((u[pairs // 50] * v[pairs % 50]).sum(1), dtype=torch.float32)
+    baseline = float(ratings.pow(2).mean().sqrt())  # predicting the mean (0)
+
+    def train(init, name):
+        tables = fulcrum.Tables(servers.addresses, worker_id=name)
+        sgd = {"kind": "adagrad", "learning_rate": 0.3, "initial_accumulator": 1e-10}
+        user = ftorch.Embedding(tables, name, "user", dim=4, optimizer=sgd, initializer=init)
+        item = ftorch.Embedding(tables, name, "item", dim=4, optimizer=sgd, initializer=init)
+        tables.create_job({"job_id": name, "num_workers": 1, "consistency": {"model": "asp"},
+                           "tables": [user.spec(), item.spec()]})
+        for _ in range(40):
+            for b in range(0, 1500, 250):
+                pred = (user(users[b:b + 250]) * item(items[b:b + 250])).sum(1)
+                ((pred - ratings[b:b + 250]).pow(2).mean() / 2).backward()
+        with torch.no_grad():
+            return float(((user(users) * item(items)).sum(1) - ratings).pow(2).mean().sqrt())
+
+    def plain_torch(std):
+        torch.manual_seed(0)
+        user, item = torch.nn.Embedding(60, 4), torch.nn.Embedding(50, 4)
+        for e in (user, item):
+            torch.nn.init.normal_(e.weight, 0, std)
+        opt = torch.optim.Adagrad(list(user.parameters()) + list(item.parameters()), lr=0.3)
+        for _ in range(40):
+            for b in range(0, 1500, 250):
+                opt.zero_grad()
+                pred = (user(users[b:b + 250]) * item(items[b:b + 250])).sum(1)
+                ((pred - ratings[b:b + 250]).pow(2).mean() / 2).backward()
+                opt.step()
+        with torch.no_grad():
+            return float(((user(users) * item(items)).sum(1) - ratings).pow(2).mean().sqrt())
+
+    learned, peer = train({"kind": "normal", "b": 0.3}, "torch-mf"), plain_torch(0.3)
+    default, default_peer = train(None, "torch-mf-default"), plain_torch(1.0)
+    stuck = train("zeros", "torch-mf-zeros")
+    print(f"MF train RMSE (mean only {baseline:.4f}): N(0, 0.3) rows {learned:.4f}, plain torch {peer:.4f}; "
+          f"default N(0, 1) rows {default:.4f}, plain torch {default_peer:.4f}; zero rows {stuck:.4f}")
+    # As plain torch with the same initializer and optimizer (other draws).
+    assert learned < 0.05 * baseline and learned <= 2 * peer + 0.01
+    assert default < 0.1 * baseline and default <= 2 * default_peer + 0.01
+    assert stuck == pytest.approx(baseline, rel=1e-4)  # both sides at zero: no gradient ever
 
 
 def test_the_torch_initializer_draws_from_pytorchs_default_range(servers):
@@ -164,7 +232,8 @@ def test_cuda_parameters_and_embeddings_train_as_cpu_ones(servers):
     for p, q in zip(cpu.parameters(), gpu.parameters()):
         assert q.is_cuda
         torch.testing.assert_close(p, q.cpu(), rtol=1e-5, atol=1e-5)
-    emb = ftorch.Embedding(tables, "torch-cuda-c", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5})
+    emb = ftorch.Embedding(tables, "torch-cuda-c", "user", dim=4, optimizer={"kind": "sgd", "learning_rate": 0.5},
+                           initializer="zeros")
     ftorch.ParameterServerOptimizer(torch.nn.Linear(4, 1).cuda(), tables, "torch-cuda-c", extra_tables=[emb.spec()])
     out = emb(torch.tensor([[3, 7]], device="cuda"))
     assert out.is_cuda and out.shape == (1, 2, 4)

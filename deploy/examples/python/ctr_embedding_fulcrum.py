@@ -66,7 +66,8 @@ def main():
          "optimizer": {"kind": "adam", "learning_rate": 1e-3}, "consistency": {"model": "asp"}})
     worker = fulcrum.Worker(job)
     emb = fulcrum.torch.Embedding(worker.tables(), job, "ids", DIM,  # torch's Adagrad starts its sums at 0
-                                  optimizer={"kind": "adagrad", "learning_rate": 0.01, "initial_accumulator": 1e-10})
+                                  optimizer={"kind": "adagrad", "learning_rate": 0.01, "initial_accumulator": 1e-10},
+                                  initializer="zeros")  # as ctr_embedding.py's torch.nn.init.zeros_
     opt = fulcrum.torch.ParameterServerOptimizer(mlp, worker, extra_tables=[emb.spec()], initializer="torch")
     batch = 256
     for epoch in range(epochs):
