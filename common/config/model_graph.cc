@@ -653,8 +653,14 @@ std::string ModelGraphText(const ModelGraph& graph) {
     out += absl::StrFormat("%-22s %-16s %-28s %-12s %s\n", g.name, GraphOpName(g.op),
                            ins.empty() ? "-" : absl::StrJoin(ins, ","), shape, params);
   }
+  // Each embedding is a table of its own: a key holds its dim there.
+  std::vector<std::string> tables;
+  for (const GraphNodeInfo& g : graph.nodes) {
+    if (g.op == GraphOp::kEmbedding) tables.push_back(absl::StrCat(g.name, " ", g.dim));
+  }
   out += absl::StrCat("dense parameters: ", graph.dense_parameters(), " (", graph.dense_parameters() * 4 / 1024,
-                      " KiB); sparse: ", graph.floats_per_sparse_key(), " floats per key, optimizer state aside\n");
+                      " KiB); sparse floats per key: ", tables.empty() ? "none" : absl::StrJoin(tables, ", "),
+                      ", optimizer state aside\n");
   return out;
 }
 

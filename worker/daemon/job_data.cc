@@ -133,6 +133,13 @@ static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc
   return absl::OkStatus();
 }
 
+float MeanLabel(const data::Dataset& d) {
+  if (d.size() == 0) return 0;
+  double sum = 0;
+  for (size_t i = 0; i < d.size(); ++i) sum += d.label(i);
+  return static_cast<float>(sum / static_cast<double>(d.size()));
+}
+
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train) {
   models::ModelConfig mc;
   mc.type = spec.model().type();
@@ -151,6 +158,12 @@ absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, cons
   mc.precision = DTypeOf(spec.precision());
   mc.seed = spec.seed();
   if (mc.type == "graph") RETURN_IF_ERROR(GraphLayout(spec, &mc));
+  // Regression (mf, a graph under squared error) starts its global bias at
+  // the mean training label: from 0, the first epochs are spent learning the
+  // mean (MovieLens: test RMSE 3.7 after a step at a small rate).
+  bool regression = mc.type == "mf";
+  for (const v1::GraphNode& n : spec.model().graph()) regression |= n.op() == "loss" && n.loss() == "squared_error";
+  if (regression) mc.global_mean = MeanLabel(train);
   return mc;
 }
 
@@ -158,7 +171,10 @@ v1::DataSummary SummarizeData(const v1::DataSource& s, const data::Dataset& d) {
   v1::DataSummary out;
   out.set_source(d.source());
   out.set_examples(d.size());
-  out.set_features(static_cast<uint32_t>(d.num_features()));
+  // Criteo rows are 13 integers and 26 hashed categorical fields: their key
+  // space (2^hash_bits a field) is not a count of features.
+  out.set_features(s.format() == "criteo" ? static_cast<uint32_t>(data::kCriteoIntegers + data::kCriteoCategoricals)
+                                          : static_cast<uint32_t>(d.num_features()));
   const data::LabelKind kind =
       LabelKindOf(s.label_kind(), s.format() == "libsvm" || s.format() == "criteo" ? data::LabelKind::kBinary
                                                                                  : data::LabelKind::kClass);

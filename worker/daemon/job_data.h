@@ -38,7 +38,12 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
 absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std::string& dir,
                                              const std::vector<std::string>& roots);
 // The model a job spec asks for, completed from the training data.
+// The model a spec describes for its training data. mf, and a graph whose
+// loss is squared_error, start their global bias at the mean training label.
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
+// The mean of `d`'s labels (0 when empty), summed in order in double: every
+// rank computes the same value from the same rows.
+float MeanLabel(const data::Dataset& d);
 
 // What a worker read from `source`: examples, features, classes, the label
 // column (counted from 0), for its log and the job's status.

@@ -70,7 +70,13 @@ class GraphModel final : public Model {
         AddDense(n.name + ".beta", {n.width()}, Zeros());
       } else if (n.op == GraphOp::kBias) {
         nodes_[i].table = static_cast<int>(tables_.size());
-        AddDense(n.name, {n.width()}, Zeros());
+        // A bias the squared-error loss reads directly is the prediction's
+        // offset: it starts at the mean label (ModelConfig::global_mean), as
+        // the built-in mf's global bias does.
+        const GraphNodeInfo& last = g_.nodes.back();
+        const bool offset = last.op == GraphOp::kLoss && last.loss == config::GraphLoss::kSquaredError &&
+                            !last.inputs.empty() && last.inputs[0] == static_cast<int>(i);
+        AddDense(n.name, {n.width()}, offset ? Constant(config_.global_mean) : Zeros());
       } else if (n.op == GraphOp::kEmbedding) {
         nodes_[i].table = static_cast<int>(tables_.size());
         AddSparse(n.name, static_cast<uint32_t>(n.dim), n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());

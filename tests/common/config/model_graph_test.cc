@@ -74,6 +74,21 @@ TEST_CASE("model graph: DLRM's shapes, order and parameter counts", "[graph]") {
   CHECK_THAT(text, Catch::Contains("dot_interaction"));
   CHECK_THAT(text, Catch::Contains("26x16"));
   CHECK_THAT(text, Catch::Contains("16 per key"));
+  CHECK_THAT(text, Catch::Contains("sparse floats per key: emb 16,"));
+}
+
+TEST_CASE("model graph text: each embedding's floats per key, not their sum (mf holds k + 1 per key)", "[graph]") {
+  v1::ModelSpec mf;
+  mf.set_type("mf");
+  mf.set_factors(32);
+  auto preset = PresetGraph(mf, 0, 0);
+  REQUIRE(preset.ok());
+  auto g = BuildModelGraph(*preset);
+  REQUIRE(g.ok());
+  const std::string text = ModelGraphText(*g);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("sparse floats per key: user 33, item 33,"));
+  CHECK_THAT(text, !Catch::Contains("66"));
 }
 
 TEST_CASE("model graph: a cross of k fields has k(k-1)/2 fields for its embedding", "[graph]") {

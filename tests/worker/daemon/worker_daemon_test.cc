@@ -6,10 +6,14 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/config/job_spec.h"
 #include "common/config/model_graph.h"
 #include "tests/testing/process_util.h"
 #include "worker/daemon/job_data.h"
+#include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/models/model.h"
+#include "worker/training/trainer.h"
 
 namespace fulcrum {
 namespace {
@@ -133,6 +137,69 @@ TEST_CASE("a graph reading libsvm rows by position takes their keys as fields, a
   mc = ModelConfigFor(spec, **data);
   REQUIRE(mc.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(mc.status().message().find("by_position takes the keys of libsvm rows") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a criteo source is summarized as its 39 fields, whatever its hash_bits", "[data]") {
+  const fs::path dir = testing::MakeTempDir("fulcrum-criteo-summary");
+  std::string row = "1";
+  for (int i = 0; i < 13; ++i) row += "\t" + std::to_string(i);
+  for (int i = 0; i < 26; ++i) row += "\t68fd1e64";
+  std::ofstream(dir / "c.txt") << row << "\n" << row << "\n";
+  v1::DataSource src;
+  src.set_format("criteo");
+  src.set_path("c.txt");
+  src.set_hash_bits(32);
+  auto data = LoadDataSource(src, dir.string(), nullptr);
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const v1::DataSummary summary = SummarizeData(src, **data);
+  CHECK(summary.features() == 39);
+  CHECK(config::DataSummaryLine(summary).find("2 examples, 39 features, binary labels") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("mf starts its global bias at the mean training rating, as a built-in model and as a graph", "[data]") {
+  const fs::path dir = testing::MakeTempDir("fulcrum-mf-mean");
+  // Raw ratings (user key, then item key), mean 3.625: from 0 the first
+  // epochs would be spent learning the mean.
+  std::ofstream(dir / "r.svm") << "4.5 3:1 1007:1\n2 1:1 1007:1\n3 3:1 1002:1\n5 1:1 1002:1\n";
+  for (const bool graph : {false, true}) {
+    INFO((graph ? "preset graph" : "built-in mf"));
+    v1::JobSpec spec;
+    spec.mutable_model()->set_type("mf");
+    spec.mutable_model()->set_factors(3);
+    if (graph) {
+      auto g = config::PresetGraph(spec.model(), 0, 0);
+      REQUIRE(g.ok());
+      *spec.mutable_model() = *g;
+    }
+    spec.mutable_data()->mutable_train()->set_format("libsvm");
+    spec.mutable_data()->mutable_train()->set_path("r.svm");
+    spec.mutable_data()->mutable_train()->set_label_kind("real");
+    auto data = LoadDataSource(spec.data().train(), dir.string(), nullptr);
+    REQUIRE(data.ok());
+    auto mc = ModelConfigFor(spec, **data);
+    INFO(mc.status().message());
+    REQUIRE(mc.ok());
+    CHECK(mc->global_mean == Approx(3.625));
+    std::string why;
+    auto backend = compute::CreateBackend("cpu", &why, 1);
+    REQUIRE(backend.ok());
+    auto model = models::CreateModel(*mc, backend->get());
+    REQUIRE(model.ok());
+    v1::OptimizerSpec sgd;
+    sgd.set_kind(v1::OptimizerSpec::SGD);
+    const v1::PsJobSpec ps = training::JobSpecFor(**model, "j", sgd, v1::ConsistencySpec(), 1);
+    bool found = false;
+    for (const v1::TableSpec& t : ps.tables()) {
+      if (t.name() != "global_bias") continue;
+      found = true;
+      CHECK(t.initializer().kind() == v1::InitializerSpec::CONSTANT);
+      CHECK(t.initializer().a() == Approx(3.625));
+    }
+    CHECK(found);
+  }
   fs::remove_all(dir);
 }
 
