@@ -84,6 +84,7 @@ using fulcrum::v1::JobState;
 using fulcrum::safetensors::JsonQuoted;
 using fulcrum::ctl::CheckpointLine;
 using fulcrum::ctl::Duration;
+using fulcrum::ctl::FinalFigures;
 using fulcrum::ctl::JobLine;
 using fulcrum::ctl::PrintStatus;
 using fulcrum::ctl::State;
@@ -321,7 +322,7 @@ int Watch(const Session& session, fulcrum::v1::JobService::Stub* first_stub, con
   if (!Json()) {
     std::cout << "job " << id << " " << State(last.status().state());
     if (last.status().state() == fulcrum::v1::SUCCEEDED) {
-      std::cout << absl::StrFormat(": test accuracy %.4f", last.status().test_accuracy());
+      std::cout << ": " << FinalFigures(last);
     } else {
       std::cout << ": " << last.status().reason() << ": " << last.status().message();
     }

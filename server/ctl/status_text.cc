@@ -3,6 +3,7 @@
 #include "server/ctl/status_text.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -29,16 +30,74 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
 }
 
-// " test_acc X" (or " test_rmse X" for regression) of the last epoch whose
-// test set was evaluated; empty before rank 0 evaluated one. The other ranks
-// report an epoch before rank 0 has finished evaluating it, so an epoch that
-// exists is not yet an epoch with test figures.
-std::string TestFigure(const fulcrum::v1::JobStatus& s) {
+Task TaskOf(const Job& j) {
+  const v1::ModelSpec& m = j.spec().model();
+  const std::string& kind = j.spec().data().train().label_kind();
+  if (m.type() == "mf" || kind == "real") return Task::kRegression;
+  if (m.type() == "sparse_lr" || m.type() == "fm" || kind == "binary") return Task::kBinary;
+  for (const v1::GraphNode& n : m.graph()) {
+    if (n.op() != "loss") continue;
+    if (n.loss() == "squared_error") return Task::kRegression;
+    if (n.loss() == "binary_cross_entropy") return Task::kBinary;
+  }
+  // A user_workers job has no model here: by the figures its ranks report.
+  const auto& s = j.status();
+  if (s.test_rmse() > 0 && s.test_accuracy() == 0) return Task::kRegression;
+  if (s.test_auc() > 0) return Task::kBinary;
+  return Task::kClasses;
+}
+
+namespace {
+
+// The training loss as people read it: regression losses are half the
+// squared error, shown as the RMSE.
+double TrainRmse(double half_mse) { return std::sqrt(std::max(0.0, 2 * half_mse)); }
+
+// An epoch's figures for `status`: "train rmse X, test rmse Y" and so on.
+std::string EpochFigures(Task task, const v1::EpochSummary& e) {
+  std::string train, test;
+  switch (task) {
+    case Task::kRegression:
+      train = absl::StrFormat("train rmse %.4f", TrainRmse(e.train_loss()));
+      test = absl::StrFormat("test rmse %.4f", e.test_rmse());
+      break;
+    case Task::kBinary:
+      train = absl::StrFormat("train auc %.4f log loss %.4f", e.train_auc(), e.train_loss());
+      test = absl::StrFormat("test auc %.4f log loss %.4f", e.test_auc(), e.test_loss());
+      break;
+    case Task::kClasses:
+      train = absl::StrFormat("train loss %.4f acc %.4f", e.train_loss(), e.train_accuracy());
+      test = absl::StrFormat("test loss %.4f acc %.4f", e.test_loss(), e.test_accuracy());
+      break;
+  }
+  return absl::StrCat(train, ", ", e.tested() ? test : std::string("not tested"));
+}
+
+}  // namespace
+
+std::string FinalFigures(const Job& j) {
+  const auto& s = j.status();
+  switch (TaskOf(j)) {
+    case Task::kRegression: return absl::StrFormat("test RMSE %.4f", s.test_rmse());
+    case Task::kBinary: return absl::StrFormat("test AUC %.4f, log loss %.4f", s.test_auc(), s.test_loss());
+    case Task::kClasses: break;
+  }
+  return absl::StrFormat("test accuracy %.4f", s.test_accuracy());
+}
+
+// " test_acc X" (" test_rmse X" for regression, " test_auc X test_logloss
+// Y" for binary tasks) of the last epoch whose test set was evaluated;
+// empty before rank 0 evaluated one. The other ranks report an epoch before
+// rank 0 has finished evaluating it, so an epoch that exists is not yet an
+// epoch with test figures.
+std::string TestFigure(const Job& j) {
+  const auto& s = j.status();
+  const Task task = TaskOf(j);
   for (int i = s.epochs_size() - 1; i >= 0; --i) {
     const auto& e = s.epochs(i);
     if (!e.tested()) continue;
-    if (e.test_rmse() != 0 && e.test_accuracy() == 0) return absl::StrFormat(" test_rmse %.4f", e.test_rmse());
-    if (e.test_auc() > 0) return absl::StrFormat(" test_acc %.4f test_auc %.4f", e.test_accuracy(), e.test_auc());
+    if (task == Task::kRegression) return absl::StrFormat(" test_rmse %.4f", e.test_rmse());
+    if (task == Task::kBinary) return absl::StrFormat(" test_auc %.4f test_logloss %.4f", e.test_auc(), e.test_loss());
     return absl::StrFormat(" test_acc %.4f", e.test_accuracy());
   }
   return "";
@@ -53,8 +112,14 @@ std::string JobLine(const Job& j) {
       absl::StrAppendFormat(&line, " step %llu/%llu (%.0f%%)", static_cast<unsigned long long>(s.step()),
                             static_cast<unsigned long long>(s.total_steps()), 100.0 * s.step() / s.total_steps());
     }
-    if (s.loss() > 0) absl::StrAppendFormat(&line, " loss %.4f acc %.4f", s.loss(), s.train_accuracy());
-    absl::StrAppend(&line, TestFigure(s));
+    if (s.loss() > 0) {
+      switch (TaskOf(j)) {
+        case Task::kRegression: absl::StrAppendFormat(&line, " rmse %.4f", TrainRmse(s.loss())); break;
+        case Task::kBinary: absl::StrAppendFormat(&line, " logloss %.4f", s.loss()); break;
+        case Task::kClasses: absl::StrAppendFormat(&line, " loss %.4f acc %.4f", s.loss(), s.train_accuracy()); break;
+      }
+    }
+    absl::StrAppend(&line, TestFigure(j));
     if (s.samples_per_second() > 0 && s.state() == fulcrum::v1::RUNNING) {
       absl::StrAppendFormat(&line, " %.0f samples/s ETA %s", s.samples_per_second(), Duration(s.eta_seconds()));
     }
@@ -138,16 +203,9 @@ void PrintStatus(const Job& j) {
   if (s.has_train_data()) std::cout << "  train data: " << fulcrum::config::DataSummaryLine(s.train_data()) << "\n";
   if (s.has_test_data()) std::cout << "  test data:  " << fulcrum::config::DataSummaryLine(s.test_data()) << "\n";
   for (const auto& l : WorkerLines(j)) std::cout << l << "\n";
+  const Task task = TaskOf(j);
   for (const auto& e : s.epochs()) {
-    // Binary tasks: AUC beside the log loss (the loss).
-    const std::string train_auc = e.train_auc() > 0 ? absl::StrFormat(" auc %.4f", e.train_auc()) : "";
-    const std::string test_auc = e.test_auc() > 0 ? absl::StrFormat(" auc %.4f", e.test_auc()) : "";
-    std::cout << absl::StrFormat("  epoch %u: train loss %.4f acc %.4f%s, %s, %.1fs\n", e.epoch() + 1, e.train_loss(),
-                                 e.train_accuracy(), train_auc,
-                                 e.tested() ? absl::StrFormat("test loss %.4f acc %.4f%s", e.test_loss(),
-                                                              e.test_accuracy(), test_auc)
-                                            : std::string("not tested"),
-                                 e.seconds());
+    std::cout << absl::StrFormat("  epoch %u: %s, %.1fs\n", e.epoch() + 1, EpochFigures(task, e), e.seconds());
   }
   if (!s.weights_fingerprint().empty()) std::cout << "  weights:   fingerprint " << s.weights_fingerprint() << "\n";
   std::cout << "  restarts:  " << s.restarts() << (s.rollbacks() > 0 ? absl::StrCat(", rollbacks: ", s.rollbacks()) : "")

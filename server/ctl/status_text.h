@@ -14,6 +14,13 @@ namespace fulcrum::ctl {
 std::string State(v1::JobState s);
 // Seconds as "42s", "3m07s" or "2h05m"; "-" when not positive.
 std::string Duration(double seconds);
+// What a job learns, for the figures shown: regression (RMSE), binary
+// classification (AUC and log loss), or classes (accuracy).
+enum class Task { kClasses, kBinary, kRegression };
+Task TaskOf(const v1::Job& j);
+// A finished job's test figures, for `watch`'s last line: "test accuracy
+// 0.9781", "test AUC 0.8012, log loss 0.4512", "test RMSE 0.9123".
+std::string FinalFigures(const v1::Job& j);
 // One line of `fulcrumctl list`.
 std::string JobLine(const v1::Job& j);
 // A line per rank: where it is, on what, how fast (`status`, and under

@@ -1,0 +1,70 @@
+// What fulcrumctl shows of a job's figures: accuracy for classes, AUC and
+// log loss for binary tasks, RMSE (not half the MSE) for regression.
+#include "server/ctl/status_text.h"
+
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace fulcrum::ctl {
+namespace {
+
+v1::Job JobOf(const std::string& model, const std::string& label_kind = "") {
+  v1::Job j;
+  j.set_id("j-1");
+  j.mutable_spec()->mutable_model()->set_type(model);
+  j.mutable_spec()->set_epochs(2);
+  if (!label_kind.empty()) j.mutable_spec()->mutable_data()->mutable_train()->set_label_kind(label_kind);
+  j.mutable_status()->set_state(v1::SUCCEEDED);
+  return j;
+}
+
+v1::EpochSummary* AddEpoch(v1::Job& j) {
+  v1::EpochSummary* e = j.mutable_status()->add_epochs();
+  e->set_epoch(j.status().epochs_size() - 1);
+  e->set_tested(true);
+  return e;
+}
+
+TEST_CASE("regression jobs show RMSE, binary jobs AUC and log loss, class jobs accuracy", "[ctl]") {
+  v1::Job mf = JobOf("mf");
+  mf.mutable_status()->set_test_rmse(0.9123);
+  mf.mutable_status()->set_loss(0.5);  // half the MSE: RMSE 1
+  AddEpoch(mf)->set_test_rmse(0.9123);
+  CHECK(TaskOf(mf) == Task::kRegression);
+  CHECK(FinalFigures(mf) == "test RMSE 0.9123");
+  const std::string mf_line = JobLine(mf);
+  INFO(mf_line);
+  CHECK(mf_line.find(" rmse 1.0000 test_rmse 0.9123") != std::string::npos);
+  CHECK(mf_line.find("acc") == std::string::npos);
+
+  // A graph under squared error is regression too.
+  v1::Job graph = JobOf("graph");
+  v1::GraphNode* loss = graph.mutable_spec()->mutable_model()->add_graph();
+  loss->set_op("loss");
+  loss->set_loss("squared_error");
+  CHECK(TaskOf(graph) == Task::kRegression);
+  loss->set_loss("binary_cross_entropy");
+  CHECK(TaskOf(graph) == Task::kBinary);
+
+  v1::Job ctr = JobOf("fm");
+  ctr.mutable_status()->set_test_auc(0.8012);
+  ctr.mutable_status()->set_test_loss(0.4512);
+  ctr.mutable_status()->set_test_accuracy(0.8678);
+  ctr.mutable_status()->set_loss(0.47);
+  v1::EpochSummary* e = AddEpoch(ctr);
+  e->set_test_auc(0.8012);
+  e->set_test_loss(0.4512);
+  CHECK(TaskOf(ctr) == Task::kBinary);
+  CHECK(FinalFigures(ctr) == "test AUC 0.8012, log loss 0.4512");
+  CHECK(JobLine(ctr).find(" logloss 0.4700 test_auc 0.8012 test_logloss 0.4512") != std::string::npos);
+  CHECK(TaskOf(JobOf("graph", "binary")) == Task::kBinary);
+
+  v1::Job digits = JobOf("softmax");
+  digits.mutable_status()->set_test_accuracy(0.9781);
+  CHECK(TaskOf(digits) == Task::kClasses);
+  CHECK(FinalFigures(digits) == "test accuracy 0.9781");
+}
+
+}  // namespace
+}  // namespace fulcrum::ctl
