@@ -39,7 +39,7 @@ data=${FULCRUM_DATA_DIR:-$HOME/.cache/fulcrum/data}
 echo "== Fulcrum demo: MNIST MLP on a local cluster (run directory $dir)"
 # shellcheck source=deploy/local/packages.sh
 source "$root/deploy/local/packages.sh"
-fulcrum_install_packages
+fulcrum_install_packages demo
 
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 echo "== build ($build)"

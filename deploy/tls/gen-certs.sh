@@ -27,6 +27,7 @@ set -euo pipefail
 
 usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 (($#)) || usage
+case "$1" in -h|--help|-*) usage ;; esac  # the first argument is the directory
 dir=$1
 shift
 servers=2 workers=2 days=365 renew=0
