@@ -2,7 +2,9 @@
 // (mutual TLS, tokens) trains the digits softmax job for user demo while 8
 // threads send thousands of malformed or hostile requests:
 //   - to the parameter servers, with a worker's certificate:
-//     pushes to unknown jobs, garbage bytes as Push and Pull, NaN gradients
+//     pushes to unknown jobs, garbage bytes as Push and Pull, pushes as a
+//     rank of another worker's node, and (with that node's certificate) NaN
+//     gradients
 //     for the training job, oversized messages, DeleteJob and SetShardMap of
 //     the training job, streams that send unknown jobs and then vanish,
 //     streams that vanish while a pull waits, plaintext connections;
@@ -189,6 +191,35 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
   for (int64_t d : ps_spec.tables(0).shape()) elements *= d;
   const size_t chunk0 = static_cast<size_t>(
       ps_spec.tables(0).chunk_elements() > 0 ? std::min<int64_t>(elements, ps_spec.tables(0).chunk_elements()) : elements);
+  // Pushes as rank 0 come with the certificate of the node that holds it
+  // (the NaN and duplicate checks are what they reach), and with the other
+  // worker's, which the servers refuse (docs/security.md).
+  std::string owner_name;
+  {
+    auto cluster = v1::ClusterService::NewStub(CreateFulcrumChannel(coord, 5, transport));
+    for (int tries = 0; tries < 300 && owner_name.empty(); ++tries) {
+      const v1::Job j = get_job();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      v1::ClusterState state;
+      if (j.status().workers_size() > 0 && cluster->GetCluster(&ctx, v1::GetClusterRequest(), &state).ok()) {
+        for (const v1::NodeStatus& n : state.nodes()) {
+          const std::string& cert = n.info().certificate();
+          if (n.info().node_id() == j.status().workers(0).worker_id() && !cert.empty()) {
+            owner_name = cert.substr(cert.rfind('/') + 1);
+          }
+        }
+      }
+      if (owner_name.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  REQUIRE((owner_name == "worker-0" || owner_name == "worker-1"));
+  const std::string other_name = owner_name == "worker-0" ? "worker-1" : "worker-0";
+  auto owner_member = security::Transport::Member({(tls / "ca.crt").string(), (tls / (owner_name + ".crt")).string(),
+                                                   (tls / (owner_name + ".key")).string(), ""});
+  auto other_member = security::Transport::Member({(tls / "ca.crt").string(), (tls / (other_name + ".crt")).string(),
+                                                   (tls / (other_name + ".key")).string(), ""});
+  REQUIRE((owner_member.ok() && other_member.ok()));
   const pid_t server_pids[2] = {PidOf(run_dir, "server-0"), PidOf(run_dir, "server-1")};
   const int64_t rss_before[2] = {testing::RssKiB(server_pids[0]), testing::RssKiB(server_pids[1])};
 
@@ -199,6 +230,8 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
     std::mt19937 rng(static_cast<uint32_t>(t));
     const std::string& server = servers[t % 2];
     auto ps = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 100 + t, transport));
+    auto ps_owner = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 500 + t, **owner_member));
+    auto ps_other = v1::ParameterService::NewStub(CreateFulcrumChannel(server, 600 + t, **other_member));
     grpc::GenericStub raw(CreateFulcrumChannel(server, 200 + t, transport));
     grpc::ChannelArguments unlimited;
     unlimited.SetMaxSendMessageSize(-1);
@@ -258,11 +291,19 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
           d->set_data(std::string(reinterpret_cast<const char*>(nan.data()), nan.size() * 4));
           v1::PushResponse r;
           {
+            // Another worker's certificate acts for no rank of its own.
+            grpc::ClientContext ctx;
+            ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+            // NOT_FOUND: the job ended and the servers dropped it.
+            tally.Add("push as rank 0 with another worker's certificate", ps_other->Push(&ctx, p, &r),
+                      {StatusCode::PERMISSION_DENIED, StatusCode::NOT_FOUND});
+          }
+          {
             // A step already applied is acknowledged as a duplicate and
             // dropped unread (replacement workers push such steps again).
             grpc::ClientContext ctx;
             ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-            const grpc::Status st = ps->Push(&ctx, p, &r);
+            const grpc::Status st = ps_owner->Push(&ctx, p, &r);
             if (st.ok()) {
               tally.Add("push of a step already applied", r.duplicate() ? grpc::Status(StatusCode::ALREADY_EXISTS, "acknowledged as a duplicate, dropped") : grpc::Status::OK,
                         {StatusCode::ALREADY_EXISTS});
@@ -276,7 +317,7 @@ TEST_CASE("hostile requests over the network while a job trains: each gets its e
           p.set_step(r.applied_step());
           grpc::ClientContext ctx;
           ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-          grpc::Status st = ps->Push(&ctx, p, &r);
+          grpc::Status st = ps_owner->Push(&ctx, p, &r);
           // The step may have been applied meanwhile: then it is a duplicate.
           if (st.ok() && r.duplicate()) st = grpc::Status(StatusCode::ALREADY_EXISTS, "acknowledged as a duplicate, dropped");
           tally.Add("NaN gradient at the current step", st,

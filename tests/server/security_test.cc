@@ -754,6 +754,53 @@ TEST_CASE("the parameter service: with a coordinator, a certificate pushes and p
     CHECK(cluster->server(0)->GetJob("owned")->rank_clock(0) == 1);
     REQUIRE_OK(cluster->server(0)->DeleteJob("owned").status());
   }
+
+  // The parameter service's other calls, by role: the control calls refuse
+  // a worker's certificate (the rank's owner's too); the read-only ones and
+  // CreateJob (of an admitted job) take any member's.
+  GrpcPsClientOptions creator;
+  creator.security = MemberTls(pki.a, "worker-0");
+  REQUIRE_OK(cluster->Client(0, creator)->CreateJob(spec));
+  const std::string addr = cluster->address(0);
+  int index = 4000;
+  for (const char* cert : {"worker-0", "worker-1"}) {
+    INFO(cert);
+    const auto worker = MemberTls(pki.a, cert);
+    v1::CheckpointRequest cut;
+    cut.set_job_id("owned");
+    cut.set_cut_id(1);
+    v1::RestoreRequest restore;
+    restore.set_job_id("owned");
+    restore.set_cut_id(1);
+    v1::ListCheckpointsRequest list;
+    list.set_job_id("owned");
+    v1::DeleteCheckpointRequest delete_cut;
+    delete_cut.set_job_id("owned");
+    delete_cut.set_cut_id(1);
+    v1::SetShardMapRequest set_map;
+    *set_map.mutable_map() = cluster->shard_map();
+    v1::DeleteJobRequest delete_job;
+    delete_job.set_job_id("owned");
+    v1::ReadCheckpointRequest read;
+    read.set_job_id("owned");
+    const absl::StatusCode denied = absl::StatusCode::kPermissionDenied;
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::Checkpoint, cut).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::Restore, restore).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::ListCheckpoints, list).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::DeleteCheckpoint, delete_cut).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::SetShardMap, set_map).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::DeleteJob, delete_job).code() == denied);
+    CHECK(PsCall(*worker, addr, ++index, &v1::ParameterService::Stub::ReadCheckpoint, read).code() == denied);
+  }
+  for (const char* cert : {"worker-1", "server-1", "coordinator"}) {
+    INFO(cert);
+    const auto member = MemberTls(pki.a, cert);
+    v1::GetJobRequest get;
+    get.set_job_id("owned");
+    CHECK(PsCall(*member, addr, ++index, &v1::ParameterService::Stub::GetJob, get).ok());
+    CHECK(PsCall(*member, addr, ++index, &v1::ParameterService::Stub::GetShardMap, v1::GetShardMapRequest()).ok());
+  }
+  REQUIRE_OK(cluster->server(0)->GetJob("owned").status());  // none of it touched the job
 }
 
 }  // namespace
