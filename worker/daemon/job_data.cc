@@ -133,6 +133,13 @@ static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc
   return absl::OkStatus();
 }
 
+std::optional<uint32_t> EpochToEvaluateOnResume(uint32_t rank, uint32_t incarnation, uint64_t start,
+                                                uint64_t steps_per_epoch, uint64_t total_steps, bool has_test) {
+  if (rank != 0 || incarnation == 0 || !has_test || steps_per_epoch == 0) return std::nullopt;
+  if (start == 0 || start >= total_steps || start % steps_per_epoch != 0) return std::nullopt;
+  return static_cast<uint32_t>(start / steps_per_epoch - 1);
+}
+
 float MeanLabel(const data::Dataset& d) {
   if (d.size() == 0) return 0;
   double sum = 0;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,15 @@ absl::StatusOr<std::string> ConfinedDataPath(const std::string& path, const std:
 // The model a spec describes for its training data. mf, and a graph whose
 // loss is squared_error, start their global bias at the mean training label.
 absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, const data::Dataset& train);
+// The epoch a rank that resumed at step `start` should evaluate before it
+// trains: for rank 0 of a later incarnation with test data, resuming exactly
+// at the end of an epoch that is not the last (the one it replaced may have
+// died between that epoch's last step and its report). Under BSP the
+// servers then hold exactly that epoch's weights (no rank passes the step
+// until rank 0 pushes it); under SSP and ASP they may be a few steps later.
+// The last epoch is evaluated at the end (FinishTraining) as before.
+std::optional<uint32_t> EpochToEvaluateOnResume(uint32_t rank, uint32_t incarnation, uint64_t start,
+                                                uint64_t steps_per_epoch, uint64_t total_steps, bool has_test);
 // The mean of `d`'s labels (0 when empty), summed in order in double: every
 // rank computes the same value from the same rows.
 float MeanLabel(const data::Dataset& d);

@@ -314,6 +314,24 @@ class WorkerDaemon::Runner {
     return absl::OkStatus();
   }
 
+  // Evaluates the weights the servers hold now as epoch `epoch`'s test
+  // figures and reports them as an evaluation only: the coordinator takes
+  // them where the epoch has none.
+  absl::Status ReportEvaluation(training::Trainer& trainer, const data::Dataset& test, uint32_t epoch,
+                                const std::string& tag) {
+    ASSIGN_OR_RETURN(v1::EpochSummary sum, Evaluate(trainer, test));
+    sum.set_epoch(epoch);
+    sum.set_evaluation_only(true);
+    FLOG(INFO) << tag << ": resumed at the end of epoch " << epoch << "; its test figures from the weights there: "
+               << "loss " << sum.test_loss() << ", accuracy " << sum.test_accuracy();
+    v1::ReportProgressRequest er = Base();
+    *er.mutable_progress() = progress_;
+    *er.mutable_epoch_done() = sum;
+    er.set_total_steps(total_steps_);
+    Report(er);
+    return absl::OkStatus();
+  }
+
   // After the last epoch: the last round landed, the final weights'
   // evaluation where no epoch of this incarnation gave one, and the report
   // that this rank finished.
@@ -326,16 +344,7 @@ class WorkerDaemon::Runner {
       // A replacement that resumed after the last step trained nothing; the
       // incarnation it replaced may have finished the last epoch without its
       // evaluation being taken. Evaluate the final weights.
-      ASSIGN_OR_RETURN(v1::EpochSummary sum, Evaluate(trainer, *d.test));
-      sum.set_epoch(a_.spec().epochs() - 1);
-      sum.set_evaluation_only(true);
-      FLOG(INFO) << tag << ": resumed after the last step; test accuracy of the final weights "
-                 << sum.test_accuracy();
-      v1::ReportProgressRequest er = Base();
-      *er.mutable_progress() = progress_;
-      *er.mutable_epoch_done() = sum;
-      er.set_total_steps(total_steps_);
-      Report(er);
+      RETURN_IF_ERROR(ReportEvaluation(trainer, *d.test, a_.spec().epochs() - 1, tag));
     }
     v1::ReportProgressRequest r = Base();
     if (a_.rank() == 0) {
@@ -398,6 +407,14 @@ class WorkerDaemon::Runner {
                << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"
                << (d.test ? absl::StrCat(", ", d.test->size(), " test examples") : std::string());
     reason_ = "WorkerError";
+    // A replacement of rank 0 that resumes at the end of an epoch evaluates
+    // it first: the incarnation it replaced may have died between that
+    // epoch's last step and its report (the epoch would stay "not tested").
+    if (const std::optional<uint32_t> e = EpochToEvaluateOnResume(a_.rank(), a_.incarnation(), start,
+                                                                   static_cast<uint64_t>(spe), total_steps_,
+                                                                   d.test != nullptr)) {
+      RETURN_IF_ERROR(ReportEvaluation(trainer, *d.test, *e, tag));
+    }
     if (gpu_index_.load() >= 0) gpu_time_.Start(absl::Now());
     for (uint32_t epoch = static_cast<uint32_t>(start / spe); epoch < spec.epochs(); ++epoch) {
       if (stop_.load()) return absl::CancelledError("assignment withdrawn");

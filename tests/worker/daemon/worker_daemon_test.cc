@@ -159,6 +159,22 @@ TEST_CASE("a criteo source is summarized as its 39 fields, whatever its hash_bit
   fs::remove_all(dir);
 }
 
+TEST_CASE("rank 0 resuming at the end of an epoch evaluates that epoch first, so no epoch stays untested",
+          "[data]") {
+  constexpr uint64_t kSpe = 100, kTotal = 300;  // 3 epochs
+  // A replacement (incarnation 1) of rank 0 at the end of epochs 0 and 1.
+  CHECK(EpochToEvaluateOnResume(0, 1, 100, kSpe, kTotal, true) == std::optional<uint32_t>(0));
+  CHECK(EpochToEvaluateOnResume(0, 3, 200, kSpe, kTotal, true) == std::optional<uint32_t>(1));
+  // Not at an epoch's end, not a replacement, not rank 0, no test data, or
+  // past the last step (FinishTraining evaluates the final weights).
+  CHECK_FALSE(EpochToEvaluateOnResume(0, 1, 150, kSpe, kTotal, true).has_value());
+  CHECK_FALSE(EpochToEvaluateOnResume(0, 0, 100, kSpe, kTotal, true).has_value());
+  CHECK_FALSE(EpochToEvaluateOnResume(1, 1, 100, kSpe, kTotal, true).has_value());
+  CHECK_FALSE(EpochToEvaluateOnResume(0, 1, 100, kSpe, kTotal, false).has_value());
+  CHECK_FALSE(EpochToEvaluateOnResume(0, 1, 0, kSpe, kTotal, true).has_value());
+  CHECK_FALSE(EpochToEvaluateOnResume(0, 1, 300, kSpe, kTotal, true).has_value());
+}
+
 TEST_CASE("mf starts its global bias at the mean training rating, as a built-in model and as a graph", "[data]") {
   const fs::path dir = testing::MakeTempDir("fulcrum-mf-mean");
   // Raw ratings (user key, then item key), mean 3.625: from 0 the first
