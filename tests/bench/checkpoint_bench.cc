@@ -202,8 +202,11 @@ int Soak(const fs::path& root, int cuts, double mib) {
   std::printf("RocksDB's own files: most %.3f MiB, bound %.1f MiB (common/rocksdb_options.h), most/bound %.3f\n",
               most_own / 1048576.0, fulcrum::kRocksDbOwnFilesBound / 1048576.0,
               static_cast<double>(most_own) / fulcrum::kRocksDbOwnFilesBound);
+  // Descriptors stay flat: the kept cuts' tables, plus a table of the
+  // store's own records once the memtable flushes (every few thousand cuts)
+  // and, while a compaction runs, its output beside its inputs.
   const bool held = most_bytes <= bound && most_own <= fulcrum::kRocksDbOwnFilesBound &&
-                    most_fds - least_fds <= 2 && last->files <= settled_files + 8;
+                    most_fds - least_fds <= 4 && last->files <= settled_files + 8;
   std::printf("disk bound %s\n", held ? "held" : "BROKEN");
   return held ? 0 : 1;
 }
