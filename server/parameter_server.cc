@@ -511,29 +511,32 @@ absl::Status ParameterServer::CheckRankCaller(const std::string& job_id, uint32_
   auto it = owners_.find(job_id);
   // Not admitted (yet, or any more): the job's own lookup answers.
   if (it == owners_.end()) return absl::OkStatus();
-  const std::string who = absl::StrCat(what, " as rank ", rank, " (incarnation ", incarnation, ") of job ",
-                                       QuoteInput(job_id), " with certificate ", caller);
+  // Every push and pull passes here: the message is made only for a refusal.
+  auto who = [&] {
+    return absl::StrCat(what, " as rank ", rank, " (incarnation ", incarnation, ") of job ", QuoteInput(job_id),
+                        " with certificate ", caller);
+  };
   if (rank >= it->second.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": the job has ", it->second.size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(who(), ": the job has ", it->second.size(), " ranks"));
   }
   const v1::RankOwner& owner = it->second[rank];
   if (incarnation > owner.incarnation()) {
-    return absl::UnavailableError(absl::StrCat(who, ": this server knows the rank up to incarnation ",
+    return absl::UnavailableError(absl::StrCat(who(), ": this server knows the rank up to incarnation ",
                                                owner.incarnation(),
                                                "; it learns new assignments with its next heartbeat"));
   }
   if (incarnation < owner.incarnation()) {
-    return absl::FailedPreconditionError(absl::StrCat(who, ": the rank moved on to incarnation ",
+    return absl::FailedPreconditionError(absl::StrCat(who(), ": the rank moved on to incarnation ",
                                                       owner.incarnation(), " on node ",
                                                       owner.node_id().empty() ? std::string("(none yet)") : owner.node_id()));
   }
   if (owner.node_id().empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(who, ": the rank has no worker now (that incarnation was lost; its replacement resumes it)"));
+        absl::StrCat(who(), ": the rank has no worker now (that incarnation was lost; its replacement resumes it)"));
   }
   if (owner.certificate() != caller) {
     return absl::PermissionDeniedError(absl::StrCat(
-        who, ": the rank belongs to node ", owner.node_id(), ", whose certificate is ",
+        who(), ": the rank belongs to node ", owner.node_id(), ", whose certificate is ",
         owner.certificate().empty() ? std::string("none (plaintext)") : owner.certificate(),
         "; a worker pushes and pulls only as the ranks the coordinator gave it"));
   }

@@ -231,6 +231,10 @@ Peer PeerOf(const grpc::AuthContext& auth) {
   return peer;
 }
 
+std::string Transport::CallerId(const grpc::ServerContextBase& ctx) const {
+  return tls() ? PeerOf(ctx).spiffe_id : std::string();
+}
+
 absl::Status Transport::RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
                                     absl::string_view what) const {
   if (!tls()) return absl::OkStatus();

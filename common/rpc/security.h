@@ -99,6 +99,10 @@ class Transport {
   // certificate) or PERMISSION_DENIED (wrong role), naming `what`.
   absl::Status RequireRole(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
                            absl::string_view what) const;
+  // The SPIFFE ID of the caller's verified certificate, which binds the
+  // node it registers and the ranks it pushes for; empty when TLS is off
+  // (every caller trusted) or the caller showed none.
+  std::string CallerId(const grpc::ServerContextBase& ctx) const;
 
  private:
   Transport() = default;

@@ -132,7 +132,7 @@ void HandleStreamRequest(ParameterServer* ps, const Payload& p, std::shared_ptr<
 // deletes itself once gRPC is done with it and no pull is still waiting.
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // `caller`: the certificate identity of the stream's peer (CallerOf).
+  // `caller`: the certificate identity of the stream's peer (security::Transport::CallerId).
   StreamReactor(ParameterServer* ps, std::string caller) : ps_(ps), caller_(std::move(caller)) { StartRead(&in_); }
 
   void OnReadDone(bool ok) override {
@@ -570,7 +570,7 @@ class PsGrpcServer::Service final : public ServiceBase {
     PushMessage m;
     PushResult result;
     absl::Status s = DecodePushBuffer(*req, &m);
-    m.caller = CallerOf(*ctx);
+    m.caller = transport_.CallerId(*ctx);
     if (s.ok()) s = ps_->Push(m, &result);
     if (s.ok()) *resp = wire::EncodePushResult(result).Finish();
     reactor->Finish(ToGrpcStatus(s));
@@ -586,7 +586,7 @@ class PsGrpcServer::Service final : public ServiceBase {
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
-    m->caller = CallerOf(*ctx);
+    m->caller = transport_.CallerId(*ctx);
     ps_->Pull(std::move(m), DeadlineOf(ctx), [reactor, resp](absl::StatusOr<PullResult> r) {
       if (r.ok()) *resp = wire::EncodePullResult(*std::move(r)).Finish();
       reactor->Finish(ToGrpcStatus(r.status()));
@@ -596,7 +596,7 @@ class PsGrpcServer::Service final : public ServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
       grpc::CallbackServerContext* ctx) override {
-    return new StreamReactor(ps_, CallerOf(*ctx));
+    return new StreamReactor(ps_, transport_.CallerId(*ctx));
   }
 
   grpc::ServerWriteReactor<v1::SharedMemoryEvent>* OpenSharedMemory(grpc::CallbackServerContext* ctx,
@@ -606,7 +606,7 @@ class PsGrpcServer::Service final : public ServiceBase {
                                                       security::Role::kWorker},
                                                "ParameterService.OpenSharedMemory")
                        : absl::FailedPreconditionError("this server runs with --shared_memory=false");
-    return new ShmReactor(ps_, &shm_, ctx->peer(), CallerOf(*ctx), *req, allowed);
+    return new ShmReactor(ps_, &shm_, ctx->peer(), transport_.CallerId(*ctx), *req, allowed);
   }
 
   void set_shared_memory(bool on, absl::Duration poll) {
@@ -633,12 +633,6 @@ class PsGrpcServer::Service final : public ServiceBase {
   }
 
  private:
-  // The SPIFFE ID of the caller's verified certificate, which the parameter
-  // server checks against the rank a push or pull names; empty in plaintext.
-  std::string CallerOf(const grpc::ServerContextBase& ctx) const {
-    return transport_.tls() ? security::PeerOf(ctx).spiffe_id : std::string();
-  }
-
   // Deleting jobs, shard maps and checkpoints are the coordinator's; peer
   // servers read checkpoints (Restore from another server's cut). Workers,
   // whose certificates also pass the handshake, create their job's tables,

@@ -372,7 +372,7 @@ class CoordinatorGrpcServer::ClusterImpl final
         !s.ok()) {
       return ToGrpcStatus(s);
     }
-    auto r = c_->RegisterNode(req->node(), CertificateOf(*ctx));
+    auto r = c_->RegisterNode(req->node(), transport_.CallerId(*ctx));
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;
@@ -385,7 +385,7 @@ class CoordinatorGrpcServer::ClusterImpl final
       reactor->Finish(ToGrpcStatus(s));
       return reactor;
     }
-    const std::string certificate = CertificateOf(*ctx);
+    const std::string certificate = transport_.CallerId(*ctx);
     return new ParkedUnaryReactor<v1::HeartbeatResponse>(c_, resp, "heartbeat", [&](auto done) {
       return c_->HeartbeatAsync(*req, std::move(done), certificate);
     });
@@ -395,7 +395,7 @@ class CoordinatorGrpcServer::ClusterImpl final
     if (auto s = transport_.RequireRole(*ctx, {security::Role::kWorker}, "ReportProgress"); !s.ok()) {
       return ToGrpcStatus(s);
     }
-    auto r = c_->ReportProgress(*req, CertificateOf(*ctx));
+    auto r = c_->ReportProgress(*req, transport_.CallerId(*ctx));
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;
@@ -410,12 +410,6 @@ class CoordinatorGrpcServer::ClusterImpl final
   }
 
  private:
-  // The caller's identity, which binds the node it registers: the SPIFFE ID
-  // of its verified certificate; empty in plaintext (every caller trusted).
-  std::string CertificateOf(const grpc::ServerContextBase& ctx) const {
-    return transport_.tls() ? security::PeerOf(ctx).spiffe_id : std::string();
-  }
-
   Coordinator* c_;
   JobImpl* jobs_;
   const security::Transport& transport_;
