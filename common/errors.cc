@@ -9,6 +9,8 @@ namespace fulcrum {
 namespace {
 constexpr char kShardMapVersionUrl[] = "type.fulcrum.dev/shard-map-version";
 constexpr char kNotOnServer[] = " is not on this server";
+constexpr char kTornStep[] =
+    " is still missing on another server: its weights of that step are gone (a torn step; rolling back)";
 }  // namespace
 
 absl::Status WrongShardError(const std::string& message, uint64_t server_map_version) {
@@ -129,6 +131,16 @@ bool IsParameterMemoryExhausted(const absl::Status& status) {
   return status.code() == absl::StatusCode::kResourceExhausted &&
          (absl::StrContains(status.message(), "parameter memory quota of") ||
           absl::StrContains(status.message(), "parameter memory limit of"));
+}
+
+absl::Status TornStepError(uint64_t step, uint64_t applied_step, const std::string& server) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "server ", server, " has applied steps up to ", applied_step - 1, " while this rank's step ", step,
+      kTornStep));
+}
+
+bool IsTornStep(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition && absl::StrContains(status.message(), kTornStep);
 }
 
 absl::Status Annotate(const absl::Status& status, const std::string& context) {

@@ -35,6 +35,18 @@ bool IsJobNotOnServer(const absl::Status& status);
 // "QuotaExceeded" and the coordinator fails the job at once.
 bool IsParameterMemoryExhausted(const absl::Status& status);
 
+// What a lost BSP rank's replacement meets when its predecessor died between
+// its pushes of one step to different servers: a server that already
+// applied step `step` (it had every rank's part) answers a pull for it with
+// newer weights, so the step's gradient for the servers still waiting for
+// it cannot be computed again. FAILED_PRECONDITION; workers report it as
+// "TornStep" and the coordinator rolls the job back to its last cut, where
+// every server agrees (docs/fault_tolerance.md, "A step torn by a lost
+// worker").
+absl::Status TornStepError(uint64_t step, uint64_t applied_step, const std::string& server);
+// Whether `status` is that error, possibly with context added in front.
+bool IsTornStep(const absl::Status& status);
+
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
 // points past U+10FFFF), as proto3 string fields must be.
 bool IsValidUtf8(std::string_view s);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/errors.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 
@@ -162,9 +163,14 @@ Future<absl::Status> LocalPsClient::PullAsync(const std::string& job_id, const P
     dest->sparse[s.table] = {s.out, s.num_keys * t->dim()};
   }
   Promise<absl::Status> promise;
-  server_->Pull(m, absl::InfiniteFuture(), [dest, promise](absl::StatusOr<PullResult> r) {
+  server_->Pull(m, absl::InfiniteFuture(), [dest, promise, step = batch.step, exact = batch.exact](
+                                                absl::StatusOr<PullResult> r) {
     if (!r.ok()) {
       promise.Set(r.status());
+      return;
+    }
+    if (exact && r->applied_step > step) {
+      promise.Set(TornStepError(step, r->applied_step, "in-process"));
       return;
     }
     for (const PullResult::Dense& d : r->dense) {

@@ -82,6 +82,10 @@ struct PullBatch {
   // Sparse rows for a step inside a local-steps round: served as they are,
   // without waiting (PullRequest.unclocked). Sparse targets only.
   bool unclocked = false;
+  // The weights of exactly `step` (BSP): a server that has applied step
+  // `step` already would answer with newer ones, and the pull fails with a
+  // TornStepError (common/errors.h) instead. A replacement's first step.
+  bool exact = false;
 };
 
 class PsClient {

@@ -495,9 +495,11 @@ bool Coordinator::RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest
   // every time; anything else (a server that lost its state, a crash) rolls
   // back to the last cut. A server that lost the job (ServerLost) does not
   // count against the backoff limit, as when the scheduler finds a server
-  // dead.
+  // dead; nor does a step a lost worker left torn between servers
+  // (TornStep: that worker's loss was the failure).
   const bool final = reason == "BadData" || reason == "BadSpec" || reason == "UserError" || reason == "QuotaExceeded";
-  if (!final && BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/reason != "ServerLost")) {
+  const bool counts = reason != "ServerLost" && reason != "TornStep";
+  if (!final && BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/counts)) {
     return true;
   }
   FinishLocked(r, v1::FAILED, reason,

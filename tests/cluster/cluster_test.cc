@@ -1639,8 +1639,8 @@ TEST_CASE("a restore that keeps failing fails the job after restore_timeout with
   CHECK(absl::Now() - asked >= absl::Seconds(2));
 }
 
-TEST_CASE("a rank's ServerLost rolls the job back without counting against its backoff limit, other errors count "
-          "until the job makes progress",
+TEST_CASE("a rank's ServerLost or TornStep rolls the job back without counting against its backoff limit, other "
+          "errors count until the job makes progress",
           "[cluster][checkpoint]") {
   InProcessCluster cluster(2, 2);
   v1::JobSpec spec = DigitsSpec();
@@ -1672,8 +1672,14 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   CHECK(j.status().rollbacks() == 1);
   CHECK(j.status().restarts() == 0);
   CHECK(j.status().reason() == "ServerLost");
-  j = fail_rank0("WorkerError", 1);
+  // A step a lost worker left torn between servers: its replacement's
+  // report rolls back, and counts no more than the loss itself did.
+  j = fail_rank0("TornStep", 1);
   CHECK(j.status().rollbacks() == 2);
+  CHECK(j.status().restarts() == 0);
+  CHECK(j.status().reason() == "TornStep");
+  j = fail_rank0("WorkerError", 2);
+  CHECK(j.status().rollbacks() == 3);
   CHECK(j.status().restarts() == 1);
   CHECK(j.status().failures_in_a_row() == 1);
   const uint64_t stuck_at = j.status().step_at_last_failure();
@@ -1683,10 +1689,10 @@ TEST_CASE("a rank's ServerLost rolls the job back without counting against its b
   // the job; after progress it does not (a supervisor's restarts go on).
   WaitForJob(
       cluster.jobs(), id, [&](const v1::Job& x) { return x.status().step() > stuck_at + 5; }, absl::Seconds(60));
-  j = fail_rank0("WorkerError", 2);
+  j = fail_rank0("WorkerError", 3);
   INFO(j.status().message());
   CHECK(j.status().state() == v1::RUNNING);
-  CHECK(j.status().rollbacks() == 3);
+  CHECK(j.status().rollbacks() == 4);
   CHECK(j.status().restarts() == 2);
   CHECK(j.status().failures_in_a_row() == 1);
   CHECK(j.status().step_at_last_failure() > stuck_at);

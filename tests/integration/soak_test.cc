@@ -7,8 +7,14 @@
 // the coordinator committed must verify on disk: RocksDB opens, every
 // shard's records are present across the servers, every checksum matches.
 //
-// FULCRUM_SOAK_SECONDS (default 60) bounds the killing; FULCRUM_SOAK_SEED
-// replays a run (the seed is printed).
+// Besides the random kills, the coordinator is killed where recovery has
+// the most to keep apart: near the end of an epoch (its evaluation and
+// report in flight) and 0.5-2.5 s after a worker's kill, while the
+// replacement resumes.
+//
+// FULCRUM_SOAK_SECONDS (default 60) bounds the killing; FULCRUM_SOAK_EPOCHS
+// (default 2) sets each job's length; FULCRUM_SOAK_SEED replays a run (the
+// seed is printed).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -116,7 +122,11 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   if (const char* s = std::getenv("FULCRUM_SOAK_SEED"); s != nullptr) REQUIRE(absl::SimpleAtoi(s, &seed));
   int seconds = 60;
   if (const char* s = std::getenv("FULCRUM_SOAK_SECONDS"); s != nullptr) REQUIRE(absl::SimpleAtoi(s, &seconds));
-  WARN("soak seed " << seed << " (FULCRUM_SOAK_SEED replays it), " << seconds << " s of kills");
+  int epochs = 2;
+  if (const char* s = std::getenv("FULCRUM_SOAK_EPOCHS"); s != nullptr) REQUIRE(absl::SimpleAtoi(s, &epochs));
+  REQUIRE((epochs >= 1 && epochs <= 50));
+  WARN("soak seed " << seed << " (FULCRUM_SOAK_SEED replays it), " << seconds << " s of kills, " << epochs
+                    << " epochs a job");
   std::mt19937 rng(static_cast<uint32_t>(seed));
 
   const fs::path dir = testing::MakeTempDir("fulcrum-soak");
@@ -139,7 +149,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   Soak soak(absl::StrCat("127.0.0.1:", base), dir / "cluster" / "tls");
   v1::JobSpec spec;
   REQUIRE(config::ParseSpecFile(std::string(FULCRUM_SOURCE_DIR) + "/deploy/examples/mnist-mlp.yaml", &spec).ok());
-  spec.set_epochs(2);
+  spec.set_epochs(static_cast<uint32_t>(epochs));
   spec.mutable_checkpoint()->set_every_steps(150);
   spec.mutable_checkpoint()->set_keep(3);
   spec.mutable_run_policy()->set_backoff_limit(1000);  // this test is the failures
@@ -151,7 +161,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   {
     const std::string id = soak.Submit(spec);
     std::optional<v1::Job> j;
-    for (const absl::Time limit = absl::Now() + absl::Minutes(4); absl::Now() < limit;) {
+    for (const absl::Time limit = absl::Now() + absl::Minutes(2 * epochs); absl::Now() < limit;) {
       j = soak.Get(id);
       REQUIRE(j.has_value());
       if (Ended(j->status().state())) break;
@@ -183,6 +193,23 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   submit();
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   absl::Time next_kill = absl::Now() + absl::Seconds(3);
+  // The targeted coordinator kills: one pending after a worker's kill (the
+  // replacement resuming), and one per job and epoch near its end.
+  absl::Time coordinator_after_worker = absl::InfiniteFuture();
+  std::set<std::pair<std::string, uint64_t>> epoch_ends_hit;
+  int targeted = 0;
+  auto kill_victim = [&](const std::string& victim, const v1::Job& j, const char* why) {
+    const std::string pid_text = testing::ReadFile((dir / "cluster" / "run" / (victim + ".pid")).string());
+    int pid = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) || pid <= 0 || kill(pid, SIGKILL) != 0) {
+      return false;
+    }
+    if (victim.rfind("server", 0) == 0) last_server_kill = absl::Now();
+    ++kill_count;
+    absl::StrAppend(&kills, absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::UTCTimeZone()), " ", victim, " (pid ",
+                    pid, ") during ", jobs.back(), " at step ", j.status().step(), why, "\n");
+    return true;
+  };
   while (absl::Now() < end) {
     std::optional<v1::Job> j = soak.Get(jobs.back());
     INFO("kills:\n" << kills);
@@ -193,6 +220,23 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
       submit();
       continue;
     }
+    // Near an epoch's end (its last 3% of steps, at most 40): the
+    // coordinator, once per job and epoch.
+    const uint64_t total = j->status().total_steps();
+    if (total > 0 && j->status().state() == v1::RUNNING) {
+      const uint64_t spe = total / static_cast<uint64_t>(epochs);
+      const uint64_t step = j->status().step();
+      const uint64_t window = std::min<uint64_t>(40, spe / 33 + 1);
+      const uint64_t epoch = step / spe;
+      if (spe > window && step % spe >= spe - window && epoch_ends_hit.emplace(jobs.back(), epoch).second &&
+          kill_victim("coordinator", *j, " (near the end of an epoch)")) {
+        ++targeted;
+      }
+    }
+    if (absl::Now() >= coordinator_after_worker) {
+      coordinator_after_worker = absl::InfiniteFuture();
+      if (kill_victim("coordinator", *j, " (while a replacement resumes)")) ++targeted;
+    }
     if (absl::Now() >= next_kill) {
       // A server may die only once the job has a checkpoint to roll back to.
       const bool servers_ok = j->status().checkpoints_size() > 0;
@@ -200,13 +244,10 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
       do {
         victim = victims[std::uniform_int_distribution<size_t>(0, victims.size() - 1)(rng)];
       } while (!servers_ok && victim.rfind("server", 0) == 0);
-      const std::string pid_text = testing::ReadFile((dir / "cluster" / "run" / (victim + ".pid")).string());
-      int pid = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(pid_text), &pid) && pid > 0 && kill(pid, SIGKILL) == 0) {
-        if (victim.rfind("server", 0) == 0) last_server_kill = absl::Now();
-        ++kill_count;
-        absl::StrAppend(&kills, absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::UTCTimeZone()), " ", victim,
-                        " (pid ", pid, ") during ", jobs.back(), " at step ", j->status().step(), "\n");
+      if (kill_victim(victim, *j, "") && victim.rfind("worker", 0) == 0 &&
+          std::uniform_int_distribution<int>(0, 1)(rng) == 1) {
+        coordinator_after_worker =
+            absl::Now() + absl::Milliseconds(std::uniform_int_distribution<int>(500, 2500)(rng));
       }
       next_kill = absl::Now() + absl::Milliseconds(std::uniform_int_distribution<int>(3000, 6000)(rng));
     }
@@ -218,7 +259,7 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   std::vector<v1::Job> finished;
   int bsp_compared = 0;
   for (const std::string& id : jobs) {
-    const absl::Time limit = absl::Now() + absl::Minutes(4);
+    const absl::Time limit = absl::Now() + absl::Minutes(2 * epochs + 2);
     std::optional<v1::Job> j;
     for (;;) {
       j = soak.Get(id);
@@ -239,8 +280,8 @@ TEST_CASE("soak: kill -9 of random servers, workers and the coordinator while jo
   uint32_t rollbacks = 0;
   for (const auto& j : finished) rollbacks += j.status().rollbacks();
   // One line for tests/bench/kill_loop.sh (Catch wraps its own messages).
-  std::printf("soak summary: jobs=%zu bsp_identical=%d kills=%d rollbacks=%u\n", finished.size(), bsp_compared,
-              kill_count, rollbacks);
+  std::printf("soak summary: jobs=%zu bsp_identical=%d kills=%d targeted=%d rollbacks=%u\n", finished.size(),
+              bsp_compared, kill_count, targeted, rollbacks);
   WARN(jobs.size() << " jobs succeeded, " << bsp_compared << " BSP jobs bit-identical to the undisturbed run ("
                    << reference_fingerprint << "); rollbacks: " << [&] {
     std::string r;

@@ -97,6 +97,9 @@ class WorkerDaemon::Runner {
       if (IsJobNotOnServer(s)) reason = "ServerLost";
       // Out of parameter memory: the same rows come back after a rollback.
       if (IsParameterMemoryExhausted(s)) reason = "QuotaExceeded";
+      // A step its predecessor left torn between servers: only a rollback
+      // brings every server back to one step.
+      if (IsTornStep(s)) reason = "TornStep";
       r.set_error_reason(reason);
       progress_.set_state("failed");
       *r.mutable_progress() = progress_;
@@ -402,6 +405,15 @@ class WorkerDaemon::Runner {
     total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
     ASSIGN_OR_RETURN(const uint64_t start, ResumeStep(trainer, *client, spe, tag));
     trainer.set_step(start);
+    // Under BSP a predecessor that died between its pushes of one step to
+    // different servers left that step applied on some and missing on
+    // others: the servers ahead no longer hold the weights the step needs,
+    // so the first pulls must get exactly this clock's weights or fail
+    // (TornStep: the coordinator rolls back to the last cut).
+    const v1::ConsistencySpec& cs = spec.consistency();
+    const bool bsp = cs.model() == v1::ConsistencySpec::BSP || cs.model() == v1::ConsistencySpec::MODEL_UNSPECIFIED ||
+                     (cs.model() == v1::ConsistencySpec::LOCAL && cs.staleness() == 0);
+    if (a_.incarnation() > 0 && bsp) trainer.set_exact_pull_clock(trainer.clock());
     progress_.set_step(start);
     FLOG(INFO) << tag << ": " << model->config().type << " on " << backend->name() << ", " << d.train->size()
                << " training examples, " << spe << " steps per epoch, " << spec.epochs() << " epochs"

@@ -586,6 +586,7 @@ class GrpcPsClient::Impl {
     op->Add(static_cast<int>(parts.size()));
     for (auto& [s, p] : parts) {
       p->unclocked = batch.unclocked;
+      p->exact = batch.exact;
       SendPull(op, *job, m, s, job_id, batch.step, std::move(p), 0);
     }
     op->Done(absl::OkStatus());
@@ -679,6 +680,7 @@ class GrpcPsClient::Impl {
              PullResponseView r;
              r.keepalive = std::move(keepalive);
              s = wire::DecodePullResponse(body, &r);
+             if (s.ok() && part->exact && r.applied_step > step) s = TornStepError(step, r.applied_step, address);
              if (s.ok()) s = Deliver(*part, dtype, r);
              op->Done(Annotate(s, absl::StrCat("pull from ", address)));
              return;
@@ -701,6 +703,7 @@ class GrpcPsClient::Impl {
                op->Add(static_cast<int>(parts.size()));
                for (auto& [srv, p] : parts) {
                  p->unclocked = part->unclocked;
+                 p->exact = part->exact;
                  SendPull(op, job, nm, srv, job_id, step, p, 0);
                }
                op->Done(absl::OkStatus());

@@ -79,6 +79,7 @@ struct PullPart {
   std::vector<Dense> dense;
   std::vector<Sparse> sparse;
   bool unclocked = false;  // PullBatch::unclocked
+  bool exact = false;      // PullBatch::exact
   size_t bytes = 0;
 };
 

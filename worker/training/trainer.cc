@@ -126,6 +126,7 @@ absl::Status Trainer::Pull(const PullBatch& pull, Future<absl::Status>* f) {
 PullBatch Trainer::PullFor(uint64_t step, int set, bool dense, bool sparse) {
   PullBatch pull;
   pull.step = step;
+  pull.exact = step == exact_clock_;
   auto& tables = model_->tables();
   for (size_t i = 0; i < tables.size(); ++i) {
     models::Table& t = tables[i];

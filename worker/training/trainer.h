@@ -188,6 +188,11 @@ class Trainer {
   // The step a rank resumes at when the servers hold `clock` of its pushes.
   uint64_t StepOfClock(uint64_t clock, int64_t steps_per_epoch) const;
   void ResumeAtClock(uint64_t clock, int64_t steps_per_epoch);
+  // A BSP replacement's first step (or local round): its pulls at `clock`
+  // want the weights of exactly that clock (PullBatch::exact), so a step its
+  // predecessor left torn between servers fails with a TornStepError rather
+  // than training on newer weights.
+  void set_exact_pull_clock(uint64_t clock) { exact_clock_ = clock; }
 
  private:
   // Staging buffers: two sets (steps alternate) so one step's push and the
@@ -272,6 +277,7 @@ class Trainer {
   PsClient* client_;
   TrainerOptions options_;
   uint64_t step_ = 0;
+  uint64_t exact_clock_ = ~uint64_t{0};  // set_exact_pull_clock
   // Local steps: rounds pushed, inner steps in the current round, inner
   // updates so far (Adam's count), and per table the round's start weights
   // and the inner optimizer's state, on the device.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/errors.h"
@@ -252,6 +253,77 @@ TEST_CASE("a shard-map mismatch is retried transparently", "[shard_map]") {
   auto s = RawPush(stub.get(), req);
   REQUIRE(s.code() == absl::StatusCode::kAborted);
   REQUIRE(WrongShardVersion(s) == 2u);
+}
+
+TEST_CASE("a replacement's exact pull of a step its predecessor left torn between servers fails TornStep, other "
+          "pulls of that step are served",
+          "[bsp][recovery]") {
+  auto cluster = TestCluster::Start();
+  constexpr size_t n = 256;
+  const std::string job = "torn";
+  auto c0 = cluster->Client(0);
+  REQUIRE_OK(c0->CreateJob(JobSpec(job, {DenseTableSpec("w", n, 1.0f, v1::OptimizerSpec::SGD, 8)}, 2)));
+  std::vector<uint32_t> on_a;  // server 0's chunks of the 32
+  for (uint32_t c = 0; c < n / 8; ++c) {
+    if (testing::OwnerOfChunk(*cluster, "w", c) == 0) on_a.push_back(c);
+  }
+  REQUIRE(!on_a.empty());
+  REQUIRE(on_a.size() < n / 8);  // server 1 owns some too
+
+  GrpcPsClientOptions replacement;
+  replacement.incarnation = 1;
+  replacement.worker_id = "worker-1-again";
+  auto c1 = cluster->Client(1, replacement);
+  REQUIRE_OK(c1->OpenJob(job));
+  std::vector<float> w(n, 7.0f);
+  PullBatch exact{0, {{"w", w.data(), n}}, {}};
+  exact.exact = true;
+  // Nothing applied yet: step 0's weights are there to be had.
+  REQUIRE_OK(c1->Pull(job, exact));
+  for (float x : w) REQUIRE(x == 0.0f);
+
+  // Rank 0 pushes step 0 everywhere; rank 1's first incarnation reaches
+  // server 0 only, then dies. Server 0 applies step 0; server 1 waits.
+  std::vector<float> g(n, 1.0f);
+  REQUIRE_OK(c0->Push(job, {0, {{"w", g.data(), n}}, {}}));
+  auto stub = testing::RawStub(cluster->address(0));
+  v1::PushRequest part;
+  part.set_job_id(job);
+  part.set_worker_id("worker-1");
+  part.set_rank(1);
+  part.set_seq(1);
+  part.set_step(0);
+  part.set_num_parts(1);
+  for (uint32_t c : on_a) {
+    auto* d = part.add_dense();
+    d->set_table("w");
+    d->set_chunk(c);
+    d->set_dtype(v1::DTYPE_FP32);
+    d->set_data(std::string(reinterpret_cast<const char*>(g.data()), 8 * 4));
+  }
+  REQUIRE_OK(testing::RawPush(stub.get(), part));
+  auto stats = c0->GetJobStats(job, 0);
+  REQUIRE_OK(stats.status());
+  REQUIRE(stats->applied_step() == 1);
+  stats = c0->GetJobStats(job, 1);
+  REQUIRE_OK(stats.status());
+  REQUIRE(stats->applied_step() == 0);
+
+  // The replacement resumes at step 0 (server 1's clock for rank 1). A
+  // plain pull of step 0 gets server 0's weights after step 0: a gradient
+  // from them, pushed to server 1, would differ from an undisturbed run's.
+  PullBatch plain{0, {{"w", w.data(), n}}, {}};
+  REQUIRE_OK(c1->Pull(job, plain));
+  size_t newer = 0;
+  for (uint32_t c : on_a) newer += w[c * 8] != 0.0f;
+  REQUIRE(newer == on_a.size());
+  // Its exact pull fails, naming the torn step, so the worker reports
+  // TornStep and the job rolls back to its last cut.
+  const absl::Status torn = c1->Pull(job, exact);
+  INFO(torn.ToString());
+  REQUIRE(IsTornStep(torn));
+  REQUIRE(absl::StrContains(torn.message(), cluster->address(0)));
+  REQUIRE(absl::StrContains(torn.message(), "step 0"));
 }
 
 TEST_CASE("bf16 and fp16 on the wire round trip within their precision", "[dtype]") {
