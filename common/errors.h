@@ -41,8 +41,7 @@ bool IsParameterMemoryExhausted(const absl::Status& status);
 // newer weights, so the step's gradient for the servers still waiting for
 // it cannot be computed again. FAILED_PRECONDITION; workers report it as
 // "TornStep" and the coordinator rolls the job back to its last cut, where
-// every server agrees (docs/fault_tolerance.md, "A step torn by a lost
-// worker").
+// every server agrees (docs/cluster.md, "A step torn by a lost worker").
 absl::Status TornStepError(uint64_t step, uint64_t applied_step, const std::string& server);
 // Whether `status` is that error, possibly with context added in front.
 bool IsTornStep(const absl::Status& status);
