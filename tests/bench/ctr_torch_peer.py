@@ -11,12 +11,19 @@ Models (as deploy/examples/ctr-*.yaml):
   deepfm  a weight per value (summed) and a linear term of the dense
           features; 8-wide embeddings and a linear 13-8 map of the dense
           features, their FM term; an MLP 13+208-64-32-1; all added
+  wide-deep  a weight per value and one per value pair of the first 8
+          fields (28 crossed fields, each pair of values its own id), summed,
+          and a linear term of the dense features; 8-wide embeddings and an
+          MLP 13+208-64-32-1; all added
 Embeddings start N(0, 0.01) and Linear layers as torch's defaults; Adagrad
-over every parameter with torch's defaults (accumulators start at 0).
+over every parameter, its accumulators starting at --initial_accumulator (the
+example's `initial_accumulator`, 0.1 on Fulcrum's servers when not given;
+torch's own default is 0).
 Dense features are log(1 + max(x, 0)), as Fulcrum's criteo reader reads them.
 Prints "torch MODEL: epoch E test AUC A log loss L (N samples/s)".
 
     ctr_torch_peer.py --train T.tsv.gz --test T.tsv.gz --model dlrm [--lr 0.1] [--batch 128] [--epochs 1] [--seed 0]
+                      [--initial_accumulator 0.1]
 """
 import argparse
 import gzip
@@ -104,6 +111,41 @@ class DeepFm(torch.nn.Module):
         return self.first(ids).sum((1, 2)) + self.dense_linear(dense).squeeze(1) + fm + deep
 
 
+CROSSED = 8
+
+
+def cross_ids(train_ids, test_ids):
+    """The 28 crossed fields of the first CROSSED fields: each distinct pair
+    of values (in training or test rows) gets an id of its own."""
+    both = torch.cat([train_ids, test_ids]).numpy()
+    cols, sizes = [], []
+    for a in range(CROSSED):
+        for b in range(a + 1, CROSSED):
+            key = both[:, a] * (int(both[:, b].max()) + 1) + both[:, b]
+            uniq, inverse = np.unique(key, return_inverse=True)
+            cols.append(inverse)
+            sizes.append(len(uniq))
+    crossed = torch.from_numpy(np.stack(cols, 1).astype(np.int64))
+    n = len(train_ids)
+    return crossed[:n], crossed[n:], sizes
+
+
+class WideDeep(torch.nn.Module):
+    def __init__(self, sizes, cross_sizes):
+        super().__init__()
+        self.wide = Embeddings(sizes, 1)
+        self.wide_crosses = Embeddings(cross_sizes, 1)
+        self.wide_dense = torch.nn.Linear(INTS, 1)
+        self.emb = Embeddings(sizes, 8)
+        self.deep = mlp([INTS + FIELDS * 8, 64, 32, 1], False)
+
+    def forward(self, dense, ids):
+        fields, crosses = ids[:, :FIELDS], ids[:, FIELDS:]
+        deep = self.deep(torch.cat([dense, self.emb(fields).flatten(1)], 1)).squeeze(1)
+        return (self.wide(fields).sum((1, 2)) + self.wide_crosses(crosses).sum((1, 2)) +
+                self.wide_dense(dense).squeeze(1) + deep)
+
+
 def auc(labels, scores):
     order = np.argsort(scores, kind="mergesort")
     ranks = np.empty(len(scores))
@@ -127,11 +169,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--train", required=True)
     p.add_argument("--test", required=True)
-    p.add_argument("--model", choices=["dlrm", "deepfm"], required=True)
+    p.add_argument("--model", choices=["dlrm", "deepfm", "wide-deep"], required=True)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--initial_accumulator", type=float, default=0.1)
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -139,8 +182,14 @@ def main():
     y, x, ids = read(args.train, vocab)
     ty, tx, tids = read(args.test, vocab)  # test values unseen in training get rows that stay as drawn
     sizes = [len(v) for v in vocab]
-    model = (Dlrm if args.model == "dlrm" else DeepFm)(sizes)
-    opt = torch.optim.Adagrad(model.parameters(), lr=args.lr)
+    if args.model == "wide-deep":
+        train_x, test_x, cross_sizes = cross_ids(ids, tids)
+        ids, tids = torch.cat([ids, train_x], 1), torch.cat([tids, test_x], 1)
+        model = WideDeep(sizes, cross_sizes)
+        sizes = sizes + cross_sizes
+    else:
+        model = (Dlrm if args.model == "dlrm" else DeepFm)(sizes)
+    opt = torch.optim.Adagrad(model.parameters(), lr=args.lr, initial_accumulator_value=args.initial_accumulator)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for epoch in range(args.epochs):
         order = torch.randperm(len(y))
