@@ -330,7 +330,65 @@ SparseTable::SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initial
   }
 }
 
-SparseTable::~SparseTable() { quota_->Release(num_rows() * RowBytes()); }
+SparseTable::~SparseTable() { quota_->Release(bytes()); }
+
+uint64_t SparseTable::bytes() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    n += p->charged;
+  }
+  return n;
+}
+
+float* SparseTable::RowAt(Partition* p, uint32_t r) const {
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  size_t block, offset;
+  if (r < 16) {
+    block = 0;
+    offset = r;
+  } else if (r < kRowsPerBlock) {
+    block = static_cast<size_t>(31 - __builtin_clz(r)) - 3;  // [16, 32) is block 1
+    offset = r - (16u << (block - 1));
+  } else {
+    block = 6 + r / kRowsPerBlock;
+    offset = r % kRowsPerBlock;
+  }
+  return p->blocks[block].get() + offset * row_floats;
+}
+
+uint64_t SparseTable::IndexBytes(const Partition& p) {
+  // flat_hash_map: a slot (key and row number, padded) and a control byte
+  // per bucket, and one group of control bytes more.
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  const uint64_t buckets = p.index.bucket_count();
+  return (buckets == 0 ? 0 : buckets * (sizeof(Slot) + 1) + 16) + p.updates.capacity() * sizeof(uint32_t);
+}
+
+absl::Status SparseTable::Grow(Partition* p, uint32_t rows) {
+  // What the index will take: the smallest 2^k - 1 buckets that hold `rows`
+  // at the 7/8 load the map allows; corrected to the real figure below.
+  uint64_t buckets = 15;
+  while (buckets - buckets / 8 < rows) buckets = buckets * 2 + 1;
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  const uint64_t before = IndexBytes(*p);
+  const uint64_t expect = buckets * (sizeof(Slot) + 1) + 16 + uint64_t{rows} * sizeof(uint32_t);
+  if (expect > before) {
+    RETURN_IF_ERROR(quota_->Reserve(expect - before, absl::StrCat("the index of table '", name_, "' for ", rows,
+                                                                  " rows in one virtual shard")));
+  }
+  p->index.reserve(rows);
+  p->updates.reserve(rows);
+  p->room = rows;
+  const uint64_t after = IndexBytes(*p);
+  // Exact from here on: the estimate's error charged or given back.
+  const uint64_t reserved = expect > before ? expect - before : 0;
+  const uint64_t grew = after > before ? after - before : 0;
+  if (grew > reserved) quota_->Charge(grew - reserved);
+  if (reserved > grew) quota_->Release(reserved - grew);
+  p->charged += grew;
+  return absl::OkStatus();
+}
 
 uint64_t SparseTable::num_rows() const {
   uint64_t n = 0;
@@ -360,8 +418,7 @@ std::vector<SparseTable::ShardState> SparseTable::Capture() const {
       const uint32_t r = order[k].second;
       s.keys.push_back(order[k].first);
       s.updates.push_back(p->updates[r]);
-      std::memcpy(s.rows.data() + k * row_floats,
-                  p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats, row_floats * sizeof(float));
+      std::memcpy(s.rows.data() + k * row_floats, RowAt(p, r), row_floats * sizeof(float));
     }
   }
   return out;
@@ -400,27 +457,41 @@ absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots,
 }
 
 absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* row_index) {
-  const size_t row_floats = size_t{dim_} * (1 + num_slots());
   auto it = p->index.find(key);
-  uint32_t r;
   if (it != p->index.end()) {
-    r = it->second;
-  } else {
-    RETURN_IF_ERROR(quota_->Reserve(RowBytes(), absl::StrCat("a new row of table '", name_, "'")));
-    r = static_cast<uint32_t>(p->index.size());
-    if (r % kRowsPerBlock == 0) {
-      p->blocks.push_back(std::make_unique<float[]>(row_floats * kRowsPerBlock));
-    }
-    float* row = p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats;
-    init_.Fill(name_hash_, key, 0, row, dim_);
-    for (int s = 0; s < num_slots(); ++s) {
-      std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
-    }
-    p->index.emplace(key, r);
-    p->updates.push_back(0);
+    *row_index = it->second;
+    return RowAt(p, it->second);
   }
+  const uint32_t r = static_cast<uint32_t>(p->index.size());
+  // Memory is reserved as it is allocated: a block of rows at a time, the
+  // index as it doubles. A refusal leaves the partition unchanged.
+  if (StartsBlock(r)) {
+    const uint64_t block_bytes = uint64_t{BlockRows(p->blocks.size())} * RowBytes();
+    RETURN_IF_ERROR(quota_->Reserve(block_bytes, absl::StrCat("a new row of table '", name_, "' (a block of ",
+                                                              BlockRows(p->blocks.size()), " rows of ", RowBytes(),
+                                                              " bytes)")));
+    if (r >= p->room) {
+      absl::Status grown = Grow(p, std::max<uint32_t>(16, p->room * 2));
+      if (!grown.ok()) {
+        quota_->Release(block_bytes);
+        return grown;
+      }
+    }
+    const size_t row_floats = size_t{dim_} * (1 + num_slots());
+    p->blocks.push_back(std::make_unique<float[]>(row_floats * BlockRows(p->blocks.size())));
+    p->charged += block_bytes;
+  } else if (r >= p->room) {
+    RETURN_IF_ERROR(Grow(p, std::max<uint32_t>(16, p->room * 2)));
+  }
+  float* row = RowAt(p, r);
+  init_.Fill(name_hash_, key, 0, row, dim_);
+  for (int s = 0; s < num_slots(); ++s) {
+    std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
+  }
+  p->index.emplace(key, r);
+  p->updates.push_back(0);
   *row_index = r;
-  return p->blocks[r / kRowsPerBlock].get() + (r % kRowsPerBlock) * row_floats;
+  return row;
 }
 
 absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,

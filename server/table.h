@@ -200,7 +200,14 @@ class SparseTable final : public Table {
   ~SparseTable() override;
 
   uint32_t dim() const { return dim_; }
+  // A row's floats: its weights and its optimizer state.
   uint64_t RowBytes() const { return uint64_t{dim_} * (1 + num_slots()) * sizeof(float); }
+  // What the table holds and counts against its quota: each virtual shard's
+  // row blocks (16 rows, then doubling to 1024 a block), its hash index
+  // (slots and control bytes at the index's capacity) and the per-row
+  // update counts; reserved as each grows, not row by row
+  // (docs/embeddings.md, "What a row costs").
+  uint64_t bytes() const;
 
   // Reads rows (creating missing ones) for keys that all hash to `vshard`.
   // out has keys.size() * dim floats.
@@ -232,13 +239,30 @@ class SparseTable final : public Table {
                        const uint32_t* updates, const float* rows);
 
  private:
+  // Row blocks: 16 rows, then 16, 32, ... 512 (1 024 rows in 7 blocks),
+  // then 1 024 rows each; a sparsely used shard holds little slack.
   static constexpr uint32_t kRowsPerBlock = 1024;
+  static uint32_t BlockRows(size_t block) {
+    return block == 0 ? 16 : block <= 6 ? 16u << (block - 1) : kRowsPerBlock;
+  }
+  // Whether row r is the first of a block.
+  static bool StartsBlock(uint32_t r) {
+    return r < kRowsPerBlock ? r == 0 || (r >= 16 && (r & (r - 1)) == 0) : r % kRowsPerBlock == 0;
+  }
   struct Partition {
     absl::Mutex mu;
     absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
     std::vector<uint32_t> updates ABSL_GUARDED_BY(mu);
+    uint32_t room ABSL_GUARDED_BY(mu) = 0;      // rows the index and updates are sized for
+    uint64_t charged ABSL_GUARDED_BY(mu) = 0;   // bytes counted against the quota
   };
+  float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Sizes the index and update counts for `rows` rows, reserving the
+  // growth first; RESOURCE_EXHAUSTED leaves the partition as it was.
+  absl::Status Grow(Partition* p, uint32_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // The bytes the index and update counts hold at their current capacity.
+  static uint64_t IndexBytes(const Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init,
               uint32_t num_virtual_shards, MemoryQuota* quota);
   // Returns the row block for key, creating it; requires p->mu held.

@@ -646,16 +646,30 @@ TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash",
   big.set_quota_bytes(1 << 20);
   REQUIRE_STATUS(c->CreateJob(big), absl::StatusCode::kResourceExhausted,
                  "job 'huge' would exceed its parameter memory quota of 1048576 bytes");
-  // Sparse rows: 10 rows of dim 8 with SGD fit in 10 * 32 bytes.
-  auto sparse = JobSpec("rows", {SparseTableSpec("emb", 8)}, 1, v1::ConsistencySpec::ASP);
-  sparse.set_quota_bytes(10 * 32);
-  REQUIRE_OK(c->CreateJob(sparse));
+  // Sparse rows count what they hold: blocks of rows and each virtual
+  // shard's index. A job whose quota is what 10 rows of dim 8 took takes
+  // further rows until one needs a new block or a larger index.
+  auto probe = JobSpec("probe", {SparseTableSpec("emb", 8)}, 1, v1::ConsistencySpec::ASP);
+  REQUIRE_OK(c->CreateJob(probe));
   std::vector<uint64_t> keys(10);
   std::iota(keys.begin(), keys.end(), 0);
   std::vector<float> rows(11 * 8);
+  REQUIRE_OK(c->Pull("probe", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
+  auto probe_stats = c->GetJobStats("probe", 0);
+  REQUIRE_OK(probe_stats.status());
+  const uint64_t ten_rows = probe_stats->bytes_used();
+  CHECK(ten_rows > 10 * 32);  // more than the rows' floats
+  REQUIRE_OK(c->DeleteJob("probe"));
+  auto sparse = JobSpec("rows", {SparseTableSpec("emb", 8)}, 1, v1::ConsistencySpec::ASP);
+  sparse.set_quota_bytes(ten_rows);
+  REQUIRE_OK(c->CreateJob(sparse));
   REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
-  keys.push_back(999);
-  const absl::Status full = c->Pull("rows", {0, {}, {{"emb", keys.data(), 11, rows.data()}}});
+  absl::Status full;
+  uint64_t refused = 0;
+  for (uint64_t k = 1000; k < 1100 && full.ok(); ++k) {
+    full = c->Pull("rows", {0, {}, {{"emb", &k, 1, rows.data()}}});
+    refused = k;
+  }
   REQUIRE_STATUS(full, absl::StatusCode::kResourceExhausted, "a new row of table 'emb'");
   // What a worker reports as QuotaExceeded (no rollback cures it).
   CHECK(IsParameterMemoryExhausted(full));
@@ -663,9 +677,9 @@ TEST_CASE("exceeding the job's memory quota is RESOURCE_EXHAUSTED, not a crash",
   // The existing rows still serve.
   REQUIRE_OK(c->Pull("rows", {0, {}, {{"emb", keys.data(), 10, rows.data()}}}));
 
-  // A push touching existing rows and rows that do not fit fails whole:
+  // A push touching existing rows and a row that does not fit fails whole:
   // nothing is applied, not even to the rows that exist.
-  std::vector<uint64_t> mixed = {0, 1, 2, 500, 501};
+  std::vector<uint64_t> mixed = {0, 1, 2, refused};
   std::vector<float> grads(mixed.size() * 8, 1.0f);
   REQUIRE_STATUS(c->Push("rows", {0, {}, {{"emb", mixed.data(), mixed.size(), grads.data()}}}),
                  absl::StatusCode::kResourceExhausted, "quota");
