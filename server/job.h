@@ -102,8 +102,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // Restoring a checkpoint into a fresh job: tables, then the clocks.
   absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots,
                             const void* block);
+  // `step`: the cut's, when the restored rows count as last used.
   absl::Status RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                             const uint64_t* keys, const uint32_t* updates, const float* rows);
+                             const uint64_t* keys, const uint32_t* updates, const float* rows, uint64_t step = 0);
   absl::Status RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock);
   uint64_t bytes_used() const { return quota_.used(); }
   // Refuses pushes and pulls of incarnations below `n` from now on (a job

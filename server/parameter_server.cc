@@ -361,7 +361,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
       return absl::OkStatus();
     }
     ++restored;
-    return job->RestoreSparse(table, vshard, dim, slots, n, keys, updates, rows);
+    return job->RestoreSparse(table, vshard, dim, slots, n, keys, updates, rows, cut.step());
   };
   absl::Status s;
   if (sources.empty()) {

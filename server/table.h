@@ -194,34 +194,68 @@ class DenseTable final : public Table {
 
 class SparseTable final : public Table {
  public:
+  // Which keys become rows and which rows go (TableSpec.admission and
+  // .eviction; docs/embeddings.md, "A row's life").
+  struct Lifecycle {
+    enum class Policy { kLru, kLfu };
+    uint32_t min_count = 0;      // admitted once pushed this often (0, 1: at once)
+    float probability = 0;       // admitted with this probability a push (0: always)
+    uint32_t sketch_width = 4096;
+    Policy policy = Policy::kLru;
+    uint32_t max_rows_per_shard = 0;  // 0: no cap
+    uint64_t ttl_steps = 0;           // 0: none
+    float lfu_decay = 0.99f;
+    bool admission() const { return min_count > 1 || probability > 0; }
+    bool on() const { return admission() || max_rows_per_shard > 0 || ttl_steps > 0; }
+  };
+  // The lifecycle of `spec` for a cluster of `num_virtual_shards`;
+  // INVALID_ARGUMENT naming the field on a bad knob.
+  static absl::StatusOr<Lifecycle> LifecycleFromProto(const v1::TableSpec& spec, uint32_t num_virtual_shards,
+                                                      uint64_t row_bytes);
   static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const v1::TableSpec& spec,
                                                             uint32_t num_virtual_shards,
                                                             MemoryQuota* quota);
   ~SparseTable() override;
 
   uint32_t dim() const { return dim_; }
+  const Lifecycle& lifecycle() const { return life_; }
   // A row's floats: its weights and its optimizer state.
   uint64_t RowBytes() const { return uint64_t{dim_} * (1 + num_slots()) * sizeof(float); }
   // What the table holds and counts against its quota: each virtual shard's
   // row blocks (16 rows, then doubling to 1024 a block), its hash index
-  // (slots and control bytes at the index's capacity) and the per-row
-  // update counts; reserved as each grows, not row by row
-  // (docs/embeddings.md, "What a row costs").
+  // (slots and control bytes at the index's capacity), the per-row update
+  // counts and lifecycle fields, and the admission sketch; reserved as each
+  // grows, not row by row (docs/embeddings.md, "What a row costs").
   uint64_t bytes() const;
 
-  // Reads rows (creating missing ones) for keys that all hash to `vshard`.
-  // out has keys.size() * dim floats.
+  // Reads rows for keys that all hash to `vshard`; out has keys.size() * dim
+  // floats. A missing row is created, unless the table has a lifecycle:
+  // then it reads the row's initial value and nothing is created.
   absl::Status Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                     float* out);
-  // Creates missing rows for keys (all in `vshard`) without reading them;
-  // RESOURCE_EXHAUSTED over quota. Used before applying a push so a quota
-  // failure leaves nothing half-applied.
+  // Makes room for the keys' missing rows (all in `vshard`) without
+  // reading them; RESOURCE_EXHAUSTED over quota. Used before applying a push
+  // so a quota failure leaves nothing half-applied. Without a lifecycle the
+  // rows are created; with one, blocks and index are sized for them (up to
+  // the cap) and rows are created as Apply admits them.
   absl::Status EnsureRows(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n);
   // Applies one gradient row (dim floats) per key; all keys in `vshard`; at
-  // the learning rate of push step `step`.
+  // the learning rate of push step `step`. With a lifecycle, `step` is the
+  // clock of last use and TTL, keys not yet admitted drop their gradient,
+  // and an admitted key past the cap takes the place of an evicted row.
   absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                      const float* grads, uint64_t step, float lr_scale = 1.0f);
   uint64_t num_rows() const;
+
+  // What the lifecycle did since the table was created.
+  struct Counts {
+    uint64_t admitted = 0;     // rows created by an admitted push
+    uint64_t rejected = 0;     // gradient rows dropped: key not admitted yet
+    uint64_t evicted_cap = 0;  // rows dropped for a new one past the cap
+    uint64_t evicted_ttl = 0;  // rows dropped, unused for ttl_steps
+    uint64_t sketch_bytes = 0;
+  };
+  Counts counts() const;
 
   // Checkpoints: the rows of one virtual shard, copied under its lock.
   struct ShardState {
@@ -234,9 +268,10 @@ class SparseTable final : public Table {
   std::vector<ShardState> Capture() const;
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
   // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
-  // table's and every key hashes to `vshard`.
+  // table's and every key hashes to `vshard`. Restored rows count as last
+  // used at `step`.
   absl::Status Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
-                       const uint32_t* updates, const float* rows);
+                       const uint32_t* updates, const float* rows, uint64_t step = 0);
 
  private:
   // Row blocks: 16 rows, then 16, 32, ... 512 (1 024 rows in 7 blocks),
@@ -245,33 +280,53 @@ class SparseTable final : public Table {
   static uint32_t BlockRows(size_t block) {
     return block == 0 ? 16 : block <= 6 ? 16u << (block - 1) : kRowsPerBlock;
   }
-  // Whether row r is the first of a block.
-  static bool StartsBlock(uint32_t r) {
-    return r < kRowsPerBlock ? r == 0 || (r >= 16 && (r & (r - 1)) == 0) : r % kRowsPerBlock == 0;
-  }
   struct Partition {
     absl::Mutex mu;
     absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);
     std::vector<std::unique_ptr<float[]>> blocks ABSL_GUARDED_BY(mu);
-    std::vector<uint32_t> updates ABSL_GUARDED_BY(mu);
-    uint32_t room ABSL_GUARDED_BY(mu) = 0;      // rows the index and updates are sized for
+    uint32_t block_rows ABSL_GUARDED_BY(mu) = 0;  // rows the blocks hold
+    std::vector<uint32_t> updates ABSL_GUARDED_BY(mu);  // per slot
+    uint32_t room ABSL_GUARDED_BY(mu) = 0;      // slots the index and per-slot fields are sized for
     uint64_t charged ABSL_GUARDED_BY(mu) = 0;   // bytes counted against the quota
+    // With a lifecycle, per slot: its key, whether it holds a row, the step
+    // of its last push and (LFU) its decayed push count; freed slots; the
+    // victim and TTL cursors; the admission sketch (4 x width counters).
+    std::vector<uint64_t> slot_key ABSL_GUARDED_BY(mu);
+    std::vector<uint8_t> live ABSL_GUARDED_BY(mu);
+    std::vector<uint64_t> last_step ABSL_GUARDED_BY(mu);
+    std::vector<float> freq ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+    uint32_t victim_cursor ABSL_GUARDED_BY(mu) = 0;
+    uint32_t ttl_cursor ABSL_GUARDED_BY(mu) = 0;
+    std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
   };
   float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
-  // Sizes the index and update counts for `rows` rows, reserving the
+  // Sizes the index and per-slot fields for `slots` slots, reserving the
   // growth first; RESOURCE_EXHAUSTED leaves the partition as it was.
-  absl::Status Grow(Partition* p, uint32_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
-  // The bytes the index and update counts hold at their current capacity.
-  static uint64_t IndexBytes(const Partition& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init,
+  absl::Status Grow(Partition* p, uint32_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Blocks and index for slots [0, slots).
+  absl::Status EnsureCapacity(Partition* p, uint32_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // The bytes the index and per-slot fields hold at their current capacity.
+  uint64_t IndexBytes(const Partition& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init, Lifecycle life,
               uint32_t num_virtual_shards, MemoryQuota* quota);
-  // Returns the row block for key, creating it; requires p->mu held.
-  absl::StatusOr<float*> Row(Partition* p, uint64_t key, uint32_t* row_index)
+  // Returns the row for key, creating it (a new slot, at its initial
+  // value) if missing.
+  absl::StatusOr<float*> Row(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Lifecycle: whether a push of a missing key admits it (counting it);
+  // the slot of a row dropped for a new one past the cap; drops expired
+  // rows from the TTL cursor on.
+  absl::StatusOr<bool> Admit(Partition* p, uint64_t key, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  void EvictForCap(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  void SweepExpired(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  void Drop(Partition* p, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
   const uint32_t dim_;
+  const Lifecycle life_;
   MemoryQuota* const quota_;
   std::vector<std::unique_ptr<Partition>> partitions_;
+  std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0};
 };
 
 // Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.

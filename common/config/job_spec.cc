@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "common/table_lifecycle.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "common/config/model_graph.h"
@@ -228,6 +229,10 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
   }
   if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
   if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
+  for (const auto& [field, what] : TableLifecycleProblems(m.has_admission() ? &m.admission() : nullptr,
+                                                          m.has_eviction() ? &m.eviction() : nullptr, 0)) {
+    p.push_back(absl::StrCat("model.", field, ": ", what));
+  }
   const ModelReads kind = ReadsOf(m);
   if (m.type() == "graph") {
     for (std::string& s : ModelGraphProblems(m)) p.push_back(std::move(s));

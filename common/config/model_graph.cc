@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/table_lifecycle.h"
 
 namespace fulcrum::config {
 namespace {
@@ -124,6 +125,9 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
   const v1::GraphNode& s = *r.spec;
   GraphNodeInfo& g = r.info;
   auto bad = [&](const char* field, const std::string& what) { p->push_back(absl::StrCat(r.path, ".", field, ": ", what)); };
+  if ((s.has_admission() || s.has_eviction()) && g.op != GraphOp::kEmbedding && g.from.empty()) {
+    bad(s.has_admission() ? "admission" : "eviction", "applies to embedding nodes only (their tables)");
+  }
   switch (g.op) {
     case GraphOp::kDenseInput:
       if (s.width() <= 0 || s.width() > kMaxWidth) bad("width", absl::StrCat(s.width(), " must be 1 to ", kMaxWidth));
@@ -162,6 +166,12 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       g.shared = s.shared();
       g.sum_fields = s.sum_fields();
       g.init_stddev = s.zero_init() ? 0.0f : s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
+      for (const auto& [field, what] : TableLifecycleProblems(s.has_admission() ? &s.admission() : nullptr,
+                                                              s.has_eviction() ? &s.eviction() : nullptr, 0)) {
+        bad(field.c_str(), what);
+      }
+      if (s.has_admission()) *g.lifecycle.mutable_admission() = s.admission();
+      if (s.has_eviction()) *g.lifecycle.mutable_eviction() = s.eviction();
       break;
     case GraphOp::kLinear:
       if (g.from.empty()) g.cols = s.width();
@@ -574,6 +584,9 @@ absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_fe
     n->set_name(name);
     n->set_op(op);
     if (!input.empty()) n->add_inputs(input);
+    // The model's admission and eviction hold for each of its tables.
+    if (op == "embedding" && model.has_admission()) *n->mutable_admission() = model.admission();
+    if (op == "embedding" && model.has_eviction()) *n->mutable_eviction() = model.eviction();
     return n;
   };
   if (model.type() == "mf") {

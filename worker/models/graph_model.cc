@@ -79,7 +79,11 @@ class GraphModel final : public Model {
         AddDense(n.name, {n.width()}, offset ? Constant(config_.global_mean) : Zeros());
       } else if (n.op == GraphOp::kEmbedding) {
         nodes_[i].table = static_cast<int>(tables_.size());
-        AddSparse(n.name, static_cast<uint32_t>(n.dim), n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());
+        Table& t = AddSparse(n.name, static_cast<uint32_t>(n.dim),
+                             n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());
+        // The node's own admission and eviction over the model's.
+        if (n.lifecycle.has_admission()) *t.spec.mutable_admission() = n.lifecycle.admission();
+        if (n.lifecycle.has_eviction()) *t.spec.mutable_eviction() = n.lifecycle.eviction();
       }
     }
     loss_ = &g_.nodes.back();

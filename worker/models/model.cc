@@ -71,6 +71,8 @@ Table& Model::AddSparse(const std::string& name, uint32_t dim, v1::InitializerSp
   t.spec.set_kind(v1::TableSpec::SPARSE);
   t.spec.set_dim(dim);
   *t.spec.mutable_initializer() = std::move(init);
+  if (config_.lifecycle.has_admission()) *t.spec.mutable_admission() = config_.lifecycle.admission();
+  if (config_.lifecycle.has_eviction()) *t.spec.mutable_eviction() = config_.lifecycle.eviction();
   t.sparse = true;
   t.dim = dim;
   tables_.push_back(std::move(t));

@@ -53,6 +53,9 @@ struct ModelConfig {
   int factors = 8;               // fm, mf: latent dimension
   float init_stddev = 0.01f;     // fm, mf: N(0, stddev) embeddings
   float global_mean = 0;         // mf: initial global bias
+  // Every sparse table's admission and eviction (ModelSpec.admission and
+  // .eviction); a graph's embedding node may set its own.
+  v1::TableSpec lifecycle;
   DType precision = DType::kFp32;  // GEMM inputs: fp32, bf16 or fp16
   uint64_t seed = 1;
   // graph: the spec's nodes (graph_model.h), and how sparse rows split into

@@ -91,6 +91,47 @@ TEST_CASE("model graph text: each embedding's floats per key, not their sum (mf 
   CHECK_THAT(text, !Catch::Contains("66"));
 }
 
+TEST_CASE("model graph: an embedding's admission and eviction reach its table, and bad knobs are named", "[graph]") {
+  const std::string nodes =
+      "  - {name: cat, op: sparse_input, fields: 2}\n"
+      "  - {name: emb, op: embedding, inputs: [cat], dim: 1, sum_fields: true, "
+      "admission: {min_count: 2}, eviction: {policy: lfu, max_rows: 1000, ttl_steps: 50}}\n"
+      "  - {name: loss, op: loss, inputs: [emb], loss: binary_cross_entropy}\n";
+  auto g = BuildModelGraph(Graph(nodes));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  const GraphNodeInfo& emb = Find(*g, "emb");
+  CHECK(emb.lifecycle.admission().min_count() == 2);
+  CHECK(emb.lifecycle.eviction().policy() == v1::EvictionSpec::LFU);
+  CHECK(emb.lifecycle.eviction().max_rows() == 1000);
+  CHECK(emb.lifecycle.eviction().ttl_steps() == 50);
+  std::string p = Problems(
+      "  - {name: cat, op: sparse_input, fields: 2}\n"
+      "  - {name: emb, op: embedding, inputs: [cat], dim: 1, sum_fields: true, "
+      "admission: {probability: 2}, eviction: {policy: lru}}\n"
+      "  - {name: loss, op: loss, inputs: [emb], loss: binary_cross_entropy, eviction: {max_rows: 5}}\n");
+  INFO(p);
+  CHECK(p.find("'emb'.admission.probability: 2 must be in (0, 1]") != std::string::npos);
+  CHECK(p.find("'emb'.eviction: needs max_rows, max_bytes or ttl_steps") != std::string::npos);
+  CHECK(p.find("'loss'.eviction: applies to embedding nodes only") != std::string::npos);
+  // A built-in model's knobs hold for each of its tables, and are checked.
+  v1::JobSpec spec;
+  REQUIRE(ParseSpecText("name: x\nmodel: {type: fm, eviction: {max_rows: 0}}\ndata: {train: {format: libsvm, path: a}}\n",
+                        "fm.yaml", &spec)
+              .ok());
+  bool named = false;
+  for (const std::string& q : JobSpecProblems(spec)) named = named || q.find("model.eviction: needs max_rows") != std::string::npos;
+  CHECK(named);
+  v1::ModelSpec fm;
+  fm.set_type("fm");
+  fm.mutable_admission()->set_min_count(3);
+  auto preset = PresetGraph(fm, 0, 0);
+  REQUIRE(preset.ok());
+  int with = 0;
+  for (const v1::GraphNode& n : preset->graph()) with += n.op() == "embedding" && n.admission().min_count() == 3;
+  CHECK(with == 2);  // linear and factors
+}
+
 TEST_CASE("model graph: a cross of k fields has k(k-1)/2 fields for its embedding", "[graph]") {
   auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 26}\n"
                                  "  - {name: k, op: cross, inputs: [c], fields: 8}\n"

@@ -167,6 +167,25 @@ TEST_CASE("factorization machine gradients match finite differences") {
   CheckGradients(*m, SparseBatch(5, 4));
 }
 
+TEST_CASE("a model's admission and eviction go into each of its sparse tables' specs, none into dense ones") {
+  auto be = Cpu();
+  for (const std::string type : {"fm", "mf", "sparse_lr"}) {
+    INFO(type);
+    ModelConfig c;
+    c.type = type;
+    c.lifecycle.mutable_admission()->set_min_count(2);
+    c.lifecycle.mutable_eviction()->set_max_rows(1000);
+    REQUIRE_OK_AND_ASSIGN(auto m, CreateModel(c, be.get()));
+    int sparse = 0;
+    for (const auto& t : m->tables()) {
+      CHECK(t.spec.has_admission() == t.sparse);
+      CHECK(t.spec.eviction().max_rows() == (t.sparse ? 1000u : 0u));
+      sparse += t.sparse;
+    }
+    CHECK(sparse >= 1);
+  }
+}
+
 TEST_CASE("matrix factorization gradients match finite differences") {
   auto be = Cpu();
   ModelConfig c;

@@ -1,0 +1,447 @@
+// SparseTable: rows keyed by uint64 in per-virtual-shard partitions, their
+// memory counted as it grows, and (with a lifecycle) admission by a
+// count-min sketch and eviction by cap (LRU or decayed LFU over a window of
+// candidates) and by TTL. Every choice is a function of the keys, steps and
+// the order of pushes applied, so BSP runs stay bit-for-bit reproducible.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/float_env.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "common/table_lifecycle.h"
+#include "server/table.h"
+
+namespace fulcrum {
+namespace {
+
+// Candidates a cap eviction compares, taken in slot order from a cursor
+// that moves on: the victim is the oldest (LRU) or least used (LFU) of them.
+constexpr uint32_t kVictimWindow = 16;
+// Slots a push's TTL sweep examines in each partition it touches.
+constexpr uint32_t kTtlSweep = 16;
+constexpr size_t kSketchRows = 4;
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+}  // namespace
+
+absl::StatusOr<SparseTable::Lifecycle> SparseTable::LifecycleFromProto(const v1::TableSpec& spec,
+                                                                       uint32_t num_virtual_shards,
+                                                                       uint64_t row_bytes) {
+  Lifecycle life;
+  const auto problems = TableLifecycleProblems(spec.has_admission() ? &spec.admission() : nullptr,
+                                               spec.has_eviction() ? &spec.eviction() : nullptr, row_bytes);
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse table '", spec.name(), "': ", problems[0].first, " ", problems[0].second));
+  }
+  if (spec.has_admission()) {
+    const v1::AdmissionSpec& a = spec.admission();
+    life.min_count = a.min_count();
+    life.probability = a.probability() == 1 ? 0 : a.probability();
+    if (a.sketch_width() != 0) life.sketch_width = a.sketch_width();
+  }
+  if (spec.has_eviction()) {
+    const v1::EvictionSpec& e = spec.eviction();
+    life.policy = e.policy() == v1::EvictionSpec::LFU ? Lifecycle::Policy::kLfu : Lifecycle::Policy::kLru;
+    const uint64_t max_rows = e.max_bytes() != 0 ? e.max_bytes() / row_bytes : e.max_rows();
+    if (max_rows != 0) {
+      const uint64_t per = (max_rows + num_virtual_shards - 1) / num_virtual_shards;
+      life.max_rows_per_shard = static_cast<uint32_t>(std::min<uint64_t>(per, uint64_t{1} << 31));
+    }
+    if (e.lfu_decay() != 0) life.lfu_decay = e.lfu_decay();
+    life.ttl_steps = e.ttl_steps();
+  }
+  return life;
+}
+
+SparseTable::SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initializer init, Lifecycle life,
+                         uint32_t num_virtual_shards, MemoryQuota* quota)
+    : Table(spec.name(), false, opt, init), dim_(spec.dim()), life_(life), quota_(quota) {
+  partitions_.reserve(num_virtual_shards);
+  for (uint32_t i = 0; i < num_virtual_shards; ++i) {
+    partitions_.push_back(std::make_unique<Partition>());
+  }
+}
+
+SparseTable::~SparseTable() { quota_->Release(bytes()); }
+
+uint64_t SparseTable::bytes() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    n += p->charged;
+  }
+  return n;
+}
+
+SparseTable::Counts SparseTable::counts() const {
+  Counts c;
+  c.admitted = admitted_.load(std::memory_order_relaxed);
+  c.rejected = rejected_.load(std::memory_order_relaxed);
+  c.evicted_cap = evicted_cap_.load(std::memory_order_relaxed);
+  c.evicted_ttl = evicted_ttl_.load(std::memory_order_relaxed);
+  for (const auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    c.sketch_bytes += p->sketch.size() * sizeof(uint16_t);
+  }
+  return c;
+}
+
+float* SparseTable::RowAt(Partition* p, uint32_t r) const {
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  size_t block, offset;
+  if (r < 16) {
+    block = 0;
+    offset = r;
+  } else if (r < kRowsPerBlock) {
+    block = static_cast<size_t>(31 - __builtin_clz(r)) - 3;  // [16, 32) is block 1
+    offset = r - (16u << (block - 1));
+  } else {
+    block = 6 + r / kRowsPerBlock;
+    offset = r % kRowsPerBlock;
+  }
+  return p->blocks[block].get() + offset * row_floats;
+}
+
+uint64_t SparseTable::IndexBytes(const Partition& p) const {
+  // flat_hash_map: a slot (key and row number, padded) and a control byte
+  // per bucket, and one group of control bytes more; then the per-slot
+  // fields at their capacity.
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  const uint64_t buckets = p.index.bucket_count();
+  return (buckets == 0 ? 0 : buckets * (sizeof(Slot) + 1) + 16) + p.updates.capacity() * sizeof(uint32_t) +
+         p.slot_key.capacity() * sizeof(uint64_t) + p.live.capacity() + p.last_step.capacity() * sizeof(uint64_t) +
+         p.freq.capacity() * sizeof(float) + p.free_slots.capacity() * sizeof(uint32_t);
+}
+
+absl::Status SparseTable::Grow(Partition* p, uint32_t slots) {
+  // What the index will take: the smallest 2^k - 1 buckets that hold
+  // `slots` at the 7/8 load the map allows; corrected to the real figure
+  // below.
+  uint64_t buckets = 15;
+  while (buckets - buckets / 8 < slots) buckets = buckets * 2 + 1;
+  using Slot = std::pair<const uint64_t, uint32_t>;
+  uint64_t per_slot = sizeof(uint32_t);
+  if (life_.on()) per_slot += sizeof(uint64_t) + 1 + sizeof(uint64_t) + sizeof(float) + sizeof(uint32_t);
+  const uint64_t before = IndexBytes(*p);
+  const uint64_t expect = buckets * (sizeof(Slot) + 1) + 16 + uint64_t{slots} * per_slot;
+  if (expect > before) {
+    RETURN_IF_ERROR(quota_->Reserve(expect - before, absl::StrCat("the index of table '", name_, "' for ", slots,
+                                                                  " rows in one virtual shard")));
+  }
+  p->index.reserve(slots);
+  p->updates.reserve(slots);
+  if (life_.on()) {
+    p->slot_key.reserve(slots);
+    p->live.reserve(slots);
+    p->last_step.reserve(slots);
+    p->freq.reserve(slots);
+    p->free_slots.reserve(slots);
+  }
+  p->room = slots;
+  const uint64_t after = IndexBytes(*p);
+  // Exact from here on: the estimate's error charged or given back.
+  const uint64_t reserved = expect > before ? expect - before : 0;
+  const uint64_t grew = after > before ? after - before : 0;
+  if (grew > reserved) quota_->Charge(grew - reserved);
+  if (reserved > grew) quota_->Release(reserved - grew);
+  p->charged += grew;
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::EnsureCapacity(Partition* p, uint32_t slots) {
+  while (p->block_rows < slots) {
+    const uint32_t rows = BlockRows(p->blocks.size());
+    const uint64_t block_bytes = uint64_t{rows} * RowBytes();
+    RETURN_IF_ERROR(quota_->Reserve(block_bytes, absl::StrCat("a new row of table '", name_, "' (a block of ", rows,
+                                                              " rows of ", RowBytes(), " bytes)")));
+    p->blocks.push_back(std::make_unique<float[]>(size_t{dim_} * (1 + num_slots()) * rows));
+    p->block_rows += rows;
+    p->charged += block_bytes;
+  }
+  if (slots > p->room) {
+    uint32_t room = std::max<uint32_t>(16, p->room);
+    while (room < slots) room *= 2;
+    RETURN_IF_ERROR(Grow(p, room));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step) {
+  auto it = p->index.find(key);
+  if (it != p->index.end()) {
+    *row_index = it->second;
+    return RowAt(p, it->second);
+  }
+  uint32_t r;
+  if (!p->free_slots.empty()) {
+    r = p->free_slots.back();
+    p->free_slots.pop_back();
+  } else {
+    // Memory is reserved as it is allocated: a block of rows at a time, the
+    // index as it doubles. A refusal leaves the partition unchanged.
+    r = static_cast<uint32_t>(p->updates.size());
+    RETURN_IF_ERROR(EnsureCapacity(p, r + 1));
+    p->updates.push_back(0);
+    if (life_.on()) {
+      p->slot_key.push_back(0);
+      p->live.push_back(0);
+      p->last_step.push_back(0);
+      p->freq.push_back(0);
+    }
+  }
+  float* row = RowAt(p, r);
+  init_.Fill(name_hash_, key, 0, row, dim_);
+  for (int s = 0; s < num_slots(); ++s) {
+    std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
+  }
+  p->index.emplace(key, r);
+  p->updates[r] = 0;
+  if (life_.on()) {
+    p->slot_key[r] = key;
+    p->live[r] = 1;
+    p->last_step[r] = step;
+    p->freq[r] = 0;
+  }
+  *row_index = r;
+  return row;
+}
+
+void SparseTable::Drop(Partition* p, uint32_t slot) {
+  p->index.erase(p->slot_key[slot]);
+  p->live[slot] = 0;
+  p->free_slots.push_back(slot);
+}
+
+absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t step) {
+  if (life_.probability > 0) {
+    // A coin per (key, step): the same pushes admit the same keys.
+    const uint64_t h = Mix(key ^ Mix(step + 0x9e3779b97f4a7c15ull) ^ name_hash_);
+    if (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= life_.probability) return false;
+  }
+  if (life_.min_count <= 1) return true;
+  if (p->sketch.empty()) {
+    const uint64_t bytes = uint64_t{kSketchRows} * life_.sketch_width * sizeof(uint16_t);
+    RETURN_IF_ERROR(quota_->Reserve(bytes, absl::StrCat("the admission sketch of table '", name_, "'")));
+    p->sketch.assign(size_t{kSketchRows} * life_.sketch_width, 0);
+    p->charged += bytes;
+  }
+  // Count-min with conservative update: raise only the counters at the
+  // minimum, so the estimate over-counts as little as the sketch allows.
+  uint16_t* cell[kSketchRows];
+  uint16_t least = UINT16_MAX;
+  for (size_t d = 0; d < kSketchRows; ++d) {
+    const uint64_t h = Mix((key + (d + 1) * 0x9e3779b97f4a7c15ull) ^ name_hash_);
+    cell[d] = &p->sketch[d * life_.sketch_width + h % life_.sketch_width];
+    least = std::min(least, *cell[d]);
+  }
+  if (least < UINT16_MAX) {
+    for (uint16_t* c : cell) {
+      if (*c == least) ++*c;
+    }
+    ++least;
+  }
+  return least >= life_.min_count;
+}
+
+void SparseTable::EvictForCap(Partition* p, uint64_t step) {
+  const uint32_t slots = static_cast<uint32_t>(p->live.size());
+  uint32_t best = slots;
+  double best_score = 0;
+  uint32_t seen = 0;
+  uint32_t s = p->victim_cursor % slots;
+  for (uint32_t looked = 0; looked < slots && seen < kVictimWindow; ++looked, s = (s + 1) % slots) {
+    if (!p->live[s]) continue;
+    ++seen;
+    const double score =
+        life_.policy == Lifecycle::Policy::kLru
+            ? static_cast<double>(p->last_step[s])
+            : p->freq[s] * std::pow(static_cast<double>(life_.lfu_decay),
+                                    static_cast<double>(step > p->last_step[s] ? step - p->last_step[s] : 0));
+    if (best == slots || score < best_score) {
+      best = s;
+      best_score = score;
+    }
+  }
+  p->victim_cursor = s;
+  if (best == slots) return;
+  Drop(p, best);
+  evicted_cap_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void SparseTable::SweepExpired(Partition* p, uint64_t step) {
+  const uint32_t slots = static_cast<uint32_t>(p->live.size());
+  if (slots == 0) return;
+  uint32_t s = p->ttl_cursor % slots;
+  for (uint32_t i = 0; i < std::min(kTtlSweep, slots); ++i, s = (s + 1) % slots) {
+    if (p->live[s] && step > p->last_step[s] && step - p->last_step[s] > life_.ttl_steps) {
+      Drop(p, s);
+      evicted_ttl_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  p->ttl_cursor = s;
+}
+
+uint64_t SparseTable::num_rows() const {
+  uint64_t n = 0;
+  for (const auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    n += p->index.size();
+  }
+  return n;
+}
+
+std::vector<SparseTable::ShardState> SparseTable::Capture() const {
+  std::vector<ShardState> out;
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  for (uint32_t v = 0; v < partitions_.size(); ++v) {
+    Partition* p = partitions_[v].get();
+    absl::MutexLock lock(&p->mu);
+    if (p->index.empty()) continue;
+    ShardState& s = out.emplace_back();
+    s.vshard = v;
+    s.keys.reserve(p->index.size());
+    s.updates.reserve(p->index.size());
+    s.rows.resize(p->index.size() * row_floats);
+    // Rows in key order, so a cut's bytes do not depend on arrival order.
+    std::vector<std::pair<uint64_t, uint32_t>> order(p->index.begin(), p->index.end());
+    std::sort(order.begin(), order.end());
+    for (size_t k = 0; k < order.size(); ++k) {
+      const uint32_t r = order[k].second;
+      s.keys.push_back(order[k].first);
+      s.updates.push_back(p->updates[r]);
+      std::memcpy(s.rows.data() + k * row_floats, RowAt(p, r), row_floats * sizeof(float));
+    }
+  }
+  return out;
+}
+
+absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
+                                  const uint32_t* updates, const float* rows, uint64_t step) {
+  if (vshard >= partitions_.size()) {
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' names virtual shard ", vshard,
+                                            "; the job has ", partitions_.size()));
+  }
+  if (dim != dim_ || slots != static_cast<uint32_t>(num_slots())) {
+    return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard,
+                                            " holds rows of dim ", dim, " with ", slots,
+                                            " optimizer slots; the table's rows have dim ", dim_, " with ",
+                                            num_slots()));
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (VShardOfKey(name_hash(), keys[k], static_cast<uint32_t>(partitions_.size())) != vshard) {
+      return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard,
+                                              " holds key ", keys[k], ", which belongs to virtual shard ",
+                                              VShardOfKey(name_hash(), keys[k],
+                                                          static_cast<uint32_t>(partitions_.size()))));
+    }
+  }
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t k = 0; k < n; ++k) {
+    uint32_t r;
+    ASSIGN_OR_RETURN(float* row, Row(p, keys[k], &r, step));
+    std::memcpy(row, rows + k * row_floats, row_floats * sizeof(float));
+    p->updates[r] = updates[k];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                               size_t n, float* out) {
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t key = keys[idx[i]];
+    float* dst = out + size_t{idx[i]} * dim_;
+    if (life_.on()) {
+      // Rows are made by admitted pushes only: a missing one reads as it
+      // would start.
+      auto it = p->index.find(key);
+      if (it == p->index.end()) {
+        init_.Fill(name_hash_, key, 0, dst, dim_);
+      } else {
+        std::memcpy(dst, RowAt(p, it->second), size_t{dim_} * sizeof(float));
+      }
+      continue;
+    }
+    uint32_t r;
+    ASSIGN_OR_RETURN(float* row, Row(p, key, &r));
+    std::memcpy(dst, row, size_t{dim_} * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                                     size_t n) {
+  Partition* p = partitions_[vshard].get();
+  absl::MutexLock lock(&p->mu);
+  if (life_.on()) {
+    // Room for every missing key, up to the cap: Apply then never fails
+    // for memory halfway through a push.
+    uint64_t missing = 0;
+    for (size_t i = 0; i < n; ++i) missing += p->index.count(keys[idx[i]]) == 0;
+    uint64_t want = p->index.size() + missing;
+    if (life_.max_rows_per_shard != 0) want = std::min<uint64_t>(want, life_.max_rows_per_shard);
+    if (want > p->updates.size()) RETURN_IF_ERROR(EnsureCapacity(p, static_cast<uint32_t>(want)));
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t r;
+    RETURN_IF_ERROR(Row(p, keys[idx[i]], &r).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
+                                size_t n, const float* grads, uint64_t step, float lr_scale) {
+  Partition* p = partitions_[vshard].get();
+  const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
+  ScopedFlushDenormals flush;
+  absl::MutexLock lock(&p->mu);
+  if (life_.ttl_steps != 0) SweepExpired(p, step);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t key = keys[idx[i]];
+    uint32_t r;
+    float* row;
+    if (!life_.on()) {
+      ASSIGN_OR_RETURN(row, Row(p, key, &r));
+    } else if (auto it = p->index.find(key); it != p->index.end()) {
+      r = it->second;
+      row = RowAt(p, r);
+    } else {
+      ASSIGN_OR_RETURN(const bool admitted, Admit(p, key, step));
+      if (!admitted) {
+        rejected_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) EvictForCap(p, step);
+      ASSIGN_OR_RETURN(row, Row(p, key, &r, step));
+      admitted_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ApplyOptimizer(opt, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);
+    if (life_.on()) {
+      if (life_.policy == Lifecycle::Policy::kLfu) {
+        const uint64_t age = step > p->last_step[r] ? step - p->last_step[r] : 0;
+        p->freq[r] = static_cast<float>(p->freq[r] * std::pow(static_cast<double>(life_.lfu_decay),
+                                                                static_cast<double>(age)) + 1.0);
+      }
+      p->last_step[r] = std::max(p->last_step[r], step);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fulcrum
