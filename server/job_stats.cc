@@ -101,7 +101,28 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
                         static_cast<double>(d->num_elements()));
     } else {
       const auto* sp = static_cast<const SparseTable*>(t.get());
-      params = static_cast<double>(sp->num_rows()) * sp->dim();
+      const uint64_t rows = sp->num_rows();
+      params = static_cast<double>(rows) * sp->dim();
+      const metrics::Labels table = {{"job", id()}, {"table", name}};
+      out->Gauge("fulcrum_server_sparse_rows", "Rows a sparse table holds on this server", table,
+                 static_cast<double>(rows));
+      out->Gauge("fulcrum_server_sparse_table_bytes",
+                 "Memory a sparse table holds here: row blocks, index, per-row fields and admission sketch", table,
+                 static_cast<double>(sp->bytes()));
+      if (sp->lifecycle().on()) {
+        const SparseTable::Counts c = sp->counts();
+        out->Counter("fulcrum_server_sparse_admitted_total", "Rows created by an admitted push", table,
+                     static_cast<double>(c.admitted));
+        out->Counter("fulcrum_server_sparse_rejected_total",
+                     "Gradient rows dropped because their key was not admitted yet", table,
+                     static_cast<double>(c.rejected));
+        for (const auto& [cause, n] : {std::pair<const char*, uint64_t>{"cap", c.evicted_cap}, {"ttl", c.evicted_ttl}}) {
+          out->Counter("fulcrum_server_sparse_evicted_total", "Rows dropped: past the table's cap, or unused for ttl_steps",
+                       {{"job", id()}, {"table", name}, {"cause", cause}}, static_cast<double>(n));
+        }
+        out->Gauge("fulcrum_server_sparse_sketch_bytes", "Memory of a sparse table's admission sketches here", table,
+                   static_cast<double>(c.sketch_bytes));
+      }
     }
     out->Gauge("fulcrum_server_parameters",
                "Parameters of a table held on this server (dense: whole chunks; sparse: rows x dim)",

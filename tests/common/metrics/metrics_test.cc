@@ -19,6 +19,7 @@ namespace {
 
 using testing::DenseTableSpec;
 using testing::JobSpec;
+using testing::SparseTableSpec;
 
 // GET `path` from 127.0.0.1:`port`; returns the whole response.
 std::string HttpGet(int port, const std::string& path) {
@@ -165,6 +166,43 @@ TEST_CASE("a parameter server counts requests, bytes, waits and rejections per j
   const std::string after = metrics::RenderText({&c});
   REQUIRE(after.find("job=\"m\"") == std::string::npos);
   REQUIRE(Sample(after, "fulcrum_server_jobs") == 0);
+}
+
+TEST_CASE("a parameter server reports a sparse table's rows, bytes, admissions, rejections and evictions",
+          "[metrics][server]") {
+  ParameterServerOptions o;
+  o.shard_map = ShardMap::FromServerList("self:1", 1)->ToProto();
+  REQUIRE_OK_AND_ASSIGN(auto ps, ParameterServer::Create(o));
+  v1::TableSpec emb = SparseTableSpec("emb", 2);
+  emb.mutable_admission()->set_min_count(2);
+  emb.mutable_eviction()->set_max_rows(2);
+  REQUIRE_OK(ps->CreateJob(JobSpec("s", {emb}, 1, v1::ConsistencySpec::ASP)).status());
+  // Keys 1, 2, 3 pushed twice each: three first pushes rejected, three
+  // admissions, the third past the cap of 2 evicts one row.
+  uint64_t seq = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t key : {1, 2, 3}) {
+      std::vector<float> g(2, 1.0f);
+      PushMessage push;
+      push.job_id = "s";
+      push.worker_id = "w0";
+      push.seq = ++seq;
+      push.step = seq;
+      push.sparse.push_back({"emb", DType::kFp32, Payload(&key, 8), Payload(g.data(), 8)});
+      PushResult pr;
+      REQUIRE_OK(ps->Push(push, &pr));
+    }
+  }
+  metrics::FunctionCollector c([&](metrics::Scrape* out) { ps->CollectMetrics(out); });
+  const std::string text = metrics::RenderText({&c});
+  INFO(text);
+  CHECK(Sample(text, "fulcrum_server_sparse_rows{job=\"s\",table=\"emb\"}") == 2);
+  CHECK(Sample(text, "fulcrum_server_sparse_table_bytes{job=\"s\",table=\"emb\"}") > 0);
+  CHECK(Sample(text, "fulcrum_server_sparse_admitted_total{job=\"s\",table=\"emb\"}") == 3);
+  CHECK(Sample(text, "fulcrum_server_sparse_rejected_total{job=\"s\",table=\"emb\"}") == 3);
+  CHECK(Sample(text, "fulcrum_server_sparse_evicted_total{job=\"s\",table=\"emb\",cause=\"cap\"}") == 1);
+  CHECK(Sample(text, "fulcrum_server_sparse_evicted_total{job=\"s\",table=\"emb\",cause=\"ttl\"}") == 0);
+  CHECK(Sample(text, "fulcrum_server_sparse_sketch_bytes{job=\"s\",table=\"emb\"}") == 4 * 4096 * 2);
 }
 
 }  // namespace
