@@ -62,9 +62,15 @@ class Planted {
     emb_scale_ = std::pow(1.0 / (28.0 * o.dim), 0.25);
   }
 
-  int64_t DrawId(int field, Draws& d) const {
+  // A field's id for a draw at row `at` of the log (training rows first).
+  int64_t DrawId(int field, Draws& d, int64_t at) const {
     const std::vector<double>& cdf = cdf_[field];
-    return std::lower_bound(cdf.begin(), cdf.end(), d.Uniform()) - cdf.begin();
+    const int64_t rank = std::lower_bound(cdf.begin(), cdf.end(), d.Uniform()) - cdf.begin();
+    if (o_.drift <= 0) return rank;
+    // Ids born so far; rank 0 is the newest.
+    const int64_t n = static_cast<int64_t>(cdf.size());
+    const double per_row = o_.drift * static_cast<double>(n) / static_cast<double>(cdf_[0].size());
+    return static_cast<int64_t>(std::floor(static_cast<double>(at) * per_row)) + n - 1 - rank;
   }
   double FieldWeight(int field, int64_t id) const {
     return 0.2 * Draws(Key(o_.seed, 2, static_cast<uint64_t>(field), static_cast<uint64_t>(id))).Normal();
@@ -104,7 +110,7 @@ double Row(const Planted& m, const CtrGenOptions& o, uint64_t split, int64_t row
   }
   std::vector<double> emb(static_cast<size_t>(kInteractingFields * o.dim), 0.0);
   for (int j = 0; j < kCriteoCategoricals; ++j) {
-    const int64_t id = m.DrawId(j, d);
+    const int64_t id = m.DrawId(j, d, split == 0 ? row : o.train_rows + row);
     if (d.Uniform() < o.missing) {
       fields += '\t';
       continue;
@@ -209,8 +215,10 @@ absl::Status WriteSplit(const Planted& m, const CtrGenOptions& o, uint64_t split
 absl::StatusOr<CtrGenStats> GenerateCtr(const CtrGenOptions& o) {
   if (o.train_path.empty()) return absl::InvalidArgumentError("ctr: a training file path is required");
   if (o.train_rows < 1 || o.test_rows < 0) return absl::InvalidArgumentError("ctr: rows must be >= 1 (train), >= 0 (test)");
-  if (o.vocab < 4 || o.dim < 1 || o.dim > 64 || !(o.zipf > 0) || !(o.missing >= 0 && o.missing < 1)) {
-    return absl::InvalidArgumentError("ctr: vocab >= 4, dim 1 to 64, zipf > 0 and missing in [0, 1) are required");
+  if (o.vocab < 4 || o.dim < 1 || o.dim > 64 || !(o.zipf > 0) || !(o.missing >= 0 && o.missing < 1) ||
+      !(o.drift >= 0 && o.drift <= 1000)) {
+    return absl::InvalidArgumentError(
+        "ctr: vocab >= 4, dim 1 to 64, zipf > 0, missing in [0, 1) and drift 0 to 1000 are required");
   }
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const Planted model(o);

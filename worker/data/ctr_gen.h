@@ -36,6 +36,13 @@ struct CtrGenOptions {
   int dim = 4;             // the planted embeddings' width
   double missing = 0.03;
   double bias = -1.2;      // the planted logit's constant
+  // Ids that keep arriving: new ids per row in the largest field (field j:
+  // drift x its vocabulary / the largest). A field's Zipf ranks map to ids
+  // that move on with the row (test rows come after the training rows): the
+  // most popular id at row r is one born at r, and an id's popularity decays
+  // as newer ids take the first ranks, until it leaves the vocabulary.
+  // 0: a fixed vocabulary.
+  double drift = 0;
 };
 
 struct CtrGenStats {

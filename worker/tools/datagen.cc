@@ -20,6 +20,9 @@ ABSL_FLAG(uint64_t, seed, 1, "ctr: the planted model's and the draws' seed");
 ABSL_FLAG(int32_t, threads, 0, "ctr: generating threads (0: one per core)");
 ABSL_FLAG(int64_t, vocab, 100000, "ctr: ids of the largest categorical field (field j has vocab >> (j mod 8))");
 ABSL_FLAG(double, zipf, 1.1, "ctr: the categorical ids' Zipf exponent");
+ABSL_FLAG(double, drift, 0,
+          "ctr: new ids per row in the largest field (ids that keep arriving, popularity decaying with age; 0: a "
+          "fixed vocabulary)");
 ABSL_FLAG(int32_t, dim, 4, "ctr: the planted field embeddings' width");
 ABSL_FLAG(double, missing, 0.03, "ctr: the probability that a feature is absent");
 
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.vocab = absl::GetFlag(FLAGS_vocab);
   o.zipf = absl::GetFlag(FLAGS_zipf);
+  o.drift = absl::GetFlag(FLAGS_drift);
   o.dim = absl::GetFlag(FLAGS_dim);
   o.missing = absl::GetFlag(FLAGS_missing);
   std::printf("fulcrum-datagen ctr: writing %lld training rows to %s%s\n", static_cast<long long>(o.train_rows),

@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/binary_metrics.h"
 #include "tests/testing/test_util.h"
 #include "worker/data/ctr_gen.h"
@@ -124,6 +126,51 @@ TEST_CASE("AUC and log loss of known rankings", "[criteo]") {
   CHECK(Auc({0.1, 0.2}, {1, 1}) == 0.5);               // one class only
   CHECK(LogLoss({0.5, 0.5}, {0, 1}) == Approx(std::log(2.0)));
   CHECK(LogLoss({0.0, 1.0}, {0, 1}) < 1e-12);
+}
+
+TEST_CASE("fulcrum-datagen's CTR data with drift: ids keep arriving and fade, the test rows come after", "[criteo]") {
+  CtrGenOptions o;
+  o.train_path = TempPath("drift.tsv");
+  o.test_path = TempPath("drift.test.tsv");
+  o.train_rows = 40000;
+  o.test_rows = 10000;
+  o.vocab = 2000;
+  o.drift = 0.2;  // 8 000 new ids of field 0 over the training rows
+  o.threads = 2;
+  REQUIRE_OK_AND_ASSIGN(const CtrGenStats st, GenerateCtr(o));
+  // Field 0's values (column 14) in each quarter of the training rows, and
+  // in the test rows.
+  auto values = [](const std::string& path, size_t from, size_t to) {
+    std::set<std::string> out;
+    std::istringstream in(ReadAll(path));
+    std::string line;
+    for (size_t row = 0; std::getline(in, line); ++row) {
+      if (row < from || row >= to) continue;
+      std::vector<std::string> cols = absl::StrSplit(line, '\t');
+      REQUIRE(cols.size() == 40);
+      if (!cols[14].empty()) out.insert(cols[14]);
+    }
+    return out;
+  };
+  const auto first = values(o.train_path, 0, 10000), last = values(o.train_path, 30000, 40000);
+  const auto test = values(o.test_path, 0, 10000);
+  std::set<std::string> all = values(o.train_path, 0, 40000);
+  auto shared = [](const std::set<std::string>& a, const std::set<std::string>& b) {
+    size_t n = 0;
+    for (const auto& v : a) n += b.count(v);
+    return static_cast<double>(n) / static_cast<double>(a.size());
+  };
+  INFO("distinct field-0 ids over the training rows " << all.size() << "; the first quarter's shared with the last "
+                                                      << shared(first, last) << ", the test rows' with the last "
+                                                      << shared(test, last) << ", with the first " << shared(test, first));
+  CHECK(all.size() > 2 * 2000);               // more ids than one vocabulary: they keep arriving
+  CHECK(shared(first, last) < 0.2);           // the early ids have faded by the end
+  // The test rows follow on from the training rows: they share ids with the
+  // last quarter (the popular ones, about a quarter of their distinct ids)
+  // and none with the first.
+  CHECK(shared(test, last) > 0.15);
+  CHECK(shared(test, first) < 0.02);
+  CHECK(st.best_auc > 0.7);                   // the planted model still scores
 }
 
 TEST_CASE("fulcrum-datagen's CTR data: the same bytes for any thread count, readable, with its planted figures",
