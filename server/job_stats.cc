@@ -26,7 +26,15 @@ v1::GetJobResponse Job::Stats() const {
   r.set_rejected_nonfinite(rejected_nonfinite_.load());
   uint64_t rows = 0;
   for (const auto& [name, t] : tables_) {
-    if (!t->is_dense()) rows += static_cast<const SparseTable*>(t.get())->num_rows();
+    if (t->is_dense()) continue;
+    const auto* sp = static_cast<const SparseTable*>(t.get());
+    rows += sp->num_rows();
+    if (!sp->lifecycle().on()) continue;
+    const SparseTable::Counts c = sp->counts();
+    r.set_sparse_rows_admitted(r.sparse_rows_admitted() + c.admitted);
+    r.set_sparse_rows_rejected(r.sparse_rows_rejected() + c.rejected);
+    r.set_sparse_rows_evicted_cap(r.sparse_rows_evicted_cap() + c.evicted_cap);
+    r.set_sparse_rows_evicted_ttl(r.sparse_rows_evicted_ttl() + c.evicted_ttl);
   }
   r.set_sparse_rows(rows);
   absl::MutexLock lock(&mu_);

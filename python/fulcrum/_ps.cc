@@ -268,6 +268,9 @@ class Tables {
     d["sparse_rows"] = r->sparse_rows();
     d["bytes_used"] = r->bytes_used();
     d["pushes_applied"] = r->pushes_applied();
+    d["sparse_rows_admitted"] = r->sparse_rows_admitted();
+    d["sparse_rows_rejected"] = r->sparse_rows_rejected();
+    d["sparse_rows_evicted"] = r->sparse_rows_evicted_cap() + r->sparse_rows_evicted_ttl();
     d["rank_clock"] = std::vector<uint64_t>(r->rank_clock().begin(), r->rank_clock().end());
     return d;
   }

@@ -120,6 +120,8 @@ class Tables:
     @_logged
     def stats(self, job_id, server=0):
         """What server `server` holds of the job: applied_step, sparse_rows,
-        bytes_used, pushes_applied and rank_clock (per rank, the steps of
-        its pushes the server applied)."""
+        bytes_used, pushes_applied, rank_clock (per rank, the steps of its
+        pushes the server applied) and, for tables with admission or
+        eviction, sparse_rows_admitted, sparse_rows_rejected and
+        sparse_rows_evicted."""
         return self._t.stats(job_id, server)

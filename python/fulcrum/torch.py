@@ -253,9 +253,15 @@ class Embedding(torch.nn.Module):
     table initializer as the servers take it ({"kind": "normal", "a": mean,
     "b": stddev, "seed": s}, {"kind": "uniform", "a": low, "b": high},
     {"kind": "constant", "a": value}). Zeros suit a linear model's weights;
-    a factorization needs random rows (both sides at zero get no gradient)."""
+    a factorization needs random rows (both sides at zero get no gradient).
 
-    def __init__(self, tables, job_id, table, dim, optimizer=None, initializer=None):
+    For ids without end, `admission` ({"min_count": 2} or {"probability":
+    0.5}) and `eviction` ({"policy": "lru" or "lfu", "max_rows": N,
+    "ttl_steps": S}) bound the table (docs/embeddings.md): rows are then
+    made only by pushes of admitted ids, and the servers drop rows past the
+    cap; Tables.stats reports rows admitted, rejected and evicted."""
+
+    def __init__(self, tables, job_id, table, dim, optimizer=None, initializer=None, admission=None, eviction=None):
         super().__init__()
         self.tables = tables
         self.job_id = job_id
@@ -263,6 +269,8 @@ class Embedding(torch.nn.Module):
         self.dim = dim
         self.optimizer = optimizer or {"kind": "sgd", "learning_rate": 0.01}
         self.initializer = _embedding_initializer(initializer)
+        self.admission = dict(admission) if admission else None
+        self.eviction = dict(eviction) if eviction else None
         self._steps = _shared_steps(tables, job_id)
         # A parameter-free module still needs a tensor that requires grad
         # for autograd to reach _PullRows.backward.
@@ -275,8 +283,13 @@ class Embedding(torch.nn.Module):
         return self._steps[0]
 
     def spec(self):
-        return {"name": self.table, "kind": "sparse", "dim": self.dim, "optimizer": self.optimizer,
+        spec = {"name": self.table, "kind": "sparse", "dim": self.dim, "optimizer": self.optimizer,
                 "initializer": self.initializer}
+        if self.admission:
+            spec["admission"] = self.admission
+        if self.eviction:
+            spec["eviction"] = self.eviction
+        return spec
 
     def forward(self, ids):
         flat = ids.reshape(-1).to("cpu", torch.int64)

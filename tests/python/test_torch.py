@@ -66,6 +66,40 @@ def test_an_embedding_pulls_distinct_rows_and_pushes_their_summed_gradients(serv
         emb(torch.tensor([-1]))
 
 
+def test_an_embedding_with_admission_and_eviction_trains_its_hot_ids_and_drops_the_rest(servers):
+    # Hot ids 0-15 come every step; 16 fresh ids come in two steps running
+    # and never again. min_count 2 rejects each id's first push; ttl_steps 3
+    # drops the fresh ids' rows soon after; the hot rows learn their target.
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-life")
+    emb = ftorch.Embedding(tables, "torch-life", "ids", dim=1, optimizer={"kind": "sgd", "learning_rate": 0.2},
+                           initializer="zeros", admission={"min_count": 2},
+                           eviction={"policy": "lru", "max_rows": 1024, "ttl_steps": 3})
+    assert emb.spec()["eviction"]["max_rows"] == 1024
+    ftorch.ParameterServerOptimizer(torch.nn.Linear(1, 1), tables, "torch-life", extra_tables=[emb.spec()])
+    hot = torch.arange(16)
+    steps = 30
+    for step in range(steps):
+        fresh = 1000 + 16 * (step // 2) + torch.arange(16)  # each fresh group in two steps running
+        ids = torch.cat([hot, fresh])
+        target = torch.cat([torch.ones(16), torch.zeros(16)])
+        loss = ((emb(ids).squeeze(-1) - target) ** 2).sum()
+        loss.backward()
+    rows = np.empty((16, 1), dtype=np.float32)
+    tables.pull("torch-life", emb.clock, sparse={"ids": (np.arange(16, dtype=np.uint64), rows)})
+    assert rows.min() > 0.9, rows.ravel()
+    stats = [tables.stats("torch-life", i) for i in range(len(servers.addresses))]
+    total = {k: sum(s[k] for s in stats) for k in ("sparse_rows", "sparse_rows_admitted", "sparse_rows_rejected",
+                                                  "sparse_rows_evicted")}
+    assert total["sparse_rows_admitted"] == 16 + 16 * (steps // 2), total  # every id at its second push
+    assert total["sparse_rows_rejected"] >= 16 + 16 * (steps // 2), total  # and not at its first
+    assert total["sparse_rows_evicted"] > 0, total
+    assert total["sparse_rows"] == total["sparse_rows_admitted"] - total["sparse_rows_evicted"], total
+    # A dropped row reads as it would start: its initial value.
+    gone = np.empty((1, 1), dtype=np.float32)
+    tables.pull("torch-life", emb.clock, sparse={"ids": (np.array([1000], dtype=np.uint64), gone)})
+    assert gone[0, 0] == 0.0
+
+
 def test_embedding_rows_start_as_torchs_do_and_the_same_in_every_process(servers):
     tables = fulcrum.Tables(servers.addresses, worker_id="torch-emb-init")
     emb = ftorch.Embedding(tables, "torch-emb-init", "user", dim=8)
