@@ -24,15 +24,6 @@ constexpr uint32_t kVictimWindow = 16;
 constexpr uint32_t kTtlSweep = 16;
 constexpr size_t kSketchRows = 4;
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 }  // namespace
 
 absl::StatusOr<SparseTable::Lifecycle> SparseTable::LifecycleFromProto(const v1::TableSpec& spec,
@@ -91,10 +82,7 @@ SparseTable::Counts SparseTable::counts() const {
   c.rejected = rejected_.load(std::memory_order_relaxed);
   c.evicted_cap = evicted_cap_.load(std::memory_order_relaxed);
   c.evicted_ttl = evicted_ttl_.load(std::memory_order_relaxed);
-  for (const auto& p : partitions_) {
-    absl::MutexLock lock(&p->mu);
-    c.sketch_bytes += p->sketch.size() * sizeof(uint16_t);
-  }
+  c.sketch_bytes = sketch_bytes_.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -227,7 +215,7 @@ void SparseTable::Drop(Partition* p, uint32_t slot) {
 absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t step) {
   if (life_.probability > 0) {
     // A coin per (key, step): the same pushes admit the same keys.
-    const uint64_t h = Mix(key ^ Mix(step + 0x9e3779b97f4a7c15ull) ^ name_hash_);
+    const uint64_t h = Mix64(key ^ Mix64(step + 0x9e3779b97f4a7c15ull) ^ name_hash_);
     if (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= life_.probability) return false;
   }
   if (life_.min_count <= 1) return true;
@@ -236,13 +224,14 @@ absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t ste
     RETURN_IF_ERROR(quota_->Reserve(bytes, absl::StrCat("the admission sketch of table '", name_, "'")));
     p->sketch.assign(size_t{kSketchRows} * life_.sketch_width, 0);
     p->charged += bytes;
+    sketch_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
   // Count-min with conservative update: raise only the counters at the
   // minimum, so the estimate over-counts as little as the sketch allows.
   uint16_t* cell[kSketchRows];
   uint16_t least = UINT16_MAX;
   for (size_t d = 0; d < kSketchRows; ++d) {
-    const uint64_t h = Mix((key + (d + 1) * 0x9e3779b97f4a7c15ull) ^ name_hash_);
+    const uint64_t h = Mix64((key + (d + 1) * 0x9e3779b97f4a7c15ull) ^ name_hash_);
     cell[d] = &p->sketch[d * life_.sketch_width + h % life_.sketch_width];
     least = std::min(least, *cell[d]);
   }

@@ -326,7 +326,7 @@ class SparseTable final : public Table {
   const Lifecycle life_;
   MemoryQuota* const quota_;
   std::vector<std::unique_ptr<Partition>> partitions_;
-  std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0};
+  std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0};
 };
 
 // Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.

@@ -21,12 +21,7 @@ namespace fulcrum {
 namespace {
 
 v1::TableSpec Spec(uint32_t dim = 2) {
-  v1::TableSpec spec;
-  spec.set_name("emb");
-  spec.set_kind(v1::TableSpec::SPARSE);
-  spec.set_dim(dim);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::SGD);
-  spec.mutable_optimizer()->set_learning_rate(1.0f);
+  v1::TableSpec spec = testing::SparseTableSpec("emb", dim);
   spec.mutable_initializer()->set_kind(v1::InitializerSpec::CONSTANT);
   spec.mutable_initializer()->set_a(0.5f);
   return spec;

@@ -144,13 +144,7 @@ uint64_t ResidentBytes() {
 }
 
 v1::TableSpec SparseSpec(uint32_t dim) {
-  v1::TableSpec spec;
-  spec.set_name("emb");
-  spec.set_kind(v1::TableSpec::SPARSE);
-  spec.set_dim(dim);
-  spec.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAGRAD);
-  spec.mutable_optimizer()->set_learning_rate(0.1f);
-  return spec;
+  return testing::SparseTableSpec("emb", dim, 0.1f, v1::OptimizerSpec::ADAGRAD);
 }
 
 TEST_CASE("a sparse table counts against its quota what its rows really hold: within 10% of resident growth") {
