@@ -35,7 +35,7 @@ absl::Status CutExport::Begin(const v1::ShardCutMeta& meta) {
   visit_.dense = [this](const std::string& table, uint32_t chunk, uint64_t, uint32_t length, uint32_t,
                         const void* block) { return AddDense(table, chunk, length, block); };
   visit_.sparse = [this](const std::string& table, uint32_t, uint32_t dim, uint32_t slots, size_t n,
-                         const uint64_t* keys, const uint32_t*, const float* rows) {
+                         const uint64_t* keys, const uint32_t*, const float* rows, const SparseShardLife*) {
     return AddSparse(table, dim, slots, n, keys, rows);
   };
   return absl::OkStatus();

@@ -80,10 +80,10 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return Crc32cPortable(data, n, crc);
 }
 
-bool KnownFormat(uint32_t format) { return format <= kFormatCrc32c; }
+bool KnownFormat(uint32_t format) { return format <= kFormatLifecycle; }
 
 uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc) {
-  if (format == kFormatCrc32c) return Crc32c(data, n, crc);
+  if (format >= kFormatCrc32c) return Crc32c(data, n, crc);
   return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
 }
 
@@ -130,21 +130,61 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
     if (visit.dense) RETURN_IF_ERROR(visit.dense(table, k.index, upd, length, slots, block));
     return absl::OkStatus();
   }
-  uint32_t n, dim, slots, pad;
-  if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&pad)) return bad("truncated header");
+  uint32_t n, dim, slots, flags;
+  if (!c.Read(&n) || !c.Read(&dim) || !c.Read(&slots) || !c.Read(&flags)) return bad("truncated header");
   if (slots > kMaxRecordSlots) return bad(absl::StrCat("its header names ", slots, " optimizer slots"));
+  // Before format 3 the word was written 0 and never read.
+  if (format_ < kFormatLifecycle) flags = 0;
+  if ((flags & ~kSparseRecordLifecycle) != 0) return bad(absl::StrCat("its header has unknown flags ", flags));
+  const bool has_life = (flags & kSparseRecordLifecycle) != 0;
   const uint64_t row_floats = uint64_t{dim} * (1 + uint64_t{slots});  // < 2^36
-  const uint64_t row_bytes = 8 + 4 + row_floats * sizeof(float);       // < 2^39, never 0
-  // n rows of row_bytes each, without computing a product that could wrap.
-  if (c.left() % row_bytes != 0 || c.left() / row_bytes != n) return bad("size does not match its header");
+  // Per row: key, update count, floats, and with a lifecycle its slot, last
+  // step and count (< 2^39, never 0).
+  const uint64_t row_bytes = 8 + 4 + row_floats * sizeof(float) + (has_life ? 4 + 8 + 4 : 0);
+  // n rows of row_bytes each, without computing a product that could wrap;
+  // a lifecycle's fixed fields (16 bytes) and its lists follow.
+  if (!has_life) {
+    if (c.left() % row_bytes != 0 || c.left() / row_bytes != n) return bad("size does not match its header");
+  } else if (c.left() < 16 || (c.left() - 16) / row_bytes < n) {
+    return bad("size does not match its header");
+  }
   keys_.resize(n);
   updates_.resize(n);
   floats_.resize(size_t{n} * row_floats);
   c.Bytes(keys_.data(), size_t{n} * 8);
   c.Bytes(updates_.data(), size_t{n} * 4);
   c.Bytes(floats_.data(), floats_.size() * sizeof(float));
+  SparseShardLife life;
+  if (has_life) {
+    slot_.resize(n);
+    last_step_.resize(n);
+    freq_.resize(n);
+    c.Bytes(slot_.data(), size_t{n} * 4);
+    c.Bytes(last_step_.data(), size_t{n} * 8);
+    c.Bytes(freq_.data(), size_t{n} * 4);
+    uint32_t num_free = 0, sketch_len = 0;
+    c.Read(&life.slots);
+    c.Read(&life.victim_cursor);
+    c.Read(&life.ttl_cursor);
+    c.Read(&num_free);
+    if (c.left() / 4 < num_free) return bad("its freed slots run past its end");
+    free_.resize(num_free);
+    c.Bytes(free_.data(), size_t{num_free} * 4);
+    if (!c.Read(&sketch_len) || c.left() / 2 < sketch_len) return bad("its admission sketch runs past its end");
+    sketch_.resize(sketch_len);
+    c.Bytes(sketch_.data(), size_t{sketch_len} * 2);
+    if (c.left() != 0) return bad("size does not match its header");
+    life.slot = slot_.data();
+    life.last_step = last_step_.data();
+    life.freq = freq_.data();
+    life.free_slots = free_.data();
+    life.num_free = num_free;
+    life.sketch = sketch_.data();
+    life.sketch_len = sketch_len;
+  }
   if (visit.sparse) {
-    RETURN_IF_ERROR(visit.sparse(table, k.index, dim, slots, n, keys_.data(), updates_.data(), floats_.data()));
+    RETURN_IF_ERROR(visit.sparse(table, k.index, dim, slots, n, keys_.data(), updates_.data(), floats_.data(),
+                                 has_life ? &life : nullptr));
   }
   return absl::OkStatus();
 }

@@ -20,7 +20,11 @@ namespace fulcrum {
 // in hardware at several times zlib's speed.
 inline constexpr uint32_t kFormatZlibCrc32 = 1;
 inline constexpr uint32_t kFormatCrc32c = 2;
-inline constexpr uint32_t kCurrentFormat = kFormatCrc32c;
+// Format 3: CRC-32C, and a sparse record's header word may carry
+// kSparseRecordLifecycle (its shard's lifecycle follows its rows).
+inline constexpr uint32_t kFormatLifecycle = 3;
+inline constexpr uint32_t kCurrentFormat = kFormatLifecycle;
+inline constexpr uint32_t kSparseRecordLifecycle = 1;
 // More optimizer slots than any optimizer keeps (Adam and FTRL: 2) marks a
 // record as malformed before any size is computed from them.
 inline constexpr uint32_t kMaxRecordSlots = 8;
@@ -34,13 +38,33 @@ uint32_t Crc32cPortable(const void* data, size_t n, uint32_t crc = 0);
 uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc = 0);
 bool KnownFormat(uint32_t format);
 
+// A sparse shard's lifecycle, as a format-3 record carries it
+// (docs/checkpoint-format.md): per row (in the record's key order) its slot,
+// the step of its last push and its decayed push count; the shard's slot
+// count, its victim and TTL cursors, its freed slots (in the order they
+// are reused, last first) and its admission sketch (empty: none yet).
+struct SparseShardLife {
+  const uint32_t* slot = nullptr;
+  const uint64_t* last_step = nullptr;
+  const float* freq = nullptr;
+  uint32_t slots = 0;
+  uint32_t victim_cursor = 0;
+  uint32_t ttl_cursor = 0;
+  const uint32_t* free_slots = nullptr;
+  uint32_t num_free = 0;
+  const uint16_t* sketch = nullptr;
+  uint32_t sketch_len = 0;
+};
+
 struct CheckpointVisitor {
   // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).
   std::function<absl::Status(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,
                              uint32_t slots, const void* block)>
       dense;
+  // `life`: the shard's lifecycle, or nullptr when the record has none.
   std::function<absl::Status(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                             const uint64_t* keys, const uint32_t* updates, const float* rows)>
+                             const uint64_t* keys, const uint32_t* updates, const float* rows,
+                             const SparseShardLife* life)>
       sparse;
 };
 
@@ -69,6 +93,10 @@ class RecordDecoder {
   std::vector<float> floats_;
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> updates_;
+  std::vector<uint32_t> slot_, free_;
+  std::vector<uint64_t> last_step_;
+  std::vector<float> freq_;
+  std::vector<uint16_t> sketch_;
   uint32_t format_;
 };
 

@@ -228,10 +228,22 @@ void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value,
   Append(value, n);
   Append(value, s.table->dim());
   Append(value, static_cast<uint32_t>(s.table->num_slots()));
-  Append(value, uint32_t{0});
+  Append(value, sh.has_life ? kSparseRecordLifecycle : uint32_t{0});
   value->append(reinterpret_cast<const char*>(sh.keys.data()), sh.keys.size() * 8);
   value->append(reinterpret_cast<const char*>(sh.updates.data()), sh.updates.size() * 4);
   value->append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
+  if (sh.has_life) {
+    value->append(reinterpret_cast<const char*>(sh.slot.data()), sh.slot.size() * 4);
+    value->append(reinterpret_cast<const char*>(sh.last_step.data()), sh.last_step.size() * 8);
+    value->append(reinterpret_cast<const char*>(sh.freq.data()), sh.freq.size() * 4);
+    Append(value, sh.slots);
+    Append(value, sh.victim_cursor);
+    Append(value, sh.ttl_cursor);
+    Append(value, static_cast<uint32_t>(sh.free_slots.size()));
+    value->append(reinterpret_cast<const char*>(sh.free_slots.data()), sh.free_slots.size() * 4);
+    Append(value, static_cast<uint32_t>(sh.sketch.size()));
+    value->append(reinterpret_cast<const char*>(sh.sketch.data()), sh.sketch.size() * 2);
+  }
   *rows += n;
 }
 

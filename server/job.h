@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/messages.h"
 #include "common/shard_map.h"
+#include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "common/deadline_timer.h"
 #include "server/dedup.h"
@@ -90,6 +91,8 @@ class Job : public std::enable_shared_from_this<Job> {
   JobMetrics& metrics() const { return metrics_; }
   // Renders the job's series (label job=<id>) into a scrape.
   void CollectMetrics(metrics::Scrape* out) const;
+  // Each sparse table's rows, bytes and lifecycle counts on this server.
+  std::vector<v1::SparseTableStats> SparseTableStats() const;
 
   // Captures this server's part of the job for a checkpoint. BSP: exactly
   // at the boundary before step `at_step` (steps < at_step applied, none
@@ -102,9 +105,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // Restoring a checkpoint into a fresh job: tables, then the clocks.
   absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots,
                             const void* block);
-  // `step`: the cut's, when the restored rows count as last used.
+  // `step`: the cut's, when the restored rows count as last used unless
+  // the record carries the shard's lifecycle (`life`).
   absl::Status RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                             const uint64_t* keys, const uint32_t* updates, const float* rows, uint64_t step = 0);
+                             const uint64_t* keys, const uint32_t* updates, const float* rows, uint64_t step = 0,
+                             const SparseShardLife* life = nullptr);
   absl::Status RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock);
   uint64_t bytes_used() const { return quota_.used(); }
   // Refuses pushes and pulls of incarnations below `n` from now on (a job

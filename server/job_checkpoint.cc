@@ -85,10 +85,11 @@ absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_
 }
 
 absl::Status Job::RestoreSparse(const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                                const uint64_t* keys, const uint32_t* updates, const float* rows, uint64_t step) {
+                                const uint64_t* keys, const uint32_t* updates, const float* rows, uint64_t step,
+                                const SparseShardLife* life) {
   absl::StatusOr<Table*> t = FindTable(table, /*dense=*/false);
   if (!t.ok()) return absl::DataLossError(absl::StrCat("checkpoint record for job '", id(), "': ", t.status().message()));
-  return static_cast<SparseTable*>(*t)->Restore(vshard, dim, slots, n, keys, updates, rows, step);
+  return static_cast<SparseTable*>(*t)->Restore(vshard, dim, slots, n, keys, updates, rows, step, life);
 }
 
 absl::Status Job::RestoreClocks(uint64_t step, const std::vector<uint64_t>& rank_clock) {

@@ -15,6 +15,26 @@
 namespace fulcrum {
 
 
+std::vector<v1::SparseTableStats> Job::SparseTableStats() const {
+  std::vector<v1::SparseTableStats> out;
+  for (const auto& [name, t] : tables_) {
+    if (t->is_dense()) continue;
+    const auto* sp = static_cast<const SparseTable*>(t.get());
+    const SparseTable::Counts c = sp->counts();
+    v1::SparseTableStats& s = out.emplace_back();
+    s.set_table(name);
+    s.set_rows(sp->num_rows());
+    s.set_bytes(sp->bytes());
+    s.set_admitted(c.admitted);
+    s.set_rejected(c.rejected);
+    s.set_evicted_cap(c.evicted_cap);
+    s.set_evicted_ttl(c.evicted_ttl);
+    s.set_sketch_bytes(c.sketch_bytes);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.table() < b.table(); });
+  return out;
+}
+
 v1::GetJobResponse Job::Stats() const {
   v1::GetJobResponse r;
   *r.mutable_spec() = spec_;

@@ -355,13 +355,14 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
     return job->RestoreDense(table, chunk, updates, length, slots, block);
   };
   visit.sparse = [&](const std::string& table, uint32_t vshard, uint32_t dim, uint32_t slots, size_t n,
-                     const uint64_t* keys, const uint32_t* updates, const float* rows) -> absl::Status {
+                     const uint64_t* keys, const uint32_t* updates, const float* rows,
+                     const SparseShardLife* life) -> absl::Status {
     if (vshard >= map.num_virtual_shards() || map.owner(vshard) != ref.self) {
       ++skipped;
       return absl::OkStatus();
     }
     ++restored;
-    return job->RestoreSparse(table, vshard, dim, slots, n, keys, updates, rows, cut.step());
+    return job->RestoreSparse(table, vshard, dim, slots, n, keys, updates, rows, cut.step(), life);
   };
   absl::Status s;
   if (sources.empty()) {
@@ -602,6 +603,23 @@ void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_
     deadline = std::min(deadline, rpc_deadline - kDeadlineMargin);
   }
   (*job)->Pull(std::move(m), map->map, map->self, deadline, std::move(done));
+}
+
+std::vector<v1::JobSparseTables> ParameterServer::SparseTables() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  std::vector<v1::JobSparseTables> out;
+  for (const auto& job : jobs) {
+    std::vector<v1::SparseTableStats> tables = job->SparseTableStats();
+    if (tables.empty()) continue;
+    v1::JobSparseTables& j = out.emplace_back();
+    j.set_job_id(job->id());
+    for (auto& t : tables) *j.add_tables() = std::move(t);
+  }
+  return out;
 }
 
 void ParameterServer::CollectMetrics(metrics::Scrape* out) const {

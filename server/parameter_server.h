@@ -137,6 +137,8 @@ class ParameterServer {
 
   // Renders this server's series (docs/metrics.md) into a scrape.
   void CollectMetrics(metrics::Scrape* out) const;
+  // Every job's sparse tables, for the coordinator (heartbeats).
+  std::vector<v1::JobSparseTables> SparseTables() const;
 
   // The limit on all jobs' parameter memory (options or the default) and
   // what the jobs hold now.

@@ -172,6 +172,10 @@ absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* ro
     *row_index = it->second;
     return RowAt(p, it->second);
   }
+  return NewRow(p, key, row_index, step);
+}
+
+absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step) {
   uint32_t r;
   if (!p->free_slots.empty()) {
     r = p->free_slots.back();
@@ -219,13 +223,7 @@ absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t ste
     if (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) >= life_.probability) return false;
   }
   if (life_.min_count <= 1) return true;
-  if (p->sketch.empty()) {
-    const uint64_t bytes = uint64_t{kSketchRows} * life_.sketch_width * sizeof(uint16_t);
-    RETURN_IF_ERROR(quota_->Reserve(bytes, absl::StrCat("the admission sketch of table '", name_, "'")));
-    p->sketch.assign(size_t{kSketchRows} * life_.sketch_width, 0);
-    p->charged += bytes;
-    sketch_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  }
+  RETURN_IF_ERROR(EnsureSketch(p));
   // Count-min with conservative update: raise only the counters at the
   // minimum, so the estimate over-counts as little as the sketch allows.
   uint16_t* cell[kSketchRows];
@@ -242,6 +240,16 @@ absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t ste
     ++least;
   }
   return least >= life_.min_count;
+}
+
+absl::Status SparseTable::EnsureSketch(Partition* p) {
+  if (!p->sketch.empty()) return absl::OkStatus();
+  const uint64_t bytes = uint64_t{kSketchRows} * life_.sketch_width * sizeof(uint16_t);
+  RETURN_IF_ERROR(quota_->Reserve(bytes, absl::StrCat("the admission sketch of table '", name_, "'")));
+  p->sketch.assign(size_t{kSketchRows} * life_.sketch_width, 0);
+  p->charged += bytes;
+  sketch_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 void SparseTable::EvictForCap(Partition* p, uint64_t step) {
@@ -297,7 +305,7 @@ std::vector<SparseTable::ShardState> SparseTable::Capture() const {
   for (uint32_t v = 0; v < partitions_.size(); ++v) {
     Partition* p = partitions_[v].get();
     absl::MutexLock lock(&p->mu);
-    if (p->index.empty()) continue;
+    if (life_.on() ? p->updates.empty() && p->sketch.empty() : p->index.empty()) continue;
     ShardState& s = out.emplace_back();
     s.vshard = v;
     s.keys.reserve(p->index.size());
@@ -312,12 +320,28 @@ std::vector<SparseTable::ShardState> SparseTable::Capture() const {
       s.updates.push_back(p->updates[r]);
       std::memcpy(s.rows.data() + k * row_floats, RowAt(p, r), row_floats * sizeof(float));
     }
+    if (!life_.on()) continue;
+    s.has_life = true;
+    s.slot.reserve(order.size());
+    s.last_step.reserve(order.size());
+    s.freq.reserve(order.size());
+    for (const auto& [key, r] : order) {
+      s.slot.push_back(r);
+      s.last_step.push_back(p->last_step[r]);
+      s.freq.push_back(p->freq[r]);
+    }
+    s.slots = static_cast<uint32_t>(p->updates.size());
+    s.victim_cursor = p->victim_cursor;
+    s.ttl_cursor = p->ttl_cursor;
+    s.free_slots = p->free_slots;
+    s.sketch = p->sketch;
   }
   return out;
 }
 
 absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
-                                  const uint32_t* updates, const float* rows, uint64_t step) {
+                                  const uint32_t* updates, const float* rows, uint64_t step,
+                                  const SparseShardLife* life) {
   if (vshard >= partitions_.size()) {
     return absl::DataLossError(absl::StrCat("checkpoint record of table '", name_, "' names virtual shard ", vshard,
                                             "; the job has ", partitions_.size()));
@@ -339,12 +363,66 @@ absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots,
   const size_t row_floats = size_t{dim_} * (1 + num_slots());
   Partition* p = partitions_[vshard].get();
   absl::MutexLock lock(&p->mu);
+  if (life != nullptr && life_.on()) return RestoreLife(vshard, p, n, keys, updates, rows, *life);
   for (size_t k = 0; k < n; ++k) {
     uint32_t r;
     ASSIGN_OR_RETURN(float* row, Row(p, keys[k], &r, step));
     std::memcpy(row, rows + k * row_floats, row_floats * sizeof(float));
     p->updates[r] = updates[k];
   }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys,
+                                      const uint32_t* updates, const float* rows, const SparseShardLife& life) {
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard, ": ", why));
+  };
+  if (!p->updates.empty() || !p->sketch.empty()) return bad("the shard was already restored");
+  if (n + uint64_t{life.num_free} != life.slots) {
+    return bad(absl::StrCat(n, " rows and ", life.num_free, " freed slots do not make its ", life.slots, " slots"));
+  }
+  if (life.sketch_len != 0 && life.sketch_len != kSketchRows * life_.sketch_width) {
+    return bad(absl::StrCat("its admission sketch has ", life.sketch_len, " counters; the table's has ",
+                            kSketchRows * life_.sketch_width));
+  }
+  // Every slot is a row's or freed, once.
+  std::vector<uint8_t> seen(life.slots, 0);
+  for (size_t k = 0; k < n; ++k) {
+    if (life.slot[k] >= life.slots || seen[life.slot[k]]++) {
+      return bad(absl::StrCat("key ", keys[k], " names slot ", life.slot[k], " of ", life.slots, " (or a taken one)"));
+    }
+  }
+  for (uint32_t i = 0; i < life.num_free; ++i) {
+    if (life.free_slots[i] >= life.slots || seen[life.free_slots[i]]++) {
+      return bad(absl::StrCat("freed slot ", life.free_slots[i], " of ", life.slots, " is out of range or taken"));
+    }
+  }
+  if (life.slots > 0) RETURN_IF_ERROR(EnsureCapacity(p, life.slots));
+  if (life.sketch_len != 0) {
+    RETURN_IF_ERROR(EnsureSketch(p));
+    std::copy_n(life.sketch, life.sketch_len, p->sketch.begin());
+  }
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  p->updates.assign(life.slots, 0);
+  p->slot_key.assign(life.slots, 0);
+  p->live.assign(life.slots, 0);
+  p->last_step.assign(life.slots, 0);
+  p->freq.assign(life.slots, 0);
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t r = life.slot[k];
+    std::memcpy(RowAt(p, r), rows + k * row_floats, row_floats * sizeof(float));
+    p->index.emplace(keys[k], r);
+    p->updates[r] = updates[k];
+    p->slot_key[r] = keys[k];
+    p->live[r] = 1;
+    p->last_step[r] = life.last_step[k];
+    p->freq[r] = life.freq[k];
+  }
+  p->free_slots.assign(life.free_slots, life.free_slots + life.num_free);
+  p->victim_cursor = life.victim_cursor;
+  p->ttl_cursor = life.ttl_cursor;
   return absl::OkStatus();
 }
 
@@ -379,7 +457,9 @@ absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, cons
   absl::MutexLock lock(&p->mu);
   if (life_.on()) {
     // Room for every missing key, up to the cap: Apply then never fails
-    // for memory halfway through a push.
+    // for memory halfway through a push. A shard with room for its cap
+    // needs no more (and no look at the keys).
+    if (life_.max_rows_per_shard != 0 && p->updates.size() >= life_.max_rows_per_shard) return absl::OkStatus();
     uint64_t missing = 0;
     for (size_t i = 0; i < n; ++i) missing += p->index.count(keys[idx[i]]) == 0;
     uint64_t want = p->index.size() + missing;
@@ -417,7 +497,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
         continue;
       }
       if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) EvictForCap(p, step);
-      ASSIGN_OR_RETURN(row, Row(p, key, &r, step));
+      ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step));
       admitted_.fetch_add(1, std::memory_order_relaxed);
     }
     ApplyOptimizer(opt, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);

@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/checkpoint_record.h"
 #include "common/dtype.h"
 #include "fulcrum/v1/common.pb.h"
 #include "server/optimizer.h"
@@ -89,6 +90,10 @@ class PoolHold {
   std::shared_ptr<MemoryQuota> pool_;
   uint64_t bytes_ = 0;
 };
+
+// A standard normal value from 64 random bits (NORMAL initializers; a
+// ziggurat, exact in distribution, tails included).
+float StandardNormal(uint64_t bits);
 
 struct Initializer {
   v1::InitializerSpec::Kind kind = v1::InitializerSpec::ZEROS;
@@ -263,15 +268,29 @@ class SparseTable final : public Table {
     std::vector<uint64_t> keys;
     std::vector<uint32_t> updates;
     std::vector<float> rows;  // per key: dim weights, then dim per slot
+    // With a lifecycle (has_life): per key its slot, last push and decayed
+    // count; the shard's slots, cursors, freed slots and sketch, so a
+    // restored shard admits and evicts as this one would have.
+    bool has_life = false;
+    std::vector<uint32_t> slot;
+    std::vector<uint64_t> last_step;
+    std::vector<float> freq;
+    uint32_t slots = 0, victim_cursor = 0, ttl_cursor = 0;
+    std::vector<uint32_t> free_slots;
+    std::vector<uint16_t> sketch;
   };
-  // Every non-empty virtual shard's rows.
+  // Every virtual shard that holds rows (or, with a lifecycle, ever held
+  // one or has counted a key).
   std::vector<ShardState> Capture() const;
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
   // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
-  // table's and every key hashes to `vshard`. Restored rows count as last
-  // used at `step`.
+  // table's and every key hashes to `vshard`. Without `life`, restored rows
+  // count as last used at `step`; with it (a lifecycle table's record, into
+  // an empty shard) the shard is rebuilt as it was: the same slots, cursors
+  // and sketch, DATA_LOSS when they do not fit together.
   absl::Status Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
-                       const uint32_t* updates, const float* rows, uint64_t step = 0);
+                       const uint32_t* updates, const float* rows, uint64_t step = 0,
+                       const SparseShardLife* life = nullptr);
 
  private:
   // Row blocks: 16 rows, then 16, 32, ... 512 (1 024 rows in 7 blocks),
@@ -314,6 +333,9 @@ class SparseTable final : public Table {
   // value) if missing.
   absl::StatusOr<float*> Row(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Row for a key known to be missing.
+  absl::StatusOr<float*> NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Lifecycle: whether a push of a missing key admits it (counting it);
   // the slot of a row dropped for a new one past the cap; drops expired
   // rows from the TTL cursor on.
@@ -321,6 +343,10 @@ class SparseTable final : public Table {
   void EvictForCap(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void SweepExpired(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void Drop(Partition* p, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // The admission sketch, allocated on first use.
+  absl::Status EnsureSketch(Partition* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  absl::Status RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys, const uint32_t* updates,
+                           const float* rows, const SparseShardLife& life) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
   const uint32_t dim_;
   const Lifecycle life_;

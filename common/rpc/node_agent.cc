@@ -91,6 +91,7 @@ void NodeAgent::Run() {
     req.set_node_id(id);
     req.set_generation(generation);
     req.set_wait_ms(interval_ms);
+    if (options_.fill) options_.fill(&req);
     v1::HeartbeatResponse resp;
     absl::Status s = FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
     if (s.code() == absl::StatusCode::kNotFound) {

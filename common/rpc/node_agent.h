@@ -28,6 +28,9 @@ struct NodeAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
   // Called on the agent's thread after every heartbeat.
   std::function<void(const v1::HeartbeatResponse&)> on_update;
+  // Called before every heartbeat to add what the node reports (a server's
+  // sparse tables).
+  std::function<void(v1::HeartbeatRequest*)> fill;
 };
 
 class NodeAgent {

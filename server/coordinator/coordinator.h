@@ -245,6 +245,9 @@ class Coordinator {
     uint64_t steps_boundary_asked = 0;
     bool restore_in_flight = false;
     absl::Time restore_since = absl::InfinitePast();
+    // Each server's sparse tables of the job, as its last heartbeat said
+    // (summed over the live ones into status.sparse_tables).
+    std::map<std::string, std::vector<v1::SparseTableStats>> server_tables;
   };
   // A cut or a restore to run outside the lock.
   struct CutTask {
@@ -418,6 +421,9 @@ class Coordinator {
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;  // ranks handed to another worker (this process)
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  // A server's heartbeat: its jobs' sparse tables into their status.
+  void NoteSparseTablesLocked(const std::string& node_id, const v1::HeartbeatRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Nodes and their liveness (its own lock, taken inside mu_).
   Membership members_{{.node_timeout = options_.node_timeout,
                        .dead_node_retention = options_.dead_node_retention,

@@ -278,6 +278,7 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
       members_.MarkLeaving(req.node_id());
       kick_ = true;
     }
+    NoteSparseTablesLocked(req.node_id(), req);
   }
   const bool now = req.leaving() || !refused.ok() || shutdown_ || req.generation() == 0 || req.generation() != generation_;
   const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), options_.heartbeat_interval);
@@ -288,6 +289,53 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
   };
   // Real time: the waker's (a poll's timeout is not the scheduler's clock).
   return polls_.Park(PollKind::kHeartbeat, "", now, absl::Now() + wait, std::move(answer));
+}
+
+void Coordinator::NoteSparseTablesLocked(const std::string& node_id, const v1::HeartbeatRequest& req) {
+  const std::optional<Membership::Node> node = members_.Get(node_id);
+  if (!node || node->info.role() != v1::SERVER) return;
+  std::set<std::string> touched;
+  for (const v1::JobSparseTables& j : req.sparse_tables()) {
+    auto it = jobs_.find(j.job_id());
+    if (it == jobs_.end()) continue;
+    touched.insert(j.job_id());
+    it->second.server_tables[node_id].assign(j.tables().begin(), j.tables().end());
+  }
+  // A server that no longer holds a job's tables (moved, dropped) stops
+  // counting for it.
+  for (auto& [id, r] : jobs_) {
+    if (!touched.count(id) && r.server_tables.erase(node_id) > 0) touched.insert(id);
+  }
+  for (const std::string& id : touched) {
+    JobRecord& r = jobs_.at(id);
+    // An ended job keeps the figures of its last running moments (its
+    // servers drop its tables once it ends).
+    if (config::JobEnded(r.job.status().state())) continue;
+    std::map<std::string, v1::SparseTableStats> sum;
+    for (auto s = r.server_tables.begin(); s != r.server_tables.end();) {
+      // A server declared dead counts no more: its shards moved.
+      const std::optional<Membership::Node> n = members_.Get(s->first);
+      if (!n || !n->alive) {
+        s = r.server_tables.erase(s);
+        continue;
+      }
+      for (const v1::SparseTableStats& t : s->second) {
+        v1::SparseTableStats& a = sum[t.table()];
+        a.set_table(t.table());
+        a.set_rows(a.rows() + t.rows());
+        a.set_bytes(a.bytes() + t.bytes());
+        a.set_admitted(a.admitted() + t.admitted());
+        a.set_rejected(a.rejected() + t.rejected());
+        a.set_evicted_cap(a.evicted_cap() + t.evicted_cap());
+        a.set_evicted_ttl(a.evicted_ttl() + t.evicted_ttl());
+        a.set_sketch_bytes(a.sketch_bytes() + t.sketch_bytes());
+      }
+      ++s;
+    }
+    auto* out = r.job.mutable_status()->mutable_sparse_tables();
+    out->Clear();
+    for (auto& [name, t] : sum) *out->Add() = std::move(t);
+  }
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatAnswerLocked(const std::string& node_id) {

@@ -210,12 +210,24 @@ void PrintStatus(const Job& j) {
   if (!s.weights_fingerprint().empty()) std::cout << "  weights:   fingerprint " << s.weights_fingerprint() << "\n";
   std::cout << "  restarts:  " << s.restarts() << (s.rollbacks() > 0 ? absl::StrCat(", rollbacks: ", s.rollbacks()) : "")
             << "\n";
+  for (const auto& t : s.sparse_tables()) std::cout << SparseTableLine(t) << "\n";
   for (const auto& c : s.checkpoints()) std::cout << CheckpointLine(c) << "\n";
   if (!s.last_checkpoint_error().empty()) std::cout << "  last checkpoint error: " << s.last_checkpoint_error() << "\n";
   for (const auto& c : s.conditions()) {
     std::cout << "  " << absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(c.time_unix_ms()), absl::LocalTimeZone())
               << " " << c.type() << " " << c.reason() << ": " << c.message() << "\n";
   }
+}
+
+std::string SparseTableLine(const fulcrum::v1::SparseTableStats& t) {
+  std::string line = absl::StrCat("  table ", t.table(), ": ", t.rows(), " rows, ", fulcrum::HumanBytes(t.bytes()));
+  const uint64_t evicted = t.evicted_cap() + t.evicted_ttl();
+  if (t.admitted() + t.rejected() + evicted + t.sketch_bytes() > 0) {
+    absl::StrAppend(&line, "; admitted ", t.admitted(), ", rejected ", t.rejected(), ", evicted ", evicted, " (cap ",
+                    t.evicted_cap(), ", ttl ", t.evicted_ttl(), ")");
+  }
+  if (t.sketch_bytes() > 0) absl::StrAppend(&line, "; sketch ", fulcrum::HumanBytes(t.sketch_bytes()));
+  return line;
 }
 
 std::string CheckpointLine(const fulcrum::v1::CheckpointInfo& c) {

@@ -28,6 +28,10 @@ std::string JobLine(const v1::Job& j);
 std::vector<std::string> WorkerLines(const v1::Job& j);
 // One checkpoint, indented under a job's status.
 std::string CheckpointLine(const v1::CheckpointInfo& c);
+// One sparse table, summed over the servers: "table emb: 1 200 000 rows,
+// 80.0 MiB; admitted 5 100 000, rejected 2 300 000, evicted 3 900 000 (cap
+// 3 800 000, ttl 100 000); sketch 2.0 MiB".
+std::string SparseTableLine(const v1::SparseTableStats& t);
 // `fulcrumctl status JOB` in text, on standard output.
 void PrintStatus(const v1::Job& j);
 

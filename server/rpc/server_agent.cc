@@ -27,6 +27,9 @@ std::unique_ptr<NodeAgent> StartServerAgent(ParameterServer* ps, const std::stri
     absl::Status s = ps->SetShardMap(r.shard_map());
     if (!s.ok()) FLOG(WARNING) << "installing shard map version " << r.shard_map().version() << ": " << s;
   };
+  o.fill = [ps](v1::HeartbeatRequest* req) {
+    for (auto& j : ps->SparseTables()) *req->add_sparse_tables() = std::move(j);
+  };
   return std::make_unique<NodeAgent>(std::move(o));
 }
 

@@ -496,6 +496,16 @@ TEST_CASE("DLRM and Wide and Deep and DeepFM graph specs train on generated clic
       REQUIRE(absl::StrContains(spec, from));
       spec.replace(spec.find(from), from.size(), to);
     }
+    // DeepFM's embeddings get a lifecycle: ids admitted on their second
+    // push, at most 2 400 rows (of 2 600 ids) kept by LFU.
+    const bool capped = std::string(example) == "ctr-deepfm.yaml";
+    if (capped) {
+      const std::string from = "{name: embeddings, op: embedding, inputs: [categorical], dim: 8}";
+      REQUIRE(absl::StrContains(spec, from));
+      spec.replace(spec.find(from), from.size(),
+                   "{name: embeddings, op: embedding, inputs: [categorical], dim: 8, admission: {min_count: 2}, "
+                   "eviction: {policy: LFU, max_rows: 2400}}");
+    }
     const fs::path file = cluster.dir() / example;
     std::ofstream(file) << spec;
     std::string out;
@@ -513,6 +523,25 @@ TEST_CASE("DLRM and Wide and Deep and DeepFM graph specs train on generated clic
     CHECK(j.status().test_auc() > best_auc - 0.06);
     CHECK_FALSE(absl::StrContains(j.status().message(), "no final checkpoint"));
     CHECK(j.status().test_auc() < best_auc + 0.01);
+    // fulcrumctl status shows each sparse table as its servers last said.
+    std::string status;
+    REQUIRE(cluster.Ctl({"status", j.id()}, &status) == 0);
+    INFO(status);
+    CHECK(absl::StrContains(status, "  table embeddings: "));
+    if (capped) {
+      REQUIRE(j.status().sparse_tables_size() > 0);
+      const v1::SparseTableStats* emb = nullptr;
+      for (const auto& t : j.status().sparse_tables()) {
+        if (t.table() == "embeddings") emb = &t;
+      }
+      REQUIRE(emb != nullptr);
+      CHECK(emb->rows() <= 256 * 10);  // the cap, rounded up per virtual shard (of 256)
+      CHECK(emb->admitted() > 0);
+      CHECK(emb->rejected() > 0);
+      CHECK(emb->evicted_cap() > 0);
+      CHECK(emb->sketch_bytes() > 0);
+      CHECK(absl::StrContains(status, "; admitted "));
+    }
   }
 }
 

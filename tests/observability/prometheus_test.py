@@ -143,10 +143,13 @@ def main():
                     "data:\n  train: {format: csv, path: digits/digits.csv.gz, scale: 0.0625}\n  test_fraction: 0.2\n"
                     "optimizer: {kind: sgd, learning_rate: 0.05}\nconsistency: {model: ssp, staleness: 2}\n"
                     "num_workers: 2\nbatch_size: 8\nepochs: 1000\ncheckpoint: {every_seconds: 3}\n")
-        # A binary task, for the panels of AUC and log loss.
+        # A binary task, for the panels of AUC and log loss; its 13 features
+        # are admitted on their second push and capped at 8 rows, for the
+        # panels of the sparse row lifecycle.
         binary = os.path.join(work, "heart-lr.yaml")
         with open(binary, "w") as f:
-            f.write("name: heart-lr\nmodel: {type: sparse_lr}\n"
+            f.write("name: heart-lr\nmodel: {type: sparse_lr, admission: {min_count: 2},"
+                    " eviction: {max_rows: 8, ttl_steps: 200}}\n"
                     "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
                     "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
                     "num_workers: 1\nbatch_size: 16\nepochs: 300\n")

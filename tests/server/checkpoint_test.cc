@@ -5,16 +5,20 @@
 // damaged records are reported, never loaded.
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
 #include <thread>
 
 #include <rocksdb/db.h>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "common/checkpoint_export.h"
 #include "common/checkpoint_record.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
+#include "common/safetensors.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/fault_fs.h"
 #include "tests/testing/process_util.h"
@@ -296,7 +300,7 @@ TEST_CASE("deleted cuts give their disk back: files and bytes stay flat under ke
     return absl::OkStatus();
   };
   count.sparse = [&](const std::string&, uint32_t, uint32_t, uint32_t, size_t, const uint64_t*, const uint32_t*,
-                     const float*) {
+                     const float*, const SparseShardLife*) {
     ++records;
     return absl::OkStatus();
   };
@@ -394,7 +398,7 @@ TEST_CASE("record checksums are CRC-32C, in hardware and portably alike, and an 
     REQUIRE_OK(c.CreateJob(Spec("job")));
     Step(c, "job", 0);
     REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("job", 1, 1, absl::Seconds(5)));
-    REQUIRE(meta.format() == kFormatCrc32c);
+    REQUIRE(meta.format() == kFormatLifecycle);
   }
   {
     // A cut from a future build: format 99.
@@ -478,6 +482,16 @@ TEST_CASE("a checksummed record whose header disagrees with its table is refused
       {"a key filed under another virtual shard", prefix + "sparse/emb/" + other,
        Record(Header(uint32_t{1}, uint32_t{3}, uint32_t{1}, uint32_t{0}, key0, uint32_t{1}), 6),
        absl::StrCat("holds key ", key0, ", which belongs to virtual shard ", vshard)},
+      {"a sparse record with flags this build does not know", sparse_key,
+       Record(Header(uint32_t{0}, uint32_t{3}, uint32_t{1}, uint32_t{6}), 0), "has unknown flags 6"},
+      {"a lifecycle whose freed slots run past the record's end", sparse_key,
+       Record(Header(uint32_t{0}, uint32_t{3}, uint32_t{1}, kSparseRecordLifecycle, uint32_t{5}, uint32_t{0},
+                     uint32_t{0}, uint32_t{1000}),
+              2),
+       "freed slots run past its end"},
+      {"a lifecycle cut short before its fixed fields", sparse_key,
+       Record(Header(uint32_t{1}, uint32_t{3}, uint32_t{1}, kSparseRecordLifecycle, key0, uint32_t{1}), 6),
+       "size does not match its header"},
   };
   for (const Case& k : cases) {
     INFO(k.what);
@@ -585,6 +599,30 @@ TEST_CASE("a server without a data directory says how to get checkpoints", "[che
                  "--data_dir");
 }
 
+// Spreads the cluster's virtual shards over all three servers (map version
+// 2) and restores cut `cut` of `job` on each from servers 0 and 1, which
+// wrote it, fencing off incarnation 0.
+std::vector<v1::ShardCutMeta> RestoreOntoThree(testing::TestCluster& cluster, uint32_t num_virtual_shards,
+                                               const std::string& job, uint64_t cut) {
+  auto map = ShardMap::RoundRobin(2, num_virtual_shards, {cluster.address(0), cluster.address(1), cluster.address(2)});
+  REQUIRE_OK(map.status());
+  cluster.SetShardMap(map->ToProto());
+  std::vector<v1::ShardCutMeta> metas(3);
+  for (size_t i = 0; i < 3; ++i) {
+    auto stub =
+        v1::ParameterService::NewStub(CreateFulcrumChannel(cluster.address(i), 0, *security::Transport::Plaintext()));
+    grpc::ClientContext ctx;
+    v1::RestoreRequest req;
+    req.set_job_id(job);
+    req.set_cut_id(cut);
+    req.add_sources(cluster.address(0));
+    req.add_sources(cluster.address(1));
+    req.set_min_incarnation(1);
+    REQUIRE_OK(FromGrpcStatus(stub->Restore(&ctx, req, &metas[i])));
+  }
+  return metas;
+}
+
 TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers that wrote it", "[checkpoint]") {
   const std::string dir = testing::MakeTempDir("ckpt3");
   testing::TestCluster::Options o;
@@ -601,23 +639,9 @@ TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers th
   const Weights at4 = Read(*c, "job", 4);
   c.reset();
 
-  // Version 2 spreads the virtual shards over all three servers.
-  auto map = ShardMap::RoundRobin(2, o.num_virtual_shards,
-                                  {cluster->address(0), cluster->address(1), cluster->address(2)});
-  REQUIRE_OK(map.status());
-  cluster->SetShardMap(map->ToProto());
+  const std::vector<v1::ShardCutMeta> metas = RestoreOntoThree(*cluster, o.num_virtual_shards, "job", 1);
   for (size_t i = 0; i < 3; ++i) {
-    auto stub = v1::ParameterService::NewStub(CreateFulcrumChannel(cluster->address(i), 0, *security::Transport::Plaintext()));
-    grpc::ClientContext ctx;
-    v1::RestoreRequest req;
-    req.set_job_id("job");
-    req.set_cut_id(1);
-    req.add_sources(cluster->address(0));
-    req.add_sources(cluster->address(1));
-    req.set_min_incarnation(1);
-    v1::ShardCutMeta meta;
-    REQUIRE_OK(FromGrpcStatus(stub->Restore(&ctx, req, &meta)));
-    CHECK(meta.step() == 3);
+    CHECK(metas[i].step() == 3);
     REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse stats, cluster->server(i)->GetJob("job"));
     CHECK(stats.applied_step() == 3);
     CHECK(stats.bytes_used() > 0);  // the new server got its share
@@ -638,6 +662,178 @@ TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers th
   std::vector<float> w(kDense);
   REQUIRE_STATUS(stale->Pull("job", {4, {{"w", w.data(), kDense}}, {}}), absl::StatusCode::kFailedPrecondition,
                  "incarnation 0");
+  std::filesystem::remove_all(dir);
+}
+
+// A table with a lifecycle under a stream of ids that keeps arriving: each
+// step's keys slide 8 on over a window of 160, so old ids fade, rows are
+// admitted on their second push, capped (96 rows over 16 virtual shards)
+// and expired after 5 unused steps.
+v1::TableSpec LifeTable() {
+  v1::TableSpec t = SparseTableSpec("emb", kDim, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  t.mutable_admission()->set_min_count(2);
+  t.mutable_admission()->set_sketch_width(64);
+  t.mutable_eviction()->set_policy(v1::EvictionSpec::LRU);
+  t.mutable_eviction()->set_max_rows(96);
+  t.mutable_eviction()->set_ttl_steps(5);
+  return t;
+}
+
+std::vector<uint64_t> StreamKeys(uint32_t rank, uint64_t step) {
+  std::vector<uint64_t> keys;
+  uint64_t x = (rank + 1) * 0x9e3779b97f4a7c15ull + step * 7919;
+  for (int i = 0; i < 48; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    keys.push_back(step * 8 + (x >> 33) % 160);
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+// Steps [from, to) of a 2-worker BSP job: both pull their keys, then push
+// a gradient that depends on what they read, in `order`.
+void StreamSteps(std::vector<std::unique_ptr<GrpcPsClient>>& c, const std::string& job, uint64_t from, uint64_t to,
+                 std::vector<uint32_t> order) {
+  for (uint64_t t = from; t < to; ++t) {
+    std::vector<std::vector<uint64_t>> keys(2);
+    std::vector<std::vector<float>> rows(2);
+    for (uint32_t r = 0; r < 2; ++r) {
+      keys[r] = StreamKeys(r, t);
+      rows[r].resize(keys[r].size() * kDim);
+      REQUIRE_OK(c[r]->Pull(job, {t, {}, {{"emb", keys[r].data(), keys[r].size(), rows[r].data()}}}));
+    }
+    for (uint32_t r : order) {
+      std::vector<float> g(rows[r].size());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * rows[r][i] - 0.03f * static_cast<float>((i + r) % 7);
+      REQUIRE_OK(c[r]->Push(job, {t, {}, {{"emb", keys[r].data(), keys[r].size(), g.data()}}}));
+    }
+  }
+}
+
+// Every key the stream ever used, as read at `step` (an evicted or never
+// admitted key reads its initial value).
+std::vector<float> ReadStream(GrpcPsClient& c, const std::string& job, uint64_t step) {
+  std::vector<uint64_t> keys(step * 8 + 160);
+  std::iota(keys.begin(), keys.end(), 0);
+  std::vector<float> out(keys.size() * kDim);
+  REQUIRE_OK(c.Pull(job, {step, {}, {{"emb", keys.data(), keys.size(), out.data()}}}));
+  return out;
+}
+
+struct LifeCounts {
+  uint64_t rows = 0, admitted = 0, rejected = 0, evicted_cap = 0, evicted_ttl = 0;
+};
+LifeCounts CountsOf(testing::TestCluster& cluster, size_t servers, const std::string& job) {
+  LifeCounts n;
+  for (size_t i = 0; i < servers; ++i) {
+    REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse s, cluster.server(i)->GetJob(job));
+    n.rows += s.sparse_rows();
+    n.admitted += s.sparse_rows_admitted();
+    n.rejected += s.sparse_rows_rejected();
+    n.evicted_cap += s.sparse_rows_evicted_cap();
+    n.evicted_ttl += s.sparse_rows_evicted_ttl();
+  }
+  return n;
+}
+
+std::vector<std::unique_ptr<GrpcPsClient>> StreamClients(testing::TestCluster& cluster, const std::string& job,
+                                                         bool create, GrpcPsClientOptions base = {}) {
+  std::vector<std::unique_ptr<GrpcPsClient>> c;
+  for (uint32_t r = 0; r < 2; ++r) c.push_back(cluster.Client(r, base));
+  if (create) REQUIRE_OK(c[0]->CreateJob(JobSpec(job, {LifeTable()}, 2)));
+  for (uint32_t r = create ? 1 : 0; r < 2; ++r) REQUIRE_OK(c[r]->OpenJob(job));
+  return c;
+}
+
+TEST_CASE("a BSP job whose table admits and evicts is bit-identical across reruns, and restored from a cut onto 3 "
+          "servers from 2 it evicts as the undisturbed run, and an export holds exactly the live rows",
+          "[checkpoint][lifecycle]") {
+  const std::string dir = testing::MakeTempDir("ckpt-life");
+  testing::TestCluster::Options o;
+  o.num_servers = 3;
+  o.mapped_servers = 2;
+  o.data_dir = dir;
+  auto cluster = testing::TestCluster::Start(o);
+  constexpr uint64_t kCut = 12, kEnd = 24;
+
+  // Two runs, the workers' pushes arriving in opposite orders.
+  auto a = StreamClients(*cluster, "a", true);
+  StreamSteps(a, "a", 0, kCut, {0, 1});
+  for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 1, kCut, absl::Seconds(5)).status());
+  const LifeCounts at_cut = CountsOf(*cluster, 2, "a");
+  StreamSteps(a, "a", kCut, kEnd, {0, 1});
+  const std::vector<float> undisturbed = ReadStream(*a[0], "a", kEnd);
+  const LifeCounts end = CountsOf(*cluster, 2, "a");
+  auto b = StreamClients(*cluster, "b", true);
+  StreamSteps(b, "b", 0, kEnd, {1, 0});
+  CHECK(ReadStream(*b[0], "b", kEnd) == undisturbed);
+  const LifeCounts rerun = CountsOf(*cluster, 2, "b");
+  CHECK(rerun.rows == end.rows);
+  CHECK(rerun.evicted_cap == end.evicted_cap);
+  CHECK(rerun.evicted_ttl == end.evicted_ttl);
+  CHECK(rerun.rejected == end.rejected);
+  // The stream used every part of the lifecycle.
+  INFO("rows " << end.rows << ", admitted " << end.admitted << ", rejected " << end.rejected << ", evicted for the cap "
+               << end.evicted_cap << ", by TTL " << end.evicted_ttl);
+  CHECK(end.rows <= 96);
+  CHECK(end.rejected > 0);
+  CHECK(end.evicted_cap - at_cut.evicted_cap > 0);
+  CHECK(end.evicted_ttl - at_cut.evicted_ttl > 0);
+
+  // Export of the final state: a cut read back as the coordinator's export
+  // does holds exactly the live rows, with the weights the workers read.
+  for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 2, kEnd, absl::Seconds(5)).status());
+  {
+    CutExport out;
+    bool begun = false;
+    for (size_t i = 0; i < 2; ++i) {
+      v1::ReadCheckpointRequest req;
+      req.set_job_id("a");
+      req.set_cut_id(2);
+      for (;;) {
+        REQUIRE_OK_AND_ASSIGN(v1::ReadCheckpointResponse page, cluster->server(i)->ReadCut(req));
+        if (!begun) REQUIRE_OK(out.Begin(page.meta()));
+        begun = true;
+        for (const v1::CheckpointRecord& r : page.records()) REQUIRE_OK(out.Add(r));
+        if (page.next_start_after().empty()) break;
+        req.set_start_after(page.next_start_after());
+      }
+    }
+    const std::string path = dir + "/a.safetensors";
+    REQUIRE_OK(out.Write(path, {}));
+    REQUIRE_OK_AND_ASSIGN(safetensors::File f, safetensors::Read(path));
+    REQUIRE(f.tensors.size() == 2);
+    REQUIRE(f.tensors[0].name == "emb.keys");
+    const size_t n = f.tensors[0].data.size() / 8;
+    CHECK(n == end.rows);
+    std::vector<uint64_t> keys(n);
+    std::memcpy(keys.data(), f.tensors[0].data.data(), n * 8);
+    REQUIRE(f.tensors[1].data.size() == n * kDim * 4);
+    for (size_t k = 0; k < n; ++k) {
+      INFO("key " << keys[k]);
+      REQUIRE(keys[k] < undisturbed.size() / kDim);
+      std::vector<float> w(kDim);
+      std::memcpy(w.data(), f.tensors[1].data.data() + k * kDim * 4, kDim * 4);
+      CHECK(std::vector<float>(undisturbed.begin() + keys[k] * kDim, undisturbed.begin() + (keys[k] + 1) * kDim) == w);
+    }
+  }
+
+  // Restore cut 1 onto 3 servers and train the same steps again: the same
+  // rows evicted, the same weights.
+  a.clear();
+  RestoreOntoThree(*cluster, o.num_virtual_shards, "a", 1);
+  CHECK(CountsOf(*cluster, 3, "a").rows == at_cut.rows);
+  GrpcPsClientOptions fenced;
+  fenced.incarnation = 1;
+  auto resumed = StreamClients(*cluster, "a", false, fenced);
+  StreamSteps(resumed, "a", kCut, kEnd, {1, 0});
+  CHECK(ReadStream(*resumed[0], "a", kEnd) == undisturbed);
+  const LifeCounts after = CountsOf(*cluster, 3, "a");
+  CHECK(after.rows == end.rows);
+  CHECK(after.evicted_cap == end.evicted_cap - at_cut.evicted_cap);
+  CHECK(after.evicted_ttl == end.evicted_ttl - at_cut.evicted_ttl);
+  CHECK(after.rejected == end.rejected - at_cut.rejected);
   std::filesystem::remove_all(dir);
 }
 

@@ -5,6 +5,7 @@
 // the push's step, so these run on no wall clock at all.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -25,6 +26,22 @@ v1::TableSpec Spec(uint32_t dim = 2) {
   spec.mutable_initializer()->set_kind(v1::InitializerSpec::CONSTANT);
   spec.mutable_initializer()->set_a(0.5f);
   return spec;
+}
+
+std::set<uint64_t> Keys(const std::vector<SparseTable::ShardState>& shards) {
+  std::set<uint64_t> keys;
+  for (const auto& s : shards) keys.insert(s.keys.begin(), s.keys.end());
+  return keys;
+}
+
+// Two tables' shards hold the same keys, rows (bit for bit) and slots.
+void CheckSameShards(const std::vector<SparseTable::ShardState>& a, const std::vector<SparseTable::ShardState>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].keys == b[i].keys);
+    CHECK(a[i].rows == b[i].rows);
+    CHECK(a[i].slot == b[i].slot);
+  }
 }
 
 // A table of one virtual shard (or `shards`) and its quota.
@@ -49,11 +66,7 @@ struct Fixture {
     REQUIRE_OK(table->Read(VShardOfKey(table->name_hash(), key, shards()), &key, &idx, 1, out.data()));
     return out;
   }
-  std::set<uint64_t> Keys() const {
-    std::set<uint64_t> keys;
-    for (const auto& s : table->Capture()) keys.insert(s.keys.begin(), s.keys.end());
-    return keys;
-  }
+  std::set<uint64_t> Keys() const { return fulcrum::Keys(table->Capture()); }
   uint32_t shards() const { return shards_; }
   MemoryQuota quota;
   uint32_t shards_;
@@ -203,15 +216,117 @@ TEST_CASE("the same pushes give the same rows: capped tables fed alike end bit-i
     a.Push(key, step);
     b.Push(key, step);
   }
-  const auto sa = a.table->Capture(), sb = b.table->Capture();
-  REQUIRE(sa.size() == sb.size());
-  for (size_t i = 0; i < sa.size(); ++i) {
-    CHECK(sa[i].keys == sb[i].keys);
-    CHECK(sa[i].rows == sb[i].rows);
-  }
+  CheckSameShards(a.table->Capture(), b.table->Capture());
   CHECK(a.table->num_rows() <= 300);
   CHECK(a.table->counts().evicted_cap > 0);
   CHECK(a.table->counts().rejected > 0);
+}
+
+// A shard's state as its checkpoint record carries it.
+SparseShardLife LifeOf(const SparseTable::ShardState& s) {
+  SparseShardLife l;
+  l.slot = s.slot.data();
+  l.last_step = s.last_step.data();
+  l.freq = s.freq.data();
+  l.slots = s.slots;
+  l.victim_cursor = s.victim_cursor;
+  l.ttl_cursor = s.ttl_cursor;
+  l.free_slots = s.free_slots.data();
+  l.num_free = static_cast<uint32_t>(s.free_slots.size());
+  l.sketch = s.sketch.data();
+  l.sketch_len = static_cast<uint32_t>(s.sketch.size());
+  return l;
+}
+
+void RestoreInto(Fixture& to, const std::vector<SparseTable::ShardState>& from, uint64_t step) {
+  for (const auto& s : from) {
+    const SparseShardLife life = LifeOf(s);
+    REQUIRE_OK(to.table->Restore(s.vshard, to.table->dim(), static_cast<uint32_t>(to.table->num_slots()),
+                                 s.keys.size(), s.keys.data(), s.updates.data(), s.rows.data(), step,
+                                 s.has_life ? &life : nullptr));
+  }
+}
+
+TEST_CASE("a captured lifecycle restores into a new table that admits and evicts as the first one goes on to") {
+  for (const auto policy : {v1::EvictionSpec::LRU, v1::EvictionSpec::LFU}) {
+    INFO(v1::EvictionSpec::Policy_Name(policy));
+    v1::TableSpec spec = Spec(4);
+    spec.mutable_eviction()->set_policy(policy);
+    spec.mutable_eviction()->set_max_rows(200);
+    spec.mutable_eviction()->set_ttl_steps(900);
+    spec.mutable_admission()->set_min_count(3);
+    spec.mutable_admission()->set_sketch_width(256);
+    Fixture a(spec, 4);
+    uint64_t x = 7;
+    auto key_at = [&x](uint64_t step) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return (x >> 33) % (400 + step / 4);  // new keys keep arriving
+    };
+    uint64_t step = 0;
+    for (; step < 2000; ++step) a.Push(key_at(step), step);
+    const auto cut = a.table->Capture();
+    for (const auto& s : cut) REQUIRE(s.has_life);
+    Fixture b(spec, 4);
+    RestoreInto(b, cut, step);
+    CHECK(b.Keys() == a.Keys());
+    const SparseTable::Counts before = a.table->counts();
+    for (; step < 4000; ++step) {
+      const uint64_t key = key_at(step);
+      a.Push(key, step);
+      b.Push(key, step);
+    }
+    // The same rows, bit for bit, and the same evictions and rejections
+    // since the cut: the slots, cursors, last uses and sketch came along.
+    CheckSameShards(a.table->Capture(), b.table->Capture());
+    const SparseTable::Counts ca = a.table->counts(), cb = b.table->counts();
+    CHECK(ca.evicted_cap - before.evicted_cap == cb.evicted_cap);
+    CHECK(ca.evicted_ttl - before.evicted_ttl == cb.evicted_ttl);
+    CHECK(ca.rejected - before.rejected == cb.rejected);
+    CHECK(cb.evicted_cap > 0);
+    CHECK(cb.rejected > 0);
+    CHECK(b.quota.used() == b.table->bytes());
+
+    // A cut of format 2 holds the rows alone: they restore, as last used
+    // at the cut's step.
+    Fixture c(spec, 4);
+    for (const auto& s : cut) {
+      REQUIRE_OK(c.table->Restore(s.vshard, 4, static_cast<uint32_t>(c.table->num_slots()), s.keys.size(),
+                                  s.keys.data(), s.updates.data(), s.rows.data(), 2000));
+    }
+    CHECK(c.Keys() == Keys(cut));
+  }
+}
+
+TEST_CASE("a restored lifecycle whose slots do not fit together is refused as DATA_LOSS") {
+  v1::TableSpec spec = Spec(2);
+  spec.mutable_eviction()->set_max_rows(8);
+  spec.mutable_admission()->set_min_count(2);
+  Fixture a(spec);
+  for (uint64_t step = 0; step < 40; ++step) a.Push(step % 12, step);
+  auto cut = a.table->Capture();
+  REQUIRE(cut.size() == 1);
+  REQUIRE(cut[0].keys.size() >= 2);
+  struct Case {
+    const char* what;
+    std::function<void(SparseTable::ShardState&)> damage;
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      {"a slot past the shard's", [](auto& s) { s.slot[0] = s.slots + 3; }, "names slot"},
+      {"two rows in one slot", [](auto& s) { s.slot[1] = s.slot[0]; }, "names slot"},
+      {"a slot count that leaves slots unaccounted", [](auto& s) { s.slots += 2; }, "do not make its"},
+      {"a sketch of another width", [](auto& s) { s.sketch.resize(12); }, "admission sketch has 12 counters"},
+  };
+  for (const Case& k : cases) {
+    INFO(k.what);
+    SparseTable::ShardState s = cut[0];
+    k.damage(s);
+    Fixture b(spec);
+    const SparseShardLife life = LifeOf(s);
+    REQUIRE_STATUS(b.table->Restore(s.vshard, 2, static_cast<uint32_t>(b.table->num_slots()), s.keys.size(),
+                                    s.keys.data(), s.updates.data(), s.rows.data(), 40, &life),
+                   absl::StatusCode::kDataLoss, k.error);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/logging.h"
+
 namespace fulcrum::ctl {
 namespace {
 
@@ -64,6 +66,22 @@ TEST_CASE("regression jobs show RMSE, binary jobs AUC and log loss, class jobs a
   digits.mutable_status()->set_test_accuracy(0.9781);
   CHECK(TaskOf(digits) == Task::kClasses);
   CHECK(FinalFigures(digits) == "test accuracy 0.9781");
+}
+
+TEST_CASE("a sparse table's line shows its rows, bytes and lifecycle counts", "[ctl]") {
+  v1::SparseTableStats t;
+  t.set_table("emb");
+  t.set_rows(1200);
+  t.set_bytes(3 << 20);
+  CHECK(SparseTableLine(t) == "  table emb: 1200 rows, " + fulcrum::HumanBytes(3 << 20));
+  t.set_admitted(5000);
+  t.set_rejected(2300);
+  t.set_evicted_cap(3700);
+  t.set_evicted_ttl(100);
+  t.set_sketch_bytes(32768);
+  CHECK(SparseTableLine(t) == "  table emb: 1200 rows, " + fulcrum::HumanBytes(3 << 20) +
+                                  "; admitted 5000, rejected 2300, evicted 3800 (cap 3700, ttl 100); sketch " +
+                                  fulcrum::HumanBytes(32768));
 }
 
 }  // namespace
