@@ -6,6 +6,8 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -15,11 +17,48 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/shard_map.h"
 #include "server/table.h"
 #include "tests/testing/test_util.h"
 
 namespace fulcrum {
 namespace {
+
+TEST_CASE("NORMAL initial values follow the standard normal law, tails included") {
+  // 2 M values from consecutive counters, as rows draw them.
+  constexpr int kN = 2'000'000;
+  std::vector<double> x(kN);
+  double sum = 0, sq = 0;
+  int beyond2 = 0, beyond3 = 0, beyond_base = 0;
+  for (int i = 0; i < kN; ++i) {
+    x[i] = StandardNormal(Mix64(0x1234 + i));
+    sum += x[i];
+    sq += x[i] * x[i];
+    beyond2 += std::fabs(x[i]) > 2;
+    beyond3 += std::fabs(x[i]) > 3;
+    beyond_base += std::fabs(x[i]) > 3.442620;  // the ziggurat's tail
+  }
+  const double mean = sum / kN, var = sq / kN - mean * mean;
+  INFO("mean " << mean << ", variance " << var << ", beyond 2: " << beyond2 << ", beyond 3: " << beyond3
+               << ", beyond 3.4426: " << beyond_base);
+  CHECK(std::fabs(mean) < 0.003);
+  CHECK(std::fabs(var - 1) < 0.005);
+  // P(|Z| > 2) = 0.0455, > 3 = 0.00270, > 3.4426 = 0.000576 (each within
+  // about 4 standard errors).
+  CHECK(std::fabs(beyond2 / double(kN) - 0.04550) < 0.0006);
+  CHECK(std::fabs(beyond3 / double(kN) - 0.002700) < 0.00016);
+  CHECK(std::fabs(beyond_base / double(kN) - 0.000576) < 0.00007);
+  // Kolmogorov-Smirnov against the normal law: 1.63 / sqrt(n) is its 1%
+  // critical value.
+  std::sort(x.begin(), x.end());
+  double ks = 0;
+  for (int i = 0; i < kN; i += 7) {
+    const double cdf = 0.5 * std::erfc(-x[i] / std::sqrt(2.0));
+    ks = std::max({ks, std::fabs(cdf - double(i) / kN), std::fabs(cdf - double(i + 1) / kN)});
+  }
+  INFO("KS statistic " << ks);
+  CHECK(ks < 1.63 / std::sqrt(double(kN)));
+}
 
 TEST_CASE("a job's quota refuses what does not fit and names the job, the pool names the server limit") {
   auto pool = std::make_shared<MemoryQuota>("", 1000);
