@@ -497,14 +497,15 @@ TEST_CASE("DLRM and Wide and Deep and DeepFM graph specs train on generated clic
       spec.replace(spec.find(from), from.size(), to);
     }
     // DeepFM's embeddings get a lifecycle: ids admitted on their second
-    // push, at most 2 400 rows (of 2 600 ids) kept by LFU.
+    // push, at most 512 rows (of about 770 ids; 2 a virtual shard) kept by
+    // LFU.
     const bool capped = std::string(example) == "ctr-deepfm.yaml";
     if (capped) {
       const std::string from = "{name: embeddings, op: embedding, inputs: [categorical], dim: 8}";
       REQUIRE(absl::StrContains(spec, from));
       spec.replace(spec.find(from), from.size(),
                    "{name: embeddings, op: embedding, inputs: [categorical], dim: 8, admission: {min_count: 2}, "
-                   "eviction: {policy: LFU, max_rows: 2400}}");
+                   "eviction: {policy: LFU, max_rows: 512}}");
     }
     const fs::path file = cluster.dir() / example;
     std::ofstream(file) << spec;
@@ -535,7 +536,7 @@ TEST_CASE("DLRM and Wide and Deep and DeepFM graph specs train on generated clic
         if (t.table() == "embeddings") emb = &t;
       }
       REQUIRE(emb != nullptr);
-      CHECK(emb->rows() <= 256 * 10);  // the cap, rounded up per virtual shard (of 256)
+      CHECK(emb->rows() <= 512);
       CHECK(emb->admitted() > 0);
       CHECK(emb->rejected() > 0);
       CHECK(emb->evicted_cap() > 0);

@@ -145,14 +145,15 @@ def main():
                     "num_workers: 2\nbatch_size: 8\nepochs: 1000\ncheckpoint: {every_seconds: 3}\n")
         # A binary task, for the panels of AUC and log loss; its 13 features
         # are admitted on their second push and capped at 8 rows, for the
-        # panels of the sparse row lifecycle.
+        # panels of the sparse row lifecycle (2 000 epochs: long enough for
+        # their rates, a few scrapes apart).
         binary = os.path.join(work, "heart-lr.yaml")
         with open(binary, "w") as f:
             f.write("name: heart-lr\nmodel: {type: sparse_lr, admission: {min_count: 2},"
                     " eviction: {max_rows: 8, ttl_steps: 200}}\n"
                     "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
                     "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
-                    "num_workers: 1\nbatch_size: 16\nepochs: 300\n")
+                    "num_workers: 1\nbatch_size: 16\nepochs: 2000\n")
         # A regression task (a model graph: the digit as a real number), for
         # the RMSE panel.
         regression = os.path.join(work, "digits-regression.yaml")
