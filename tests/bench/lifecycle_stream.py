@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""A click log whose ids never stop arriving, trained under a row cap.
+
+Generates a log with fulcrum-datagen ctr --drift (new ids every row, an id's
+popularity fading with its age), then on a local cluster (deploy/local/
+cluster.sh, 2 servers, 1 worker, plaintext) trains a factorization machine on
+it, one epoch, testing on the rows that follow the log (its last segment):
+
+  uncapped   every id a row, kept: the rows the job needs (R) and its AUC;
+  capped     each table capped at --cap_fraction of R (eviction LRU): runs to
+             the end; each server's resident memory sampled every
+             --sample_seconds and checked against its cap: what its tables
+             count at the cap plus what the process held before the job,
+             plus 20%;
+  admission  on a shorter log (--admission_rows): min_count 1, 2, 5 and 10,
+             no cap: table memory, rejected gradient rows, the sketch's
+             false admissions against exact counts (keys made rows whose
+             count in the log is below min_count, over the keys below it),
+             and AUC.
+
+Prints Markdown tables (docs/benchmarks.md, "Embeddings without end") and
+writes each run's samples to OUT/<run>.tsv. Exits 1 when the capped run
+fails, goes over its memory bound, or loses more than 0.003 AUC.
+
+  tests/bench/lifecycle_stream.py [--rows 20000000] [--drift 0.4] [--vocab 1000000]
+      [--admission_rows 4000000] [--out /tmp/fulcrum-lifecycle-stream] [--bin build]
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MASK = (1 << 64) - 1
+
+
+def mix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def criteo_key(field, value, hash_bits):
+    # worker/data/readers.cc, CriteoKey
+    buckets = 1 << hash_bits
+    return 13 + field * buckets + (mix64(value ^ ((0x9E3779B97F4A7C15 * (field + 1)) & MASK)) & (buckets - 1))
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def generate(args, name, rows):
+    d = os.path.join(args.out, "data", name)
+    done = os.path.join(d, "planted.txt")
+    params = f"rows={rows} test={args.test_rows} drift={args.drift} vocab={args.vocab}"
+    if os.path.exists(done) and open(done).read().startswith(params):
+        return float(re.search(r"best AUC ([0-9.]+)", open(done).read())[1])
+    os.makedirs(d, exist_ok=True)
+    log(f"generating {name}: {params}")
+    r = subprocess.run([os.path.join(args.bin, "worker/fulcrum-datagen"), "ctr", f"--train={d}/train.tsv.gz",
+                        f"--test={d}/test.tsv.gz", f"--train_rows={rows}", f"--test_rows={args.test_rows}",
+                        f"--vocab={args.vocab}", f"--drift={args.drift}"], capture_output=True, text=True, check=True)
+    report = r.stdout + r.stderr
+    with open(done, "w") as f:
+        f.write(params + "\n" + report)
+    return float(re.search(r"best AUC ([0-9.]+)", report)[1])
+
+
+def spec(name, data, batch, lifecycle=""):
+    model = "{type: fm, factors: 4" + (", " + lifecycle if lifecycle else "") + "}"
+    return (f"name: {name}\nmodel: {model}\n"
+            f"data:\n  train: {{format: criteo, path: {data}/train.tsv.gz, hash_bits: 32}}\n"
+            f"  test:  {{format: criteo, path: {data}/test.tsv.gz, hash_bits: 32}}\n"
+            f"optimizer: {{kind: adagrad, learning_rate: 0.03}}\nnum_workers: 1\nbatch_size: {batch}\nepochs: 1\n")
+
+
+def rss(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def scrape(port):
+    """fulcrum_server_sparse_{rows,table_bytes} of the model's "factors" table
+    (its "linear" table holds the same keys, 1 float each) and the server's
+    counted sparse bytes over both."""
+    rows = table = 0
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return 0, 0
+    for line in text.splitlines():
+        if line.startswith("fulcrum_server_sparse_rows{") and 'table="factors"' in line:
+            rows += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("fulcrum_server_sparse_table_bytes{"):
+            table += float(line.rsplit(" ", 1)[1])
+    return int(rows), int(table)
+
+
+class Cluster:
+    def __init__(self, args, run):
+        self.args, self.dir = args, os.path.join(args.out, "runs", run)
+        subprocess.run(["rm", "-rf", self.dir], check=True)
+        subprocess.run([os.path.join(ROOT, "deploy/local/cluster.sh"), "start", "--servers", "2", "--workers", "1",
+                        "--dir", self.dir, "--port", str(args.port), "--metrics-port", str(args.port + 100), "--bin",
+                        args.bin, "--data", os.path.join(args.out, "data"), "--insecure"],
+                       check=True, stdout=subprocess.DEVNULL)
+        self.env = dict(os.environ)
+        for line in open(os.path.join(self.dir, "env")):
+            k, _, v = line.strip().partition("=")
+            self.env[k] = v
+
+    def ctl(self, *argv, check=True):
+        r = subprocess.run([os.path.join(self.args.bin, "server/fulcrumctl"), *argv], env=self.env,
+                           capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"fulcrumctl {' '.join(argv)}: {r.stdout}{r.stderr}")
+        return r.stdout
+
+    def server_pid(self, i):
+        return int(open(os.path.join(self.dir, "run", f"server-{i}.pid")).read())
+
+    def stop(self):
+        subprocess.run([os.path.join(ROOT, "deploy/local/cluster.sh"), "stop", "--dir", self.dir],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def train(args, run, text, samples=None):
+    """Runs one job to its end; returns its status and the samples taken."""
+    c = Cluster(args, run)
+    try:
+        path = os.path.join(c.dir, run + ".yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        base = [rss(c.server_pid(i)) for i in range(2)]
+        job = c.ctl("submit", "--no_wait", "-f", path).strip().split()[-1]
+        log(f"{run}: job {job} submitted")
+        rows, t0, last = [], time.time(), 0
+        while True:
+            st = json.loads(c.ctl("--output=json", "status", job))["status"]
+            now = time.time() - t0
+            sample = [now, st.get("step", 0)]
+            for i in range(2):
+                r, b = scrape(args.port + 100 + 1 + i)
+                sample += [rss(c.server_pid(i)), r, b]
+            rows.append(sample)
+            if now - last >= 60:
+                last = now
+                log(f"{run}: {now:.0f} s, step {st.get('step', 0)}, rows {sample[3] + sample[6]}, "
+                    f"RSS {sample[2] / 2**20:.0f} + {sample[5] / 2**20:.0f} MiB")
+            if st.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(args.sample_seconds)
+        with open(os.path.join(args.out, run + ".tsv"), "w") as f:
+            f.write("seconds\tstep\trss0\trows0\ttable_bytes0\trss1\trows1\ttable_bytes1\n")
+            for s in rows:
+                f.write("\t".join(str(round(x, 1) if isinstance(x, float) else x) for x in s) + "\n")
+        export = None
+        if st.get("state") == "SUCCEEDED" and args.export:
+            export = os.path.join(c.dir, "final.safetensors")
+            c.ctl("export", job, "-o", export)
+        return st, rows, base, export
+    finally:
+        c.stop()
+
+
+def safetensor_keys(path, table):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        t = header[table + ".keys"]
+        a, b = t["data_offsets"]
+        f.seek(8 + n + a)
+        data = f.read(b - a)
+    return struct.unpack(f"<{len(data) // 8}q", data)
+
+
+def exact_counts(path):
+    """Rows each categorical key (hash_bits 32) occurs in."""
+    counts = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            for j, v in enumerate(cols[14:40]):
+                if v:
+                    k = (j, v)
+                    counts[k] = counts.get(k, 0) + 1
+    return {criteo_key(j, int(v, 16), 32): n for (j, v), n in counts.items()}
+
+
+def signed(k):
+    return k - (1 << 64) if k >= 1 << 63 else k
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=20_000_000)
+    p.add_argument("--test_rows", type=int, default=200_000)
+    p.add_argument("--drift", type=float, default=0.4)
+    p.add_argument("--vocab", type=int, default=1_000_000)
+    p.add_argument("--cap_fraction", type=float, default=0.25)
+    p.add_argument("--admission_rows", type=int, default=4_000_000)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--sample_seconds", type=float, default=5)
+    p.add_argument("--port", type=int, default=7470)
+    p.add_argument("--bin", default=os.path.join(ROOT, "build"))
+    p.add_argument("--out", default="/tmp/fulcrum-lifecycle-stream")
+    p.add_argument("--skip", default="", help="runs to skip: uncapped, capped, admission (comma-separated)")
+    p.add_argument("--needed_rows", type=int, default=0, help="with --skip uncapped: the rows the job needs")
+    args = p.parse_args()
+    args.export = False
+    os.makedirs(args.out, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    failures = []
+    best = generate(args, "stream", args.rows)
+
+    results = {}
+    if "uncapped" not in skip:
+        st, samples, base, _ = train(args, "uncapped", spec("uncapped", "stream", args.batch))
+        needed = max(s[3] + s[6] for s in samples)
+        for t in st.get("sparse_tables", []):
+            if t.get("table") == "factors":
+                needed = max(needed, int(t.get("rows", 0)))
+        results["uncapped"] = (st, samples, base)
+        log(f"uncapped: {st.get('state')}, AUC {st.get('test_auc', 0):.4f}, {needed} rows needed")
+    else:
+        needed = args.needed_rows
+    cap = int(needed * args.cap_fraction)
+    if "capped" not in skip and cap > 0:
+        st, samples, base, _ = train(args, "capped", spec("capped", "stream", args.batch,
+                                                           f"eviction: {{policy: LRU, max_rows: {cap}}}"))
+        results["capped"] = (st, samples, base)
+
+    print(f"\n## A click log without end: {args.rows:,} rows, drift {args.drift} new ids a row in the largest field, "
+          f"vocabulary {args.vocab:,}; test on the {args.test_rows:,} rows that follow (planted best AUC {best:.4f})\n")
+    print("| run | state | rows held at the end | admitted | evicted (cap) | test AUC | samples/s | peak RSS server 0 / 1 "
+          "| memory bound 0 / 1 | within |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    auc = {}
+    for run, (st, samples, base) in results.items():
+        t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
+             for k in ("rows", "admitted", "evicted_cap")}
+        peak = [max(s[2 + 3 * i] for s in samples) for i in range(2)]
+        # The bound: what the server's tables count at their end (at the cap
+        # for the capped run) plus the process before the job, plus 20%.
+        bound = [1.2 * (max(s[4 + 3 * i] for s in samples) + base[i]) for i in range(2)]
+        within = all(peak[i] <= bound[i] for i in range(2))
+        auc[run] = st.get("test_auc", 0)
+        sps = max([e.get("samples_per_second", 0) for e in st.get("epochs", [])] or [0])
+        print(f"| {run} | {st.get('state')} | {t['rows']:,} | {t['admitted']:,} | {t['evicted_cap']:,} | {auc[run]:.4f} "
+              f"| {sps:,.0f} | {peak[0] / 2**20:,.0f} / {peak[1] / 2**20:,.0f} MiB "
+              f"| {bound[0] / 2**20:,.0f} / {bound[1] / 2**20:,.0f} MiB | {'yes' if within else 'NO'} |")
+        if run == "capped":
+            if st.get("state") != "SUCCEEDED":
+                failures.append(f"capped run {st.get('state')}: {st.get('message')}")
+            if not within:
+                failures.append("capped run over its memory bound")
+    if "capped" in auc and "uncapped" in auc:
+        d = auc["uncapped"] - auc["capped"]
+        print(f"\ndistinct ids over the log (the uncapped job's rows of 'factors') {needed:,}; cap {cap:,} "
+              f"({args.cap_fraction:.2f} of them); AUC capped - uncapped {-d:+.4f} (goal: within 0.003)")
+        if d > 0.003:
+            failures.append(f"capped AUC {d:.4f} below uncapped")
+    if "capped" in results:
+        samples = results["capped"][1]
+        print("\nCapped run, each server's resident memory and counted table bytes (MiB) by minute:\n")
+        print("| minute | step | RSS 0 | tables 0 | rows 0 | RSS 1 | tables 1 | rows 1 |\n|---|---|---|---|---|---|---|---|")
+        minute = -1
+        for s in samples:
+            if int(s[0] // 60) != minute:
+                minute = int(s[0] // 60)
+                print(f"| {minute} | {s[1]} | {s[2] / 2**20:.0f} | {s[4] / 2**20:.0f} | {s[3]:,} | {s[5] / 2**20:.0f} "
+                      f"| {s[7] / 2**20:.0f} | {s[6]:,} |")
+
+    if "admission" not in skip:
+        best_a = generate(args, "admission", args.admission_rows)
+        args.export = True
+        counts = exact_counts(os.path.join(args.out, "data", "admission", "train.tsv.gz"))
+        print(f"\n## Admission on {args.admission_rows:,} rows of the same stream ({len(counts):,} distinct categorical "
+              f"ids; planted best AUC {best_a:.4f}), no cap\n")
+        print("| min_count | rows | table bytes | sketch bytes | rejected gradient rows | keys below min_count "
+              "| of them made rows (sketch false admissions) | test AUC |")
+        print("|---|---|---|---|---|---|---|---|")
+        for m in (1, 2, 5, 10):
+            life = f"admission: {{min_count: {m}}}" if m > 1 else ""
+            st, samples, base, export = train(args, f"admission-{m}", spec(f"admission-{m}", "admission", args.batch,
+                                                                            life))
+            t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
+                 for k in ("rows", "bytes", "sketch_bytes", "rejected")}
+            below = [k for k, n in counts.items() if n < m]
+            false_adm = 0
+            if export and below:
+                live = set(safetensor_keys(export, "factors"))
+                false_adm = sum(1 for k in below if signed(k) in live)
+            rate = f"{false_adm:,} ({false_adm / len(below):.4%})" if below else "-"
+            print(f"| {m} | {t['rows']:,} | {t['bytes'] / 2**20:,.1f} MiB | {t['sketch_bytes'] / 2**20:,.1f} MiB "
+                  f"| {t['rejected']:,} | {len(below):,} | {rate} | {st.get('test_auc', 0):.4f} |")
+    for f in failures:
+        print("FAILED: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
