@@ -67,14 +67,9 @@ SparseTable::SparseTable(const v1::TableSpec& spec, OptimizerConfig opt, Initial
 
 SparseTable::~SparseTable() { quota_->Release(bytes()); }
 
-uint64_t SparseTable::bytes() const {
-  uint64_t n = 0;
-  for (const auto& p : partitions_) {
-    absl::MutexLock lock(&p->mu);
-    n += p->charged;
-  }
-  return n;
-}
+uint64_t SparseTable::bytes() const { return bytes_.load(std::memory_order_relaxed); }
+
+void SparseTable::Charged(uint64_t bytes) { bytes_.fetch_add(bytes, std::memory_order_relaxed); }
 
 SparseTable::Counts SparseTable::counts() const {
   Counts c;
@@ -144,7 +139,7 @@ absl::Status SparseTable::Grow(Partition* p, uint32_t slots) {
   const uint64_t grew = after > before ? after - before : 0;
   if (grew > reserved) quota_->Charge(grew - reserved);
   if (reserved > grew) quota_->Release(reserved - grew);
-  p->charged += grew;
+  Charged(grew);
   return absl::OkStatus();
 }
 
@@ -156,7 +151,7 @@ absl::Status SparseTable::EnsureCapacity(Partition* p, uint32_t slots) {
                                                               " rows of ", RowBytes(), " bytes)")));
     p->blocks.push_back(std::make_unique<float[]>(size_t{dim_} * (1 + num_slots()) * rows));
     p->block_rows += rows;
-    p->charged += block_bytes;
+    Charged(block_bytes);
   }
   if (slots > p->room) {
     uint32_t room = std::max<uint32_t>(16, p->room);
@@ -199,6 +194,7 @@ absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t*
     std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
   }
   p->index.emplace(key, r);
+  rows_.fetch_add(1, std::memory_order_relaxed);
   p->updates[r] = 0;
   if (life_.on()) {
     p->slot_key[r] = key;
@@ -212,6 +208,7 @@ absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t*
 
 void SparseTable::Drop(Partition* p, uint32_t slot) {
   p->index.erase(p->slot_key[slot]);
+  rows_.fetch_sub(1, std::memory_order_relaxed);
   p->live[slot] = 0;
   p->free_slots.push_back(slot);
 }
@@ -247,7 +244,7 @@ absl::Status SparseTable::EnsureSketch(Partition* p) {
   const uint64_t bytes = uint64_t{kSketchRows} * life_.sketch_width * sizeof(uint16_t);
   RETURN_IF_ERROR(quota_->Reserve(bytes, absl::StrCat("the admission sketch of table '", name_, "'")));
   p->sketch.assign(size_t{kSketchRows} * life_.sketch_width, 0);
-  p->charged += bytes;
+  Charged(bytes);
   sketch_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -290,14 +287,7 @@ void SparseTable::SweepExpired(Partition* p, uint64_t step) {
   p->ttl_cursor = s;
 }
 
-uint64_t SparseTable::num_rows() const {
-  uint64_t n = 0;
-  for (const auto& p : partitions_) {
-    absl::MutexLock lock(&p->mu);
-    n += p->index.size();
-  }
-  return n;
-}
+uint64_t SparseTable::num_rows() const { return rows_.load(std::memory_order_relaxed); }
 
 std::vector<SparseTable::ShardState> SparseTable::Capture() const {
   std::vector<ShardState> out;
@@ -414,6 +404,7 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
     const uint32_t r = life.slot[k];
     std::memcpy(RowAt(p, r), rows + k * row_floats, row_floats * sizeof(float));
     p->index.emplace(keys[k], r);
+    rows_.fetch_add(1, std::memory_order_relaxed);
     p->updates[r] = updates[k];
     p->slot_key[r] = keys[k];
     p->live[r] = 1;

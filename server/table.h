@@ -250,7 +250,7 @@ class SparseTable final : public Table {
   // and an admitted key past the cap takes the place of an evicted row.
   absl::Status Apply(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                      const float* grads, uint64_t step, float lr_scale = 1.0f);
-  uint64_t num_rows() const;
+  uint64_t num_rows() const;  // lock-free
 
   // What the lifecycle did since the table was created.
   struct Counts {
@@ -306,7 +306,6 @@ class SparseTable final : public Table {
     uint32_t block_rows ABSL_GUARDED_BY(mu) = 0;  // rows the blocks hold
     std::vector<uint32_t> updates ABSL_GUARDED_BY(mu);  // per slot
     uint32_t room ABSL_GUARDED_BY(mu) = 0;      // slots the index and per-slot fields are sized for
-    uint64_t charged ABSL_GUARDED_BY(mu) = 0;   // bytes counted against the quota
     // With a lifecycle, per slot: its key, whether it holds a row, the step
     // of its last push and (LFU) its decayed push count; freed slots; the
     // victim and TTL cursors; the admission sketch (4 x width counters).
@@ -343,6 +342,8 @@ class SparseTable final : public Table {
   void EvictForCap(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void SweepExpired(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void Drop(Partition* p, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Counts `bytes` more held by a partition (already reserved).
+  void Charged(uint64_t bytes);
   // The admission sketch, allocated on first use.
   absl::Status EnsureSketch(Partition* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   absl::Status RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys, const uint32_t* updates,
@@ -353,6 +354,10 @@ class SparseTable final : public Table {
   MemoryQuota* const quota_;
   std::vector<std::unique_ptr<Partition>> partitions_;
   std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0};
+  // Rows and charged bytes over all partitions, kept as they change, so
+  // stats, metrics and heartbeats never wait on a partition's lock (a
+  // checkpoint holds each in turn while it copies it).
+  std::atomic<uint64_t> rows_{0}, bytes_{0};
 };
 
 // Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.
