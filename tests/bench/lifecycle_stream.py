@@ -16,7 +16,8 @@ it, one epoch, testing on the rows that follow the log (its last segment):
              no cap: table memory, rejected gradient rows, the sketch's
              false admissions against exact counts (keys made rows whose
              count in the log is below min_count, over the keys below it),
-             and AUC.
+             and AUC; with --sketch_widths, min_count 2, 5 and 10 again with
+             wider sketches.
 
 Prints Markdown tables (docs/benchmarks.md, "Embeddings without end") and
 writes each run's samples to OUT/<run>.tsv. Exits 1 when the capped run
@@ -213,6 +214,8 @@ def main():
     p.add_argument("--cap_fraction", type=float, default=0.25)
     p.add_argument("--admission_rows", type=int, default=4_000_000)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--sketch_widths", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                   help="admission runs also with these sketch widths (comma-separated; the default width always)")
     p.add_argument("--sample_seconds", type=float, default=5)
     p.add_argument("--port", type=int, default=7470)
     p.add_argument("--bin", default=os.path.join(ROOT, "build"))
@@ -293,10 +296,11 @@ def main():
         print("| min_count | rows | table bytes | sketch bytes | rejected gradient rows | keys below min_count "
               "| of them made rows (sketch false admissions) | test AUC |")
         print("|---|---|---|---|---|---|---|---|")
-        for m in (1, 2, 5, 10):
-            life = f"admission: {{min_count: {m}}}" if m > 1 else ""
-            st, samples, base, export = train(args, f"admission-{m}", spec(f"admission-{m}", "admission", args.batch,
-                                                                            life))
+        runs = [(m, 0) for m in (1, 2, 5, 10)] + [(m, w) for w in args.sketch_widths for m in (2, 5, 10)]
+        for m, w in runs:
+            life = (f"admission: {{min_count: {m}" + (f", sketch_width: {w}" if w else "") + "}") if m > 1 else ""
+            name = f"admission-{m}" + (f"-w{w}" if w else "")
+            st, samples, base, export = train(args, name, spec(name, "admission", args.batch, life))
             t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
                  for k in ("rows", "bytes", "sketch_bytes", "rejected")}
             below = [k for k, n in counts.items() if n < m]
@@ -305,7 +309,7 @@ def main():
                 live = set(safetensor_keys(export, "factors"))
                 false_adm = sum(1 for k in below if signed(k) in live)
             rate = f"{false_adm:,} ({false_adm / len(below):.4%})" if below else "-"
-            print(f"| {m} | {t['rows']:,} | {t['bytes'] / 2**20:,.1f} MiB | {t['sketch_bytes'] / 2**20:,.1f} MiB "
+            print(f"| {m}{f' (sketch_width {w})' if w else ''} | {t['rows']:,} | {t['bytes'] / 2**20:,.1f} MiB | {t['sketch_bytes'] / 2**20:,.1f} MiB "
                   f"| {t['rejected']:,} | {len(below):,} | {rate} | {st.get('test_auc', 0):.4f} |")
     for f in failures:
         print("FAILED: " + f)
