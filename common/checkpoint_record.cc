@@ -21,6 +21,7 @@ class Cursor {
   }
   bool Bytes(void* out, size_t n) {
     if (static_cast<size_t>(end_ - p_) < n) return false;
+    if (n == 0) return true;  // `out` may be an empty vector's null data()
     std::memcpy(out, p_, n);
     p_ += n;
     return true;
