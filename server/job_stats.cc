@@ -44,19 +44,14 @@ v1::GetJobResponse Job::Stats() const {
   r.set_unclocked_pushes(unclocked_pushes_.load());
   r.set_duplicate_pushes(duplicates_.load());
   r.set_rejected_nonfinite(rejected_nonfinite_.load());
-  uint64_t rows = 0;
-  for (const auto& [name, t] : tables_) {
-    if (t->is_dense()) continue;
-    const auto* sp = static_cast<const SparseTable*>(t.get());
-    rows += sp->num_rows();
-    if (!sp->lifecycle().on()) continue;
-    const SparseTable::Counts c = sp->counts();
-    r.set_sparse_rows_admitted(r.sparse_rows_admitted() + c.admitted);
-    r.set_sparse_rows_rejected(r.sparse_rows_rejected() + c.rejected);
-    r.set_sparse_rows_evicted_cap(r.sparse_rows_evicted_cap() + c.evicted_cap);
-    r.set_sparse_rows_evicted_ttl(r.sparse_rows_evicted_ttl() + c.evicted_ttl);
+  // Tables without a lifecycle count no admissions or evictions.
+  for (const v1::SparseTableStats& t : SparseTableStats()) {
+    r.set_sparse_rows(r.sparse_rows() + t.rows());
+    r.set_sparse_rows_admitted(r.sparse_rows_admitted() + t.admitted());
+    r.set_sparse_rows_rejected(r.sparse_rows_rejected() + t.rejected());
+    r.set_sparse_rows_evicted_cap(r.sparse_rows_evicted_cap() + t.evicted_cap());
+    r.set_sparse_rows_evicted_ttl(r.sparse_rows_evicted_ttl() + t.evicted_ttl());
   }
-  r.set_sparse_rows(rows);
   absl::MutexLock lock(&mu_);
   r.set_applied_step(applied_step_);
   for (uint32_t rank = 0; rank < num_workers_; ++rank) {

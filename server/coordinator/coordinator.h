@@ -421,6 +421,8 @@ class Coordinator {
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t reassignments_ ABSL_GUARDED_BY(mu_) = 0;  // ranks handed to another worker (this process)
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  // Per server node: the jobs its last heartbeat reported sparse tables of.
+  std::map<std::string, std::set<std::string>> server_jobs_ ABSL_GUARDED_BY(mu_);
   // A server's heartbeat: its jobs' sparse tables into their status.
   void NoteSparseTablesLocked(const std::string& node_id, const v1::HeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -291,21 +291,43 @@ uint64_t Coordinator::HeartbeatAsync(const v1::HeartbeatRequest& req, HeartbeatC
   return polls_.Park(PollKind::kHeartbeat, "", now, absl::Now() + wait, std::move(answer));
 }
 
+namespace {
+
+// Adds one server's figures of a table into the job's sum.
+void AddTableStats(const v1::SparseTableStats& t, v1::SparseTableStats* sum) {
+  sum->set_table(t.table());
+  sum->set_rows(sum->rows() + t.rows());
+  sum->set_bytes(sum->bytes() + t.bytes());
+  sum->set_admitted(sum->admitted() + t.admitted());
+  sum->set_rejected(sum->rejected() + t.rejected());
+  sum->set_evicted_cap(sum->evicted_cap() + t.evicted_cap());
+  sum->set_evicted_ttl(sum->evicted_ttl() + t.evicted_ttl());
+  sum->set_sketch_bytes(sum->sketch_bytes() + t.sketch_bytes());
+}
+
+}  // namespace
+
 void Coordinator::NoteSparseTablesLocked(const std::string& node_id, const v1::HeartbeatRequest& req) {
   const std::optional<Membership::Node> node = members_.Get(node_id);
   if (!node || node->info.role() != v1::SERVER) return;
-  std::set<std::string> touched;
+  std::set<std::string> reported;
   for (const v1::JobSparseTables& j : req.sparse_tables()) {
     auto it = jobs_.find(j.job_id());
     if (it == jobs_.end()) continue;
-    touched.insert(j.job_id());
+    reported.insert(j.job_id());
     it->second.server_tables[node_id].assign(j.tables().begin(), j.tables().end());
   }
-  // A server that no longer holds a job's tables (moved, dropped) stops
-  // counting for it.
-  for (auto& [id, r] : jobs_) {
-    if (!touched.count(id) && r.server_tables.erase(node_id) > 0) touched.insert(id);
+  // The jobs to sum again: those reported now, and those the server
+  // reported before and no longer holds tables of (moved, dropped).
+  std::set<std::string> touched = reported;
+  if (auto b = server_jobs_.find(node_id); b != server_jobs_.end()) {
+    for (const std::string& id : b->second) {
+      if (reported.count(id)) continue;
+      if (auto it = jobs_.find(id); it != jobs_.end() && it->second.server_tables.erase(node_id) > 0) touched.insert(id);
+    }
+    server_jobs_.erase(b);
   }
+  if (!reported.empty()) server_jobs_[node_id] = std::move(reported);
   for (const std::string& id : touched) {
     JobRecord& r = jobs_.at(id);
     // An ended job keeps the figures of its last running moments (its
@@ -319,17 +341,7 @@ void Coordinator::NoteSparseTablesLocked(const std::string& node_id, const v1::H
         s = r.server_tables.erase(s);
         continue;
       }
-      for (const v1::SparseTableStats& t : s->second) {
-        v1::SparseTableStats& a = sum[t.table()];
-        a.set_table(t.table());
-        a.set_rows(a.rows() + t.rows());
-        a.set_bytes(a.bytes() + t.bytes());
-        a.set_admitted(a.admitted() + t.admitted());
-        a.set_rejected(a.rejected() + t.rejected());
-        a.set_evicted_cap(a.evicted_cap() + t.evicted_cap());
-        a.set_evicted_ttl(a.evicted_ttl() + t.evicted_ttl());
-        a.set_sketch_bytes(a.sketch_bytes() + t.sketch_bytes());
-      }
+      for (const v1::SparseTableStats& t : s->second) AddTableStats(t, &sum[t.table()]);
       ++s;
     }
     auto* out = r.job.mutable_status()->mutable_sparse_tables();

@@ -107,7 +107,7 @@ class Feeder {
   // each feeder is its own worker (the server drops a worker's repeated
   // sequence numbers as duplicates).
   Feeder(std::shared_ptr<ParameterServer> ps, const std::string& job, int dim, int batch, uint64_t first_step = 0)
-      : client_(std::move(ps), absl::StrCat("bench-", job, "-", first_step)), job_(job), dim_(dim), step_(first_step),
+      : client_(std::move(ps), absl::StrCat("bench-", job, "-", first_step)), job_(job), step_(first_step),
         rows_(size_t(batch) * dim), grads_(size_t(batch) * dim) {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0, 0.1f);
@@ -126,12 +126,10 @@ class Feeder {
     Check(client_.Pull(job_, {step_, {}, {{"emb", keys.data(), keys.size(), rows_.data()}}}), "pull " + job_);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  LocalPsClient& client() { return client_; }
 
  private:
   LocalPsClient client_;
   std::string job_;
-  int dim_;
   uint64_t step_;
   std::vector<float> rows_, grads_;
 };

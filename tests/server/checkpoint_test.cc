@@ -599,6 +599,16 @@ TEST_CASE("a server without a data directory says how to get checkpoints", "[che
                  "--data_dir");
 }
 
+// Three servers, the first two holding the job (map version 1), cuts
+// under `dir`.
+testing::TestCluster::Options ThreeServersTwoMapped(const std::string& dir) {
+  testing::TestCluster::Options o;
+  o.num_servers = 3;
+  o.mapped_servers = 2;
+  o.data_dir = dir;
+  return o;
+}
+
 // Spreads the cluster's virtual shards over all three servers (map version
 // 2) and restores cut `cut` of `job` on each from servers 0 and 1, which
 // wrote it, fencing off incarnation 0.
@@ -625,10 +635,7 @@ std::vector<v1::ShardCutMeta> RestoreOntoThree(testing::TestCluster& cluster, ui
 
 TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers that wrote it", "[checkpoint]") {
   const std::string dir = testing::MakeTempDir("ckpt3");
-  testing::TestCluster::Options o;
-  o.num_servers = 3;
-  o.mapped_servers = 2;
-  o.data_dir = dir;
+  const testing::TestCluster::Options o = ThreeServersTwoMapped(dir);
   auto cluster = testing::TestCluster::Start(o);
   auto c = cluster->Client(0);
   REQUIRE_OK(c->CreateJob(Spec("job")));
@@ -750,10 +757,7 @@ TEST_CASE("a BSP job whose table admits and evicts is bit-identical across rerun
           "servers from 2 it evicts as the undisturbed run, and an export holds exactly the live rows",
           "[checkpoint][lifecycle]") {
   const std::string dir = testing::MakeTempDir("ckpt-life");
-  testing::TestCluster::Options o;
-  o.num_servers = 3;
-  o.mapped_servers = 2;
-  o.data_dir = dir;
+  const testing::TestCluster::Options o = ThreeServersTwoMapped(dir);
   auto cluster = testing::TestCluster::Start(o);
   constexpr uint64_t kCut = 12, kEnd = 24;
 
