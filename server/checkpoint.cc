@@ -185,6 +185,7 @@ struct CutRecord {
   std::string key;
   bool dense;
   size_t table, item;
+  bool streamed = false;  // item indexes the table's `stream`, copied as it is written
 };
 
 // The cut's records in key order (SstFileWriter requires it).
@@ -202,6 +203,9 @@ absl::StatusOr<std::vector<CutRecord>> CutRecords(const std::string& prefix, con
     if (name.find('/') != std::string::npos) return absl::InvalidArgumentError("table names with '/' cannot be checkpointed");
     for (size_t i = 0; i < state.sparse[t].shards.size(); ++i) {
       refs.push_back({SparseKey(prefix, name, state.sparse[t].shards[i].vshard), false, t, i});
+    }
+    for (size_t i = 0; i < state.sparse[t].stream.size(); ++i) {
+      refs.push_back({SparseKey(prefix, name, state.sparse[t].stream[i]), false, t, i, true});
     }
   }
   std::sort(refs.begin(), refs.end(), [](const CutRecord& a, const CutRecord& b) { return a.key < b.key; });
@@ -223,7 +227,12 @@ void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value,
     return;
   }
   const JobState::Sparse& s = state.sparse[r.table];
-  const SparseTable::ShardState& sh = s.shards[r.item];
+  SparseTable::ShardState streamed;
+  if (r.streamed) {
+    streamed = s.table->CaptureShard(s.stream[r.item]);
+    streamed.vshard = s.stream[r.item];  // a shard listed at the cut is never emptied
+  }
+  const SparseTable::ShardState& sh = r.streamed ? streamed : s.shards[r.item];
   const uint32_t n = static_cast<uint32_t>(sh.keys.size());
   Append(value, n);
   Append(value, s.table->dim());

@@ -50,13 +50,23 @@ struct JobState {
   };
   struct Sparse {
     const SparseTable* table;
-    std::vector<SparseTable::ShardState> shards;
+    std::vector<SparseTable::ShardState> shards;  // copied at the cut
+    // Or: the virtual shards the cut's writer copies one at a time
+    // (SparseTable::CaptureShard), with training held.
+    std::vector<uint32_t> stream;
   };
   std::vector<Dense> dense;    // tables in name order
   std::vector<Sparse> sparse;
   // How long training on this server was held while the state was taken
   // (BSP: from reaching the boundary to releasing it; not the wait for it).
   double pause_seconds = 0;
+  // The copies' bytes, counted against the job's quota while this lives.
+  PoolHold copies;
+  // BSP with a streamed table: training is held from `paused` until
+  // Job::EndCapture (held_step: the boundary held).
+  bool held = false;
+  uint64_t held_step = 0;
+  absl::Time paused;
 };
 
 class Job : public std::enable_shared_from_this<Job> {
@@ -99,9 +109,17 @@ class Job : public std::enable_shared_from_this<Job> {
   // after): waits until `deadline` for it, holding step at_step back while
   // the state is taken; FAILED_PRECONDITION once at_step was applied.
   // SSP/ASP (at_step ignored): now, each chunk and shard consistent in
-  // itself, the clocks read first. Dense chunks are shared copy-on-write,
-  // so the pause lasts as long as copying the sparse rows.
+  // itself, the clocks read first. Dense chunks are shared copy-on-write.
+  // A sparse table's rows are copied, the copy counted against the job's
+  // quota while the state lives, so the pause lasts as long as the copy;
+  // a capped table, or one whose copy does not fit the quota, is left to
+  // be copied a shard at a time as the cut is written (JobState::Sparse::
+  // stream): under BSP training then stays held until EndCapture.
   absl::StatusOr<JobState> Capture(uint64_t at_step, absl::Time deadline);
+  // Releases training held by Capture (nothing when none is held); sets
+  // state->pause_seconds. The caller calls it once the cut is written,
+  // also when the write failed.
+  absl::Status EndCapture(JobState* state);
   // Restoring a checkpoint into a fresh job: tables, then the clocks.
   absl::Status RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length, uint32_t slots,
                             const void* block);

@@ -18,7 +18,6 @@ namespace fulcrum {
 absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   JobState state;
   const bool bsp = model_ == Model::kBsp;
-  absl::Time paused;
   {
     absl::MutexLock lock(&mu_);
     if (bsp) {
@@ -40,8 +39,10 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
                                                         " next to apply (", WaitReasonLocked(applied_step_), ")"));
       }
       applying_ = true;  // nothing applies while the state is taken
+      state.held = true;
+      state.held_step = at_step;
     }
-    paused = absl::Now();
+    state.paused = absl::Now();
     state.step = bsp ? applied_step_ : MinClockLocked();
   }
   v1::GetJobResponse stats = Stats();
@@ -49,32 +50,52 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   std::vector<std::string> names;
   for (const auto& [name, t] : tables_) names.push_back(name);
   std::sort(names.begin(), names.end());
+  uint64_t copied = 0;
+  bool streamed = false;
   for (const std::string& name : names) {
     const Table* t = tables_.at(name).get();
     if (t->is_dense()) {
       const auto* d = static_cast<const DenseTable*>(t);
       state.dense.push_back({d, d->Capture()});
+      continue;
+    }
+    const auto* s = static_cast<const SparseTable*>(t);
+    JobState::Sparse& sparse = state.sparse.emplace_back();
+    sparse.table = s;
+    // A capped table was given a memory bound: its cut is never a second
+    // copy of it. Others are copied when the copy fits the quota.
+    const uint64_t bytes = s->CaptureBytes();
+    if (!s->capped() && quota_.Reserve(bytes, "a checkpoint's copy").ok()) {
+      copied += bytes;
+      sparse.shards = s->Capture();
     } else {
-      const auto* s = static_cast<const SparseTable*>(t);
-      state.sparse.push_back({s, s->Capture()});
+      sparse.stream = s->CapturedShards();
+      streamed = true;
     }
   }
-  if (bsp) {
-    std::vector<std::function<void(absl::Status)>> ready;
-    bool drain;
-    {
-      absl::MutexLock lock(&mu_);
-      applying_ = false;
-      holds_.erase(holds_.find(at_step));
-      drain = StepCompleteLocked(applied_step_);
-    }
-    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
-    // Steps that completed meanwhile apply now.
-    RETURN_IF_ERROR(Resume(drain, &ready));
-  } else {
-    state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - paused);
-  }
+  if (copied != 0) state.copies = PoolHold(std::shared_ptr<MemoryQuota>(shared_from_this(), &quota_), copied);
+  if (bsp && streamed) return state;  // held until EndCapture
+  RETURN_IF_ERROR(EndCapture(&state));
   return state;
+}
+
+absl::Status Job::EndCapture(JobState* state) {
+  if (!state->held) {
+    if (state->pause_seconds == 0) state->pause_seconds = absl::ToDoubleSeconds(absl::Now() - state->paused);
+    return absl::OkStatus();
+  }
+  state->held = false;
+  std::vector<std::function<void(absl::Status)>> ready;
+  bool drain;
+  {
+    absl::MutexLock lock(&mu_);
+    applying_ = false;
+    holds_.erase(holds_.find(state->held_step));
+    drain = StepCompleteLocked(applied_step_);
+  }
+  state->pause_seconds = absl::ToDoubleSeconds(absl::Now() - state->paused);
+  // Steps that completed meanwhile apply now.
+  return Resume(drain, &ready);
 }
 
 absl::Status Job::RestoreDense(const std::string& table, uint32_t chunk, uint64_t updates, uint32_t length,

@@ -280,7 +280,14 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   ASSIGN_OR_RETURN(JobState state, job->Capture(at_step, t0 + wait));
   const absl::Time t1 = absl::Now();
   if (on_captured) on_captured();
-  ASSIGN_OR_RETURN(v1::ShardCutMeta meta, store->Write(job->spec(), state, cut_id, ref.self, ref.map->version()));
+  // Training held for a table written shard by shard resumes once the
+  // records are written (whether or not that worked).
+  absl::StatusOr<v1::ShardCutMeta> written = store->Write(job->spec(), state, cut_id, ref.self, ref.map->version());
+  const absl::Status resumed = job->EndCapture(&state);
+  state.copies.Reset();
+  RETURN_IF_ERROR(written.status());
+  RETURN_IF_ERROR(resumed);
+  v1::ShardCutMeta meta = *std::move(written);
   meta.set_capture_seconds(state.pause_seconds);
   meta.set_write_seconds(absl::ToDoubleSeconds(absl::Now() - t1));
   JobMetrics& jm = job->metrics();

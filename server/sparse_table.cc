@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
 #include "common/shard_map.h"
@@ -23,6 +24,7 @@ constexpr uint32_t kVictimWindow = 16;
 // Slots a push's TTL sweep examines in each partition it touches.
 constexpr uint32_t kTtlSweep = 16;
 constexpr size_t kSketchRows = 4;
+constexpr uint32_t kNoSlot = UINT32_MAX;
 
 }  // namespace
 
@@ -170,7 +172,8 @@ absl::StatusOr<float*> SparseTable::Row(Partition* p, uint64_t key, uint32_t* ro
   return NewRow(p, key, row_index, step);
 }
 
-absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step) {
+absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step,
+                                           const float* initial) {
   uint32_t r;
   if (!p->free_slots.empty()) {
     r = p->free_slots.back();
@@ -189,7 +192,11 @@ absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t*
     }
   }
   float* row = RowAt(p, r);
-  init_.Fill(name_hash_, key, 0, row, dim_);
+  if (initial != nullptr) {
+    std::memcpy(row, initial, size_t{dim_} * sizeof(float));
+  } else {
+    init_.Fill(name_hash_, key, 0, row, dim_);
+  }
   for (int s = 0; s < num_slots(); ++s) {
     std::fill_n(row + size_t{dim_} * (1 + s), dim_, InitialSlotValue(optimizer_, s));
   }
@@ -249,7 +256,7 @@ absl::Status SparseTable::EnsureSketch(Partition* p) {
   return absl::OkStatus();
 }
 
-void SparseTable::EvictForCap(Partition* p, uint64_t step) {
+uint32_t SparseTable::PickVictim(Partition* p, uint64_t step) {
   const uint32_t slots = static_cast<uint32_t>(p->live.size());
   uint32_t best = slots;
   double best_score = 0;
@@ -269,9 +276,7 @@ void SparseTable::EvictForCap(Partition* p, uint64_t step) {
     }
   }
   p->victim_cursor = s;
-  if (best == slots) return;
-  Drop(p, best);
-  evicted_cap_.fetch_add(1, std::memory_order_relaxed);
+  return best == slots ? kNoSlot : best;
 }
 
 void SparseTable::SweepExpired(Partition* p, uint64_t step) {
@@ -289,44 +294,72 @@ void SparseTable::SweepExpired(Partition* p, uint64_t step) {
 
 uint64_t SparseTable::num_rows() const { return rows_.load(std::memory_order_relaxed); }
 
-std::vector<SparseTable::ShardState> SparseTable::Capture() const {
-  std::vector<ShardState> out;
-  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+bool SparseTable::Captured(const Partition& p) const {
+  return life_.on() ? !(p.updates.empty() && p.sketch.empty()) : !p.index.empty();
+}
+
+std::vector<uint32_t> SparseTable::CapturedShards() const {
+  std::vector<uint32_t> out;
   for (uint32_t v = 0; v < partitions_.size(); ++v) {
     Partition* p = partitions_[v].get();
     absl::MutexLock lock(&p->mu);
-    if (life_.on() ? p->updates.empty() && p->sketch.empty() : p->index.empty()) continue;
-    ShardState& s = out.emplace_back();
-    s.vshard = v;
-    s.keys.reserve(p->index.size());
-    s.updates.reserve(p->index.size());
-    s.rows.resize(p->index.size() * row_floats);
-    // Rows in key order, so a cut's bytes do not depend on arrival order.
-    std::vector<std::pair<uint64_t, uint32_t>> order(p->index.begin(), p->index.end());
-    std::sort(order.begin(), order.end());
-    for (size_t k = 0; k < order.size(); ++k) {
-      const uint32_t r = order[k].second;
-      s.keys.push_back(order[k].first);
-      s.updates.push_back(p->updates[r]);
-      std::memcpy(s.rows.data() + k * row_floats, RowAt(p, r), row_floats * sizeof(float));
-    }
-    if (!life_.on()) continue;
-    s.has_life = true;
-    s.slot.reserve(order.size());
-    s.last_step.reserve(order.size());
-    s.freq.reserve(order.size());
-    for (const auto& [key, r] : order) {
-      s.slot.push_back(r);
-      s.last_step.push_back(p->last_step[r]);
-      s.freq.push_back(p->freq[r]);
-    }
-    s.slots = static_cast<uint32_t>(p->updates.size());
-    s.victim_cursor = p->victim_cursor;
-    s.ttl_cursor = p->ttl_cursor;
-    s.free_slots = p->free_slots;
-    s.sketch = p->sketch;
+    if (Captured(*p)) out.push_back(v);
   }
   return out;
+}
+
+uint64_t SparseTable::CaptureBytes() const {
+  uint64_t per_row = RowBytes() + sizeof(uint64_t) + sizeof(uint32_t);
+  if (life_.on()) per_row += sizeof(uint32_t) + sizeof(uint64_t) + sizeof(float);
+  return num_rows() * per_row + sketch_bytes_.load(std::memory_order_relaxed);
+}
+
+std::vector<SparseTable::ShardState> SparseTable::Capture() const {
+  std::vector<ShardState> out;
+  for (uint32_t v = 0; v < partitions_.size(); ++v) {
+    ShardState s = CaptureShard(v);
+    if (s.vshard == v) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+SparseTable::ShardState SparseTable::CaptureShard(uint32_t v) const {
+  ShardState s;
+  s.vshard = UINT32_MAX;  // nothing to capture
+  if (v >= partitions_.size()) return s;
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  Partition* p = partitions_[v].get();
+  absl::MutexLock lock(&p->mu);
+  if (!Captured(*p)) return s;
+  s.vshard = v;
+  s.keys.reserve(p->index.size());
+  s.updates.reserve(p->index.size());
+  s.rows.resize(p->index.size() * row_floats);
+  // Rows in key order, so a cut's bytes do not depend on arrival order.
+  std::vector<std::pair<uint64_t, uint32_t>> order(p->index.begin(), p->index.end());
+  std::sort(order.begin(), order.end());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const uint32_t r = order[k].second;
+    s.keys.push_back(order[k].first);
+    s.updates.push_back(p->updates[r]);
+    std::memcpy(s.rows.data() + k * row_floats, RowAt(p, r), row_floats * sizeof(float));
+  }
+  if (!life_.on()) return s;
+  s.has_life = true;
+  s.slot.reserve(order.size());
+  s.last_step.reserve(order.size());
+  s.freq.reserve(order.size());
+  for (const auto& [key, r] : order) {
+    s.slot.push_back(r);
+    s.last_step.push_back(p->last_step[r]);
+    s.freq.push_back(p->freq[r]);
+  }
+  s.slots = static_cast<uint32_t>(p->updates.size());
+  s.victim_cursor = p->victim_cursor;
+  s.ttl_cursor = p->ttl_cursor;
+  s.free_slots = p->free_slots;
+  s.sketch = p->sketch;
+  return s;
 }
 
 absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
@@ -470,6 +503,8 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   Partition* p = partitions_[vshard].get();
   const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
   ScopedFlushDenormals flush;
+  // A new row's initial value, computed before it has a slot.
+  absl::InlinedVector<float, 64> fresh(life_.max_rows_per_shard != 0 ? dim_ : 0);
   absl::MutexLock lock(&p->mu);
   if (life_.ttl_steps != 0) SweepExpired(p, step);
   for (size_t i = 0; i < n; ++i) {
@@ -487,8 +522,23 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
         rejected_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) EvictForCap(p, step);
-      ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step));
+      uint32_t victim = kNoSlot;
+      if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) {
+        victim = PickVictim(p, step);
+      }
+      if (victim != kNoSlot) {
+        // The victim's index entry and row are likely out of cache: fetch
+        // them while the new row's initial value is computed.
+        p->index.prefetch(p->slot_key[victim]);
+        const float* old_row = RowAt(p, victim);
+        for (size_t b = 0; b < RowBytes(); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(old_row) + b, 1);
+        init_.Fill(name_hash_, key, 0, fresh.data(), dim_);
+        Drop(p, victim);
+        evicted_cap_.fetch_add(1, std::memory_order_relaxed);
+        ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step, fresh.data()));
+      } else {
+        ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step));
+      }
       admitted_.fetch_add(1, std::memory_order_relaxed);
     }
     ApplyOptimizer(opt, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);

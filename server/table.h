@@ -282,6 +282,15 @@ class SparseTable final : public Table {
   // Every virtual shard that holds rows (or, with a lifecycle, ever held
   // one or has counted a key).
   std::vector<ShardState> Capture() const;
+  // The same one shard at a time: which shards Capture would copy, and one
+  // of them (a cut written shard by shard never holds a copy of the table).
+  std::vector<uint32_t> CapturedShards() const;
+  ShardState CaptureShard(uint32_t vshard) const;
+  // About what Capture's copy takes: per row its key, floats, update count
+  // and lifecycle fields, and the sketches.
+  uint64_t CaptureBytes() const;
+  // Whether the table has a row cap (eviction's max_rows or max_bytes).
+  bool capped() const { return life_.max_rows_per_shard != 0; }
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
   // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
   // table's and every key hashes to `vshard`. Without `life`, restored rows
@@ -319,6 +328,9 @@ class SparseTable final : public Table {
     std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
   };
   float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Whether a checkpoint holds the partition (it has, or with a lifecycle
+  // ever had, rows, or has counted a key).
+  bool Captured(const Partition& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Sizes the index and per-slot fields for `slots` slots, reserving the
   // growth first; RESOURCE_EXHAUSTED leaves the partition as it was.
   absl::Status Grow(Partition* p, uint32_t slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
@@ -332,14 +344,16 @@ class SparseTable final : public Table {
   // value) if missing.
   absl::StatusOr<float*> Row(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
-  // Row for a key known to be missing.
-  absl::StatusOr<float*> NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Row for a key known to be missing; `initial`: its initial weights when
+  // already computed.
+  absl::StatusOr<float*> NewRow(Partition* p, uint64_t key, uint32_t* row_index, uint64_t step,
+                                const float* initial = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Lifecycle: whether a push of a missing key admits it (counting it);
-  // the slot of a row dropped for a new one past the cap; drops expired
+  // the row a new one past the cap replaces; drops expired
   // rows from the TTL cursor on.
   absl::StatusOr<bool> Admit(Partition* p, uint64_t key, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
-  void EvictForCap(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // The row a new one past the cap replaces (kNoSlot: none live).
+  uint32_t PickVictim(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void SweepExpired(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void Drop(Partition* p, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Counts `bytes` more held by a partition (already reserved).

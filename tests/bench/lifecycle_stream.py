@@ -7,9 +7,10 @@ cluster.sh, 2 servers, 1 worker, plaintext) trains a factorization machine on
 it, one epoch, testing on the rows that follow the log (its last segment):
 
   uncapped   every id a row, kept: the rows the job needs (R) and its AUC;
-  capped     each table capped at --cap_fraction of R (eviction LRU): runs to
-             the end; each server's resident memory sampled every
-             --sample_seconds and checked against its cap: what its tables
+  capped     each table capped at --cap_fraction of R (eviction LRU), a cut
+             every --cut_seconds: runs to the end; each server's resident
+             memory sampled every --sample_seconds, and its peak (VmHWM,
+             cuts included) checked against its cap: what its tables
              count at the cap plus what the process held before the job,
              plus 20%;
   admission  on a shorter log (--admission_rows): min_count 1, 2, 5 and 10,
@@ -75,18 +76,20 @@ def generate(args, name, rows):
     return float(re.search(r"best AUC ([0-9.]+)", report)[1])
 
 
-def spec(name, data, batch, lifecycle=""):
+def spec(name, data, batch, lifecycle="", cut_seconds=0):
     model = "{type: fm, factors: 4" + (", " + lifecycle if lifecycle else "") + "}"
     return (f"name: {name}\nmodel: {model}\n"
             f"data:\n  train: {{format: criteo, path: {data}/train.tsv.gz, hash_bits: 32}}\n"
             f"  test:  {{format: criteo, path: {data}/test.tsv.gz, hash_bits: 32}}\n"
-            f"optimizer: {{kind: adagrad, learning_rate: 0.03}}\nnum_workers: 1\nbatch_size: {batch}\nepochs: 1\n")
+            f"optimizer: {{kind: adagrad, learning_rate: 0.03}}\nnum_workers: 1\nbatch_size: {batch}\nepochs: 1\n"
+            + (f"checkpoint: {{every_seconds: {cut_seconds}}}\n" if cut_seconds else ""))
 
 
-def rss(pid):
+def rss(pid, field="VmRSS"):
+    """Resident bytes now (VmRSS), or the most the process ever held (VmHWM)."""
     try:
         for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -164,6 +167,9 @@ def train(args, run, text, samples=None):
             if st.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 break
             time.sleep(args.sample_seconds)
+        # The peak between samples too (a cut lasts seconds): the kernel's
+        # high-water mark of each server's resident memory.
+        peak = [rss(c.server_pid(i), "VmHWM") for i in range(2)]
         with open(os.path.join(args.out, run + ".tsv"), "w") as f:
             f.write("seconds\tstep\trss0\trows0\ttable_bytes0\trss1\trows1\ttable_bytes1\n")
             for s in rows:
@@ -172,7 +178,7 @@ def train(args, run, text, samples=None):
         if st.get("state") == "SUCCEEDED" and args.export:
             export = os.path.join(c.dir, "final.safetensors")
             c.ctl("export", job, "-o", export)
-        return st, rows, base, export
+        return st, rows, base, export, peak
     finally:
         c.stop()
 
@@ -217,6 +223,7 @@ def main():
     p.add_argument("--sketch_widths", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
                    help="admission runs also with these sketch widths (comma-separated; the default width always)")
     p.add_argument("--sample_seconds", type=float, default=5)
+    p.add_argument("--cut_seconds", type=int, default=120, help="the capped run takes a checkpoint this often")
     p.add_argument("--port", type=int, default=7470)
     p.add_argument("--bin", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", default="/tmp/fulcrum-lifecycle-stream")
@@ -231,20 +238,21 @@ def main():
 
     results = {}
     if "uncapped" not in skip:
-        st, samples, base, _ = train(args, "uncapped", spec("uncapped", "stream", args.batch))
+        st, samples, base, _, peak = train(args, "uncapped", spec("uncapped", "stream", args.batch))
         needed = max(s[3] + s[6] for s in samples)
         for t in st.get("sparse_tables", []):
             if t.get("table") == "factors":
                 needed = max(needed, int(t.get("rows", 0)))
-        results["uncapped"] = (st, samples, base)
+        results["uncapped"] = (st, samples, base, peak)
         log(f"uncapped: {st.get('state')}, AUC {st.get('test_auc', 0):.4f}, {needed} rows needed")
     else:
         needed = args.needed_rows
     cap = int(needed * args.cap_fraction)
     if "capped" not in skip and cap > 0:
-        st, samples, base, _ = train(args, "capped", spec("capped", "stream", args.batch,
-                                                           f"eviction: {{policy: LRU, max_rows: {cap}}}"))
-        results["capped"] = (st, samples, base)
+        st, samples, base, _, peak = train(args, "capped", spec("capped", "stream", args.batch,
+                                                                 f"eviction: {{policy: LRU, max_rows: {cap}}}",
+                                                                 args.cut_seconds))
+        results["capped"] = (st, samples, base, peak)
 
     print(f"\n## A click log without end: {args.rows:,} rows, drift {args.drift} new ids a row in the largest field, "
           f"vocabulary {args.vocab:,}; test on the {args.test_rows:,} rows that follow (planted best AUC {best:.4f})\n")
@@ -252,10 +260,10 @@ def main():
           "| memory bound 0 / 1 | within |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     auc = {}
-    for run, (st, samples, base) in results.items():
+    for run, (st, samples, base, hwm) in results.items():
         t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
              for k in ("rows", "admitted", "evicted_cap")}
-        peak = [max(s[2 + 3 * i] for s in samples) for i in range(2)]
+        peak = [max([s[2 + 3 * i] for s in samples] + [hwm[i]]) for i in range(2)]
         # The bound: what the server's tables count at their end (at the cap
         # for the capped run) plus the process before the job, plus 20%.
         bound = [1.2 * (max(s[4 + 3 * i] for s in samples) + base[i]) for i in range(2)]
@@ -300,7 +308,7 @@ def main():
         for m, w in runs:
             life = (f"admission: {{min_count: {m}" + (f", sketch_width: {w}" if w else "") + "}") if m > 1 else ""
             name = f"admission-{m}" + (f"-w{w}" if w else "")
-            st, samples, base, export = train(args, name, spec(name, "admission", args.batch, life))
+            st, samples, base, export, _ = train(args, name, spec(name, "admission", args.batch, life))
             t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
                  for k in ("rows", "bytes", "sketch_bytes", "rejected")}
             below = [k for k, n in counts.items() if n < m]

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <thread>
 
@@ -167,6 +168,69 @@ TEST_CASE("a BSP cut waits for its step boundary, and a step already applied is 
                  "a cut at step 5 timed out");
   REQUIRE_STATUS(ps->Checkpoint("job", 7, 2, absl::Seconds(1)).status(), absl::StatusCode::kAlreadyExists, "cut 7");
   std::filesystem::remove_all(dir);
+}
+
+// The raw records of every cut in a server's directory but their metas
+// (which hold the time they were made).
+std::map<std::string, std::string> CutRecordsIn(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::unique_ptr<rocksdb::DB> db = OpenStore(dir);
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("cut/"); it->Valid() && it->key().starts_with("cut/"); it->Next()) {
+    const std::string key = it->key().ToString();
+    if (!absl::EndsWith(key, "/meta")) out[key] = it->value().ToString();
+  }
+  REQUIRE(it->status().ok());
+  return out;
+}
+
+TEST_CASE("a cut whose copy does not fit the quota is written shard by shard, training held: a copied cut's records",
+          "[checkpoint]") {
+  struct Run {
+    std::string dir;
+    uint64_t used = 0, during = 0, applied_during = 0;
+    Weights at4;
+  };
+  auto run = [](uint64_t quota) {
+    Run r;
+    r.dir = testing::MakeTempDir("ckpt-stream");
+    {
+      std::shared_ptr<ParameterServer> ps = NewServer(r.dir);
+      LocalPsClient c(ps, "w0");
+      v1::PsJobSpec spec = Spec("job");
+      spec.set_quota_bytes(quota);
+      REQUIRE_OK(c.CreateJob(spec));
+      for (uint64_t t = 0; t < 3; ++t) Step(c, "job", t);
+      auto used = [&] { return ps->GetJob("job")->bytes_used(); };
+      r.used = used();
+      std::thread next;
+      REQUIRE_OK(ps->Checkpoint("job", 1, 3, absl::Seconds(5), [&] {
+                       r.during = used();
+                       // Step 3 arrives while the cut is taken: it must not
+                       // reach the records.
+                       next = std::thread([&] { Step(c, "job", 3); });
+                       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                       r.applied_during = ps->GetJob("job")->applied_step();
+                     }).status());
+      next.join();
+      REQUIRE(used() == r.used);  // the copy given back
+      r.at4 = Read(c, "job", 4);
+    }
+    return r;
+  };
+  const Run copied = run(uint64_t{1} << 30);
+  // Room for the tables, not for a copy of the sparse rows.
+  const Run streamed = run(copied.used + 16);
+  REQUIRE(streamed.used == copied.used);
+  CHECK(copied.during > copied.used);     // the copy counted while it lives
+  CHECK(streamed.during == streamed.used);
+  CHECK(streamed.applied_during == 3);    // held while the rows were written
+  CHECK(streamed.at4 == copied.at4);
+  const auto a = CutRecordsIn(copied.dir), b = CutRecordsIn(streamed.dir);
+  REQUIRE(a.size() >= 5);
+  CHECK(a == b);
+  std::filesystem::remove_all(copied.dir);
+  std::filesystem::remove_all(streamed.dir);
 }
 
 TEST_CASE("SSP and ASP cuts are taken at once with the ranks' clocks", "[checkpoint]") {
