@@ -145,6 +145,9 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
         }
         out->Gauge("fulcrum_server_sparse_sketch_bytes", "Memory of a sparse table's admission sketches here", table,
                    static_cast<double>(c.sketch_bytes));
+        out->Counter("fulcrum_server_sparse_sketch_agings_total",
+                     "Times a virtual shard's admission sketch halved its counts (its window passed)", table,
+                     static_cast<double>(c.sketch_agings));
       }
     }
     out->Gauge("fulcrum_server_parameters",

@@ -25,6 +25,8 @@ constexpr uint32_t kVictimWindow = 16;
 constexpr uint32_t kTtlSweep = 16;
 constexpr size_t kSketchRows = 4;
 constexpr uint32_t kNoSlot = UINT32_MAX;
+// A shard's sketch halves when its counters sum to this times its width.
+constexpr uint64_t kSketchAgeAt = 2;
 
 }  // namespace
 
@@ -80,6 +82,7 @@ SparseTable::Counts SparseTable::counts() const {
   c.evicted_cap = evicted_cap_.load(std::memory_order_relaxed);
   c.evicted_ttl = evicted_ttl_.load(std::memory_order_relaxed);
   c.sketch_bytes = sketch_bytes_.load(std::memory_order_relaxed);
+  c.sketch_agings = sketch_agings_.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -239,11 +242,28 @@ absl::StatusOr<bool> SparseTable::Admit(Partition* p, uint64_t key, uint64_t ste
   }
   if (least < UINT16_MAX) {
     for (uint16_t* c : cell) {
-      if (*c == least) ++*c;
+      if (*c == least) {
+        ++*c;
+        ++p->sketch_sum;
+      }
     }
     ++least;
   }
+  // The sketch counts over a window: once its counters add up to twice its
+  // width (half a count a counter), all halve, so an endless stream never
+  // saturates it and a key must recur to be admitted.
+  if (p->sketch_sum >= kSketchAgeAt * life_.sketch_width) AgeSketch(p);
   return least >= life_.min_count;
+}
+
+void SparseTable::AgeSketch(Partition* p) {
+  uint64_t sum = 0;
+  for (uint16_t& c : p->sketch) {
+    c = static_cast<uint16_t>(c >> 1);
+    sum += c;
+  }
+  p->sketch_sum = sum;
+  sketch_agings_.fetch_add(1, std::memory_order_relaxed);
 }
 
 absl::Status SparseTable::EnsureSketch(Partition* p) {
@@ -426,6 +446,8 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
   if (life.sketch_len != 0) {
     RETURN_IF_ERROR(EnsureSketch(p));
     std::copy_n(life.sketch, life.sketch_len, p->sketch.begin());
+    p->sketch_sum = 0;
+    for (uint16_t c : p->sketch) p->sketch_sum += c;
   }
   const size_t row_floats = size_t{dim_} * (1 + num_slots());
   p->updates.assign(life.slots, 0);

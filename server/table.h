@@ -259,6 +259,7 @@ class SparseTable final : public Table {
     uint64_t evicted_cap = 0;  // rows dropped for a new one past the cap
     uint64_t evicted_ttl = 0;  // rows dropped, unused for ttl_steps
     uint64_t sketch_bytes = 0;
+    uint64_t sketch_agings = 0;  // times a shard's sketch halved
   };
   Counts counts() const;
 
@@ -326,6 +327,7 @@ class SparseTable final : public Table {
     uint32_t victim_cursor ABSL_GUARDED_BY(mu) = 0;
     uint32_t ttl_cursor ABSL_GUARDED_BY(mu) = 0;
     std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
+    uint64_t sketch_sum ABSL_GUARDED_BY(mu) = 0;  // of its counters (a function of them)
   };
   float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Whether a checkpoint holds the partition (it has, or with a lifecycle
@@ -360,6 +362,8 @@ class SparseTable final : public Table {
   void Charged(uint64_t bytes);
   // The admission sketch, allocated on first use.
   absl::Status EnsureSketch(Partition* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Halves every counter of the partition's sketch.
+  void AgeSketch(Partition* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   absl::Status RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys, const uint32_t* updates,
                            const float* rows, const SparseShardLife& life) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
@@ -367,7 +371,8 @@ class SparseTable final : public Table {
   const Lifecycle life_;
   MemoryQuota* const quota_;
   std::vector<std::unique_ptr<Partition>> partitions_;
-  std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0};
+  std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0},
+      sketch_agings_{0};
   // Rows and charged bytes over all partitions, kept as they change, so
   // stats, metrics and heartbeats never wait on a partition's lock (a
   // checkpoint holds each in turn while it copies it).

@@ -147,8 +147,9 @@ TEST_CASE("the admission sketch over-counts within its documented bound") {
   // n distinct keys pushed once each into W counters a row, 4 rows: a key
   // seen once is admitted at min_count 2 only when all 4 of its counters
   // were raised by others, about (1 - e^(-n/W))^4 of them (conservative
-  // update keeps it at or below that).
-  for (const uint32_t n : {1024u, 4096u}) {
+  // update keeps it at or below that; the sketch's halving, below, only
+  // lowers it).
+  for (const uint32_t n : {512u, 1024u, 2048u}) {
     v1::TableSpec spec = Spec();
     spec.mutable_admission()->set_min_count(2);
     spec.mutable_admission()->set_sketch_width(4096);
@@ -159,6 +160,43 @@ TEST_CASE("the admission sketch over-counts within its documented bound") {
     INFO(n << " keys: " << false_admissions << " admitted at their first push; bound " << bound);
     CHECK(false_admissions <= bound * 1.2 + 0.002);
   }
+}
+
+TEST_CASE("the admission sketch forgets: on an endless stream of new keys its false admissions stay bounded, and "
+          "keys that recur are still admitted") {
+  // W = 1024: the sketch halves when its counters sum to 2 W, so it never
+  // holds much more than the last W / 2 keys seen once; without halving,
+  // 64 W keys would fill every counter and admit every key at its first
+  // push.
+  v1::TableSpec spec = Spec();
+  spec.mutable_admission()->set_min_count(2);
+  spec.mutable_admission()->set_sketch_width(1024);
+  Fixture f(spec);
+  uint64_t step = 0;
+  auto once = [&](uint64_t k) { return k * 0x9E3779B97F4A7C15ull + 1; };
+  constexpr uint64_t kKeys = 64 * 1024;
+  uint64_t admitted_late = 0, recurring = 0, recurring_admitted = 0;
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    const uint64_t before = f.table->num_rows();
+    f.Push(once(k), ++step);
+    if (k >= kKeys - 8 * 1024) admitted_late += f.table->num_rows() - before;
+    if (k % 256 == 0) {  // now and then a key pushed twice in a row
+      const uint64_t key = once(k) ^ 0x5555;
+      f.Push(key, ++step);
+      const uint64_t rows = f.table->num_rows();
+      f.Push(key, ++step);
+      ++recurring;
+      recurring_admitted += f.table->num_rows() - rows;
+    }
+  }
+  const double rate = static_cast<double>(admitted_late) / (8 * 1024);
+  const double bound = std::pow(1.0 - std::exp(-0.5), 4);  // n = W / 2
+  INFO("false admissions over the last 8 W keys: " << rate << " (bound " << bound << "); agings "
+                                                    << f.table->counts().sketch_agings << "; recurring keys admitted "
+                                                    << recurring_admitted << " of " << recurring);
+  CHECK(f.table->counts().sketch_agings >= 64);
+  CHECK(rate <= bound * 1.2 + 0.002);
+  CHECK(recurring_admitted >= recurring * 95 / 100);
 }
 
 TEST_CASE("past its cap a table drops the least recently pushed row (LRU) or the least used, decayed (LFU)") {
@@ -255,7 +293,7 @@ TEST_CASE("a captured lifecycle restores into a new table that admits and evicts
     spec.mutable_eviction()->set_max_rows(200);
     spec.mutable_eviction()->set_ttl_steps(900);
     spec.mutable_admission()->set_min_count(3);
-    spec.mutable_admission()->set_sketch_width(256);
+    spec.mutable_admission()->set_sketch_width(512);
     Fixture a(spec, 4);
     uint64_t x = 7;
     auto key_at = [&x](uint64_t step) {
@@ -279,6 +317,9 @@ TEST_CASE("a captured lifecycle restores into a new table that admits and evicts
     // since the cut: the slots, cursors, last uses and sketch came along.
     CheckSameShards(a.table->Capture(), b.table->Capture());
     const SparseTable::Counts ca = a.table->counts(), cb = b.table->counts();
+    // The sketches halved since the cut: the restored ones knew when.
+    CHECK(ca.sketch_agings > before.sketch_agings);
+    CHECK(ca.sketch_agings - before.sketch_agings == cb.sketch_agings);
     CHECK(ca.evicted_cap - before.evicted_cap == cb.evicted_cap);
     CHECK(ca.evicted_ttl - before.evicted_ttl == cb.evicted_ttl);
     CHECK(ca.rejected - before.rejected == cb.rejected);
