@@ -63,9 +63,11 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
     JobState::Sparse& sparse = state.sparse.emplace_back();
     sparse.table = s;
     // A capped table was given a memory bound: its cut is never a second
-    // copy of it. Others are copied when the copy fits the quota.
+    // copy of it. Others are copied when the copy fits the quota twice (so
+    // rows made while it is written still have room); it is held once.
     const uint64_t bytes = s->CaptureBytes();
-    if (!s->capped() && quota_.Reserve(bytes, "a checkpoint's copy").ok()) {
+    if (!s->capped() && quota_.Reserve(2 * bytes, "a checkpoint's copy").ok()) {
+      quota_.Release(bytes);
       copied += bytes;
       sparse.shards = s->Capture();
     } else {
