@@ -295,7 +295,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   jm.last_checkpoint_bytes.store(static_cast<double>(meta.bytes()));
   jm.last_checkpoint_time.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   FLOG(INFO) << "job '" << job_id << "': cut " << cut_id << " at step " << meta.step() << ", " << meta.bytes()
-             << " bytes in " << meta.records() << " records; waited " << absl::ToDoubleSeconds(t1 - t0) - meta.capture_seconds()
+             << " bytes in " << meta.records() << " records; waited " << absl::ToDoubleSeconds(state.paused - t0)
              << " s for the step, paused training " << meta.capture_seconds() << " s, written in "
              << meta.write_seconds() << " s";
   return meta;
