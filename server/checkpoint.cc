@@ -228,10 +228,7 @@ void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value,
   }
   const JobState::Sparse& s = state.sparse[r.table];
   SparseTable::ShardState streamed;
-  if (r.streamed) {
-    streamed = s.table->CaptureShard(s.stream[r.item]);
-    streamed.vshard = s.stream[r.item];  // a shard listed at the cut is never emptied
-  }
+  if (r.streamed) streamed = s.table->CaptureShard(s.stream[r.item]);
   const SparseTable::ShardState& sh = r.streamed ? streamed : s.shards[r.item];
   const uint32_t n = static_cast<uint32_t>(sh.keys.size());
   Append(value, n);

@@ -77,15 +77,13 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   }
   if (copied != 0) state.copies = PoolHold(std::shared_ptr<MemoryQuota>(shared_from_this(), &quota_), copied);
   if (bsp && streamed) return state;  // held until EndCapture
+  if (!bsp) state.pause_seconds = absl::ToDoubleSeconds(absl::Now() - state.paused);
   RETURN_IF_ERROR(EndCapture(&state));
   return state;
 }
 
 absl::Status Job::EndCapture(JobState* state) {
-  if (!state->held) {
-    if (state->pause_seconds == 0) state->pause_seconds = absl::ToDoubleSeconds(absl::Now() - state->paused);
-    return absl::OkStatus();
-  }
+  if (!state->held) return absl::OkStatus();
   state->held = false;
   std::vector<std::function<void(absl::Status)>> ready;
   bool drain;
