@@ -13,6 +13,7 @@
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "common/table_lifecycle.h"
+#include "server/cold_tier.h"
 #include "server/table.h"
 
 namespace fulcrum {
@@ -83,7 +84,20 @@ SparseTable::Counts SparseTable::counts() const {
   c.evicted_ttl = evicted_ttl_.load(std::memory_order_relaxed);
   c.sketch_bytes = sketch_bytes_.load(std::memory_order_relaxed);
   c.sketch_agings = sketch_agings_.load(std::memory_order_relaxed);
+  c.demoted = demoted_.load(std::memory_order_relaxed);
+  c.promoted = promoted_.load(std::memory_order_relaxed);
+  c.cold_reads = cold_reads_.load(std::memory_order_relaxed);
   return c;
+}
+
+absl::Status SparseTable::AttachColdTier(ColdTier* tier, uint32_t space) {
+  if (life_.max_rows_per_shard == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sparse table '", name_, "' has no cap: a cold tier holds the rows past one"));
+  }
+  tier_ = tier;
+  tier_space_ = space;
+  return absl::OkStatus();
 }
 
 float* SparseTable::RowAt(Partition* p, uint32_t r) const {
@@ -476,15 +490,20 @@ absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint
                                size_t n, float* out) {
   Partition* p = partitions_[vshard].get();
   absl::MutexLock lock(&p->mu);
+  std::vector<uint32_t> cold;  // with a cold tier: idx of the keys not in memory
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = keys[idx[i]];
     float* dst = out + size_t{idx[i]} * dim_;
     if (life_.on()) {
       // Rows are made by admitted pushes only: a missing one reads as it
-      // would start.
+      // would start (or, with a cold tier, as it lies on disk).
       auto it = p->index.find(key);
       if (it == p->index.end()) {
-        init_.Fill(name_hash_, key, 0, dst, dim_);
+        if (tier_ != nullptr) {
+          cold.push_back(idx[i]);
+        } else {
+          init_.Fill(name_hash_, key, 0, dst, dim_);
+        }
       } else {
         std::memcpy(dst, RowAt(p, it->second), size_t{dim_} * sizeof(float));
       }
@@ -494,6 +513,28 @@ absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint
     ASSIGN_OR_RETURN(float* row, Row(p, key, &r));
     std::memcpy(dst, row, size_t{dim_} * sizeof(float));
   }
+  // Under the partition's lock, so no push moves these rows meanwhile.
+  if (!cold.empty()) return ReadCold(vshard, keys, cold.data(), cold.size(), out);
+  return absl::OkStatus();
+}
+
+absl::Status SparseTable::ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out) {
+  std::vector<uint64_t> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = keys[idx[i]];
+  ColdRows rows;
+  rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
+  std::vector<bool> found;
+  RETURN_IF_ERROR(tier_->Get(tier_space_, vshard, want.data(), n, &rows, &found));
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float* dst = out + size_t{idx[i]} * dim_;
+    if (found[i]) {
+      std::memcpy(dst, rows.row(next++), size_t{dim_} * sizeof(float));
+    } else {
+      init_.Fill(name_hash_, want[i], 0, dst, dim_);
+    }
+  }
+  cold_reads_.fetch_add(next, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -525,9 +566,29 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   Partition* p = partitions_[vshard].get();
   const OptimizerConfig opt = optimizer_.AtStep(step, lr_scale);
   ScopedFlushDenormals flush;
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
   // A new row's initial value, computed before it has a slot.
   absl::InlinedVector<float, 64> fresh(life_.max_rows_per_shard != 0 ? dim_ : 0);
   absl::MutexLock lock(&p->mu);
+  // With a cold tier: the rows of pushed keys that lie on disk, read in one
+  // batch and promoted as their keys come; the rows this push demotes,
+  // written in one batch after it (a demoted key pushed later in the same
+  // push comes back from here).
+  ColdRows cold, demoted;
+  absl::flat_hash_map<uint64_t, uint32_t> cold_at, demoted_at;
+  std::vector<uint64_t> promoted;
+  if (tier_ != nullptr) {
+    cold.row_floats = demoted.row_floats = static_cast<uint32_t>(row_floats);
+    std::vector<uint64_t> missing;
+    for (size_t i = 0; i < n; ++i) {
+      if (!p->index.contains(keys[idx[i]])) missing.push_back(keys[idx[i]]);
+    }
+    if (!missing.empty()) {
+      std::vector<bool> found;
+      RETURN_IF_ERROR(tier_->Get(tier_space_, vshard, missing.data(), missing.size(), &cold, &found));
+      for (uint32_t j = 0; j < cold.size(); ++j) cold_at[cold.keys[j]] = j;
+    }
+  }
   if (life_.ttl_steps != 0) SweepExpired(p, step);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = keys[idx[i]];
@@ -539,29 +600,63 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
       r = it->second;
       row = RowAt(p, r);
     } else {
-      ASSIGN_OR_RETURN(const bool admitted, Admit(p, key, step));
-      if (!admitted) {
-        rejected_.fetch_add(1, std::memory_order_relaxed);
-        continue;
+      // A row coming back from the tier (or from this push's demotions).
+      const ColdRows* from = nullptr;
+      uint32_t at = 0;
+      if (tier_ != nullptr) {
+        if (auto c = cold_at.find(key); c != cold_at.end()) {
+          from = &cold;
+          at = c->second;
+        } else if (auto d = demoted_at.find(key); d != demoted_at.end()) {
+          from = &demoted;
+          at = d->second;
+          demoted_at.erase(d);
+        }
+      }
+      if (from == nullptr) {
+        ASSIGN_OR_RETURN(const bool admitted, Admit(p, key, step));
+        if (!admitted) {
+          rejected_.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
       }
       uint32_t victim = kNoSlot;
       if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) {
         victim = PickVictim(p, step);
       }
+      const float* initial = from != nullptr ? from->row(at) : nullptr;
       if (victim != kNoSlot) {
         // The victim's index entry and row are likely out of cache: fetch
         // them while the new row's initial value is computed.
         p->index.prefetch(p->slot_key[victim]);
         const float* old_row = RowAt(p, victim);
         for (size_t b = 0; b < RowBytes(); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(old_row) + b, 1);
-        init_.Fill(name_hash_, key, 0, fresh.data(), dim_);
+        if (initial == nullptr) {
+          init_.Fill(name_hash_, key, 0, fresh.data(), dim_);
+          initial = fresh.data();
+        }
+        if (tier_ != nullptr) {
+          demoted_at[p->slot_key[victim]] = static_cast<uint32_t>(demoted.size());
+          demoted.Add(p->slot_key[victim], p->updates[victim], p->last_step[victim], p->freq[victim], old_row);
+          demoted_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          evicted_cap_.fetch_add(1, std::memory_order_relaxed);
+        }
         Drop(p, victim);
-        evicted_cap_.fetch_add(1, std::memory_order_relaxed);
-        ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step, fresh.data()));
-      } else {
-        ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step));
       }
-      admitted_.fetch_add(1, std::memory_order_relaxed);
+      ASSIGN_OR_RETURN(row, NewRow(p, key, &r, step, initial));
+      if (from != nullptr) {
+        // Bit for bit the row that left: optimizer state, update count,
+        // last use and decayed count too.
+        std::memcpy(row, from->row(at), row_floats * sizeof(float));
+        p->updates[r] = from->updates[at];
+        p->last_step[r] = from->last_step[at];
+        p->freq[r] = from->freq[at];
+        if (from == &cold) promoted.push_back(key);
+        promoted_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        admitted_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     ApplyOptimizer(opt, row, dim_, grads + size_t{idx[i]} * dim_, ++p->updates[r]);
     if (life_.on()) {
@@ -571,6 +666,20 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
                                                                 static_cast<double>(age)) + 1.0);
       }
       p->last_step[r] = std::max(p->last_step[r], step);
+    }
+  }
+  if (tier_ != nullptr) {
+    // Still under the partition's lock: no pull sees a row in neither tier.
+    // Deletions first, so a row promoted and demoted again by this push
+    // ends on disk.
+    RETURN_IF_ERROR(tier_->Delete(tier_space_, vshard, promoted.data(), promoted.size()));
+    if (!demoted_at.empty()) {
+      ColdRows out;
+      out.row_floats = static_cast<uint32_t>(row_floats);
+      for (const auto& [key, j] : demoted_at) {
+        out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
+      }
+      RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, out));
     }
   }
   return absl::OkStatus();

@@ -26,6 +26,9 @@
 
 namespace fulcrum {
 
+class ColdTier;
+struct ColdRows;
+
 // Bytes of weights and optimizer state a job may hold on this server. A
 // job's quota also draws from `pool`, the server's memory limit shared by
 // all its jobs (ParameterServerOptions::memory_limit_bytes), so jobs whose
@@ -260,6 +263,9 @@ class SparseTable final : public Table {
     uint64_t evicted_ttl = 0;  // rows dropped, unused for ttl_steps
     uint64_t sketch_bytes = 0;
     uint64_t sketch_agings = 0;  // times a shard's sketch halved
+    // With a cold tier: rows moved to disk, brought back by a push, and
+    // read from disk by a pull.
+    uint64_t demoted = 0, promoted = 0, cold_reads = 0;
   };
   Counts counts() const;
 
@@ -292,6 +298,15 @@ class SparseTable final : public Table {
   uint64_t CaptureBytes() const;
   // Whether the table has a row cap (eviction's max_rows or max_bytes).
   bool capped() const { return life_.max_rows_per_shard != 0; }
+  // The disk tier (server/cold_tier.h) as the table's second tier: past the
+  // cap a row is demoted to `tier`'s `space` (weights, optimizer state,
+  // update count and lifecycle fields) instead of dropped; a push of a
+  // demoted key promotes it back (no admission: it was admitted), and a
+  // pull reads it where it lies. FAILED_PRECONDITION for a table without a
+  // cap. Set before the table's first push; `tier` outlives the table.
+  // Not yet reachable from a job spec: cuts do not hold demoted rows yet.
+  absl::Status AttachColdTier(ColdTier* tier, uint32_t space);
+  bool spills() const { return tier_ != nullptr; }
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
   // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
   // table's and every key hashes to `vshard`. Without `life`, restored rows
@@ -367,12 +382,19 @@ class SparseTable final : public Table {
   absl::Status RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys, const uint32_t* updates,
                            const float* rows, const SparseShardLife& life) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
+  // With a cold tier: reads the rows of `n` keys missing from memory
+  // (out: dim floats each, at out + dim * idx[i]); keys not on disk read
+  // their initial value.
+  absl::Status ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out);
+
   const uint32_t dim_;
   const Lifecycle life_;
   MemoryQuota* const quota_;
+  ColdTier* tier_ = nullptr;
+  uint32_t tier_space_ = 0;
   std::vector<std::unique_ptr<Partition>> partitions_;
   std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0},
-      sketch_agings_{0};
+      sketch_agings_{0}, demoted_{0}, promoted_{0}, cold_reads_{0};
   // Rows and charged bytes over all partitions, kept as they change, so
   // stats, metrics and heartbeats never wait on a partition's lock (a
   // checkpoint holds each in turn while it copies it).

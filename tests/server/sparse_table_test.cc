@@ -3,9 +3,12 @@
 // eviction past a cap by LRU and by decayed LFU, by TTL, bad knobs refused
 // naming the field, and the same pushes giving the same rows. The clock is
 // the push's step, so these run on no wall clock at all.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -15,7 +18,9 @@
 #include <catch2/catch.hpp>
 
 #include "common/shard_map.h"
+#include "server/cold_tier.h"
 #include "server/table.h"
+#include "tests/testing/process_util.h"
 #include "tests/testing/test_util.h"
 
 namespace fulcrum {
@@ -258,6 +263,94 @@ TEST_CASE("the same pushes give the same rows: capped tables fed alike end bit-i
   CHECK(a.table->num_rows() <= 300);
   CHECK(a.table->counts().evicted_cap > 0);
   CHECK(a.table->counts().rejected > 0);
+}
+
+// Pushes gradient 1 for each of `keys` (distinct) at `step`, the keys of
+// each virtual shard in one Apply, as a server applies a push.
+void PushBatch(Fixture& f, const std::vector<uint64_t>& keys, uint64_t step) {
+  std::vector<std::vector<uint32_t>> by_shard(f.shards());
+  for (uint32_t i = 0; i < keys.size(); ++i) by_shard[VShardOfKey(f.table->name_hash(), keys[i], f.shards())].push_back(i);
+  std::vector<float> g(keys.size() * f.table->dim(), 1.0f);
+  for (uint32_t v = 0; v < f.shards(); ++v) {
+    if (by_shard[v].empty()) continue;
+    REQUIRE_OK(f.table->EnsureRows(v, keys.data(), by_shard[v].data(), by_shard[v].size()));
+    REQUIRE_OK(f.table->Apply(v, keys.data(), by_shard[v].data(), by_shard[v].size(), g.data(), step));
+  }
+}
+
+TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for bit: no row is lost") {
+  // Adagrad, so a row that came back without its optimizer state would
+  // take different steps from then on.
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  spec.mutable_admission()->set_min_count(2);
+  v1::TableSpec capped = spec;
+  capped.mutable_eviction()->set_max_rows(64);
+  Fixture all(spec, 4), spill(capped, 4);
+  const std::string dir = testing::MakeTempDir("spill");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
+  REQUIRE_OK(spill.table->AttachColdTier(tier.get(), space));
+  // Batches of 24 distinct keys of 400, the small ones most often: rows
+  // leave and come back, some within one push.
+  uint64_t x = 7;
+  for (uint64_t step = 0; step < 400; ++step) {
+    std::set<uint64_t> batch;
+    while (batch.size() < 24) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const uint64_t u = (x >> 33) % 400;
+      batch.insert(u * u / 400 * 2654435761u + 1);
+    }
+    const std::vector<uint64_t> keys(batch.begin(), batch.end());
+    PushBatch(all, keys, step);
+    PushBatch(spill, keys, step);
+  }
+  const SparseTable::Counts c = spill.table->counts();
+  INFO("demoted " << c.demoted << ", promoted " << c.promoted);
+  CHECK(spill.table->num_rows() <= 64);
+  CHECK(c.evicted_cap == 0);
+  CHECK(c.demoted > 100);
+  CHECK(c.promoted > 100);
+  // The same keys were admitted: a promoted row is not counted again.
+  CHECK(c.rejected == all.table->counts().rejected);
+  CHECK(c.admitted == all.table->counts().admitted);
+  // Memory and disk hold each row once, and together every row.
+  std::set<uint64_t> on_disk;
+  for (uint32_t v = 0; v < 4; ++v) {
+    REQUIRE_OK(tier->Scan(space, v, 4 * 2, 1024, [&](const ColdRows& rows) {
+      on_disk.insert(rows.keys.begin(), rows.keys.end());
+      return absl::OkStatus();
+    }));
+  }
+  std::set<uint64_t> in_memory = spill.Keys(), both;
+  std::set_intersection(in_memory.begin(), in_memory.end(), on_disk.begin(), on_disk.end(),
+                        std::inserter(both, both.end()));
+  CHECK(both.empty());
+  std::set<uint64_t> held = in_memory;
+  held.insert(on_disk.begin(), on_disk.end());
+  CHECK(held == all.Keys());
+  CHECK(on_disk.size() == c.demoted - c.promoted);
+  // Every row reads as the uncapped table's, bit for bit, from either tier.
+  const uint64_t cold_before = spill.table->counts().cold_reads;
+  for (uint64_t key : all.Keys()) {
+    const std::vector<float> a = all.Read(key), b = spill.Read(key);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
+  CHECK(spill.table->counts().cold_reads - cold_before == on_disk.size());
+  // A key never admitted reads its initial value from neither tier.
+  CHECK(spill.Read(999999999) == all.Read(999999999));
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a cold tier needs a cap") {
+  const std::string dir = testing::MakeTempDir("spill");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  Fixture f(Spec());
+  const absl::Status s = f.table->AttachColdTier(tier.get(), 1);
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("'emb' has no cap"));
+  tier.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // A shard's state as its checkpoint record carries it.
