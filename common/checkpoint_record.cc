@@ -81,7 +81,7 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return Crc32cPortable(data, n, crc);
 }
 
-bool KnownFormat(uint32_t format) { return format <= kFormatLifecycle; }
+bool KnownFormat(uint32_t format) { return format <= kFormatColdRows; }
 
 uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc) {
   if (format >= kFormatCrc32c) return Crc32c(data, n, crc);

@@ -23,8 +23,12 @@ inline constexpr uint32_t kFormatCrc32c = 2;
 // Format 3: CRC-32C, and a sparse record's header word may carry
 // kSparseRecordLifecycle (its shard's lifecycle follows its rows).
 inline constexpr uint32_t kFormatLifecycle = 3;
-inline constexpr uint32_t kCurrentFormat = kFormatLifecycle;
+// Format 4: format 3, and a lifecycle row may name slot kColdSlot: the row
+// lies in the server's cold tier (server/cold_tier.h), not in memory.
+inline constexpr uint32_t kFormatColdRows = 4;
+inline constexpr uint32_t kCurrentFormat = kFormatColdRows;
 inline constexpr uint32_t kSparseRecordLifecycle = 1;
+inline constexpr uint32_t kColdSlot = 0xffffffffu;
 // More optimizer slots than any optimizer keeps (Adam and FTRL: 2) marks a
 // record as malformed before any size is computed from them.
 inline constexpr uint32_t kMaxRecordSlots = 8;
@@ -39,7 +43,8 @@ uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc
 bool KnownFormat(uint32_t format);
 
 // A sparse shard's lifecycle, as a format-3 record carries it
-// (docs/checkpoint-format.md): per row (in the record's key order) its slot,
+// (docs/checkpoint-format.md): per row (in the record's key order) its slot
+// (kColdSlot: the row lies in the cold tier),
 // the step of its last push and its decayed push count; the shard's slot
 // count, its victim and TTL cursors, its freed slots (in the order they
 // are reused, last first) and its admission sketch (empty: none yet).

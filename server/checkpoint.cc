@@ -212,8 +212,9 @@ absl::StatusOr<std::vector<CutRecord>> CutRecords(const std::string& prefix, con
   return refs;
 }
 
-// A record's value before its checksum; adds a shard's rows to `rows`.
-void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value, uint64_t* rows) {
+// A record's value before its checksum; adds a shard's rows to `rows`. Fails
+// only when a streamed shard's rows on disk could not be read.
+absl::Status EncodeRecord(const JobState& state, const CutRecord& r, std::string* value, uint64_t* rows) {
   value->clear();
   if (r.dense) {
     const JobState::Dense& d = state.dense[r.table];
@@ -224,12 +225,13 @@ void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value,
     Append(value, length);
     Append(value, slots);
     value->append(reinterpret_cast<const char*>(c.block.get()), size_t{length} * (1 + slots) * sizeof(float));
-    return;
+    return absl::OkStatus();
   }
   const JobState::Sparse& s = state.sparse[r.table];
   SparseTable::ShardState streamed;
   if (r.streamed) streamed = s.table->CaptureShard(s.stream[r.item]);
   const SparseTable::ShardState& sh = r.streamed ? streamed : s.shards[r.item];
+  RETURN_IF_ERROR(sh.error);
   const uint32_t n = static_cast<uint32_t>(sh.keys.size());
   Append(value, n);
   Append(value, s.table->dim());
@@ -251,6 +253,7 @@ void EncodeRecord(const JobState& state, const CutRecord& r, std::string* value,
     value->append(reinterpret_cast<const char*>(sh.sketch.data()), sh.sketch.size() * 2);
   }
   *rows += n;
+  return absl::OkStatus();
 }
 
 struct SstTotals {
@@ -271,7 +274,7 @@ absl::Status WriteSst(const std::string& sst, rocksdb::Env* env, const JobState&
   RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
   std::string value;
   for (const CutRecord& r : refs) {
-    EncodeRecord(state, r, &value, &totals->rows);
+    RETURN_IF_ERROR(EncodeRecord(state, r, &value, &totals->rows));
     const uint32_t crc = Crc(kCurrentFormat, value.data(), value.size());
     Append(&value, crc);
     totals->combined = Crc(kCurrentFormat, &crc, sizeof(crc), totals->combined);

@@ -388,12 +388,69 @@ SparseTable::ShardState SparseTable::CaptureShard(uint32_t v) const {
     s.last_step.push_back(p->last_step[r]);
     s.freq.push_back(p->freq[r]);
   }
+  if (tier_ != nullptr) MergeColdRows(v, &s);
   s.slots = static_cast<uint32_t>(p->updates.size());
   s.victim_cursor = p->victim_cursor;
   s.ttl_cursor = p->ttl_cursor;
   s.free_slots = p->free_slots;
   s.sketch = p->sketch;
   return s;
+}
+
+void SparseTable::MergeColdRows(uint32_t v, ShardState* s) const {
+  // The shard's rows on disk, read under its lock (no push moves a row
+  // meanwhile) and merged with those in memory in key order, each with slot
+  // kColdSlot. A read that fails leaves the state marked failed.
+  const size_t row_floats = size_t{dim_} * (1 + num_slots());
+  ColdRows cold;
+  cold.row_floats = static_cast<uint32_t>(row_floats);
+  const absl::Status read = tier_->Scan(tier_space_, v, cold.row_floats, size_t{1} << 16, [&](const ColdRows& batch) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      cold.Add(batch.keys[i], batch.updates[i], batch.last_step[i], batch.freq[i], batch.row(i));
+    }
+    return absl::OkStatus();
+  });
+  if (!read.ok()) {
+    s->error = read;
+    return;
+  }
+  if (cold.size() == 0) return;
+  ShardState m;
+  m.vshard = s->vshard;
+  m.has_life = true;
+  const size_t total = s->keys.size() + cold.size();
+  m.keys.reserve(total);
+  m.updates.reserve(total);
+  m.rows.reserve(total * row_floats);
+  m.slot.reserve(total);
+  m.last_step.reserve(total);
+  m.freq.reserve(total);
+  size_t a = 0, b = 0;
+  while (a < s->keys.size() || b < cold.size()) {
+    if (b == cold.size() || (a < s->keys.size() && s->keys[a] < cold.keys[b])) {
+      m.keys.push_back(s->keys[a]);
+      m.updates.push_back(s->updates[a]);
+      m.rows.insert(m.rows.end(), s->rows.begin() + a * row_floats, s->rows.begin() + (a + 1) * row_floats);
+      m.slot.push_back(s->slot[a]);
+      m.last_step.push_back(s->last_step[a]);
+      m.freq.push_back(s->freq[a]);
+      ++a;
+    } else {
+      m.keys.push_back(cold.keys[b]);
+      m.updates.push_back(cold.updates[b]);
+      m.rows.insert(m.rows.end(), cold.row(b), cold.row(b) + row_floats);
+      m.slot.push_back(kColdSlot);
+      m.last_step.push_back(cold.last_step[b]);
+      m.freq.push_back(cold.freq[b]);
+      ++b;
+    }
+  }
+  s->keys = std::move(m.keys);
+  s->updates = std::move(m.updates);
+  s->rows = std::move(m.rows);
+  s->slot = std::move(m.slot);
+  s->last_step = std::move(m.last_step);
+  s->freq = std::move(m.freq);
 }
 
 absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys,
@@ -437,8 +494,15 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
         absl::StrCat("checkpoint record of table '", name_, "' virtual shard ", vshard, ": ", why));
   };
   if (!p->updates.empty() || !p->sketch.empty()) return bad("the shard was already restored");
-  if (n + uint64_t{life.num_free} != life.slots) {
-    return bad(absl::StrCat(n, " rows and ", life.num_free, " freed slots do not make its ", life.slots, " slots"));
+  // Rows that lay in the cold tier go back there; the rest fill the slots.
+  size_t cold = 0;
+  for (size_t k = 0; k < n; ++k) cold += life.slot[k] == kColdSlot;
+  if (cold != 0 && tier_ == nullptr) {
+    return bad(absl::StrCat(cold, " of its rows lay in a cold tier, and the table has none"));
+  }
+  if (n - cold + uint64_t{life.num_free} != life.slots) {
+    return bad(absl::StrCat(n - cold, " rows in memory and ", life.num_free, " freed slots do not make its ",
+                            life.slots, " slots"));
   }
   if (life.sketch_len != 0 && life.sketch_len != kSketchRows * life_.sketch_width) {
     return bad(absl::StrCat("its admission sketch has ", life.sketch_len, " counters; the table's has ",
@@ -447,6 +511,7 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
   // Every slot is a row's or freed, once.
   std::vector<uint8_t> seen(life.slots, 0);
   for (size_t k = 0; k < n; ++k) {
+    if (life.slot[k] == kColdSlot) continue;
     if (life.slot[k] >= life.slots || seen[life.slot[k]]++) {
       return bad(absl::StrCat("key ", keys[k], " names slot ", life.slot[k], " of ", life.slots, " (or a taken one)"));
     }
@@ -469,8 +534,14 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
   p->live.assign(life.slots, 0);
   p->last_step.assign(life.slots, 0);
   p->freq.assign(life.slots, 0);
+  ColdRows on_disk;
+  on_disk.row_floats = static_cast<uint32_t>(row_floats);
   for (size_t k = 0; k < n; ++k) {
     const uint32_t r = life.slot[k];
+    if (r == kColdSlot) {
+      on_disk.Add(keys[k], updates[k], life.last_step[k], life.freq[k], rows + k * row_floats);
+      continue;
+    }
     std::memcpy(RowAt(p, r), rows + k * row_floats, row_floats * sizeof(float));
     p->index.emplace(keys[k], r);
     rows_.fetch_add(1, std::memory_order_relaxed);
@@ -483,6 +554,7 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
   p->free_slots.assign(life.free_slots, life.free_slots + life.num_free);
   p->victim_cursor = life.victim_cursor;
   p->ttl_cursor = life.ttl_cursor;
+  if (on_disk.size() != 0) RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, on_disk));
   return absl::OkStatus();
 }
 

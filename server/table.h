@@ -285,6 +285,9 @@ class SparseTable final : public Table {
     uint32_t slots = 0, victim_cursor = 0, ttl_cursor = 0;
     std::vector<uint32_t> free_slots;
     std::vector<uint16_t> sketch;
+    // With a cold tier, rows on disk are merged in, slot kColdSlot; not OK
+    // when reading them failed (the state is then not a cut).
+    absl::Status error;
   };
   // Every virtual shard that holds rows (or, with a lifecycle, ever held
   // one or has counted a key).
@@ -304,7 +307,8 @@ class SparseTable final : public Table {
   // demoted key promotes it back (no admission: it was admitted), and a
   // pull reads it where it lies. FAILED_PRECONDITION for a table without a
   // cap. Set before the table's first push; `tier` outlives the table.
-  // Not yet reachable from a job spec: cuts do not hold demoted rows yet.
+  // Cuts hold demoted rows (slot kColdSlot) and restore puts them back on
+  // disk. Not yet reachable from a job spec.
   absl::Status AttachColdTier(ColdTier* tier, uint32_t space);
   bool spills() const { return tier_ != nullptr; }
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
@@ -385,6 +389,8 @@ class SparseTable final : public Table {
   // With a cold tier: reads the rows of `n` keys missing from memory
   // (out: dim floats each, at out + dim * idx[i]); keys not on disk read
   // their initial value.
+  // CaptureShard's last part: the shard's rows on disk merged in.
+  void MergeColdRows(uint32_t vshard, ShardState* s) const;  // under the shard's lock
   absl::Status ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out);
 
   const uint32_t dim_;

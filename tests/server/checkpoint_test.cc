@@ -462,7 +462,7 @@ TEST_CASE("record checksums are CRC-32C, in hardware and portably alike, and an 
     REQUIRE_OK(c.CreateJob(Spec("job")));
     Step(c, "job", 0);
     REQUIRE_OK_AND_ASSIGN(v1::ShardCutMeta meta, ps->Checkpoint("job", 1, 1, absl::Seconds(5)));
-    REQUIRE(meta.format() == kFormatLifecycle);
+    REQUIRE(meta.format() == kCurrentFormat);
   }
   {
     // A cut from a future build: format 99.

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -265,6 +266,31 @@ TEST_CASE("the same pushes give the same rows: capped tables fed alike end bit-i
   CHECK(a.table->counts().rejected > 0);
 }
 
+// A shard's state as its checkpoint record carries it.
+SparseShardLife LifeOf(const SparseTable::ShardState& s) {
+  SparseShardLife l;
+  l.slot = s.slot.data();
+  l.last_step = s.last_step.data();
+  l.freq = s.freq.data();
+  l.slots = s.slots;
+  l.victim_cursor = s.victim_cursor;
+  l.ttl_cursor = s.ttl_cursor;
+  l.free_slots = s.free_slots.data();
+  l.num_free = static_cast<uint32_t>(s.free_slots.size());
+  l.sketch = s.sketch.data();
+  l.sketch_len = static_cast<uint32_t>(s.sketch.size());
+  return l;
+}
+
+void RestoreInto(Fixture& to, const std::vector<SparseTable::ShardState>& from, uint64_t step) {
+  for (const auto& s : from) {
+    const SparseShardLife life = LifeOf(s);
+    REQUIRE_OK(to.table->Restore(s.vshard, to.table->dim(), static_cast<uint32_t>(to.table->num_slots()),
+                                 s.keys.size(), s.keys.data(), s.updates.data(), s.rows.data(), step,
+                                 s.has_life ? &life : nullptr));
+  }
+}
+
 // Pushes gradient 1 for each of `keys` (distinct) at `step`, the keys of
 // each virtual shard in one Apply, as a server applies a push.
 void PushBatch(Fixture& f, const std::vector<uint64_t>& keys, uint64_t step) {
@@ -321,7 +347,14 @@ TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for 
       return absl::OkStatus();
     }));
   }
-  std::set<uint64_t> in_memory = spill.Keys(), both;
+  // A cut lists both tiers' rows, those on disk with slot kColdSlot.
+  std::set<uint64_t> in_memory, both;
+  for (const auto& sh : spill.table->Capture()) {
+    for (size_t k = 0; k < sh.keys.size(); ++k) {
+      if (sh.slot[k] != kColdSlot) in_memory.insert(sh.keys[k]);
+    }
+  }
+  CHECK(spill.Keys() == all.Keys());
   std::set_intersection(in_memory.begin(), in_memory.end(), on_disk.begin(), on_disk.end(),
                         std::inserter(both, both.end()));
   CHECK(both.empty());
@@ -342,6 +375,89 @@ TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for 
   std::filesystem::remove_all(dir);
 }
 
+// The keys of push `step` of the spill tests' stream: 24 distinct of 400,
+// the small ones most often.
+std::vector<uint64_t> SpillBatch(uint64_t step) {
+  uint64_t x = step * 0x9e3779b97f4a7c15ull + 7;
+  std::set<uint64_t> batch;
+  while (batch.size() < 24) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const uint64_t u = (x >> 33) % 400;
+    batch.insert(u * u / 400 * 2654435761u + 1);
+  }
+  return {batch.begin(), batch.end()};
+}
+
+// Every row a table's cold tier holds, by key: (update count, last push,
+// floats).
+std::map<uint64_t, std::vector<float>> DiskRows(ColdTier& tier, uint32_t space, uint32_t shards, uint32_t row_floats) {
+  std::map<uint64_t, std::vector<float>> out;
+  for (uint32_t v = 0; v < shards; ++v) {
+    REQUIRE_OK(tier.Scan(space, v, row_floats, 1024, [&](const ColdRows& rows) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<float>& r = out[rows.keys[i]];
+        r.assign(rows.row(i), rows.row(i) + row_floats);
+        r.push_back(static_cast<float>(rows.updates[i]));
+        r.push_back(static_cast<float>(rows.last_step[i]));
+      }
+      return absl::OkStatus();
+    }));
+  }
+  return out;
+}
+
+TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a restored table goes on as the first") {
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  spec.mutable_admission()->set_min_count(2);
+  spec.mutable_eviction()->set_max_rows(64);
+  const std::string dir = testing::MakeTempDir("spill");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t s1, tier->Space("job", "emb"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t s2, tier->Space("restored", "emb"));
+  Fixture a(spec, 4), b(spec, 4);
+  REQUIRE_OK(a.table->AttachColdTier(tier.get(), s1));
+  REQUIRE_OK(b.table->AttachColdTier(tier.get(), s2));
+  for (uint64_t step = 0; step < 200; ++step) PushBatch(a, SpillBatch(step), step);
+  const std::vector<SparseTable::ShardState> cut = a.table->Capture();
+  size_t cold = 0;
+  for (const auto& sh : cut) {
+    REQUIRE_OK(sh.error);
+    cold += std::count(sh.slot.begin(), sh.slot.end(), kColdSlot);
+    CHECK(std::is_sorted(sh.keys.begin(), sh.keys.end()));
+  }
+  const auto disk_a = DiskRows(*tier, s1, 4, 8);
+  CHECK(cold == disk_a.size());
+  CHECK(cold > 50);
+
+  RestoreInto(b, cut, 200);
+  CHECK(DiskRows(*tier, s2, 4, 8) == disk_a);
+  CheckSameShards(b.table->Capture(), cut);
+  // Both go on alike: the same rows promoted, demoted and admitted.
+  for (uint64_t step = 200; step < 300; ++step) {
+    PushBatch(a, SpillBatch(step), step);
+    PushBatch(b, SpillBatch(step), step);
+  }
+  CheckSameShards(a.table->Capture(), b.table->Capture());
+  CHECK(DiskRows(*tier, s1, 4, 8) == DiskRows(*tier, s2, 4, 8));
+
+  // A table without a cold tier refuses the cut, naming why.
+  Fixture c(spec, 4);
+  bool refused = false;
+  for (const auto& sh : cut) {
+    if (std::count(sh.slot.begin(), sh.slot.end(), kColdSlot) == 0) continue;
+    const SparseShardLife life = LifeOf(sh);
+    const absl::Status st = c.table->Restore(sh.vshard, 4, 1, sh.keys.size(), sh.keys.data(), sh.updates.data(),
+                                             sh.rows.data(), 200, &life);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(st.message()), Catch::Contains("lay in a cold tier, and the table has none"));
+    refused = true;
+    break;
+  }
+  CHECK(refused);
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a cold tier needs a cap") {
   const std::string dir = testing::MakeTempDir("spill");
   REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
@@ -351,31 +467,6 @@ TEST_CASE("a cold tier needs a cap") {
   CHECK_THAT(std::string(s.message()), Catch::Contains("'emb' has no cap"));
   tier.reset();
   std::filesystem::remove_all(dir);
-}
-
-// A shard's state as its checkpoint record carries it.
-SparseShardLife LifeOf(const SparseTable::ShardState& s) {
-  SparseShardLife l;
-  l.slot = s.slot.data();
-  l.last_step = s.last_step.data();
-  l.freq = s.freq.data();
-  l.slots = s.slots;
-  l.victim_cursor = s.victim_cursor;
-  l.ttl_cursor = s.ttl_cursor;
-  l.free_slots = s.free_slots.data();
-  l.num_free = static_cast<uint32_t>(s.free_slots.size());
-  l.sketch = s.sketch.data();
-  l.sketch_len = static_cast<uint32_t>(s.sketch.size());
-  return l;
-}
-
-void RestoreInto(Fixture& to, const std::vector<SparseTable::ShardState>& from, uint64_t step) {
-  for (const auto& s : from) {
-    const SparseShardLife life = LifeOf(s);
-    REQUIRE_OK(to.table->Restore(s.vshard, to.table->dim(), static_cast<uint32_t>(to.table->num_slots()),
-                                 s.keys.size(), s.keys.data(), s.updates.data(), s.rows.data(), step,
-                                 s.has_life ? &life : nullptr));
-  }
 }
 
 TEST_CASE("a captured lifecycle restores into a new table that admits and evicts as the first one goes on to") {
