@@ -7,7 +7,7 @@ cluster.sh, 2 servers, 1 worker, plaintext) trains a factorization machine on
 it, one epoch, testing on the rows that follow the log (its last segment):
 
   uncapped   every id a row, kept: the rows the job needs (R) and its AUC;
-  capped     each table capped at --cap_fraction of R (eviction LRU), a cut
+  capped     each table capped at --cap_fraction of R (eviction --policy, LRU by default), a cut
              every --cut_seconds: runs to the end; each server's resident
              memory sampled every --sample_seconds, and its peak (VmHWM,
              cuts included) checked against its cap: what its tables
@@ -218,6 +218,7 @@ def main():
     p.add_argument("--drift", type=float, default=0.4)
     p.add_argument("--vocab", type=int, default=1_000_000)
     p.add_argument("--cap_fraction", type=float, default=0.25)
+    p.add_argument("--policy", default="LRU", choices=["LRU", "LFU"], help="the capped run's eviction policy")
     p.add_argument("--admission_rows", type=int, default=4_000_000)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--sketch_widths", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
@@ -250,7 +251,7 @@ def main():
     cap = int(needed * args.cap_fraction)
     if "capped" not in skip and cap > 0:
         st, samples, base, _, peak = train(args, "capped", spec("capped", "stream", args.batch,
-                                                                 f"eviction: {{policy: LRU, max_rows: {cap}}}",
+                                                                 f"eviction: {{policy: {args.policy}, max_rows: {cap}}}",
                                                                  args.cut_seconds))
         results["capped"] = (st, samples, base, peak)
 
