@@ -3,7 +3,7 @@
 // run.
 //
 // Fills a tier with --rows rows (dim floats and two optimizer slots'
-// worth, as Adagrad's dim 16 rows with their state) over 256 virtual
+// worth, as Adam's rows with their state: 48 floats at dim 16) over 256 virtual
 // shards, cuts it (the rows in table files, as a long-running tier holds
 // them), then reads batches of --batch keys of one virtual shard, picked
 // Zipf(--zipf) over the rows, two ways in alternating rounds:
