@@ -649,6 +649,10 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   ColdRows cold, demoted;
   absl::flat_hash_map<uint64_t, uint32_t> cold_at, demoted_at;
   std::vector<uint64_t> promoted;
+  std::vector<float> back;
+  uint32_t back_updates = 0;
+  uint64_t back_step = 0;
+  float back_freq = 0;
   if (tier_ != nullptr) {
     cold.row_floats = demoted.row_floats = static_cast<uint32_t>(row_floats);
     std::vector<uint64_t> missing;
@@ -696,7 +700,15 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
       if (life_.max_rows_per_shard != 0 && p->index.size() >= life_.max_rows_per_shard) {
         victim = PickVictim(p, step);
       }
-      const float* initial = from != nullptr ? from->row(at) : nullptr;
+      // A promoted row, copied out before a demotion below can move the
+      // buffer it lies in.
+      if (from != nullptr) {
+        back.assign(from->row(at), from->row(at) + row_floats);
+        back_updates = from->updates[at];
+        back_step = from->last_step[at];
+        back_freq = from->freq[at];
+      }
+      const float* initial = from != nullptr ? back.data() : nullptr;
       if (victim != kNoSlot) {
         // The victim's index entry and row are likely out of cache: fetch
         // them while the new row's initial value is computed.
@@ -720,10 +732,10 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
       if (from != nullptr) {
         // Bit for bit the row that left: optimizer state, update count,
         // last use and decayed count too.
-        std::memcpy(row, from->row(at), row_floats * sizeof(float));
-        p->updates[r] = from->updates[at];
-        p->last_step[r] = from->last_step[at];
-        p->freq[r] = from->freq[at];
+        std::memcpy(row, back.data(), row_floats * sizeof(float));
+        p->updates[r] = back_updates;
+        p->last_step[r] = back_step;
+        p->freq[r] = back_freq;
         if (from == &cold) promoted.push_back(key);
         promoted_.fetch_add(1, std::memory_order_relaxed);
       } else {
