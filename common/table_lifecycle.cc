@@ -6,6 +6,7 @@ namespace fulcrum {
 
 std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1::AdmissionSpec* a,
                                                                         const v1::EvictionSpec* e,
+                                                                        const v1::StorageSpec* st,
                                                                         uint64_t row_bytes) {
   std::vector<std::pair<std::string, std::string>> out;
   auto bad = [&](const char* field, std::string what) { out.emplace_back(field, std::move(what)); };
@@ -35,7 +36,13 @@ std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1
           absl::StrCat(e->max_bytes(), " is below one row (", least,
                        row_bytes != 0 ? " bytes of weights and optimizer state)" : " bytes at the least)"));
     }
-    if (e->max_rows() == 0 && e->max_bytes() == 0 && e->ttl_steps() == 0) {
+    if (st != nullptr) {
+      // Beside a disk tier, eviction only orders the rows that move there.
+      if (e->max_rows() != 0 || e->max_bytes() != 0 || e->ttl_steps() != 0) {
+        bad("eviction", "with storage takes only policy and lfu_decay (which rows move to disk): rows on disk are "
+                        "never dropped, and storage.memory_bytes is the cap on rows in memory");
+      }
+    } else if (e->max_rows() == 0 && e->max_bytes() == 0 && e->ttl_steps() == 0) {
       bad("eviction", "needs max_rows, max_bytes or ttl_steps");
     }
     if (e->max_rows() > (uint64_t{1} << 40)) {
@@ -43,6 +50,19 @@ std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1
     }
     if (!(e->lfu_decay() >= 0 && e->lfu_decay() <= 1)) {
       bad("eviction.lfu_decay", absl::StrCat(e->lfu_decay(), " must be in (0, 1], or 0 for 0.99"));
+    }
+  }
+  if (st != nullptr) {
+    if (st->spill() != v1::StorageSpec::ROCKSDB) {
+      bad("storage.spill", st->spill() == v1::StorageSpec::SPILL_UNSPECIFIED
+                               ? std::string("must name the tier rows past memory_bytes move to: ROCKSDB")
+                               : absl::StrCat(static_cast<int>(st->spill()), " is not ROCKSDB"));
+    }
+    const uint64_t least = row_bytes != 0 ? row_bytes : sizeof(float);
+    if (st->memory_bytes() < least) {
+      bad("storage.memory_bytes",
+          absl::StrCat(st->memory_bytes(), " is below one row (", least,
+                       row_bytes != 0 ? " bytes of weights and optimizer state)" : " bytes at the least)"));
     }
   }
   return out;

@@ -108,6 +108,9 @@ class ColdTier {
   Counts counts() const;
   // Bytes of the tier's live table files and memtables (RocksDB's estimate).
   uint64_t DiskBytes() const;
+  // Memory RocksDB holds for the tier: memtables, table readers (indexes
+  // and Bloom filters) and block cache, as it counts them.
+  uint64_t MemoryBytes() const;
 
  private:
   ColdTier(std::string dir, rocksdb::Env* env, bool read_only);

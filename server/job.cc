@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "common/parallel.h"
 #include "common/status_macros.h"
+#include "server/cold_tier.h"
 
 namespace fulcrum {
 namespace job_internal {
@@ -70,7 +71,8 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                  uint32_t num_virtual_shards,
                                                  uint64_t default_quota_bytes,
                                                  DeadlineTimer* timer,
-                                                 std::shared_ptr<MemoryQuota> memory_pool) {
+                                                 std::shared_ptr<MemoryQuota> memory_pool,
+                                                 ColdTier* cold_tier) {
   const std::string& id = spec.job_id();
   if (id.empty() || id.size() > 128 ||
       !std::all_of(id.begin(), id.end(), [](char c) {
@@ -124,6 +126,9 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
     }
     auto table = CreateTable(t, num_virtual_shards, &job->quota_);
     if (!table.ok()) return Annotate(table.status(), absl::StrCat("job '", id, "'"));
+    if (!(*table)->is_dense() && static_cast<SparseTable*>(table->get())->lifecycle().spill) {
+      RETURN_IF_ERROR(job->AttachColdTier(static_cast<SparseTable*>(table->get()), cold_tier));
+    }
     if ((*table)->is_dense()) chunks += static_cast<DenseTable*>(table->get())->num_chunks();
     if (chunks > kMaxDenseChunks) {
       return absl::ResourceExhaustedError(absl::StrCat("job '", id, "': its dense tables up to '", t.name(), "' make ",
@@ -155,6 +160,30 @@ Job::Job(const v1::PsJobSpec& spec, Model model, uint64_t quota, DeadlineTimer* 
 Job::~Job() {
   // Tables release their quota in their destructors; drop them first.
   tables_.clear();
+  // No request holds the job any more: nothing writes its rows on disk.
+  for (uint32_t space : cold_spaces_) {
+    if (absl::Status s = cold_tier_->Drop(space); !s.ok()) {
+      FLOG(WARNING) << "job '" << id() << "': its rows on disk stay until the server restarts: " << s;
+    }
+  }
+}
+
+absl::Status Job::AttachColdTier(SparseTable* table, ColdTier* tier) {
+  if (tier == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", id(), "': table '", table->name(),
+        "' spills rows to disk (storage.spill ROCKSDB), but this server has no data directory (start it with "
+        "--data_dir) for its cold tier"));
+  }
+  // A space of this job's own, never one a deleted job of the same id
+  // still drops: job ids come back (a job rolled back is created anew).
+  static std::atomic<uint64_t> incarnation{0};
+  cold_tier_ = tier;
+  ASSIGN_OR_RETURN(const uint32_t space,
+                   tier->Space(absl::StrCat(id(), "#", incarnation.fetch_add(1, std::memory_order_relaxed)),
+                               table->name()));
+  cold_spaces_.push_back(space);
+  return table->AttachColdTier(tier, space);
 }
 
 absl::Status Job::MaterializeOwned(const ShardMap& map, uint32_t self) {

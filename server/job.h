@@ -71,12 +71,16 @@ struct JobState {
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  // Validates the spec; INVALID_ARGUMENT names the field.
+  // Validates the spec; INVALID_ARGUMENT names the field. `cold_tier`:
+  // the server's disk tier, which tables with storage.spill spill into (in
+  // spaces of their own, dropped when the job goes); null on a server
+  // without a data directory, where such a table is FAILED_PRECONDITION.
   static absl::StatusOr<std::shared_ptr<Job>> Create(const v1::PsJobSpec& spec,
                                                      uint32_t num_virtual_shards,
                                                      uint64_t default_quota_bytes,
                                                      DeadlineTimer* timer,
-                                                     std::shared_ptr<MemoryQuota> memory_pool = nullptr);
+                                                     std::shared_ptr<MemoryQuota> memory_pool = nullptr,
+                                                     ColdTier* cold_tier = nullptr);
   ~Job();
 
   const v1::PsJobSpec& spec() const { return spec_; }
@@ -306,6 +310,11 @@ class Job : public std::enable_shared_from_this<Job> {
   const bool mean_;
   DeadlineTimer* const timer_;
   MemoryQuota quota_;
+  // Gives `table` a space of `tier` (null: none on this server).
+  absl::Status AttachColdTier(SparseTable* table, ColdTier* tier);
+  // The disk tier's spaces of this job's spilling tables, dropped with it.
+  ColdTier* cold_tier_ = nullptr;
+  std::vector<uint32_t> cold_spaces_;
   uint32_t num_virtual_shards_ = 0;
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;  // immutable after Create
   RecentRequestIds dedup_;

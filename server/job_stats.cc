@@ -30,6 +30,10 @@ std::vector<v1::SparseTableStats> Job::SparseTableStats() const {
     s.set_evicted_cap(c.evicted_cap);
     s.set_evicted_ttl(c.evicted_ttl);
     s.set_sketch_bytes(c.sketch_bytes);
+    s.set_cold_rows(c.cold_rows);
+    s.set_demoted(c.demoted);
+    s.set_promoted(c.promoted);
+    s.set_cold_reads(c.cold_reads);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.table() < b.table(); });
   return out;
@@ -51,6 +55,9 @@ v1::GetJobResponse Job::Stats() const {
     r.set_sparse_rows_rejected(r.sparse_rows_rejected() + t.rejected());
     r.set_sparse_rows_evicted_cap(r.sparse_rows_evicted_cap() + t.evicted_cap());
     r.set_sparse_rows_evicted_ttl(r.sparse_rows_evicted_ttl() + t.evicted_ttl());
+    r.set_sparse_rows_cold(r.sparse_rows_cold() + t.cold_rows());
+    r.set_sparse_rows_demoted(r.sparse_rows_demoted() + t.demoted());
+    r.set_sparse_rows_promoted(r.sparse_rows_promoted() + t.promoted());
   }
   absl::MutexLock lock(&mu_);
   r.set_applied_step(applied_step_);
@@ -148,6 +155,16 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
         out->Counter("fulcrum_server_sparse_sketch_agings_total",
                      "Times a virtual shard's admission sketch halved its counts (its window passed)", table,
                      static_cast<double>(c.sketch_agings));
+        if (sp->spills()) {
+          out->Gauge("fulcrum_server_sparse_cold_rows", "Rows of a sparse table on this server's disk (storage.spill)",
+                     table, static_cast<double>(c.cold_rows));
+          out->Counter("fulcrum_server_sparse_demoted_total", "Rows moved to disk past the table's memory budget",
+                       table, static_cast<double>(c.demoted));
+          out->Counter("fulcrum_server_sparse_promoted_total", "Rows brought back to memory from disk by a push",
+                       table, static_cast<double>(c.promoted));
+          out->Counter("fulcrum_server_sparse_cold_reads_total", "Rows a pull read from disk", table,
+                       static_cast<double>(c.cold_reads));
+        }
       }
     }
     out->Gauge("fulcrum_server_parameters",

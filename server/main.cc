@@ -62,8 +62,8 @@ ABSL_FLAG(absl::Duration, shared_memory_poll, absl::Microseconds(500),
 ABSL_FLAG(std::string, metrics_addr, "0.0.0.0:9401",
           "host:port to serve Prometheus metrics on (GET /metrics); empty: no metrics endpoint");
 ABSL_FLAG(std::string, data_dir, "",
-          "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints); "
-          "empty: no checkpoints");
+          "directory for this server's checkpoints (a RocksDB database in <data_dir>/checkpoints) and the "
+          "rows tables spill from memory (<data_dir>/cold); empty: no checkpoints and no table that spills");
 ABSL_FLAG(absl::Duration, fault_checkpoint_commit_delay, absl::ZeroDuration(),
           "fault injection for crash tests: each checkpoint's records wait this long uncommitted, "
           "logged when the wait starts (0: off; not for use in production)");
@@ -131,9 +131,10 @@ void LogStartup(const fulcrum::ParameterServerOptions& options, const std::optio
                 const fulcrum::PsGrpcServer::Options& grpc_options) {
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (options.data_dir.empty()) {
-    FLOG(INFO) << "no --data_dir: this server takes no checkpoints";
+    FLOG(INFO) << "no --data_dir: this server takes no checkpoints and holds no table that spills to disk";
   } else {
-    FLOG(INFO) << "checkpoints in " << options.data_dir << "/checkpoints";
+    FLOG(INFO) << "checkpoints in " << options.data_dir << "/checkpoints, rows spilled from memory in "
+               << options.data_dir << "/cold";
   }
   if (map) {
     FLOG(INFO) << "fulcrum-server listening on " << address << " as server "

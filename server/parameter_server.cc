@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     ASSIGN_OR_RETURN(ps->store_, CheckpointStore::Open(ps->options_.data_dir + "/checkpoints",
                                                           ps->options_.checkpoint_env,
                                                           ps->options_.checkpoint_commit_delay));
+    ASSIGN_OR_RETURN(ps->cold_tier_, ColdTier::Open(ps->options_.data_dir + "/cold", ps->options_.cold_tier_env));
   }
   uint32_t self = 0;
   if (map != nullptr) {
@@ -221,7 +222,8 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJobUnchecked(const 
     }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, map->num_virtual_shards(),
-                                                         options_.default_quota_bytes, &timer_, memory_));
+                                                         options_.default_quota_bytes, &timer_, memory_,
+                                                         cold_tier_.get()));
   RETURN_IF_ERROR(job->MaterializeOwned(*map, ref.self));
   v1::CreateJobResponse r;
   r.set_bytes_used(job->bytes_used());
@@ -667,6 +669,22 @@ void ParameterServer::CollectMetrics(metrics::Scrape* out) const {
     }
   }
   for (const auto& job : jobs) job->CollectMetrics(out);
+  if (cold_tier_) {
+    const ColdTier::Counts c = cold_tier_->counts();
+    out->Gauge("fulcrum_server_cold_tier_bytes",
+               "Bytes of the cold tier's live files and memtables (rows spilled from memory, every job)", {},
+               static_cast<double>(cold_tier_->DiskBytes()));
+    out->Gauge("fulcrum_server_cold_tier_memory_bytes",
+               "Memory RocksDB holds for the cold tier: memtables, indexes and filters, block cache", {},
+               static_cast<double>(cold_tier_->MemoryBytes()));
+    out->Counter("fulcrum_server_cold_tier_reads_total", "Batched reads of the cold tier (each a RocksDB MultiGet)", {},
+                 static_cast<double>(c.reads));
+    out->Counter("fulcrum_server_cold_tier_writes_total", "Batched writes of the cold tier", {},
+                 static_cast<double>(c.writes));
+    out->Counter("fulcrum_server_cold_tier_reopens_total",
+                 "Times the cold tier reopened RocksDB after a failed write (a full or failing disk)", {},
+                 static_cast<double>(c.reopens));
+  }
   if (store_) {
     out->Counter("fulcrum_server_checkpoint_store_reopens_total",
                  "Times the checkpoint store reopened RocksDB after a failed write (a full or failing disk)", {},

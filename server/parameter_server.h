@@ -21,6 +21,7 @@
 #include "fulcrum/v1/ps.pb.h"
 #include "common/deadline_timer.h"
 #include "server/checkpoint.h"
+#include "server/cold_tier.h"
 #include "server/job.h"
 #include "common/metrics/metrics.h"
 
@@ -47,12 +48,15 @@ struct ParameterServerOptions {
   uint32_t servers_per_host = 1;
   // Longest a pull may wait for the consistency model.
   absl::Duration max_wait = absl::Minutes(10);
-  // Checkpoints live in <data_dir>/checkpoints (a RocksDB database); empty:
-  // this server takes no checkpoints.
+  // Checkpoints live in <data_dir>/checkpoints (a RocksDB database), rows
+  // that spill from memory (storage.spill) in <data_dir>/cold; empty: this
+  // server takes no checkpoints and holds no table that spills.
   std::string data_dir;
   // The environment the checkpoint store's RocksDB works through (nullptr:
   // the default). Tests give one whose writes fail on demand.
   rocksdb::Env* checkpoint_env = nullptr;
+  // The same for the cold tier.
+  rocksdb::Env* cold_tier_env = nullptr;
   // Fault injection for crash tests (fulcrum-server
   // --fault_checkpoint_commit_delay): each checkpoint's records wait this
   // long uncommitted, and the server logs when the wait starts. 0 in use.
@@ -184,6 +188,8 @@ class ParameterServer {
   const ParameterServerOptions options_;
   const std::shared_ptr<MemoryQuota> memory_;  // every job's quota draws from it
   std::unique_ptr<CheckpointStore> store_;
+  // Null without a data_dir. Outlives every job (they drop their rows).
+  std::unique_ptr<ColdTier> cold_tier_;
   DeadlineTimer timer_;
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -36,7 +36,8 @@ absl::StatusOr<SparseTable::Lifecycle> SparseTable::LifecycleFromProto(const v1:
                                                                        uint64_t row_bytes) {
   Lifecycle life;
   const auto problems = TableLifecycleProblems(spec.has_admission() ? &spec.admission() : nullptr,
-                                               spec.has_eviction() ? &spec.eviction() : nullptr, row_bytes);
+                                               spec.has_eviction() ? &spec.eviction() : nullptr,
+                                               spec.has_storage() ? &spec.storage() : nullptr, row_bytes);
   if (!problems.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sparse table '", spec.name(), "': ", problems[0].first, " ", problems[0].second));
@@ -57,6 +58,13 @@ absl::StatusOr<SparseTable::Lifecycle> SparseTable::LifecycleFromProto(const v1:
     }
     if (e.lfu_decay() != 0) life.lfu_decay = e.lfu_decay();
     life.ttl_steps = e.ttl_steps();
+  }
+  if (spec.has_storage()) {
+    // The memory budget is the cap; rows past it go to disk.
+    const uint64_t max_rows = spec.storage().memory_bytes() / row_bytes;
+    const uint64_t per = (max_rows + num_virtual_shards - 1) / num_virtual_shards;
+    life.max_rows_per_shard = static_cast<uint32_t>(std::min<uint64_t>(per, uint64_t{1} << 31));
+    life.spill = true;
   }
   return life;
 }
@@ -87,6 +95,7 @@ SparseTable::Counts SparseTable::counts() const {
   c.demoted = demoted_.load(std::memory_order_relaxed);
   c.promoted = promoted_.load(std::memory_order_relaxed);
   c.cold_reads = cold_reads_.load(std::memory_order_relaxed);
+  c.cold_rows = cold_rows_.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -554,7 +563,10 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
   p->free_slots.assign(life.free_slots, life.free_slots + life.num_free);
   p->victim_cursor = life.victim_cursor;
   p->ttl_cursor = life.ttl_cursor;
-  if (on_disk.size() != 0) RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, on_disk));
+  if (on_disk.size() != 0) {
+    RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, on_disk));
+    cold_rows_.fetch_add(on_disk.size(), std::memory_order_relaxed);
+  }
   return absl::OkStatus();
 }
 
@@ -757,6 +769,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
     // Deletions first, so a row promoted and demoted again by this push
     // ends on disk.
     RETURN_IF_ERROR(tier_->Delete(tier_space_, vshard, promoted.data(), promoted.size()));
+    cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
     if (!demoted_at.empty()) {
       ColdRows out;
       out.row_floats = static_cast<uint32_t>(row_floats);
@@ -764,6 +777,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
         out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
       }
       RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, out));
+      cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
     }
   }
   return absl::OkStatus();

@@ -213,6 +213,9 @@ class SparseTable final : public Table {
     uint32_t max_rows_per_shard = 0;  // 0: no cap
     uint64_t ttl_steps = 0;           // 0: none
     float lfu_decay = 0.99f;
+    // storage.spill: rows past the cap move to the server's cold tier
+    // (AttachColdTier) instead of being dropped.
+    bool spill = false;
     bool admission() const { return min_count > 1 || probability > 0; }
     bool on() const { return admission() || max_rows_per_shard > 0 || ttl_steps > 0; }
   };
@@ -266,6 +269,7 @@ class SparseTable final : public Table {
     // With a cold tier: rows moved to disk, brought back by a push, and
     // read from disk by a pull.
     uint64_t demoted = 0, promoted = 0, cold_reads = 0;
+    uint64_t cold_rows = 0;  // rows on disk now
   };
   Counts counts() const;
 
@@ -308,7 +312,8 @@ class SparseTable final : public Table {
   // pull reads it where it lies. FAILED_PRECONDITION for a table without a
   // cap. Set before the table's first push; `tier` outlives the table.
   // Cuts hold demoted rows (slot kColdSlot) and restore puts them back on
-  // disk. Not yet reachable from a job spec.
+  // disk. A job attaches its server's tier to each table whose spec has
+  // storage.spill (lifecycle().spill).
   absl::Status AttachColdTier(ColdTier* tier, uint32_t space);
   bool spills() const { return tier_ != nullptr; }
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
@@ -400,7 +405,7 @@ class SparseTable final : public Table {
   uint32_t tier_space_ = 0;
   std::vector<std::unique_ptr<Partition>> partitions_;
   std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0},
-      sketch_agings_{0}, demoted_{0}, promoted_{0}, cold_reads_{0};
+      sketch_agings_{0}, demoted_{0}, promoted_{0}, cold_reads_{0}, cold_rows_{0};
   // Rows and charged bytes over all partitions, kept as they change, so
   // stats, metrics and heartbeats never wait on a partition's lock (a
   // checkpoint holds each in turn while it copies it).

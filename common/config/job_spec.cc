@@ -230,7 +230,8 @@ void ModelAndDataProblems(const v1::JobSpec& spec, std::vector<std::string>* out
   if (m.factors() < 0 || m.factors() > 4096) p.push_back("model.factors: must be 0 (8) to 4096");
   if (!(m.init_stddev() >= 0)) p.push_back("model.init_stddev: must be >= 0");
   for (const auto& [field, what] : TableLifecycleProblems(m.has_admission() ? &m.admission() : nullptr,
-                                                          m.has_eviction() ? &m.eviction() : nullptr, 0)) {
+                                                          m.has_eviction() ? &m.eviction() : nullptr,
+                                                          m.has_storage() ? &m.storage() : nullptr, 0)) {
     p.push_back(absl::StrCat("model.", field, ": ", what));
   }
   const ModelReads kind = ReadsOf(m);

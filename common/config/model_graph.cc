@@ -125,8 +125,9 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
   const v1::GraphNode& s = *r.spec;
   GraphNodeInfo& g = r.info;
   auto bad = [&](const char* field, const std::string& what) { p->push_back(absl::StrCat(r.path, ".", field, ": ", what)); };
-  if ((s.has_admission() || s.has_eviction()) && g.op != GraphOp::kEmbedding && g.from.empty()) {
-    bad(s.has_admission() ? "admission" : "eviction", "applies to embedding nodes only (their tables)");
+  if ((s.has_admission() || s.has_eviction() || s.has_storage()) && g.op != GraphOp::kEmbedding && g.from.empty()) {
+    bad(s.has_admission() ? "admission" : s.has_eviction() ? "eviction" : "storage",
+        "applies to embedding nodes only (their tables)");
   }
   switch (g.op) {
     case GraphOp::kDenseInput:
@@ -167,11 +168,13 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       g.sum_fields = s.sum_fields();
       g.init_stddev = s.zero_init() ? 0.0f : s.init_stddev() > 0 ? s.init_stddev() : 0.01f;
       for (const auto& [field, what] : TableLifecycleProblems(s.has_admission() ? &s.admission() : nullptr,
-                                                              s.has_eviction() ? &s.eviction() : nullptr, 0)) {
+                                                              s.has_eviction() ? &s.eviction() : nullptr,
+                                                              s.has_storage() ? &s.storage() : nullptr, 0)) {
         bad(field.c_str(), what);
       }
       if (s.has_admission()) *g.lifecycle.mutable_admission() = s.admission();
       if (s.has_eviction()) *g.lifecycle.mutable_eviction() = s.eviction();
+      if (s.has_storage()) *g.lifecycle.mutable_storage() = s.storage();
       break;
     case GraphOp::kLinear:
       if (g.from.empty()) g.cols = s.width();
@@ -584,9 +587,10 @@ absl::StatusOr<v1::ModelSpec> PresetGraph(const v1::ModelSpec& model, int num_fe
     n->set_name(name);
     n->set_op(op);
     if (!input.empty()) n->add_inputs(input);
-    // The model's admission and eviction hold for each of its tables.
+    // The model's admission, eviction and storage hold for each of its tables.
     if (op == "embedding" && model.has_admission()) *n->mutable_admission() = model.admission();
     if (op == "embedding" && model.has_eviction()) *n->mutable_eviction() = model.eviction();
+    if (op == "embedding" && model.has_storage()) *n->mutable_storage() = model.storage();
     return n;
   };
   if (model.type() == "mf") {

@@ -50,7 +50,7 @@ struct GraphNodeInfo {
   bool mean = false, shared = false, sum_fields = false;
   bool fm = false;                  // embedding: pooling fm (one value per field)
   float init_stddev = 0.01f;        // embedding; 0 with zero_init
-  v1::TableSpec lifecycle;          // embedding: its table's admission and eviction, where set
+  v1::TableSpec lifecycle;          // embedding: its table's admission, eviction and storage, where set
   float epsilon = 1e-5f;            // layer_norm
   GraphLoss loss = GraphLoss::kBinaryCrossEntropy;
   int64_t dense_parameters = 0;     // linear: in x out + out; layer_norm: 2 x width; bias: width

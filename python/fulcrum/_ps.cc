@@ -271,6 +271,9 @@ class Tables {
     d["sparse_rows_admitted"] = r->sparse_rows_admitted();
     d["sparse_rows_rejected"] = r->sparse_rows_rejected();
     d["sparse_rows_evicted"] = r->sparse_rows_evicted_cap() + r->sparse_rows_evicted_ttl();
+    d["sparse_rows_cold"] = r->sparse_rows_cold();
+    d["sparse_rows_demoted"] = r->sparse_rows_demoted();
+    d["sparse_rows_promoted"] = r->sparse_rows_promoted();
     d["rank_clock"] = std::vector<uint64_t>(r->rank_clock().begin(), r->rank_clock().end());
     return d;
   }

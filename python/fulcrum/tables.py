@@ -123,5 +123,7 @@ class Tables:
         bytes_used, pushes_applied, rank_clock (per rank, the steps of its
         pushes the server applied) and, for tables with admission or
         eviction, sparse_rows_admitted, sparse_rows_rejected and
-        sparse_rows_evicted."""
+        sparse_rows_evicted; for tables that spill to disk (storage),
+        sparse_rows_cold (rows on disk, not in sparse_rows),
+        sparse_rows_demoted and sparse_rows_promoted."""
         return self._t.stats(job_id, server)

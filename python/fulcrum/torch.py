@@ -259,9 +259,16 @@ class Embedding(torch.nn.Module):
     0.5}) and `eviction` ({"policy": "lru" or "lfu", "max_rows": N,
     "ttl_steps": S}) bound the table (docs/embeddings.md): rows are then
     made only by pushes of admitted ids, and the servers drop rows past the
-    cap; Tables.stats reports rows admitted, rejected and evicted."""
+    cap; Tables.stats reports rows admitted, rejected and evicted.
 
-    def __init__(self, tables, job_id, table, dim, optimizer=None, initializer=None, admission=None, eviction=None):
+    For tables larger than the servers' memory, `storage`
+    ({"memory_bytes": B, "spill": "rocksdb"}) keeps B bytes of rows (weights
+    and optimizer state, over all servers) in memory and moves the rest to
+    each server's disk instead of dropping them (servers need --data_dir);
+    `eviction` may then set only "policy", which rows move."""
+
+    def __init__(self, tables, job_id, table, dim, optimizer=None, initializer=None, admission=None, eviction=None,
+                 storage=None):
         super().__init__()
         self.tables = tables
         self.job_id = job_id
@@ -271,6 +278,7 @@ class Embedding(torch.nn.Module):
         self.initializer = _embedding_initializer(initializer)
         self.admission = dict(admission) if admission else None
         self.eviction = dict(eviction) if eviction else None
+        self.storage = dict(storage) if storage else None
         self._steps = _shared_steps(tables, job_id)
         # A parameter-free module still needs a tensor that requires grad
         # for autograd to reach _PullRows.backward.
@@ -289,6 +297,8 @@ class Embedding(torch.nn.Module):
             spec["admission"] = self.admission
         if self.eviction:
             spec["eviction"] = self.eviction
+        if self.storage:
+            spec["storage"] = self.storage
         return spec
 
     def forward(self, ids):

@@ -303,6 +303,10 @@ void AddTableStats(const v1::SparseTableStats& t, v1::SparseTableStats* sum) {
   sum->set_evicted_cap(sum->evicted_cap() + t.evicted_cap());
   sum->set_evicted_ttl(sum->evicted_ttl() + t.evicted_ttl());
   sum->set_sketch_bytes(sum->sketch_bytes() + t.sketch_bytes());
+  sum->set_cold_rows(sum->cold_rows() + t.cold_rows());
+  sum->set_demoted(sum->demoted() + t.demoted());
+  sum->set_promoted(sum->promoted() + t.promoted());
+  sum->set_cold_reads(sum->cold_reads() + t.cold_reads());
 }
 
 }  // namespace

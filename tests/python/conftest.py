@@ -39,7 +39,8 @@ class Servers:
             log = open(os.path.join(self.work, f"server-{i}.log"), "w")
             self.procs.append(subprocess.Popen(
                 [os.path.join(BUILD, "server/fulcrum-server"), f"--listen={address}", f"--server_index={i}",
-                 "--shard_map=" + ",".join(self.addresses), f"--metrics_addr=127.0.0.1:{base + n + i}"] + tls,
+                 "--shard_map=" + ",".join(self.addresses), f"--metrics_addr=127.0.0.1:{base + n + i}",
+                 f"--data_dir={os.path.join(self.work, f'data-{i}')}"] + tls,
                 stdout=log, stderr=subprocess.STDOUT))
         deadline = time.time() + 30
         for i, address in enumerate(self.addresses):

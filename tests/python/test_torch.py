@@ -100,6 +100,41 @@ def test_an_embedding_with_admission_and_eviction_trains_its_hot_ids_and_drops_t
     assert gone[0, 0] == 0.0
 
 
+def test_an_embedding_larger_than_its_memory_budget_spills_to_disk_and_trains_as_one_that_fits(servers):
+    # Two jobs see the same ids and gradients: one keeps every row in
+    # memory, the other 512 rows' worth (2 a virtual shard of 256) and the
+    # rest on disk. Every row reads the same, bit for bit, at the end.
+    tables = fulcrum.Tables(servers.addresses, worker_id="torch-spill")
+    opt = {"kind": "adagrad", "learning_rate": 0.1}
+    row_bytes = 4 * 2 * 4  # dim 4: weights and the Adagrad accumulator
+    embs = {}
+    for job, storage in (("torch-spill-mem", None), ("torch-spill-disk", {"memory_bytes": 512 * row_bytes,
+                                                                          "spill": "rocksdb"})):
+        embs[job] = ftorch.Embedding(tables, job, "ids", dim=4, optimizer=opt, storage=storage)
+        tables.create_job({"job_id": job, "num_workers": 1, "consistency": {"model": "asp"},
+                           "tables": [embs[job].spec()]})
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        ids = torch.from_numpy(rng.zipf(1.3, 256) % 2000)
+        for job, emb in embs.items():
+            (emb(ids) ** 2).sum().backward()
+    # Rows pushed (the reads below make rows in the job without a lifecycle).
+    mem = sum(tables.stats("torch-spill-mem", i)["sparse_rows"] for i in range(len(servers.addresses)))
+    keys = np.arange(2000, dtype=np.uint64)
+    rows = {}
+    for job, emb in embs.items():
+        rows[job] = np.empty((2000, 4), dtype=np.float32)
+        tables.pull(job, emb.clock, sparse={"ids": (keys, rows[job])})
+    np.testing.assert_array_equal(rows["torch-spill-disk"], rows["torch-spill-mem"])
+    stats = [tables.stats("torch-spill-disk", i) for i in range(len(servers.addresses))]
+    total = {k: sum(s[k] for s in stats) for k in ("sparse_rows", "sparse_rows_cold", "sparse_rows_demoted",
+                                                  "sparse_rows_promoted")}
+    assert total["sparse_rows"] <= 512 and total["sparse_rows_cold"] > 0, total
+    assert total["sparse_rows"] + total["sparse_rows_cold"] == mem, (total, mem)
+    assert total["sparse_rows_promoted"] > 0, total
+    assert total["sparse_rows_demoted"] - total["sparse_rows_promoted"] == total["sparse_rows_cold"], total
+
+
 def test_embedding_rows_start_as_torchs_do_and_the_same_in_every_process(servers):
     tables = fulcrum.Tables(servers.addresses, worker_id="torch-emb-init")
     emb = ftorch.Embedding(tables, "torch-emb-init", "user", dim=8)

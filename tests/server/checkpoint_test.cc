@@ -20,6 +20,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_util.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 #include "fulcrum/v1/ps.grpc.pb.h"
 #include "tests/testing/fault_fs.h"
 #include "tests/testing/process_util.h"
@@ -817,6 +818,32 @@ std::vector<std::unique_ptr<GrpcPsClient>> StreamClients(testing::TestCluster& c
   return c;
 }
 
+// Cut `cut` of `job`, read from servers [0, servers) as the coordinator's
+// export does, written to `path` and read back.
+safetensors::File ExportCut(testing::TestCluster& cluster, size_t servers, const std::string& job, uint64_t cut,
+                            const std::string& path) {
+  CutExport out;
+  bool begun = false;
+  for (size_t i = 0; i < servers; ++i) {
+    v1::ReadCheckpointRequest req;
+    req.set_job_id(job);
+    req.set_cut_id(cut);
+    for (;;) {
+      auto page = cluster.server(i)->ReadCut(req);
+      REQUIRE_OK(page.status());
+      if (!begun) REQUIRE_OK(out.Begin(page->meta()));
+      begun = true;
+      for (const v1::CheckpointRecord& r : page->records()) REQUIRE_OK(out.Add(r));
+      if (page->next_start_after().empty()) break;
+      req.set_start_after(page->next_start_after());
+    }
+  }
+  REQUIRE_OK(out.Write(path, {}));
+  auto f = safetensors::Read(path);
+  REQUIRE_OK(f.status());
+  return std::move(*f);
+}
+
 TEST_CASE("a BSP job whose table admits and evicts is bit-identical across reruns, and restored from a cut onto 3 "
           "servers from 2 it evicts as the undisturbed run, and an export holds exactly the live rows",
           "[checkpoint][lifecycle]") {
@@ -853,24 +880,7 @@ TEST_CASE("a BSP job whose table admits and evicts is bit-identical across rerun
   // does holds exactly the live rows, with the weights the workers read.
   for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 2, kEnd, absl::Seconds(5)).status());
   {
-    CutExport out;
-    bool begun = false;
-    for (size_t i = 0; i < 2; ++i) {
-      v1::ReadCheckpointRequest req;
-      req.set_job_id("a");
-      req.set_cut_id(2);
-      for (;;) {
-        REQUIRE_OK_AND_ASSIGN(v1::ReadCheckpointResponse page, cluster->server(i)->ReadCut(req));
-        if (!begun) REQUIRE_OK(out.Begin(page.meta()));
-        begun = true;
-        for (const v1::CheckpointRecord& r : page.records()) REQUIRE_OK(out.Add(r));
-        if (page.next_start_after().empty()) break;
-        req.set_start_after(page.next_start_after());
-      }
-    }
-    const std::string path = dir + "/a.safetensors";
-    REQUIRE_OK(out.Write(path, {}));
-    REQUIRE_OK_AND_ASSIGN(safetensors::File f, safetensors::Read(path));
+    const safetensors::File f = ExportCut(*cluster, 2, "a", 2, dir + "/a.safetensors");
     REQUIRE(f.tensors.size() == 2);
     REQUIRE(f.tensors[0].name == "emb.keys");
     const size_t n = f.tensors[0].data.size() / 8;
@@ -902,6 +912,205 @@ TEST_CASE("a BSP job whose table admits and evicts is bit-identical across rerun
   CHECK(after.evicted_cap == end.evicted_cap - at_cut.evicted_cap);
   CHECK(after.evicted_ttl == end.evicted_ttl - at_cut.evicted_ttl);
   CHECK(after.rejected == end.rejected - at_cut.rejected);
+  std::filesystem::remove_all(dir);
+}
+
+// The stream's table, with 32 rows' worth of memory (2 per virtual shard)
+// and the rest on disk; or, with `spill` false, every row in memory.
+v1::TableSpec SpillTable(bool spill) {
+  v1::TableSpec t = SparseTableSpec("emb", kDim, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  if (spill) {
+    t.mutable_storage()->set_memory_bytes(32 * kDim * 2 * sizeof(float));
+    t.mutable_storage()->set_spill(v1::StorageSpec::ROCKSDB);
+  }
+  return t;
+}
+
+std::vector<std::unique_ptr<GrpcPsClient>> Clients(testing::TestCluster& cluster, const std::string& job,
+                                                   const v1::TableSpec* create, GrpcPsClientOptions base = {}) {
+  std::vector<std::unique_ptr<GrpcPsClient>> c;
+  for (uint32_t r = 0; r < 2; ++r) c.push_back(cluster.Client(r, base));
+  if (create != nullptr) REQUIRE_OK(c[0]->CreateJob(JobSpec(job, {*create}, 2)));
+  for (uint32_t r = create != nullptr ? 1 : 0; r < 2; ++r) REQUIRE_OK(c[r]->OpenJob(job));
+  return c;
+}
+
+struct ColdCounts {
+  uint64_t rows = 0, cold = 0, demoted = 0, promoted = 0;
+};
+ColdCounts ColdCountsOf(testing::TestCluster& cluster, size_t servers, const std::string& job) {
+  ColdCounts n;
+  for (size_t i = 0; i < servers; ++i) {
+    REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse s, cluster.server(i)->GetJob(job));
+    n.rows += s.sparse_rows();
+    n.cold += s.sparse_rows_cold();
+    n.demoted += s.sparse_rows_demoted();
+    n.promoted += s.sparse_rows_promoted();
+  }
+  return n;
+}
+
+TEST_CASE("a BSP job whose table spills to disk trains bit for bit as one that keeps every row in memory, restores "
+          "from a cut onto 3 servers from 2 with both tiers, and exports every row",
+          "[checkpoint][cold]") {
+  const std::string dir = testing::MakeTempDir("ckpt-cold");
+  const testing::TestCluster::Options o = ThreeServersTwoMapped(dir);
+  auto cluster = testing::TestCluster::Start(o);
+  constexpr uint64_t kCut = 12, kEnd = 24;
+  const v1::TableSpec spill = SpillTable(true), memory = SpillTable(false);
+
+  auto m = Clients(*cluster, "m", &memory);
+  StreamSteps(m, "m", 0, kEnd, {0, 1});
+  const std::vector<float> undisturbed = ReadStream(*m[0], "m", kEnd);
+  auto a = Clients(*cluster, "a", &spill);
+  StreamSteps(a, "a", 0, kCut, {1, 0});
+  for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 1, kCut, absl::Seconds(5)).status());
+  const ColdCounts at_cut = ColdCountsOf(*cluster, 2, "a");
+  StreamSteps(a, "a", kCut, kEnd, {1, 0});
+  CHECK(ReadStream(*a[0], "a", kEnd) == undisturbed);
+  const ColdCounts end = ColdCountsOf(*cluster, 2, "a");
+  INFO("in memory " << end.rows << ", on disk " << end.cold << ", moved there " << end.demoted << ", back "
+                    << end.promoted);
+  CHECK(end.rows <= 32);
+  CHECK(end.cold > 0);
+  CHECK(end.promoted - at_cut.promoted > 0);
+  CHECK(end.demoted - end.promoted == end.cold);
+
+  // An export of the end holds the rows of both tiers, as the workers read them.
+  for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 2, kEnd, absl::Seconds(5)).status());
+  {
+    const safetensors::File f = ExportCut(*cluster, 2, "a", 2, dir + "/a.safetensors");
+    REQUIRE(f.tensors.size() == 2);
+    const size_t n = f.tensors[0].data.size() / 8;
+    CHECK(n == end.rows + end.cold);
+    std::vector<uint64_t> keys(n);
+    std::memcpy(keys.data(), f.tensors[0].data.data(), n * 8);
+    for (size_t k = 0; k < n; ++k) {
+      INFO("key " << keys[k]);
+      REQUIRE(keys[k] < undisturbed.size() / kDim);
+      std::vector<float> w(kDim);
+      std::memcpy(w.data(), f.tensors[1].data.data() + k * kDim * 4, kDim * 4);
+      CHECK(std::vector<float>(undisturbed.begin() + keys[k] * kDim, undisturbed.begin() + (keys[k] + 1) * kDim) == w);
+    }
+  }
+
+  // Cut 1 onto 3 servers: each reads its share of both tiers, and the same
+  // steps again give the same weights.
+  a.clear();
+  RestoreOntoThree(*cluster, o.num_virtual_shards, "a", 1);
+  const ColdCounts restored = ColdCountsOf(*cluster, 3, "a");
+  CHECK(restored.rows + restored.cold == at_cut.rows + at_cut.cold);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse s, cluster->server(i)->GetJob("a"));
+    CHECK(s.sparse_rows_cold() > 0);  // server 2 too, which wrote none of the cut
+  }
+  GrpcPsClientOptions fenced;
+  fenced.incarnation = 1;
+  auto resumed = Clients(*cluster, "a", nullptr, fenced);
+  StreamSteps(resumed, "a", kCut, kEnd, {0, 1});
+  CHECK(ReadStream(*resumed[0], "a", kEnd) == undisturbed);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a full disk under a table's cold tier is an error naming its path, the server serves on, and the job "
+          "restored from its last cut trains on bit for bit",
+          "[checkpoint][cold]") {
+  using Fault = testing::FaultFs::Fault;
+  const Fault fault = GENERATE(Fault::kNoSpace, Fault::kIoError);
+  INFO("fault " << static_cast<int>(fault));
+  const std::string dir = testing::MakeTempDir("cold-full");
+  testing::FaultFs disk;
+  auto map = ShardMap::RoundRobin(1, 16, {"in-process"});
+  REQUIRE_OK(map.status());
+  ParameterServerOptions po;
+  po.shard_map = map->ToProto();
+  po.data_dir = dir;
+  po.cold_tier_env = disk.env();
+  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, ParameterServer::Create(std::move(po)));
+  const v1::TableSpec spill = SpillTable(true);
+  auto one_step = [&](PsClient& c, const std::string& job, uint64_t t) -> absl::Status {
+    const std::vector<uint64_t> keys = StreamKeys(0, t);
+    std::vector<float> rows(keys.size() * kDim);
+    RETURN_IF_ERROR(c.Pull(job, {t, {}, {{"emb", keys.data(), keys.size(), rows.data()}}}));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.5f * rows[i] - 0.03f * static_cast<float>(i % 7);
+    return c.Push(job, {t, {}, {{"emb", keys.data(), keys.size(), rows.data()}}});
+  };
+  auto read = [&](PsClient& c, const std::string& job, uint64_t t) {
+    std::vector<uint64_t> keys(t * 8 + 160);
+    std::iota(keys.begin(), keys.end(), 0);
+    std::vector<float> out(keys.size() * kDim);
+    REQUIRE_OK(c.Pull(job, {t, {}, {{"emb", keys.data(), keys.size(), out.data()}}}));
+    return out;
+  };
+  // The same steps on a job whose disk never fails.
+  LocalPsClient ref(ps, "ref");
+  REQUIRE_OK(ref.CreateJob(JobSpec("ref", {SpillTable(false)}, 1)));
+  for (uint64_t t = 0; t < 12; ++t) REQUIRE_OK(one_step(ref, "ref", t));
+  const std::vector<float> want = read(ref, "ref", 12);
+
+  LocalPsClient c(ps, "w0");
+  REQUIRE_OK(c.CreateJob(JobSpec("job", {spill}, 1)));
+  for (uint64_t t = 0; t < 6; ++t) REQUIRE_OK(one_step(c, "job", t));
+  REQUIRE_OK(ps->Checkpoint("job", 1, 6, absl::Seconds(5)).status());
+  disk.Set(fault);
+  absl::Status failed;
+  uint64_t t = 6;
+  for (; t < 12 && failed.ok(); ++t) failed = one_step(c, "job", t);
+  INFO(failed.ToString());
+  REQUIRE_FALSE(failed.ok());
+  CHECK(disk.failed() > 0);
+  CHECK_THAT(std::string(failed.message()), Catch::Contains(dir + "/cold"));
+  if (fault == Fault::kNoSpace) CHECK(failed.code() == absl::StatusCode::kResourceExhausted);
+  // The server serves on: other jobs train, the stats answer.
+  REQUIRE_OK(ps->GetJob("job").status());
+  // The rollback: the disk has room again, the job comes back from its cut.
+  // ENOSPC recovery runs on RocksDB's thread: a write meanwhile may be
+  // refused, and the rollback is then tried again.
+  disk.Set(Fault::kNone);
+  std::vector<float> got;
+  absl::Status s;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    s = ps->Restore("job", 1).status();
+    if (s.ok()) {
+      LocalPsClient resumed(ps, absl::StrCat("w0-", attempt));
+      s = resumed.OpenJob("job");
+      for (uint64_t u = 6; u < 12 && s.ok(); ++u) s = one_step(resumed, "job", u);
+      if (s.ok()) {
+        got = read(resumed, "job", 12);
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE_OK(s);
+  CHECK(got == want);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a table that spills needs a server with a data directory, and its spec is checked", "[checkpoint][cold]") {
+  auto map = ShardMap::RoundRobin(1, 16, {"in-process"});
+  REQUIRE_OK(map.status());
+  ParameterServerOptions po;
+  po.shard_map = map->ToProto();
+  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, ParameterServer::Create(std::move(po)));
+  LocalPsClient c(ps, "w0");
+  REQUIRE_STATUS(c.CreateJob(JobSpec("job", {SpillTable(true)}, 1)), absl::StatusCode::kFailedPrecondition,
+                 "no data directory");
+  const std::string dir = testing::MakeTempDir("cold-spec");
+  std::shared_ptr<ParameterServer> with_disk = NewServer(dir);
+  LocalPsClient d(with_disk, "w0");
+  v1::TableSpec t = SpillTable(true);
+  t.mutable_storage()->set_spill(v1::StorageSpec::SPILL_UNSPECIFIED);
+  REQUIRE_STATUS(d.CreateJob(JobSpec("job", {t}, 1)), absl::StatusCode::kInvalidArgument, "storage.spill");
+  t = SpillTable(true);
+  t.mutable_storage()->set_memory_bytes(8);  // a row is 24 bytes
+  REQUIRE_STATUS(d.CreateJob(JobSpec("job", {t}, 1)), absl::StatusCode::kInvalidArgument, "storage.memory_bytes 8");
+  t = SpillTable(true);
+  t.mutable_eviction()->set_max_rows(10);
+  REQUIRE_STATUS(d.CreateJob(JobSpec("job", {t}, 1)), absl::StatusCode::kInvalidArgument, "eviction with storage");
+  t = SpillTable(true);
+  t.mutable_eviction()->set_policy(v1::EvictionSpec::LFU);  // which rows move: allowed
+  REQUIRE_OK(d.CreateJob(JobSpec("job", {t}, 1)));
   std::filesystem::remove_all(dir);
 }
 

@@ -164,6 +164,7 @@ absl::StatusOr<models::ModelConfig> ModelConfigFor(const v1::JobSpec& spec, cons
   if (spec.model().init_stddev() > 0) mc.init_stddev = spec.model().init_stddev();
   if (spec.model().has_admission()) *mc.lifecycle.mutable_admission() = spec.model().admission();
   if (spec.model().has_eviction()) *mc.lifecycle.mutable_eviction() = spec.model().eviction();
+  if (spec.model().has_storage()) *mc.lifecycle.mutable_storage() = spec.model().storage();
   mc.precision = DTypeOf(spec.precision());
   mc.seed = spec.seed();
   if (mc.type == "graph") RETURN_IF_ERROR(GraphLayout(spec, &mc));

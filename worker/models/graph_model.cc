@@ -81,9 +81,10 @@ class GraphModel final : public Model {
         nodes_[i].table = static_cast<int>(tables_.size());
         Table& t = AddSparse(n.name, static_cast<uint32_t>(n.dim),
                              n.init_stddev > 0 ? Normal(0, n.init_stddev, seed) : Zeros());
-        // The node's own admission and eviction over the model's.
+        // The node's own admission, eviction and storage over the model's.
         if (n.lifecycle.has_admission()) *t.spec.mutable_admission() = n.lifecycle.admission();
         if (n.lifecycle.has_eviction()) *t.spec.mutable_eviction() = n.lifecycle.eviction();
+        if (n.lifecycle.has_storage()) *t.spec.mutable_storage() = n.lifecycle.storage();
       }
     }
     loss_ = &g_.nodes.back();

@@ -73,6 +73,7 @@ Table& Model::AddSparse(const std::string& name, uint32_t dim, v1::InitializerSp
   *t.spec.mutable_initializer() = std::move(init);
   if (config_.lifecycle.has_admission()) *t.spec.mutable_admission() = config_.lifecycle.admission();
   if (config_.lifecycle.has_eviction()) *t.spec.mutable_eviction() = config_.lifecycle.eviction();
+  if (config_.lifecycle.has_storage()) *t.spec.mutable_storage() = config_.lifecycle.storage();
   t.sparse = true;
   t.dim = dim;
   tables_.push_back(std::move(t));

@@ -132,6 +132,39 @@ TEST_CASE("model graph: an embedding's admission and eviction reach its table, a
   CHECK(with == 2);  // linear and factors
 }
 
+TEST_CASE("model graph: an embedding's storage reaches its table, and a bad tier or budget is named", "[graph]") {
+  auto g = BuildModelGraph(Graph("  - {name: cat, op: sparse_input, fields: 2}\n"
+                                 "  - {name: emb, op: embedding, inputs: [cat], dim: 1, sum_fields: true, "
+                                 "storage: {memory_bytes: 4096, spill: rocksdb}, eviction: {policy: lfu}}\n"
+                                 "  - {name: loss, op: loss, inputs: [emb], loss: binary_cross_entropy}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  const GraphNodeInfo& emb = Find(*g, "emb");
+  CHECK(emb.lifecycle.storage().memory_bytes() == 4096);
+  CHECK(emb.lifecycle.storage().spill() == v1::StorageSpec::ROCKSDB);
+  CHECK(emb.lifecycle.eviction().policy() == v1::EvictionSpec::LFU);
+  std::string p = Problems(
+      "  - {name: cat, op: sparse_input, fields: 2}\n"
+      "  - {name: emb, op: embedding, inputs: [cat], dim: 1, sum_fields: true, "
+      "storage: {memory_bytes: 2}, eviction: {max_rows: 10}}\n"
+      "  - {name: loss, op: loss, inputs: [emb], loss: binary_cross_entropy, storage: {memory_bytes: 4096}}\n");
+  INFO(p);
+  CHECK(p.find("'emb'.storage.spill: must name the tier") != std::string::npos);
+  CHECK(p.find("'emb'.storage.memory_bytes: 2 is below one row") != std::string::npos);
+  CHECK(p.find("'emb'.eviction: with storage takes only policy and lfu_decay") != std::string::npos);
+  CHECK(p.find("'loss'.storage: applies to embedding nodes only") != std::string::npos);
+  // A built-in model's storage holds for each of its tables.
+  v1::ModelSpec fm;
+  fm.set_type("fm");
+  fm.mutable_storage()->set_memory_bytes(1 << 20);
+  fm.mutable_storage()->set_spill(v1::StorageSpec::ROCKSDB);
+  auto preset = PresetGraph(fm, 0, 0);
+  REQUIRE(preset.ok());
+  int with = 0;
+  for (const v1::GraphNode& n : preset->graph()) with += n.op() == "embedding" && n.storage().memory_bytes() == 1 << 20;
+  CHECK(with == 2);
+}
+
 TEST_CASE("model graph: a cross of k fields has k(k-1)/2 fields for its embedding", "[graph]") {
   auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 26}\n"
                                  "  - {name: k, op: cross, inputs: [c], fields: 8}\n"
