@@ -13,6 +13,14 @@ it, one epoch, testing on the rows that follow the log (its last segment):
              cuts included) checked against its cap: what its tables
              count at the cap plus what the process held before the job,
              plus 20%;
+  spilled    with --spill: each table's rows past --cap_fraction of R (in
+             bytes of the "factors" table's rows) moved to the servers'
+             disks (storage: {memory_bytes, spill: rocksdb}) instead of
+             dropped: its AUC and samples/s against uncapped, and each
+             server's peak resident memory against what its tables count
+             in memory plus RocksDB's own memory for the tier (memtables,
+             indexes, filters, block cache) plus the process before the
+             job, plus 20%;
   admission  on a shorter log (--admission_rows): min_count 1, 2, 5 and 10,
              no cap: table memory, rejected gradient rows, the sketch's
              false admissions against exact counts (keys made rows whose
@@ -22,10 +30,13 @@ it, one epoch, testing on the rows that follow the log (its last segment):
 
 Prints Markdown tables (docs/benchmarks.md, "Embeddings without end") and
 writes each run's samples to OUT/<run>.tsv. Exits 1 when the capped run
-fails, goes over its memory bound, or loses more than 0.003 AUC.
+fails, goes over its memory bound, or loses more than 0.003 AUC, or the
+spilled run fails, goes over its bound, loses more than 0.002 AUC or runs
+at under 0.5x the uncapped run's samples/s.
 
   tests/bench/lifecycle_stream.py [--rows 20000000] [--drift 0.4] [--vocab 1000000]
       [--admission_rows 4000000] [--out /tmp/fulcrum-lifecycle-stream] [--bin build]
+      [--spill --zipf 1.05 --dim 16 --factors 16 --skip capped,admission]
 """
 import argparse
 import gzip
@@ -62,22 +73,24 @@ def log(msg):
 def generate(args, name, rows):
     d = os.path.join(args.out, "data", name)
     done = os.path.join(d, "planted.txt")
-    params = f"rows={rows} test={args.test_rows} drift={args.drift} vocab={args.vocab}"
+    params = f"rows={rows} test={args.test_rows} drift={args.drift} vocab={args.vocab} zipf={args.zipf} dim={args.dim}"
     if os.path.exists(done) and open(done).read().startswith(params):
         return float(re.search(r"best AUC ([0-9.]+)", open(done).read())[1])
     os.makedirs(d, exist_ok=True)
     log(f"generating {name}: {params}")
     r = subprocess.run([os.path.join(args.bin, "worker/fulcrum-datagen"), "ctr", f"--train={d}/train.tsv.gz",
                         f"--test={d}/test.tsv.gz", f"--train_rows={rows}", f"--test_rows={args.test_rows}",
-                        f"--vocab={args.vocab}", f"--drift={args.drift}"], capture_output=True, text=True, check=True)
+                        f"--vocab={args.vocab}", f"--drift={args.drift}"]
+                       + ([f"--zipf={args.zipf}"] if args.zipf else []) + ([f"--dim={args.dim}"] if args.dim else []),
+                       capture_output=True, text=True, check=True)
     report = r.stdout + r.stderr
     with open(done, "w") as f:
         f.write(params + "\n" + report)
     return float(re.search(r"best AUC ([0-9.]+)", report)[1])
 
 
-def spec(name, data, batch, lifecycle="", cut_seconds=0):
-    model = "{type: fm, factors: 4" + (", " + lifecycle if lifecycle else "") + "}"
+def spec(name, data, batch, lifecycle="", cut_seconds=0, factors=4):
+    model = f"{{type: fm, factors: {factors}" + (", " + lifecycle if lifecycle else "") + "}"
     return (f"name: {name}\nmodel: {model}\n"
             f"data:\n  train: {{format: criteo, path: {data}/train.tsv.gz, hash_bits: 32}}\n"
             f"  test:  {{format: criteo, path: {data}/test.tsv.gz, hash_bits: 32}}\n"
@@ -111,6 +124,16 @@ def scrape(port):
         elif line.startswith("fulcrum_server_sparse_table_bytes{"):
             table += float(line.rsplit(" ", 1)[1])
     return int(rows), int(table)
+
+
+def scrape_gauge(port, name):
+    """The sum of a metric's series on one server (0 when it has none)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return 0
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + " ") or line.startswith(name + "{")))
 
 
 class Cluster:
@@ -159,6 +182,7 @@ def train(args, run, text, samples=None):
             for i in range(2):
                 r, b = scrape(args.port + 100 + 1 + i)
                 sample += [rss(c.server_pid(i)), r, b]
+            sample += [scrape_gauge(args.port + 100 + 1 + i, "fulcrum_server_cold_tier_memory_bytes") for i in range(2)]
             rows.append(sample)
             if now - last >= 60:
                 last = now
@@ -171,7 +195,7 @@ def train(args, run, text, samples=None):
         # high-water mark of each server's resident memory.
         peak = [rss(c.server_pid(i), "VmHWM") for i in range(2)]
         with open(os.path.join(args.out, run + ".tsv"), "w") as f:
-            f.write("seconds\tstep\trss0\trows0\ttable_bytes0\trss1\trows1\ttable_bytes1\n")
+            f.write("seconds\tstep\trss0\trows0\ttable_bytes0\trss1\trows1\ttable_bytes1\ttier_memory0\ttier_memory1\n")
             for s in rows:
                 f.write("\t".join(str(round(x, 1) if isinstance(x, float) else x) for x in s) + "\n")
         export = None
@@ -219,6 +243,10 @@ def main():
     p.add_argument("--vocab", type=int, default=1_000_000)
     p.add_argument("--cap_fraction", type=float, default=0.25)
     p.add_argument("--policy", default="LRU", choices=["LRU", "LFU"], help="the capped run's eviction policy")
+    p.add_argument("--zipf", type=float, default=0, help="the ids' Zipf exponent (0: fulcrum-datagen's default)")
+    p.add_argument("--dim", type=int, default=0, help="the planted embeddings' width (0: fulcrum-datagen's default)")
+    p.add_argument("--factors", type=int, default=4, help="the FM's factors: the width of its \"factors\" table")
+    p.add_argument("--spill", action="store_true", help="also the spilled run: rows past the cap go to disk")
     p.add_argument("--admission_rows", type=int, default=4_000_000)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--sketch_widths", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
@@ -239,7 +267,8 @@ def main():
 
     results = {}
     if "uncapped" not in skip:
-        st, samples, base, _, peak = train(args, "uncapped", spec("uncapped", "stream", args.batch))
+        st, samples, base, _, peak = train(args, "uncapped", spec("uncapped", "stream", args.batch,
+                                                                   factors=args.factors))
         needed = max(s[3] + s[6] for s in samples)
         for t in st.get("sparse_tables", []):
             if t.get("table") == "factors":
@@ -252,39 +281,59 @@ def main():
     if "capped" not in skip and cap > 0:
         st, samples, base, _, peak = train(args, "capped", spec("capped", "stream", args.batch,
                                                                  f"eviction: {{policy: {args.policy}, max_rows: {cap}}}",
-                                                                 args.cut_seconds))
+                                                                 args.cut_seconds, args.factors))
         results["capped"] = (st, samples, base, peak)
+    # Adagrad: a row's weights and accumulator.
+    budget = cap * args.factors * 2 * 4
+    if args.spill and cap > 0:
+        st, samples, base, _, peak = train(args, "spilled", spec("spilled", "stream", args.batch,
+                                                                 f"eviction: {{policy: {args.policy}}}, storage: "
+                                                                 f"{{memory_bytes: {budget}, spill: rocksdb}}",
+                                                                 args.cut_seconds, args.factors))
+        results["spilled"] = (st, samples, base, peak)
 
     print(f"\n## A click log without end: {args.rows:,} rows, drift {args.drift} new ids a row in the largest field, "
           f"vocabulary {args.vocab:,}; test on the {args.test_rows:,} rows that follow (planted best AUC {best:.4f})\n")
-    print("| run | state | rows held at the end | admitted | evicted (cap) | test AUC | samples/s | peak RSS server 0 / 1 "
-          "| memory bound 0 / 1 | within |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    auc = {}
+    print("| run | state | rows held at the end (in memory) | admitted | evicted (cap) | on disk | test AUC | samples/s "
+          "| peak RSS server 0 / 1 | memory bound 0 / 1 | within |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    auc, sps = {}, {}
     for run, (st, samples, base, hwm) in results.items():
         t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", []) if x.get("table") == "factors")
-             for k in ("rows", "admitted", "evicted_cap")}
+             for k in ("rows", "admitted", "evicted_cap", "cold_rows")}
         peak = [max([s[2 + 3 * i] for s in samples] + [hwm[i]]) for i in range(2)]
         # The bound: what the server's tables count at their end (at the cap
-        # for the capped run) plus the process before the job, plus 20%.
-        bound = [1.2 * (max(s[4 + 3 * i] for s in samples) + base[i]) for i in range(2)]
+        # for the capped run) and RocksDB's memory for a cold tier, plus the
+        # process before the job, plus 20%.
+        bound = [1.2 * (max(s[4 + 3 * i] for s in samples) + max(s[8 + i] for s in samples) + base[i])
+                 for i in range(2)]
         within = all(peak[i] <= bound[i] for i in range(2))
         auc[run] = st.get("test_auc", 0)
-        sps = max([e.get("samples_per_second", 0) for e in st.get("epochs", [])] or [0])
-        print(f"| {run} | {st.get('state')} | {t['rows']:,} | {t['admitted']:,} | {t['evicted_cap']:,} | {auc[run]:.4f} "
-              f"| {sps:,.0f} | {peak[0] / 2**20:,.0f} / {peak[1] / 2**20:,.0f} MiB "
+        sps[run] = max([e.get("samples_per_second", 0) for e in st.get("epochs", [])] or [0])
+        print(f"| {run} | {st.get('state')} | {t['rows']:,} | {t['admitted']:,} | {t['evicted_cap']:,} "
+              f"| {t['cold_rows']:,} | {auc[run]:.4f} | {sps[run]:,.0f} | {peak[0] / 2**20:,.0f} / {peak[1] / 2**20:,.0f} MiB "
               f"| {bound[0] / 2**20:,.0f} / {bound[1] / 2**20:,.0f} MiB | {'yes' if within else 'NO'} |")
-        if run == "capped":
+        if run in ("capped", "spilled"):
             if st.get("state") != "SUCCEEDED":
-                failures.append(f"capped run {st.get('state')}: {st.get('message')}")
+                failures.append(f"{run} run {st.get('state')}: {st.get('message')}")
             if not within:
-                failures.append("capped run over its memory bound")
+                failures.append(f"{run} run over its memory bound")
     if "capped" in auc and "uncapped" in auc:
         d = auc["uncapped"] - auc["capped"]
         print(f"\ndistinct ids over the log (the uncapped job's rows of 'factors') {needed:,}; cap {cap:,} "
               f"({args.cap_fraction:.2f} of them); AUC capped - uncapped {-d:+.4f} (goal: within 0.003)")
         if d > 0.003:
             failures.append(f"capped AUC {d:.4f} below uncapped")
+    if "spilled" in auc and "uncapped" in auc:
+        d = auc["uncapped"] - auc["spilled"]
+        ratio = sps["spilled"] / sps["uncapped"] if sps["uncapped"] else 0
+        print(f"\nspilled: memory budget {budget:,} bytes a table ({cap:,} rows of 'factors', {args.cap_fraction:.2f} of the "
+              f"{needed:,} the job needs); AUC spilled - uncapped {-d:+.4f} (goal: within 0.002); samples/s "
+              f"{ratio:.2f}x uncapped (goal: at least 0.5x)")
+        if d > 0.002:
+            failures.append(f"spilled AUC {d:.4f} below uncapped")
+        if ratio < 0.5:
+            failures.append(f"spilled run at {ratio:.2f}x the uncapped samples/s")
     if "capped" in results:
         samples = results["capped"][1]
         print("\nCapped run, each server's resident memory and counted table bytes (MiB) by minute:\n")
