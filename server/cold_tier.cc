@@ -228,10 +228,24 @@ absl::StatusOr<uint32_t> ColdTier::Space(const std::string& job_id, const std::s
 }
 
 absl::Status ColdTier::Put(uint32_t space, uint32_t vshard, const ColdRows& rows) {
+  return Move(space, vshard, nullptr, 0, rows);
+}
+
+absl::Status ColdTier::Delete(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n) {
+  ColdRows none;
+  return Move(space, vshard, keys, n, none);
+}
+
+absl::Status ColdTier::Move(uint32_t space, uint32_t vshard, const uint64_t* gone, size_t n_gone,
+                            const ColdRows& rows) {
   if (read_only_) return absl::FailedPreconditionError(absl::StrCat("the cut of a cold tier in ", dir_, " is read-only"));
-  if (rows.size() == 0) return absl::OkStatus();
+  if (n_gone == 0 && rows.size() == 0) return absl::OkStatus();
   RETURN_IF_ERROR(RecoverIfStuck());
   rocksdb::WriteBatch batch;
+  for (size_t i = 0; i < n_gone; ++i) {
+    RowKey key(space, vshard, gone[i]);
+    batch.Delete(key.slice());
+  }
   std::string value(kHeaderBytes + size_t{rows.row_floats} * sizeof(float), '\0');
   for (size_t i = 0; i < rows.size(); ++i) {
     std::memcpy(value.data(), &rows.updates[i], 4);
@@ -244,13 +258,21 @@ absl::Status ColdTier::Put(uint32_t space, uint32_t vshard, const ColdRows& rows
   absl::ReaderMutexLock lock(&db_mu_);
   RETURN_IF_ERROR(CheckOpenLocked());
   RETURN_IF_ERROR(Wrote(db_->Write(rocksdb::WriteOptions(), &batch),
-                        absl::StrCat("writing ", rows.size(), " rows of virtual shard ", vshard)));
+                        absl::StrCat("writing ", rows.size(), " rows and deleting ", n_gone,
+                                     " of virtual shard ", vshard)));
   rows_written_ += rows.size();
+  rows_deleted_ += n_gone;
   ++writes_;
   return absl::OkStatus();
 }
 
 absl::Status ColdTier::Get(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n, ColdRows* out,
+                           std::vector<bool>* found) const {
+  const std::vector<uint32_t> vshards(n, vshard);
+  return Get(space, vshards.data(), keys, n, out, found);
+}
+
+absl::Status ColdTier::Get(uint32_t space, const uint32_t* vshards, const uint64_t* keys, size_t n, ColdRows* out,
                            std::vector<bool>* found) const {
   found->assign(n, false);
   if (n == 0) return absl::OkStatus();
@@ -259,7 +281,7 @@ absl::Status ColdTier::Get(uint32_t space, uint32_t vshard, const uint64_t* keys
   std::vector<rocksdb::Slice> slices;
   slices.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    k.emplace_back(space, vshard, keys[i]);
+    k.emplace_back(space, vshards[i], keys[i]);
     slices.push_back(k.back().slice());
   }
   std::vector<rocksdb::PinnableSlice> values(n);
@@ -271,29 +293,11 @@ absl::Status ColdTier::Get(uint32_t space, uint32_t vshard, const uint64_t* keys
   for (size_t i = 0; i < n; ++i) {
     if (statuses[i].IsNotFound()) continue;
     RETURN_IF_ERROR(FromRocks(statuses[i], absl::StrCat("cold tier in ", dir_, ": reading row ", keys[i],
-                                                        " of virtual shard ", vshard)));
+                                                        " of virtual shard ", vshards[i])));
     RETURN_IF_ERROR(DecodeRow(slices[i], values[i], out));
     (*found)[i] = true;
     ++rows_read_;
   }
-  return absl::OkStatus();
-}
-
-absl::Status ColdTier::Delete(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n) {
-  if (read_only_) return absl::FailedPreconditionError(absl::StrCat("the cut of a cold tier in ", dir_, " is read-only"));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(RecoverIfStuck());
-  rocksdb::WriteBatch batch;
-  for (size_t i = 0; i < n; ++i) {
-    RowKey key(space, vshard, keys[i]);
-    batch.Delete(key.slice());
-  }
-  absl::ReaderMutexLock lock(&db_mu_);
-  RETURN_IF_ERROR(CheckOpenLocked());
-  RETURN_IF_ERROR(Wrote(db_->Write(rocksdb::WriteOptions(), &batch),
-                        absl::StrCat("deleting ", n, " rows of virtual shard ", vshard)));
-  rows_deleted_ += n;
-  ++writes_;
   return absl::OkStatus();
 }
 

@@ -84,8 +84,14 @@ class ColdTier {
   // size); found[i] says whether keys[i] was. One batched read.
   absl::Status Get(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n, ColdRows* out,
                    std::vector<bool>* found) const;
+  // The same for keys of several virtual shards (keys[i] in vshards[i]),
+  // in one batched read.
+  absl::Status Get(uint32_t space, const uint32_t* vshards, const uint64_t* keys, size_t n, ColdRows* out,
+                   std::vector<bool>* found) const;
   // Deletes the rows of `keys` (absent ones are no error), in one batch.
   absl::Status Delete(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n);
+  // Delete, then Put, in one batch: a push's promotions and demotions.
+  absl::Status Move(uint32_t space, uint32_t vshard, const uint64_t* gone, size_t n_gone, const ColdRows& rows);
   // Get, then Delete of what was found: rows promoted back to memory.
   absl::Status Take(uint32_t space, uint32_t vshard, const uint64_t* keys, size_t n, ColdRows* out,
                     std::vector<bool>* found);

@@ -70,6 +70,7 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
 }
 
 absl::Status Job::ReadSparse(SparseTable* table, const KeyGroups& g, float* out) {
+  if (table->spills()) return table->ReadShards(g.keys.data(), g.idx.data(), g.runs, out);
   size_t begin = 0;
   for (const auto& [v, end] : g.runs) {
     RETURN_IF_ERROR(table->Read(v, g.keys.data(), g.idx.data() + begin, end - begin, out));

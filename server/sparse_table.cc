@@ -602,6 +602,56 @@ absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint
   return absl::OkStatus();
 }
 
+absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
+                                     const std::vector<std::pair<uint32_t, size_t>>& runs, float* out) {
+  if (tier_ == nullptr) {
+    size_t begin = 0;
+    for (const auto& [v, end] : runs) {
+      RETURN_IF_ERROR(Read(v, keys, idx + begin, end - begin, out));
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+  // The tier's tables are always lifecycle tables: nothing is created here.
+  std::vector<std::unique_ptr<absl::MutexLock>> locks;
+  locks.reserve(runs.size());
+  std::vector<uint32_t> cold_idx, cold_vshard;
+  std::vector<uint64_t> cold_keys;
+  size_t begin = 0;
+  for (const auto& [v, end] : runs) {
+    Partition* p = partitions_[v].get();
+    locks.push_back(std::make_unique<absl::MutexLock>(&p->mu));
+    for (size_t i = begin; i < end; ++i) {
+      const uint64_t key = keys[idx[i]];
+      auto it = p->index.find(key);
+      if (it == p->index.end()) {
+        cold_idx.push_back(idx[i]);
+        cold_vshard.push_back(v);
+        cold_keys.push_back(key);
+      } else {
+        std::memcpy(out + size_t{idx[i]} * dim_, RowAt(p, it->second), size_t{dim_} * sizeof(float));
+      }
+    }
+    begin = end;
+  }
+  if (cold_keys.empty()) return absl::OkStatus();
+  ColdRows rows;
+  rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
+  std::vector<bool> found;
+  RETURN_IF_ERROR(tier_->Get(tier_space_, cold_vshard.data(), cold_keys.data(), cold_keys.size(), &rows, &found));
+  size_t next = 0;
+  for (size_t i = 0; i < cold_keys.size(); ++i) {
+    float* dst = out + size_t{cold_idx[i]} * dim_;
+    if (found[i]) {
+      std::memcpy(dst, rows.row(next++), size_t{dim_} * sizeof(float));
+    } else {
+      init_.Fill(name_hash_, cold_keys[i], 0, dst, dim_);
+    }
+  }
+  cold_reads_.fetch_add(next, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
 absl::Status SparseTable::ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out) {
   std::vector<uint64_t> want(n);
   for (size_t i = 0; i < n; ++i) want[i] = keys[idx[i]];
@@ -766,19 +816,16 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   }
   if (tier_ != nullptr) {
     // Still under the partition's lock: no pull sees a row in neither tier.
-    // Deletions first, so a row promoted and demoted again by this push
-    // ends on disk.
-    RETURN_IF_ERROR(tier_->Delete(tier_space_, vshard, promoted.data(), promoted.size()));
-    cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
-    if (!demoted_at.empty()) {
-      ColdRows out;
-      out.row_floats = static_cast<uint32_t>(row_floats);
-      for (const auto& [key, j] : demoted_at) {
-        out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
-      }
-      RETURN_IF_ERROR(tier_->Put(tier_space_, vshard, out));
-      cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
+    // One batch, deletions first, so a row promoted and demoted again by
+    // this push ends on disk.
+    ColdRows out;
+    out.row_floats = static_cast<uint32_t>(row_floats);
+    for (const auto& [key, j] : demoted_at) {
+      out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
     }
+    RETURN_IF_ERROR(tier_->Move(tier_space_, vshard, promoted.data(), promoted.size(), out));
+    cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
+    cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
   }
   return absl::OkStatus();
 }

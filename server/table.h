@@ -244,6 +244,13 @@ class SparseTable final : public Table {
   // then it reads the row's initial value and nothing is created.
   absl::Status Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n,
                     float* out);
+  // Read over several virtual shards: runs[j] = (shard, end of its keys in
+  // idx), shards ascending. With a cold tier, the rows on disk of every
+  // shard come in one batched read, under the locks of all the shards
+  // (taken in ascending order; nothing else holds two).
+  absl::Status ReadShards(const uint64_t* keys, const uint32_t* idx,
+                          const std::vector<std::pair<uint32_t, size_t>>& runs, float* out)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds a run of partition locks
   // Makes room for the keys' missing rows (all in `vshard`) without
   // reading them; RESOURCE_EXHAUSTED over quota. Used before applying a push
   // so a quota failure leaves nothing half-applied. Without a lifecycle the
