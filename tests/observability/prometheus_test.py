@@ -154,6 +154,14 @@ def main():
                     "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
                     "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
                     "num_workers: 1\nbatch_size: 16\nepochs: 2000\n")
+        # The same task with 4 rows' worth of memory and the rest on the
+        # servers' disks, for the panels of the cold tier.
+        spill = os.path.join(work, "heart-spill.yaml")
+        with open(spill, "w") as f:
+            f.write("name: heart-spill\nmodel: {type: sparse_lr, storage: {memory_bytes: 32, spill: rocksdb}}\n"
+                    "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
+                    "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
+                    "num_workers: 1\nbatch_size: 16\nepochs: 2000\n")
         # A regression task (a model graph: the digit as a real number), for
         # the RMSE panel.
         regression = os.path.join(work, "digits-regression.yaml")
@@ -168,7 +176,7 @@ def main():
         ctl = os.path.join(BUILD, "server/fulcrumctl")
         coord = f"--coordinator=127.0.0.1:{base}"
         ids = []
-        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp, binary, regression):
+        for spec in (os.path.join(SRC, "deploy/examples/mnist-mlp.yaml"), ssp, binary, spill, regression):
             r = run([ctl, coord, "submit", "-f", spec, "--no_wait"])
             check(r.returncode == 0, f"submit {os.path.basename(spec)}: {r.stdout.strip()} {r.stderr.strip()}")
             ids.append(r.stdout.strip().split()[-1])
