@@ -572,22 +572,19 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
 
 absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
                                size_t n, float* out) {
+  // With a cold tier, rows in memory and on disk are read as for a pull.
+  if (tier_ != nullptr) return ReadShards(keys, idx, {{vshard, n}}, out);
   Partition* p = partitions_[vshard].get();
   absl::MutexLock lock(&p->mu);
-  std::vector<uint32_t> cold;  // with a cold tier: idx of the keys not in memory
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = keys[idx[i]];
     float* dst = out + size_t{idx[i]} * dim_;
     if (life_.on()) {
       // Rows are made by admitted pushes only: a missing one reads as it
-      // would start (or, with a cold tier, as it lies on disk).
+      // would start.
       auto it = p->index.find(key);
       if (it == p->index.end()) {
-        if (tier_ != nullptr) {
-          cold.push_back(idx[i]);
-        } else {
-          init_.Fill(name_hash_, key, 0, dst, dim_);
-        }
+        init_.Fill(name_hash_, key, 0, dst, dim_);
       } else {
         std::memcpy(dst, RowAt(p, it->second), size_t{dim_} * sizeof(float));
       }
@@ -597,8 +594,6 @@ absl::Status SparseTable::Read(uint32_t vshard, const uint64_t* keys, const uint
     ASSIGN_OR_RETURN(float* row, Row(p, key, &r));
     std::memcpy(dst, row, size_t{dim_} * sizeof(float));
   }
-  // Under the partition's lock, so no push moves these rows meanwhile.
-  if (!cold.empty()) return ReadCold(vshard, keys, cold.data(), cold.size(), out);
   return absl::OkStatus();
 }
 
@@ -646,26 +641,6 @@ absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
       std::memcpy(dst, rows.row(next++), size_t{dim_} * sizeof(float));
     } else {
       init_.Fill(name_hash_, cold_keys[i], 0, dst, dim_);
-    }
-  }
-  cold_reads_.fetch_add(next, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-absl::Status SparseTable::ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out) {
-  std::vector<uint64_t> want(n);
-  for (size_t i = 0; i < n; ++i) want[i] = keys[idx[i]];
-  ColdRows rows;
-  rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
-  std::vector<bool> found;
-  RETURN_IF_ERROR(tier_->Get(tier_space_, vshard, want.data(), n, &rows, &found));
-  size_t next = 0;
-  for (size_t i = 0; i < n; ++i) {
-    float* dst = out + size_t{idx[i]} * dim_;
-    if (found[i]) {
-      std::memcpy(dst, rows.row(next++), size_t{dim_} * sizeof(float));
-    } else {
-      init_.Fill(name_hash_, want[i], 0, dst, dim_);
     }
   }
   cold_reads_.fetch_add(next, std::memory_order_relaxed);

@@ -398,12 +398,8 @@ class SparseTable final : public Table {
   absl::Status RestoreLife(uint32_t vshard, Partition* p, size_t n, const uint64_t* keys, const uint32_t* updates,
                            const float* rows, const SparseShardLife& life) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
-  // With a cold tier: reads the rows of `n` keys missing from memory
-  // (out: dim floats each, at out + dim * idx[i]); keys not on disk read
-  // their initial value.
   // CaptureShard's last part: the shard's rows on disk merged in.
   void MergeColdRows(uint32_t vshard, ShardState* s) const;  // under the shard's lock
-  absl::Status ReadCold(uint32_t vshard, const uint64_t* keys, const uint32_t* idx, size_t n, float* out);
 
   const uint32_t dim_;
   const Lifecycle life_;

@@ -844,6 +844,25 @@ safetensors::File ExportCut(testing::TestCluster& cluster, size_t servers, const
   return std::move(*f);
 }
 
+// Checks that every row of an export of table "emb" holds the weights the
+// workers read (`read`: kDim floats a key, by key); returns its rows.
+size_t ExportedRowsMatch(const safetensors::File& f, const std::vector<float>& read) {
+  REQUIRE(f.tensors.size() == 2);
+  REQUIRE(f.tensors[0].name == "emb.keys");
+  const size_t n = f.tensors[0].data.size() / 8;
+  std::vector<uint64_t> keys(n);
+  std::memcpy(keys.data(), f.tensors[0].data.data(), n * 8);
+  REQUIRE(f.tensors[1].data.size() == n * kDim * 4);
+  for (size_t k = 0; k < n; ++k) {
+    INFO("key " << keys[k]);
+    REQUIRE(keys[k] < read.size() / kDim);
+    std::vector<float> w(kDim);
+    std::memcpy(w.data(), f.tensors[1].data.data() + k * kDim * 4, kDim * 4);
+    CHECK(std::vector<float>(read.begin() + keys[k] * kDim, read.begin() + (keys[k] + 1) * kDim) == w);
+  }
+  return n;
+}
+
 TEST_CASE("a BSP job whose table admits and evicts is bit-identical across reruns, and restored from a cut onto 3 "
           "servers from 2 it evicts as the undisturbed run, and an export holds exactly the live rows",
           "[checkpoint][lifecycle]") {
@@ -881,20 +900,7 @@ TEST_CASE("a BSP job whose table admits and evicts is bit-identical across rerun
   for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 2, kEnd, absl::Seconds(5)).status());
   {
     const safetensors::File f = ExportCut(*cluster, 2, "a", 2, dir + "/a.safetensors");
-    REQUIRE(f.tensors.size() == 2);
-    REQUIRE(f.tensors[0].name == "emb.keys");
-    const size_t n = f.tensors[0].data.size() / 8;
-    CHECK(n == end.rows);
-    std::vector<uint64_t> keys(n);
-    std::memcpy(keys.data(), f.tensors[0].data.data(), n * 8);
-    REQUIRE(f.tensors[1].data.size() == n * kDim * 4);
-    for (size_t k = 0; k < n; ++k) {
-      INFO("key " << keys[k]);
-      REQUIRE(keys[k] < undisturbed.size() / kDim);
-      std::vector<float> w(kDim);
-      std::memcpy(w.data(), f.tensors[1].data.data() + k * kDim * 4, kDim * 4);
-      CHECK(std::vector<float>(undisturbed.begin() + keys[k] * kDim, undisturbed.begin() + (keys[k] + 1) * kDim) == w);
-    }
+    CHECK(ExportedRowsMatch(f, undisturbed) == end.rows);
   }
 
   // Restore cut 1 onto 3 servers and train the same steps again: the same
@@ -980,18 +986,7 @@ TEST_CASE("a BSP job whose table spills to disk trains bit for bit as one that k
   for (size_t i = 0; i < 2; ++i) REQUIRE_OK(cluster->server(i)->Checkpoint("a", 2, kEnd, absl::Seconds(5)).status());
   {
     const safetensors::File f = ExportCut(*cluster, 2, "a", 2, dir + "/a.safetensors");
-    REQUIRE(f.tensors.size() == 2);
-    const size_t n = f.tensors[0].data.size() / 8;
-    CHECK(n == end.rows + end.cold);
-    std::vector<uint64_t> keys(n);
-    std::memcpy(keys.data(), f.tensors[0].data.data(), n * 8);
-    for (size_t k = 0; k < n; ++k) {
-      INFO("key " << keys[k]);
-      REQUIRE(keys[k] < undisturbed.size() / kDim);
-      std::vector<float> w(kDim);
-      std::memcpy(w.data(), f.tensors[1].data.data() + k * kDim * 4, kDim * 4);
-      CHECK(std::vector<float>(undisturbed.begin() + keys[k] * kDim, undisturbed.begin() + (keys[k] + 1) * kDim) == w);
-    }
+    CHECK(ExportedRowsMatch(f, undisturbed) == end.rows + end.cold);
   }
 
   // Cut 1 onto 3 servers: each reads its share of both tiers, and the same
