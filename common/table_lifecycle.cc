@@ -10,6 +10,12 @@ std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1
                                                                         uint64_t row_bytes) {
   std::vector<std::pair<std::string, std::string>> out;
   auto bad = [&](const char* field, std::string what) { out.emplace_back(field, std::move(what)); };
+  // A byte budget must hold one row (one float where the row is unknown).
+  const uint64_t least = row_bytes != 0 ? row_bytes : sizeof(float);
+  auto below_one_row = [&](const char* field, uint64_t bytes) {
+    bad(field, absl::StrCat(bytes, " is below one row (", least,
+                            row_bytes != 0 ? " bytes of weights and optimizer state)" : " bytes at the least)"));
+  };
   if (a != nullptr) {
     if (a->min_count() > 65535) {
       bad("admission.min_count", absl::StrCat(a->min_count(), " is over 65535 (the sketch counts to 65535)"));
@@ -30,12 +36,7 @@ std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1
       bad("eviction.policy", absl::StrCat(static_cast<int>(e->policy()), " is not LRU or LFU"));
     }
     if (e->max_rows() != 0 && e->max_bytes() != 0) bad("eviction", "takes max_rows or max_bytes, not both");
-    const uint64_t least = row_bytes != 0 ? row_bytes : sizeof(float);
-    if (e->max_bytes() != 0 && e->max_bytes() < least) {
-      bad("eviction.max_bytes",
-          absl::StrCat(e->max_bytes(), " is below one row (", least,
-                       row_bytes != 0 ? " bytes of weights and optimizer state)" : " bytes at the least)"));
-    }
+    if (e->max_bytes() != 0 && e->max_bytes() < least) below_one_row("eviction.max_bytes", e->max_bytes());
     if (st != nullptr) {
       // Beside a disk tier, eviction only orders the rows that move there.
       if (e->max_rows() != 0 || e->max_bytes() != 0 || e->ttl_steps() != 0) {
@@ -58,12 +59,7 @@ std::vector<std::pair<std::string, std::string>> TableLifecycleProblems(const v1
                                ? std::string("must name the tier rows past memory_bytes move to: ROCKSDB")
                                : absl::StrCat(static_cast<int>(st->spill()), " is not ROCKSDB"));
     }
-    const uint64_t least = row_bytes != 0 ? row_bytes : sizeof(float);
-    if (st->memory_bytes() < least) {
-      bad("storage.memory_bytes",
-          absl::StrCat(st->memory_bytes(), " is below one row (", least,
-                       row_bytes != 0 ? " bytes of weights and optimizer state)" : " bytes at the least)"));
-    }
+    if (st->memory_bytes() < least) below_one_row("storage.memory_bytes", st->memory_bytes());
   }
   return out;
 }
