@@ -321,6 +321,29 @@ void ConsistencyProblems(const v1::ConsistencySpec& c, std::vector<std::string>*
   }
 }
 
+// The workers' row cache (docs/embeddings.md "The worker's row cache").
+void CacheProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
+  if (!spec.has_cache()) return;
+  std::vector<std::string>& p = *out;
+  const v1::RowCacheSpec& c = spec.cache();
+  constexpr uint64_t kMaxCacheRows = uint64_t{1} << 28;
+  if (c.rows() < 1 || c.rows() > kMaxCacheRows) {
+    p.push_back(absl::StrCat("cache.rows: ", c.rows(), " must be 1 to ", kMaxCacheRows, " (rows per sparse table)"));
+  }
+  if (spec.user_workers()) {
+    p.push_back("cache: a fulcrum-worker daemon's cache; user_workers processes pull through their own client");
+  } else if (OneOf(spec.model().type(), {"softmax", "mlp"})) {
+    p.push_back(absl::StrCat("cache: model '", spec.model().type(), "' has no sparse tables to cache"));
+  }
+  const v1::ConsistencySpec& cs = spec.consistency();
+  if (cs.model() == v1::ConsistencySpec::SSP && c.max_staleness_steps() > cs.staleness()) {
+    p.push_back(absl::StrCat("cache.max_staleness_steps: ", c.max_staleness_steps(),
+                             " exceeds consistency.staleness ", cs.staleness(),
+                             "; under ssp a cached row may be at most the job's own bound stale"));
+  }
+  if (c.max_staleness_steps() > 1000) p.push_back("cache.max_staleness_steps: at most 1000");
+}
+
 // num_workers, batch_size (or batch_size_auto), epochs and precision.
 void ScheduleProblems(const v1::JobSpec& spec, std::vector<std::string>* out) {
   std::vector<std::string>& p = *out;
@@ -381,6 +404,7 @@ std::vector<std::string> JobSpecProblems(const v1::JobSpec& spec) {
   OptimizerProblems(spec.optimizer(), &p);
   ConsistencyProblems(spec.consistency(), &p);
   ScheduleProblems(spec, &p);
+  CacheProblems(spec, &p);
   return p;
 }
 

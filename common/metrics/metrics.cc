@@ -67,6 +67,14 @@ void Histogram::Observe(double v) {
   AtomicAdd(&sum_, v);
 }
 
+void Histogram::Observe(double v, uint64_t n) {
+  if (n == 0) return;
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  counts_[i].fetch_add(n, std::memory_order_relaxed);
+  AtomicAdd(&sum_, v * static_cast<double>(n));
+}
+
 uint64_t Histogram::count() const {
   uint64_t n = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) n += counts_[i].load(std::memory_order_relaxed);

@@ -39,6 +39,8 @@ class Histogram {
   Histogram& operator=(const Histogram&) = delete;
 
   void Observe(double v);
+  // Observes v n times at once.
+  void Observe(double v, uint64_t n);
   uint64_t count() const;
   double sum() const;
   prometheus::ClientMetric::Histogram Snapshot() const;

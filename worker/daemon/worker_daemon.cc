@@ -28,6 +28,7 @@
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
 #include "worker/rpc/coordinator_client.h"
+#include "worker/row_cache.h"
 #include "worker/rpc/remote_ps_client.h"
 #include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
@@ -390,7 +391,20 @@ class WorkerDaemon::Runner {
     lr_scaling_ = lr_scaling;
 
     reason_ = "ParameterServerError";
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, NewRemotePsClient(ClientOptions()));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> remote, NewRemotePsClient(ClientOptions()));
+    // The job's row cache wraps the servers' client (worker/row_cache.h).
+    std::unique_ptr<PsClient> cached;
+    if (spec.cache().rows() > 0) {
+      RowCacheOptions ro;
+      ro.rows = spec.cache().rows();
+      ro.max_staleness_steps = spec.cache().max_staleness_steps();
+      ro.wire_value_bytes = (spec.wire_dtype() == v1::DTYPE_BF16 || spec.wire_dtype() == v1::DTYPE_FP16) ? 2 : 4;
+      ro.stats = &cache_stats_;
+      cached = std::make_unique<CachingPsClient>(remote.get(), ro);
+      FLOG(INFO) << tag << ": caching up to " << ro.rows << " rows per sparse table, served up to "
+                 << ro.max_staleness_steps << " steps after their pull";
+    }
+    PsClient* const client = cached != nullptr ? cached.get() : remote.get();
     v1::PsJobSpec ps_spec = training::JobSpecFor(*model, a_.job_id(), spec.optimizer(), spec.consistency(),
                                                  a_.world_size());
     ps_spec.set_quota_bytes(spec.quota_bytes());
@@ -399,7 +413,7 @@ class WorkerDaemon::Runner {
     lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
 
     ASSIGN_OR_RETURN(training::TrainerOptions to, TrainerOptionsFor(batch_size, lr_scaling, backend->is_gpu()));
-    training::Trainer trainer(model.get(), client.get(), to);
+    training::Trainer trainer(model.get(), client, to);
     const int64_t spe = trainer.StepsPerEpoch(*d.train);
     if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
     total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
@@ -502,6 +516,24 @@ class WorkerDaemon::Runner {
       out->Gauge("fulcrum_worker_batch_size", "Examples per step the rank trains with (the spec's, or batch_size auto's)",
                  l, progress_batch_.load());
     }
+    if (a_.spec().cache().rows() > 0) {
+      const RowCacheStats& c = cache_stats_;
+      out->Counter("fulcrum_worker_cache_hits_total", "Sparse rows served from the worker's row cache (spec cache)", l,
+                   static_cast<double>(c.hits.load()));
+      out->Counter("fulcrum_worker_cache_misses_total",
+                   "Sparse rows of cached tables pulled from the servers (not held, or older than the bound)", l,
+                   static_cast<double>(c.misses.load()));
+      out->Counter("fulcrum_worker_cache_bytes_saved_total",
+                   "Wire bytes of the rows served from the cache instead of pulled", l,
+                   static_cast<double>(c.bytes_saved.load()));
+      out->Gauge("fulcrum_worker_cache_rows", "Rows the worker's row cache holds, over all sparse tables", l,
+                 static_cast<double>(c.rows.load()));
+      out->Gauge("fulcrum_worker_cache_memory_bytes", "Host memory the worker's row cache takes", l,
+                 static_cast<double>(c.bytes.load()));
+      out->Histogram("fulcrum_worker_cache_staleness_steps",
+                     "Age in steps of each row served from the cache (at most cache.max_staleness_steps)", l,
+                     c.staleness);
+    }
     out->Gauge("fulcrum_worker_learning_rate",
                "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
                metrics_.learning_rate.load());
@@ -602,6 +634,8 @@ class WorkerDaemon::Runner {
     std::atomic<double> grad_norm{-1};  // -1 until a step computed it (clipping on)
     std::atomic<uint64_t> steps{0}, clipped_steps{0};
   } metrics_;
+  // The row cache's numbers (spec.cache), summed over the assignments run.
+  RowCacheStats cache_stats_;
   std::thread thread_;
 };
 

@@ -229,6 +229,39 @@ TEST_CASE("staleness_aware_lr is refused outside ssp and asp", "[spec]") {
   }
 }
 
+TEST_CASE("the workers' row cache: rows and staleness parse, and bad values are named", "[spec]") {
+  constexpr char kBase[] = R"(name: ctr
+model: {type: fm}
+data: {train: {format: libsvm, path: ctr.libsvm}}
+optimizer: {kind: adagrad, learning_rate: 0.05}
+num_workers: 1
+batch_size: 512
+epochs: 1
+)";
+  v1::JobSpec s;
+  REQUIRE(ParseSpecText(absl::StrCat(kBase, "consistency: {model: ssp, staleness: 4}\ncache: {rows: 10000, max_staleness_steps: 4}\n"),
+                        "c.yaml", &s)
+              .ok());
+  CHECK(s.cache().rows() == 10000);
+  CHECK(s.cache().max_staleness_steps() == 4);
+  CHECK(JobSpecProblems(s).empty());
+
+  // Under ssp the cache may not be staler than the job's own bound.
+  s.mutable_consistency()->set_staleness(2);
+  CHECK(HasProblem(JobSpecProblems(s), "cache.max_staleness_steps: 4 exceeds consistency.staleness 2"));
+  // bsp and asp take any bound; 0 keeps bsp bit-identical.
+  s.mutable_consistency()->set_model(v1::ConsistencySpec::ASP);
+  s.mutable_consistency()->set_staleness(0);
+  CHECK(JobSpecProblems(s).empty());
+
+  s.mutable_cache()->set_rows(0);
+  CHECK(HasProblem(JobSpecProblems(s), "cache.rows: 0 must be 1 to"));
+  s.mutable_cache()->set_rows(100);
+  s.mutable_model()->set_type("mlp");
+  s.mutable_model()->add_hidden(8);
+  CHECK(HasProblem(JobSpecProblems(s), "cache: model 'mlp' has no sparse tables to cache"));
+}
+
 TEST_CASE("every example spec in deploy/examples parses and validates", "[spec]") {
   namespace fs = std::filesystem;
   int examples = 0;
