@@ -486,6 +486,9 @@ absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots,
   const size_t row_floats = size_t{dim_} * (1 + num_slots());
   Partition* p = partitions_[vshard].get();
   absl::MutexLock lock(&p->mu);
+  // A restore may put rows on disk: what pulls read there before is stale.
+  p->read_at.clear();
+  p->read.Clear();
   if (life != nullptr && life_.on()) return RestoreLife(vshard, p, n, keys, updates, rows, *life);
   for (size_t k = 0; k < n; ++k) {
     uint32_t r;
@@ -637,10 +640,19 @@ absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
   size_t next = 0;
   for (size_t i = 0; i < cold_keys.size(); ++i) {
     float* dst = out + size_t{cold_idx[i]} * dim_;
+    // Kept for the push that follows (Partition::read_at).
+    Partition* p = partitions_[cold_vshard[i]].get();
+    const bool keep = p->read_at.size() < kReadKeep;
     if (found[i]) {
-      std::memcpy(dst, rows.row(next++), size_t{dim_} * sizeof(float));
+      std::memcpy(dst, rows.row(next), size_t{dim_} * sizeof(float));
+      if (keep && p->read_at.emplace(cold_keys[i], static_cast<uint32_t>(p->read.size())).second) {
+        if (p->read.row_floats == 0) p->read.row_floats = rows.row_floats;
+        p->read.Add(cold_keys[i], rows.updates[next], rows.last_step[next], rows.freq[next], rows.row(next));
+      }
+      ++next;
     } else {
       init_.Fill(name_hash_, cold_keys[i], 0, dst, dim_);
+      if (keep) p->read_at.emplace(cold_keys[i], kNotOnDisk);
     }
   }
   cold_reads_.fetch_add(next, std::memory_order_relaxed);
@@ -692,14 +704,28 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   float back_freq = 0;
   if (tier_ != nullptr) {
     cold.row_floats = demoted.row_floats = static_cast<uint32_t>(row_floats);
+    // What a pull read from disk since the last push is taken from there;
+    // this push changes the tier, so that is then forgotten.
     std::vector<uint64_t> missing;
     for (size_t i = 0; i < n; ++i) {
-      if (!p->index.contains(keys[idx[i]])) missing.push_back(keys[idx[i]]);
+      const uint64_t key = keys[idx[i]];
+      if (p->index.contains(key)) continue;
+      auto r = p->read_at.find(key);
+      if (r == p->read_at.end()) {
+        missing.push_back(key);
+      } else if (r->second != kNotOnDisk && !cold_at.contains(key)) {
+        const uint32_t j = r->second;
+        cold_at[key] = static_cast<uint32_t>(cold.size());
+        cold.Add(key, p->read.updates[j], p->read.last_step[j], p->read.freq[j], p->read.row(j));
+      }
     }
+    p->read_at.clear();
+    p->read.Clear();
     if (!missing.empty()) {
       std::vector<bool> found;
+      const size_t kept = cold.size();
       RETURN_IF_ERROR(tier_->Get(tier_space_, vshard, missing.data(), missing.size(), &cold, &found));
-      for (uint32_t j = 0; j < cold.size(); ++j) cold_at[cold.keys[j]] = j;
+      for (uint32_t j = static_cast<uint32_t>(kept); j < cold.size(); ++j) cold_at[cold.keys[j]] = j;
     }
   }
   if (life_.ttl_steps != 0) SweepExpired(p, step);

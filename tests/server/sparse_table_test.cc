@@ -375,6 +375,78 @@ TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for 
   std::filesystem::remove_all(dir);
 }
 
+// Reads `keys` as a server answers a pull: every virtual shard's in one
+// ReadShards, shards ascending.
+std::vector<float> PullBatch(Fixture& f, const std::vector<uint64_t>& keys) {
+  std::vector<std::vector<uint32_t>> by_shard(f.shards());
+  for (uint32_t i = 0; i < keys.size(); ++i) by_shard[VShardOfKey(f.table->name_hash(), keys[i], f.shards())].push_back(i);
+  std::vector<uint32_t> idx;
+  std::vector<std::pair<uint32_t, size_t>> runs;
+  for (uint32_t v = 0; v < f.shards(); ++v) {
+    if (by_shard[v].empty()) continue;
+    idx.insert(idx.end(), by_shard[v].begin(), by_shard[v].end());
+    runs.emplace_back(v, idx.size());
+  }
+  std::vector<float> out(keys.size() * f.table->dim());
+  REQUIRE_OK(f.table->ReadShards(keys.data(), idx.data(), runs, out.data()));
+  return out;
+}
+
+TEST_CASE("with a cold tier, a push after a pull of its keys takes their rows from the pull, not from disk again") {
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  spec.mutable_admission()->set_min_count(2);
+  v1::TableSpec capped = spec;
+  capped.mutable_eviction()->set_max_rows(64);
+  Fixture all(spec, 4), spill(capped, 4);
+  const std::string dir = testing::MakeTempDir("spill-read");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
+  REQUIRE_OK(spill.table->AttachColdTier(tier.get(), space));
+  uint64_t x = 11;
+  for (uint64_t step = 0; step < 300; ++step) {
+    std::set<uint64_t> batch;
+    while (batch.size() < 24) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const uint64_t u = (x >> 33) % 400;
+      batch.insert(u * u / 400 * 2654435761u + 1);
+    }
+    const std::vector<uint64_t> keys(batch.begin(), batch.end());
+    // Each step pulls its keys, then pushes them, as a worker does.
+    const std::vector<float> a = PullBatch(all, keys), b = PullBatch(spill, keys);
+    INFO("step " << step);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    const ColdTier::Counts before = tier->counts();
+    PushBatch(all, keys, step);
+    PushBatch(spill, keys, step);
+    // The push read nothing from disk: every row it promoted, the pull had read.
+    REQUIRE(tier->counts().reads == before.reads);
+    REQUIRE(tier->counts().rows_read == before.rows_read);
+  }
+  const SparseTable::Counts c = spill.table->counts();
+  CHECK(c.promoted > 100);  // rows did come back from disk
+  // A push without a pull before it reads its rows from disk, as before
+  // (the last step's pushes left nothing kept).
+  std::vector<uint64_t> cold;
+  for (uint32_t v = 0; v < 4; ++v) {
+    REQUIRE_OK(tier->Scan(space, v, 4 * 2, 1024, [&](const ColdRows& rows) {
+      for (size_t i = 0; i < rows.size() && cold.size() < 8; ++i) cold.push_back(rows.keys[i]);
+      return absl::OkStatus();
+    }));
+  }
+  REQUIRE(!cold.empty());
+  const ColdTier::Counts before = tier->counts();
+  PushBatch(all, cold, 300);
+  PushBatch(spill, cold, 300);
+  CHECK(tier->counts().rows_read - before.rows_read == cold.size());
+  CHECK(spill.Keys() == all.Keys());
+  for (uint64_t key : all.Keys()) {
+    const std::vector<float> a = all.Read(key), b = spill.Read(key);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
 // The keys of push `step` of the spill tests' stream: 24 distinct of 400,
 // the small ones most often.
 std::vector<uint64_t> SpillBatch(uint64_t step) {
