@@ -146,14 +146,15 @@ def main():
         # A binary task, for the panels of AUC and log loss; its 13 features
         # are admitted on their second push and capped at 8 rows, for the
         # panels of the sparse row lifecycle (2 000 epochs: long enough for
-        # their rates, a few scrapes apart).
+        # their rates, a few scrapes apart); its workers cache 4 rows, for the
+        # panels of the row cache.
         binary = os.path.join(work, "heart-lr.yaml")
         with open(binary, "w") as f:
             f.write("name: heart-lr\nmodel: {type: sparse_lr, admission: {min_count: 2},"
                     " eviction: {max_rows: 8, ttl_steps: 200}}\n"
                     "data:\n  train: {format: libsvm, path: heart_scale/heart_scale}\n  test_fraction: 0.25\n"
                     "optimizer: {kind: adagrad, learning_rate: 0.5}\nconsistency: {model: asp}\n"
-                    "num_workers: 1\nbatch_size: 16\nepochs: 2000\n")
+                    "num_workers: 1\nbatch_size: 16\nepochs: 2000\ncache: {rows: 4, max_staleness_steps: 2}\n")
         # The same task with 4 rows' worth of memory and the rest on the
         # servers' disks, for the panels of the cold tier.
         spill = os.path.join(work, "heart-spill.yaml")
