@@ -615,23 +615,35 @@ absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
   locks.reserve(runs.size());
   std::vector<uint32_t> cold_idx, cold_vshard;
   std::vector<uint64_t> cold_keys;
+  uint64_t kept_reads = 0;  // rows on disk read from what the shard kept
   size_t begin = 0;
   for (const auto& [v, end] : runs) {
     Partition* p = partitions_[v].get();
     locks.push_back(std::make_unique<absl::MutexLock>(&p->mu));
     for (size_t i = begin; i < end; ++i) {
       const uint64_t key = keys[idx[i]];
+      float* dst = out + size_t{idx[i]} * dim_;
       auto it = p->index.find(key);
-      if (it == p->index.end()) {
+      if (it != p->index.end()) {
+        std::memcpy(dst, RowAt(p, it->second), size_t{dim_} * sizeof(float));
+      } else if (auto r = p->read_at.find(key); r != p->read_at.end()) {
+        // On disk as kept (read by an earlier pull, or moved there by a
+        // push), and not pushed since.
+        if (r->second == kNotOnDisk) {
+          init_.Fill(name_hash_, key, 0, dst, dim_);
+        } else {
+          std::memcpy(dst, p->read.row(r->second), size_t{dim_} * sizeof(float));
+          ++kept_reads;
+        }
+      } else {
         cold_idx.push_back(idx[i]);
         cold_vshard.push_back(v);
         cold_keys.push_back(key);
-      } else {
-        std::memcpy(out + size_t{idx[i]} * dim_, RowAt(p, it->second), size_t{dim_} * sizeof(float));
       }
     }
     begin = end;
   }
+  cold_reads_.fetch_add(kept_reads, std::memory_order_relaxed);
   if (cold_keys.empty()) return absl::OkStatus();
   ColdRows rows;
   rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
@@ -640,19 +652,24 @@ absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
   size_t next = 0;
   for (size_t i = 0; i < cold_keys.size(); ++i) {
     float* dst = out + size_t{cold_idx[i]} * dim_;
-    // Kept for the push that follows (Partition::read_at).
+    // Kept for the push that follows (Partition::read_at); a shard's
+    // kept rows start over once they fill kReadKeepBytes.
     Partition* p = partitions_[cold_vshard[i]].get();
-    const bool keep = p->read_at.size() < kReadKeep;
+    if ((p->read.size() + 1) * rows.row_floats * sizeof(float) > kReadKeepBytes ||
+        p->read_at.size() >= kReadKeepKeys) {
+      p->read_at.clear();
+      p->read.Clear();
+    }
     if (found[i]) {
       std::memcpy(dst, rows.row(next), size_t{dim_} * sizeof(float));
-      if (keep && p->read_at.emplace(cold_keys[i], static_cast<uint32_t>(p->read.size())).second) {
+      if (p->read_at.emplace(cold_keys[i], static_cast<uint32_t>(p->read.size())).second) {
         if (p->read.row_floats == 0) p->read.row_floats = rows.row_floats;
         p->read.Add(cold_keys[i], rows.updates[next], rows.last_step[next], rows.freq[next], rows.row(next));
       }
       ++next;
     } else {
       init_.Fill(name_hash_, cold_keys[i], 0, dst, dim_);
-      if (keep) p->read_at.emplace(cold_keys[i], kNotOnDisk);
+      p->read_at.emplace(cold_keys[i], kNotOnDisk);
     }
   }
   cold_reads_.fetch_add(next, std::memory_order_relaxed);
@@ -704,23 +721,27 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   float back_freq = 0;
   if (tier_ != nullptr) {
     cold.row_floats = demoted.row_floats = static_cast<uint32_t>(row_floats);
-    // What a pull read from disk since the last push is taken from there;
-    // this push changes the tier, so that is then forgotten.
+    // What pulls read from disk is taken from there, and this push's keys
+    // are forgotten: they come into memory (or stay on neither tier), and
+    // only keys of a push change what the tier holds (its victims were in
+    // memory, so nothing kept names them).
     std::vector<uint64_t> missing;
     for (size_t i = 0; i < n; ++i) {
       const uint64_t key = keys[idx[i]];
       if (p->index.contains(key)) continue;
       auto r = p->read_at.find(key);
       if (r == p->read_at.end()) {
-        missing.push_back(key);
-      } else if (r->second != kNotOnDisk && !cold_at.contains(key)) {
+        if (!cold_at.contains(key)) missing.push_back(key);
+        continue;
+      }
+      if (r->second != kNotOnDisk) {
         const uint32_t j = r->second;
         cold_at[key] = static_cast<uint32_t>(cold.size());
         cold.Add(key, p->read.updates[j], p->read.last_step[j], p->read.freq[j], p->read.row(j));
       }
+      p->read_at.erase(r);
     }
-    p->read_at.clear();
-    p->read.Clear();
+    if (p->read_at.empty()) p->read.Clear();
     if (!missing.empty()) {
       std::vector<bool> found;
       const size_t kept = cold.size();
@@ -827,6 +848,17 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
     RETURN_IF_ERROR(tier_->Move(tier_space_, vshard, promoted.data(), promoted.size(), out));
     cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
     cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
+    // The rows this push moved to disk are kept as a pull would have read
+    // them: another worker may have pulled them from memory for the push
+    // it sends next.
+    if (p->read.row_floats == 0) p->read.row_floats = out.row_floats;
+    for (size_t j = 0; j < out.size(); ++j) {
+      if ((p->read.size() + 1) * row_floats * sizeof(float) > kReadKeepBytes || p->read_at.size() >= kReadKeepKeys) {
+        break;
+      }
+      p->read_at[out.keys[j]] = static_cast<uint32_t>(p->read.size());
+      p->read.Add(out.keys[j], out.updates[j], out.last_step[j], out.freq[j], out.row(j));
+    }
   }
   return absl::OkStatus();
 }

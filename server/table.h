@@ -360,17 +360,20 @@ class SparseTable final : public Table {
     uint32_t ttl_cursor ABSL_GUARDED_BY(mu) = 0;
     std::vector<uint16_t> sketch ABSL_GUARDED_BY(mu);
     uint64_t sketch_sum ABSL_GUARDED_BY(mu) = 0;  // of its counters (a function of them)
-    // With a cold tier: what pulls found on disk since the partition's last
-    // push (key -> its entry in `read`, or kNotOnDisk for a key the tier
-    // does not hold), so the push that follows a pull of the same keys does
-    // not read them again. Only a push or a restore of the partition
-    // changes what its keys hold on disk; both empty it first. At most
-    // kReadKeep keys.
+    // With a cold tier: rows pulls found on disk (key -> its entry in
+    // `read`, or kNotOnDisk for a key on neither tier), so the push that
+    // follows a pull of the same keys, and other pulls of them, do not read
+    // them again. A key in memory is never here. Only a push of a key
+    // changes what the tier holds for it (a push's victims come from
+    // memory), and a push forgets its keys; a restore forgets them all.
+    // Both start over when `read` would pass kReadKeepBytes or `read_at`
+    // kReadKeepKeys.
     absl::flat_hash_map<uint64_t, uint32_t> read_at ABSL_GUARDED_BY(mu);
     ColdRows read ABSL_GUARDED_BY(mu);
   };
   static constexpr uint32_t kNotOnDisk = 0xffffffffu;
-  static constexpr size_t kReadKeep = 1024;
+  static constexpr size_t kReadKeepBytes = size_t{64} << 10;
+  static constexpr size_t kReadKeepKeys = 2048;
   float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Whether a checkpoint holds the partition (it has, or with a lifecycle
   // ever had, rows, or has counted a key).

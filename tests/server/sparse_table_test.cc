@@ -392,7 +392,7 @@ std::vector<float> PullBatch(Fixture& f, const std::vector<uint64_t>& keys) {
   return out;
 }
 
-TEST_CASE("with a cold tier, a push after a pull of its keys takes their rows from the pull, not from disk again") {
+TEST_CASE("with a cold tier, a push after pulls of its keys takes their rows from the pulls, not from disk again") {
   v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
   spec.mutable_admission()->set_min_count(2);
   v1::TableSpec capped = spec;
@@ -403,41 +403,41 @@ TEST_CASE("with a cold tier, a push after a pull of its keys takes their rows fr
   REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
   REQUIRE_OK(spill.table->AttachColdTier(tier.get(), space));
   uint64_t x = 11;
-  for (uint64_t step = 0; step < 300; ++step) {
+  auto batch_of = [&x](std::set<uint64_t>* taken) {
     std::set<uint64_t> batch;
     while (batch.size() < 24) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       const uint64_t u = (x >> 33) % 400;
-      batch.insert(u * u / 400 * 2654435761u + 1);
+      const uint64_t key = u * u / 400 * 2654435761u + 1;
+      if (taken->insert(key).second) batch.insert(key);
     }
-    const std::vector<uint64_t> keys(batch.begin(), batch.end());
-    // Each step pulls its keys, then pushes them, as a worker does.
-    const std::vector<float> a = PullBatch(all, keys), b = PullBatch(spill, keys);
+    return std::vector<uint64_t>(batch.begin(), batch.end());
+  };
+  uint64_t push_reads = 0;
+  for (uint64_t step = 0; step < 300; ++step) {
+    // Two workers pull their keys, then push them in the other order, as
+    // the steps of two workers interleave on a server.
+    std::set<uint64_t> taken;
+    const std::vector<uint64_t> k1 = batch_of(&taken), k2 = batch_of(&taken);
     INFO("step " << step);
-    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    for (const std::vector<uint64_t>* keys : {&k1, &k2}) {
+      const std::vector<float> a = PullBatch(all, *keys), b = PullBatch(spill, *keys);
+      REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
     const ColdTier::Counts before = tier->counts();
-    PushBatch(all, keys, step);
-    PushBatch(spill, keys, step);
-    // The push read nothing from disk: every row it promoted, the pull had read.
-    REQUIRE(tier->counts().reads == before.reads);
-    REQUIRE(tier->counts().rows_read == before.rows_read);
+    for (const std::vector<uint64_t>* keys : {&k2, &k1}) {
+      PushBatch(all, *keys, step);
+      PushBatch(spill, *keys, step);
+    }
+    push_reads += tier->counts().rows_read - before.rows_read;
   }
+  // Pushes read from disk only the few rows a shard's kept rows had let go
+  // (each starts over once full): every other row they promoted, a pull had
+  // read or a push had just moved there.
   const SparseTable::Counts c = spill.table->counts();
-  CHECK(c.promoted > 100);  // rows did come back from disk
-  // A push without a pull before it reads its rows from disk, as before
-  // (the last step's pushes left nothing kept).
-  std::vector<uint64_t> cold;
-  for (uint32_t v = 0; v < 4; ++v) {
-    REQUIRE_OK(tier->Scan(space, v, 4 * 2, 1024, [&](const ColdRows& rows) {
-      for (size_t i = 0; i < rows.size() && cold.size() < 8; ++i) cold.push_back(rows.keys[i]);
-      return absl::OkStatus();
-    }));
-  }
-  REQUIRE(!cold.empty());
-  const ColdTier::Counts before = tier->counts();
-  PushBatch(all, cold, 300);
-  PushBatch(spill, cold, 300);
-  CHECK(tier->counts().rows_read - before.rows_read == cold.size());
+  INFO("promoted " << c.promoted << ", read from disk by pushes " << push_reads);
+  CHECK(c.promoted > 1000);  // rows did come back from disk
+  CHECK(push_reads * 20 <= c.promoted);
   CHECK(spill.Keys() == all.Keys());
   for (uint64_t key : all.Keys()) {
     const std::vector<float> a = all.Read(key), b = spill.Read(key);
