@@ -4,20 +4,15 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
 
 namespace fulcrum {
 
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
+// Host memory a cached row takes beyond its floats: key, clock, reference
+// bit and index entry.
+constexpr size_t kRowOverhead = 32;
 
 void NoteMax(std::atomic<uint64_t>* a, uint64_t v) {
   uint64_t cur = a->load(std::memory_order_relaxed);
@@ -41,12 +36,13 @@ class CachingPsClient::TableCache {
   }
 
   size_t dim() const { return dim_; }
+  size_t row_bytes() const { return dim_ * sizeof(float) + kRowOverhead; }
   size_t rows() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return keys_.size(); }
 
   // Counts one pull of `key`; halves every counter once the sketch has seen
   // ten pulls per counter of one row, so old popularity fades.
   void Count(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const uint64_t h = Mix(key);
+    const uint64_t h = Mix64(key);
     for (size_t d = 0; d < kDepth; ++d) {
       uint8_t& c = sketch_[d * (width_mask_ + 1) + (Slot(h, d) & width_mask_)];
       if (c < 255) ++c;
@@ -110,7 +106,7 @@ class CachingPsClient::TableCache {
   static constexpr size_t kDepth = 4;
   static uint64_t Slot(uint64_t h, size_t d) { return (h >> (16 * d)) ^ (h * (2 * d + 1)); }
   uint32_t Frequency(uint64_t key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const uint64_t h = Mix(key);
+    const uint64_t h = Mix64(key);
     uint32_t m = 255;
     for (size_t d = 0; d < kDepth; ++d) {
       m = std::min<uint32_t>(m, sketch_[d * (width_mask_ + 1) + (Slot(h, d) & width_mask_)]);
@@ -151,12 +147,14 @@ CachingPsClient::CachingPsClient(PsClient* inner, RowCacheOptions options)
 
 CachingPsClient::~CachingPsClient() {
   absl::MutexLock lock(&mu_);
-  for (auto& [job, tables] : jobs_) {
-    for (auto& [name, c] : tables) {
-      absl::MutexLock l(&c->mu);
-      stats_->rows.fetch_sub(c->rows(), std::memory_order_relaxed);
-      stats_->bytes.fetch_sub(c->rows() * (c->dim() * sizeof(float) + 32), std::memory_order_relaxed);
-    }
+  for (auto& [job, tables] : jobs_) Forget(tables);
+}
+
+void CachingPsClient::Forget(const absl::flat_hash_map<std::string, std::shared_ptr<TableCache>>& tables) {
+  for (auto& [name, c] : tables) {
+    absl::MutexLock l(&c->mu);
+    stats_->rows.fetch_sub(c->rows(), std::memory_order_relaxed);
+    stats_->bytes.fetch_sub(c->rows() * c->row_bytes(), std::memory_order_relaxed);
   }
 }
 
@@ -179,11 +177,7 @@ absl::Status CachingPsClient::DeleteJob(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it != jobs_.end()) {
-      for (auto& [name, c] : it->second) {
-        absl::MutexLock l(&c->mu);
-        stats_->rows.fetch_sub(c->rows(), std::memory_order_relaxed);
-        stats_->bytes.fetch_sub(c->rows() * (c->dim() * sizeof(float) + 32), std::memory_order_relaxed);
-      }
+      Forget(it->second);
       jobs_.erase(it);
     }
   }
@@ -222,7 +216,6 @@ Future<absl::Status> CachingPsClient::PullAsync(const std::string& job_id, const
   PullBatch ask;
   ask.step = batch.step;
   ask.unclocked = batch.unclocked;
-  ask.exact = batch.exact;
   ask.dense = batch.dense;
   uint64_t hits = 0, saved = 0;
   std::vector<uint64_t> ages(options_.max_staleness_steps + 1, 0);
@@ -302,7 +295,7 @@ Future<absl::Status> CachingPsClient::PullAsync(const std::string& job_id, const
         }
         const size_t added = p.cache->rows() - before;
         stats->rows.fetch_add(added, std::memory_order_relaxed);
-        stats->bytes.fetch_add(added * (dim * sizeof(float) + 32), std::memory_order_relaxed);
+        stats->bytes.fetch_add(added * p.cache->row_bytes(), std::memory_order_relaxed);
       }
     }
     done.Set(s);

@@ -78,6 +78,9 @@ class CachingPsClient final : public PsClient {
   struct PendingPull;
 
   TableCache* Find(const std::string& job_id, const std::string& table) const;
+  // Takes a job's cached rows out of the stats.
+  void Forget(const absl::flat_hash_map<std::string, std::shared_ptr<TableCache>>& tables)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PsClient* const inner_;
   const RowCacheOptions options_;
