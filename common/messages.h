@@ -99,6 +99,7 @@ struct PullMessage {
   uint32_t wait_timeout_ms = 0;
   uint32_t incarnation = 0;
   bool unclocked = false;  // served without waiting (PullRequest.unclocked)
+  bool prefetch = false;   // a hint: rows read ahead, none returned (PullRequest.prefetch)
   std::vector<DenseChunkRef> dense;
   std::vector<SparseKeysView> sparse;
   std::shared_ptr<const void> keepalive;

@@ -267,6 +267,9 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status ValidatePull(const PullMessage& m, const ShardMap& map, uint32_t self,
                             std::vector<KeyGroups>* sparse) const;
   absl::StatusOr<PullResult> Serve(const PullMessage& m, const std::vector<KeyGroups>& sparse);
+  // A prefetch hint (PullMessage::prefetch): the spilling tables read the
+  // keys' rows on disk ahead (SparseTable::Prefetch).
+  absl::Status Prefetch(const PullMessage& m, const std::vector<KeyGroups>& sparse);
 
   // Records one received part; returns true when (rank, step) became complete.
   // A part from an incarnation older than the parts held is refused

@@ -26,6 +26,11 @@ absl::Status Job::ValidatePull(const PullMessage& m, const ShardMap& map, uint32
                               std::vector<KeyGroups>* sparse) const {
   RETURN_IF_ERROR(CheckIncarnation(m.incarnation, m.worker_id, m.rank, "pull"));
   RETURN_IF_ERROR(CheckDType(m.dtype, "<response>", "pull"));
+  if (m.prefetch && !m.dense.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch hint from ", Who(m.worker_id, m.rank),
+                                                   " names dense table '", m.dense.front().table,
+                                                   "'; hints name sparse keys only"));
+  }
   if (m.unclocked && !m.dense.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unclocked pull from ", Who(m.worker_id, m.rank),
                                                    " names dense table '", m.dense.front().table,
@@ -145,6 +150,15 @@ absl::StatusOr<PullResult> Job::Serve(const PullMessage& m, const std::vector<Ke
   return result;
 }
 
+absl::Status Job::Prefetch(const PullMessage& m, const std::vector<KeyGroups>& sparse) {
+  for (size_t i = 0; i < m.sparse.size(); ++i) {
+    auto* t = static_cast<SparseTable*>(tables_.find(m.sparse[i].table)->second.get());
+    if (!t->spills()) continue;
+    RETURN_IF_ERROR(t->Prefetch(sparse[i].keys.data(), sparse[i].idx.data(), sparse[i].runs).status());
+  }
+  return absl::OkStatus();
+}
+
 void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const ShardMap> map,
                uint32_t self, absl::Time deadline, PullCallback done) {
   auto sparse = std::make_shared<std::vector<KeyGroups>>();
@@ -162,6 +176,23 @@ void Job::Pull(std::shared_ptr<const PullMessage> m, std::shared_ptr<const Shard
     done(me->Serve(*m, *sparse));
   };
   absl::Status refused;
+  if (m->prefetch) {
+    // A hint: read ahead now, whatever the clocks; the answer has no rows
+    // and nothing counts as read.
+    PullResult ahead;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) refused = shutdown_reason_;
+      ahead.applied_step = applied_step_;
+    }
+    if (refused.ok()) refused = Prefetch(*m, *sparse);
+    if (!refused.ok()) {
+      done(refused);
+    } else {
+      done(std::move(ahead));
+    }
+    return;
+  }
   if (m->unclocked) {
     // A step's sparse rows inside a local round: read as they are now.
     {

@@ -34,6 +34,7 @@ std::vector<v1::SparseTableStats> Job::SparseTableStats() const {
     s.set_demoted(c.demoted);
     s.set_promoted(c.promoted);
     s.set_cold_reads(c.cold_reads);
+    s.set_prefetched(c.prefetched);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.table() < b.table(); });
   return out;
@@ -164,6 +165,9 @@ void Job::CollectMetrics(metrics::Scrape* out) const {
                        table, static_cast<double>(c.promoted));
           out->Counter("fulcrum_server_sparse_cold_reads_total", "Rows a pull read from disk", table,
                        static_cast<double>(c.cold_reads));
+          out->Counter("fulcrum_server_sparse_prefetched_total",
+                       "Rows read from disk ahead of their pull by a worker's prefetch hint", table,
+                       static_cast<double>(c.prefetched));
         }
       }
     }

@@ -95,6 +95,7 @@ SparseTable::Counts SparseTable::counts() const {
   c.demoted = demoted_.load(std::memory_order_relaxed);
   c.promoted = promoted_.load(std::memory_order_relaxed);
   c.cold_reads = cold_reads_.load(std::memory_order_relaxed);
+  c.prefetched = prefetched_.load(std::memory_order_relaxed);
   c.cold_rows = cold_rows_.load(std::memory_order_relaxed);
   return c;
 }
@@ -106,7 +107,17 @@ absl::Status SparseTable::AttachColdTier(ColdTier* tier, uint32_t space) {
   }
   tier_ = tier;
   tier_space_ = space;
+  for (auto& p : partitions_) {
+    absl::MutexLock lock(&p->mu);
+    p->moved_at.assign(kMoveBuckets, 0);
+  }
   return absl::OkStatus();
+}
+
+size_t SparseTable::MoveBucket(uint64_t key) {
+  // Another mix than the key's virtual shard's, so a shard's keys spread
+  // over every bucket.
+  return static_cast<size_t>(Mix64(key ^ 0x5bd1e9955bd1e995ull) % kMoveBuckets);
 }
 
 float* SparseTable::RowAt(Partition* p, uint32_t r) const {
@@ -489,6 +500,7 @@ absl::Status SparseTable::Restore(uint32_t vshard, uint32_t dim, uint32_t slots,
   // A restore may put rows on disk: what pulls read there before is stale.
   p->read_at.clear();
   p->read.Clear();
+  ++p->restores;
   if (life != nullptr && life_.on()) return RestoreLife(vshard, p, n, keys, updates, rows, *life);
   for (size_t k = 0; k < n; ++k) {
     uint32_t r;
@@ -655,25 +667,81 @@ absl::Status SparseTable::ReadShards(const uint64_t* keys, const uint32_t* idx,
     // Kept for the push that follows (Partition::read_at); a shard's
     // kept rows start over once they fill kReadKeepBytes.
     Partition* p = partitions_[cold_vshard[i]].get();
-    if ((p->read.size() + 1) * rows.row_floats * sizeof(float) > kReadKeepBytes ||
-        p->read_at.size() >= kReadKeepKeys) {
-      p->read_at.clear();
-      p->read.Clear();
-    }
     if (found[i]) {
       std::memcpy(dst, rows.row(next), size_t{dim_} * sizeof(float));
-      if (p->read_at.emplace(cold_keys[i], static_cast<uint32_t>(p->read.size())).second) {
-        if (p->read.row_floats == 0) p->read.row_floats = rows.row_floats;
-        p->read.Add(cold_keys[i], rows.updates[next], rows.last_step[next], rows.freq[next], rows.row(next));
-      }
+      Keep(p, cold_keys[i], &rows, next, /*start_over=*/true);
       ++next;
     } else {
       init_.Fill(name_hash_, cold_keys[i], 0, dst, dim_);
-      p->read_at.emplace(cold_keys[i], kNotOnDisk);
+      Keep(p, cold_keys[i], nullptr, 0, /*start_over=*/true);
     }
   }
   cold_reads_.fetch_add(next, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+bool SparseTable::Keep(Partition* p, uint64_t key, const ColdRows* rows, size_t j, bool start_over) const {
+  if ((p->read.size() + 1) * RowBytes() > kReadKeepBytes || p->read_at.size() >= kReadKeepKeys) {
+    if (!start_over) return false;
+    p->read_at.clear();
+    p->read.Clear();
+  }
+  if (rows == nullptr) {
+    p->read_at.emplace(key, kNotOnDisk);
+  } else if (p->read_at.emplace(key, static_cast<uint32_t>(p->read.size())).second) {
+    p->read.row_floats = rows->row_floats;
+    p->read.Add(key, rows->updates[j], rows->last_step[j], rows->freq[j], rows->row(j));
+  }
+  return true;
+}
+
+absl::StatusOr<uint64_t> SparseTable::Prefetch(const uint64_t* keys, const uint32_t* idx,
+                                               const std::vector<std::pair<uint32_t, size_t>>& runs) {
+  if (tier_ == nullptr) return uint64_t{0};
+  // The keys on neither memory nor a shard's kept rows, shard by shard,
+  // and each shard's counts of moves and restores as they were then.
+  std::vector<uint32_t> want_vshard;
+  std::vector<uint64_t> want;
+  std::vector<std::pair<uint64_t, uint64_t>> seen(runs.size());
+  size_t begin = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    Partition* p = partitions_[runs[r].first].get();
+    absl::MutexLock lock(&p->mu);
+    seen[r] = {p->moves, p->restores};
+    for (size_t i = begin; i < runs[r].second; ++i) {
+      const uint64_t key = keys[idx[i]];
+      if (p->index.contains(key) || p->read_at.contains(key)) continue;
+      want_vshard.push_back(runs[r].first);
+      want.push_back(key);
+    }
+    begin = runs[r].second;
+  }
+  if (want.empty()) return uint64_t{0};
+  // The disk read holds no shard's lock: pulls and pushes go on meanwhile.
+  ColdRows rows;
+  rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
+  std::vector<bool> found;
+  RETURN_IF_ERROR(tier_->Get(tier_space_, want_vshard.data(), want.data(), want.size(), &rows, &found));
+  if (prefetch_hook_) prefetch_hook_();
+  uint64_t kept = 0;
+  size_t i = 0, next = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    Partition* p = partitions_[runs[r].first].get();
+    absl::MutexLock lock(&p->mu);
+    // What a push moved meanwhile may differ from what was read: a key of
+    // a bucket a push moved rows of since is not kept, nor is anything
+    // after a restore.
+    const bool restored = p->restores != seen[r].second;
+    for (; i < want.size() && want_vshard[i] == runs[r].first; ++i) {
+      const size_t j = found[i] ? next++ : 0;
+      if (restored || p->moved_at[MoveBucket(want[i])] > seen[r].first) continue;
+      if (p->index.contains(want[i]) || p->read_at.contains(want[i])) continue;
+      if (!Keep(p, want[i], found[i] ? &rows : nullptr, j, /*start_over=*/false)) continue;
+      kept += found[i] ? 1 : 0;
+    }
+  }
+  prefetched_.fetch_add(kept, std::memory_order_relaxed);
+  return kept;
 }
 
 absl::Status SparseTable::EnsureRows(uint32_t vshard, const uint64_t* keys, const uint32_t* idx,
@@ -845,19 +913,20 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
     for (const auto& [key, j] : demoted_at) {
       out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
     }
+    if (!promoted.empty() || out.size() != 0) {
+      // Before the write, which may land though it fails.
+      ++p->moves;
+      for (uint64_t key : promoted) p->moved_at[MoveBucket(key)] = p->moves;
+      for (uint64_t key : out.keys) p->moved_at[MoveBucket(key)] = p->moves;
+    }
     RETURN_IF_ERROR(tier_->Move(tier_space_, vshard, promoted.data(), promoted.size(), out));
     cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
     cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
     // The rows this push moved to disk are kept as a pull would have read
     // them: another worker may have pulled them from memory for the push
     // it sends next.
-    if (p->read.row_floats == 0) p->read.row_floats = out.row_floats;
     for (size_t j = 0; j < out.size(); ++j) {
-      if ((p->read.size() + 1) * row_floats * sizeof(float) > kReadKeepBytes || p->read_at.size() >= kReadKeepKeys) {
-        break;
-      }
-      p->read_at[out.keys[j]] = static_cast<uint32_t>(p->read.size());
-      p->read.Add(out.keys[j], out.updates[j], out.last_step[j], out.freq[j], out.row(j));
+      if (!Keep(p, out.keys[j], &out, j, /*start_over=*/false)) break;
     }
   }
   return absl::OkStatus();

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -252,6 +253,17 @@ class SparseTable final : public Table {
   absl::Status ReadShards(const uint64_t* keys, const uint32_t* idx,
                           const std::vector<std::pair<uint32_t, size_t>>& runs, float* out)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds a run of partition locks
+  // A prefetch hint (PullRequest.prefetch), runs as for ReadShards: the
+  // rows on disk of keys neither in memory nor kept are read in one batch,
+  // holding no shard's lock, and kept (Partition::read_at) for the pull
+  // that follows, in each shard no push moved rows of since the keys were
+  // looked at; a hint never makes a shard forget what it keeps. Returns
+  // the rows read ahead; 0 without a cold tier.
+  absl::StatusOr<uint64_t> Prefetch(const uint64_t* keys, const uint32_t* idx,
+                                    const std::vector<std::pair<uint32_t, size_t>>& runs);
+  // Tests: called by Prefetch between its disk read and keeping what it
+  // read, where a push may come. Set before any Prefetch runs.
+  void SetPrefetchHookForTesting(std::function<void()> hook) { prefetch_hook_ = std::move(hook); }
   // Makes room for the keys' missing rows (all in `vshard`) without
   // reading them; RESOURCE_EXHAUSTED over quota. Used before applying a push
   // so a quota failure leaves nothing half-applied. Without a lifecycle the
@@ -275,8 +287,8 @@ class SparseTable final : public Table {
     uint64_t sketch_bytes = 0;
     uint64_t sketch_agings = 0;  // times a shard's sketch halved
     // With a cold tier: rows moved to disk, brought back by a push, and
-    // read from disk by a pull.
-    uint64_t demoted = 0, promoted = 0, cold_reads = 0;
+    // read from disk by a pull; read from disk ahead by a prefetch hint.
+    uint64_t demoted = 0, promoted = 0, cold_reads = 0, prefetched = 0;
     uint64_t cold_rows = 0;  // rows on disk now
   };
   Counts counts() const;
@@ -370,11 +382,25 @@ class SparseTable final : public Table {
     // kReadKeepKeys.
     absl::flat_hash_map<uint64_t, uint32_t> read_at ABSL_GUARDED_BY(mu);
     ColdRows read ABSL_GUARDED_BY(mu);
+    // A prefetch hint reads disk without the lock, then keeps a key's row
+    // only if no push moved a row of a key in its bucket meanwhile
+    // (moved_at[MoveBucket(key)], the count of pushes that moved rows when
+    // the last such did, passed what the hint saw) and no restore came.
+    uint64_t moves ABSL_GUARDED_BY(mu) = 0;
+    uint64_t restores ABSL_GUARDED_BY(mu) = 0;
+    std::vector<uint64_t> moved_at ABSL_GUARDED_BY(mu);  // kMoveBuckets, once a tier is attached
   };
+  static constexpr size_t kMoveBuckets = 512;
+  static size_t MoveBucket(uint64_t key);
   static constexpr uint32_t kNotOnDisk = 0xffffffffu;
   static constexpr size_t kReadKeepBytes = size_t{64} << 10;
   static constexpr size_t kReadKeepKeys = 2048;
   float* RowAt(Partition* p, uint32_t r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Keeps a key's row on disk (rows->row(j)), or with rows == nullptr a key
+  // on neither tier, in p's kept rows. When they are full, starts them
+  // over if `start_over`, else keeps nothing and returns false.
+  bool Keep(Partition* p, uint64_t key, const ColdRows* rows, size_t j, bool start_over) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Whether a checkpoint holds the partition (it has, or with a lifecycle
   // ever had, rows, or has counted a key).
   bool Captured(const Partition& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
@@ -422,11 +448,12 @@ class SparseTable final : public Table {
   uint32_t tier_space_ = 0;
   std::vector<std::unique_ptr<Partition>> partitions_;
   std::atomic<uint64_t> admitted_{0}, rejected_{0}, evicted_cap_{0}, evicted_ttl_{0}, sketch_bytes_{0},
-      sketch_agings_{0}, demoted_{0}, promoted_{0}, cold_reads_{0}, cold_rows_{0};
+      sketch_agings_{0}, demoted_{0}, promoted_{0}, cold_reads_{0}, cold_rows_{0}, prefetched_{0};
   // Rows and charged bytes over all partitions, kept as they change, so
   // stats, metrics and heartbeats never wait on a partition's lock (a
   // checkpoint holds each in turn while it copies it).
   std::atomic<uint64_t> rows_{0}, bytes_{0};
+  std::function<void()> prefetch_hook_;  // SetPrefetchHookForTesting
 };
 
 // Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.

@@ -114,6 +114,15 @@ class PsClient {
   // begun): a transport whose servers sleep between requests may wake them
   // now, so the push finds them awake. Optional; does nothing by default.
   virtual void ExpectPush() {}
+  // A hint that a coming pull names these sparse keys (each target's `out`
+  // is not used): servers whose tables keep rows on disk read those rows
+  // ahead (PullRequest.prefetch), so the pull finds them in memory. Sent and
+  // forgotten: a hint that fails costs nothing but its read-ahead. The keys
+  // are copied before this returns. Does nothing by default.
+  virtual void Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) {
+    (void)job_id;
+    (void)keys;
+  }
 
   absl::Status Push(const std::string& job_id, const PushBatch& batch) {
     return PushAsync(job_id, batch).Wait();

@@ -194,6 +194,10 @@ absl::StatusOr<v1::GetJobResponse> CachingPsClient::GetJobStats(const std::strin
 
 void CachingPsClient::ExpectPush() { inner_->ExpectPush(); }
 
+void CachingPsClient::Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) {
+  inner_->Prefetch(job_id, keys);
+}
+
 size_t CachingPsClient::CachedRows(const std::string& job_id, const std::string& table) const {
   TableCache* c = Find(job_id, table);
   if (c == nullptr) return 0;

@@ -69,6 +69,8 @@ class CachingPsClient final : public PsClient {
   Future<absl::Status> PullAsync(const std::string& job_id, const PullBatch& batch) override;
   absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) override;
   void ExpectPush() override;
+  // Passed on as it is: a cached row's key may lie on a server's disk too.
+  void Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) override;
 
   // Rows held for a table of a job (0 for one without a cache).
   size_t CachedRows(const std::string& job_id, const std::string& table) const;

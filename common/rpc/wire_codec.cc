@@ -443,6 +443,7 @@ Writer EncodePull(const PullMessage& m) {
   w.Varint(9, m.wait_timeout_ms);
   w.Varint(10, m.incarnation);
   if (m.unclocked) w.Varint(11, 1);
+  if (m.prefetch) w.Varint(12, 1);
   return w;
 }
 
@@ -451,6 +452,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
   m->dtype = DType::kUnspecified;
   m->incarnation = 0;
   m->unclocked = false;
+  m->prefetch = false;
   while (!r.done()) {
     uint32_t f = 0, wt = 0;
     RETURN_IF_ERROR(r.Next(&f, &wt));
@@ -459,6 +461,7 @@ absl::Status DecodePull(const Payload& p, PullMessage* m) {
       case 2: RETURN_IF_ERROR(ReadStr(r, wt, "worker_id", &m->worker_id)); break;
       case 3: RETURN_IF_ERROR(ReadU32(r, wt, "rank", &m->rank)); break;
       case 11: RETURN_IF_ERROR(ReadBool(r, wt, "unclocked", &m->unclocked)); break;
+      case 12: RETURN_IF_ERROR(ReadBool(r, wt, "prefetch", &m->prefetch)); break;
       case 4: RETURN_IF_ERROR(ReadU64(r, wt, "step", &m->step)); break;
       case 5: RETURN_IF_ERROR(ReadU64(r, wt, "shard_map_version", &m->shard_map_version)); break;
       case 6: RETURN_IF_ERROR(ReadDType(r, wt, &m->dtype)); break;

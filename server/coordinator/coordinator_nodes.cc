@@ -307,6 +307,7 @@ void AddTableStats(const v1::SparseTableStats& t, v1::SparseTableStats* sum) {
   sum->set_demoted(sum->demoted() + t.demoted());
   sum->set_promoted(sum->promoted() + t.promoted());
   sum->set_cold_reads(sum->cold_reads() + t.cold_reads());
+  sum->set_prefetched(sum->prefetched() + t.prefetched());
 }
 
 }  // namespace

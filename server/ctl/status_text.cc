@@ -229,7 +229,7 @@ std::string SparseTableLine(const fulcrum::v1::SparseTableStats& t) {
   if (t.sketch_bytes() > 0) absl::StrAppend(&line, "; sketch ", fulcrum::HumanBytes(t.sketch_bytes()));
   if (t.cold_rows() + t.demoted() + t.cold_reads() > 0) {
     absl::StrAppend(&line, "; on disk ", t.cold_rows(), " rows (moved there ", t.demoted(), ", back ", t.promoted(),
-                    ", read there ", t.cold_reads(), ")");
+                    ", read there ", t.cold_reads(), ", read ahead ", t.prefetched(), ")");
   }
   return line;
 }

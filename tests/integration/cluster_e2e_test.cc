@@ -862,7 +862,8 @@ TEST_CASE("a server killed with kill -9 while rows move between its memory and d
   }
   REQUIRE(emb != nullptr);
   WARN("embeddings: " << emb->rows() << " rows in memory, " << emb->cold_rows() << " on disk, moved there "
-                      << emb->demoted() << ", back " << emb->promoted() << ", read there " << emb->cold_reads());
+                      << emb->demoted() << ", back " << emb->promoted() << ", read there " << emb->cold_reads()
+                      << ", read ahead " << emb->prefetched());
   CHECK(emb->rows() <= 512);
   CHECK(emb->cold_rows() > 0);
   CHECK(emb->promoted() > 0);

@@ -100,6 +100,39 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
 }
 
+TEST_CASE("a prefetch hint is answered at once with no rows, whatever the clock, and names no dense table",
+          "[bsp][job][cold]") {
+  DeadlineTimer timer;
+  auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
+  using testing::SparseTableSpec;
+  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4), SparseTableSpec("emb", 2, 0.5f)}, 2),
+                                              4, 1 << 20, &timer));
+  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  std::vector<uint64_t> keys = {7, 9};
+  auto hint = [&](bool dense) {
+    auto pull = std::make_shared<PullMessage>();
+    pull->job_id = "j";
+    pull->worker_id = "w0";
+    pull->step = 5;  // BSP would make a pull for step 5 wait
+    pull->prefetch = true;
+    pull->sparse.push_back({"emb", Payload(keys.data(), keys.size() * 8)});
+    if (dense) pull->dense.push_back({"w", 0});
+    absl::Notification done;
+    absl::StatusOr<PullResult> result;
+    job->Pull(pull, map, 0, absl::Now() + absl::Seconds(30), [&](absl::StatusOr<PullResult> res) {
+      result = std::move(res);
+      done.Notify();
+    });
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    return result;
+  };
+  absl::StatusOr<PullResult> got = hint(false);
+  REQUIRE_OK(got.status());
+  CHECK(got->sparse.empty());
+  CHECK(got->dense.empty());
+  REQUIRE_STATUS(hint(true).status(), absl::StatusCode::kInvalidArgument, "hints name sparse keys only");
+}
+
 TEST_CASE("unclocked rows (local steps' sparse tables) apply on arrival under BSP and count toward no step",
           "[bsp][job][local]") {
   DeadlineTimer timer;

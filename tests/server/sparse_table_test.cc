@@ -4,6 +4,7 @@
 // naming the field, and the same pushes giving the same rows. The clock is
 // the push's step, so these run on no wall clock at all.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,10 +15,12 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "absl/synchronization/mutex.h"
 #include "common/shard_map.h"
 #include "server/cold_tier.h"
 #include "server/table.h"
@@ -375,21 +378,38 @@ TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for 
   std::filesystem::remove_all(dir);
 }
 
+// `keys` grouped as a server groups a pull's: indices by virtual shard,
+// and (shard, end of its indices) runs, shards ascending.
+void GroupByShard(const Fixture& f, const std::vector<uint64_t>& keys, std::vector<uint32_t>* idx,
+                  std::vector<std::pair<uint32_t, size_t>>* runs) {
+  std::vector<std::vector<uint32_t>> by_shard(f.shards());
+  for (uint32_t i = 0; i < keys.size(); ++i) by_shard[VShardOfKey(f.table->name_hash(), keys[i], f.shards())].push_back(i);
+  for (uint32_t v = 0; v < f.shards(); ++v) {
+    if (by_shard[v].empty()) continue;
+    idx->insert(idx->end(), by_shard[v].begin(), by_shard[v].end());
+    runs->emplace_back(v, idx->size());
+  }
+}
+
 // Reads `keys` as a server answers a pull: every virtual shard's in one
 // ReadShards, shards ascending.
 std::vector<float> PullBatch(Fixture& f, const std::vector<uint64_t>& keys) {
-  std::vector<std::vector<uint32_t>> by_shard(f.shards());
-  for (uint32_t i = 0; i < keys.size(); ++i) by_shard[VShardOfKey(f.table->name_hash(), keys[i], f.shards())].push_back(i);
   std::vector<uint32_t> idx;
   std::vector<std::pair<uint32_t, size_t>> runs;
-  for (uint32_t v = 0; v < f.shards(); ++v) {
-    if (by_shard[v].empty()) continue;
-    idx.insert(idx.end(), by_shard[v].begin(), by_shard[v].end());
-    runs.emplace_back(v, idx.size());
-  }
+  GroupByShard(f, keys, &idx, &runs);
   std::vector<float> out(keys.size() * f.table->dim());
   REQUIRE_OK(f.table->ReadShards(keys.data(), idx.data(), runs, out.data()));
   return out;
+}
+
+// A prefetch hint of `keys`, as a server takes one: the rows read ahead.
+uint64_t PrefetchBatch(Fixture& f, const std::vector<uint64_t>& keys) {
+  std::vector<uint32_t> idx;
+  std::vector<std::pair<uint32_t, size_t>> runs;
+  GroupByShard(f, keys, &idx, &runs);
+  absl::StatusOr<uint64_t> n = f.table->Prefetch(keys.data(), idx.data(), runs);
+  REQUIRE_OK(n.status());
+  return *n;
 }
 
 TEST_CASE("with a cold tier, a push after pulls of its keys takes their rows from the pulls, not from disk again") {
@@ -526,6 +546,192 @@ TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a resto
     break;
   }
   CHECK(refused);
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a prefetch hint reads exactly its keys' rows on disk, once, and their pull and push read disk no more") {
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  spec.mutable_admission()->set_min_count(2);
+  spec.mutable_eviction()->set_max_rows(64);
+  const std::string dir = testing::MakeTempDir("spill-ahead");
+  // b's tier is its own: its counts are b's reads only.
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier_a, ColdTier::Open(dir + "/cold-a"));
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold-b"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t s1, tier_a->Space("job", "emb"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t s2, tier->Space("restored", "emb"));
+  Fixture a(spec, 4), b(spec, 4);
+  REQUIRE_OK(a.table->AttachColdTier(tier_a.get(), s1));
+  REQUIRE_OK(b.table->AttachColdTier(tier.get(), s2));
+  for (uint64_t step = 0; step < 200; ++step) PushBatch(a, SpillBatch(step), step);
+  // b: a's rows, restored, so its shards keep nothing read from disk yet.
+  RestoreInto(b, a.table->Capture(), 200);
+  const auto disk = DiskRows(*tier, s2, 4, 8);
+  const std::set<uint64_t> memory = b.Keys();
+  // A hint of 20 keys on disk, 10 in memory and 5 on neither tier.
+  std::vector<uint64_t> hint;
+  std::set<uint64_t> on_disk;
+  for (const auto& [key, row] : disk) {
+    if (on_disk.size() == 20) break;
+    on_disk.insert(key);
+    hint.push_back(key);
+  }
+  REQUIRE(on_disk.size() == 20);
+  size_t in_memory = 0;
+  for (uint64_t key : memory) {
+    if (disk.count(key) != 0) continue;
+    hint.push_back(key);
+    if (++in_memory == 10) break;
+  }
+  for (uint64_t k = 0; k < 5; ++k) hint.push_back(0xfeed0000 + k);
+  std::sort(hint.begin(), hint.end());
+  ColdTier::Counts before = tier->counts();
+  CHECK(PrefetchBatch(b, hint) == 20);
+  CHECK(tier->counts().rows_read - before.rows_read == 20);
+  CHECK(tier->counts().reads - before.reads == 1);  // one batched read
+  CHECK(b.table->counts().prefetched == 20);
+  // Nothing moved: a hint only reads.
+  CHECK(DiskRows(*tier, s2, 4, 8) == disk);
+  CHECK(b.Keys() == memory);
+  // Asked again, it reads nothing: the rows are kept.
+  before = tier->counts();
+  CHECK(PrefetchBatch(b, hint) == 0);
+  CHECK(tier->counts().reads == before.reads);
+  // The pull reads nothing from disk, and reads what a's pull reads.
+  const std::vector<float> pa = PullBatch(a, hint), pb = PullBatch(b, hint);
+  CHECK(tier->counts().rows_read == before.rows_read);
+  REQUIRE(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
+  // Nor does their push; both tables go on alike.
+  PushBatch(a, hint, 200);
+  PushBatch(b, hint, 200);
+  CHECK(tier->counts().rows_read == before.rows_read);
+  for (uint64_t step = 201; step < 260; ++step) {
+    PushBatch(a, SpillBatch(step), step);
+    PushBatch(b, SpillBatch(step), step);
+  }
+  CheckSameShards(a.table->Capture(), b.table->Capture());
+  tier.reset();
+  tier_a.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a push that moves a hinted row while the hint reads it voids what the hint read") {
+  // Rows of 512 bytes (dim 64, Adagrad's accumulator): a shard keeps at
+  // most 128 of them, so the pushes below move rows to disk that nothing
+  // keeps.
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 64, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  v1::TableSpec capped = spec;
+  capped.mutable_eviction()->set_max_rows(4);
+  Fixture all(spec, 1), spill(capped, 1);
+  const std::string dir = testing::MakeTempDir("spill-void");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
+  REQUIRE_OK(spill.table->AttachColdTier(tier.get(), space));
+  // One key a push: keys 1 to 296 go to disk in turn (LRU), and only the
+  // first 128 are kept.
+  for (uint64_t k = 1; k <= 300; ++k) {
+    all.Push(k, k);
+    spill.Push(k, k);
+  }
+  const uint64_t key = 250;
+  uint64_t step = 301;
+  spill.table->SetPrefetchHookForTesting([&] {
+    // With the hint's read in hand: a push brings the row back and changes
+    // it, and four more push it out to disk again, unkept; then another
+    // worker's pull of a row on disk makes the full kept rows start over,
+    // so there is room to keep what the hint read.
+    for (uint64_t k : {key, uint64_t{1001}, uint64_t{1002}, uint64_t{1003}, uint64_t{1004}}) {
+      all.Push(k, step);
+      spill.Push(k, step);
+      ++step;
+    }
+    PullBatch(spill, {260});
+  });
+  const uint64_t read_before = tier->counts().rows_read;
+  CHECK(PrefetchBatch(spill, {key}) == 0);  // read, then voided
+  CHECK(tier->counts().rows_read - read_before >= 2);  // the hint's read and the push's
+  spill.table->SetPrefetchHookForTesting(nullptr);
+  CHECK(spill.table->counts().demoted - spill.table->counts().promoted == 300);  // keys 1 to 300
+  // The pull reads the row as it is now, from disk.
+  std::vector<float> a = PullBatch(all, {key}), b = PullBatch(spill, {key});
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  // Hinted again with no push between, the row is read ahead and kept.
+  const uint64_t key2 = 251;
+  CHECK(PrefetchBatch(spill, {key2}) == 1);
+  const uint64_t read_after = tier->counts().rows_read;
+  a = PullBatch(all, {key2});
+  b = PullBatch(spill, {key2});
+  CHECK(tier->counts().rows_read == read_after);
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("prefetch hints racing pushes and pulls never serve a stale row") {
+  // The case above, left to the scheduler: one thread hints the coming
+  // batches while this one pulls and pushes; every pull must read what the
+  // all-in-memory table reads, bit for bit (and, under the sanitizers, no
+  // access may race). Wide rows (512 bytes
+  // with Adagrad's) fill a shard's kept rows at 128, so pushes move rows
+  // to disk that nothing keeps, and a hint's read can go stale.
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 64, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  v1::TableSpec capped = spec;
+  capped.mutable_eviction()->set_max_rows(64);
+  Fixture all(spec, 2), spill(capped, 2);
+  auto batch_at = [](uint64_t step) {
+    uint64_t x = step * 0x9e3779b97f4a7c15ull + 3;
+    std::set<uint64_t> batch;
+    while (batch.size() < 8) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const uint64_t u = (x >> 33) % 1000;
+      batch.insert(u * u / 1000 + 1);
+    }
+    return std::vector<uint64_t>(batch.begin(), batch.end());
+  };
+  const std::string dir = testing::MakeTempDir("spill-race");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
+  REQUIRE_OK(spill.table->AttachColdTier(tier.get(), space));
+  std::atomic<uint64_t> at{0};
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  absl::Status hint_error;  // Catch's assertions are for this thread only
+  std::thread hinter([&] {
+    while (!stop.load()) {
+      const uint64_t step = at.load();
+      std::vector<uint64_t> keys;
+      for (uint64_t ahead = 1; ahead <= 8; ++ahead) {
+        const std::vector<uint64_t> next = batch_at(step + ahead);
+        keys.insert(keys.end(), next.begin(), next.end());
+      }
+      {
+        std::vector<uint32_t> idx;
+        std::vector<std::pair<uint32_t, size_t>> runs;
+        GroupByShard(spill, keys, &idx, &runs);
+        const absl::Status s = spill.table->Prefetch(keys.data(), idx.data(), runs).status();
+        absl::MutexLock lock(&mu);
+        hint_error.Update(s);
+      }
+    }
+  });
+  for (uint64_t step = 0; step < 4000; ++step) {
+    at.store(step);
+    const std::vector<uint64_t> keys = batch_at(step);
+    const std::vector<float> a = PullBatch(all, keys), b = PullBatch(spill, keys);
+    INFO("step " << step);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    PushBatch(all, keys, step);
+    PushBatch(spill, keys, step);
+  }
+  stop.store(true);
+  hinter.join();
+  REQUIRE_OK(hint_error);
+  CHECK(spill.table->counts().prefetched > 0);
+  CHECK(spill.Keys() == all.Keys());
+  for (uint64_t key : all.Keys()) {
+    const std::vector<float> a = all.Read(key), b = spill.Read(key);
+    REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  }
   tier.reset();
   std::filesystem::remove_all(dir);
 }

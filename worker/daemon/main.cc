@@ -35,6 +35,9 @@ ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 ABSL_FLAG(int32_t, decode_threads, 0,
           "threads decoding batches per assignment (0: up to 4, half the cores, on a GPU; 1 on the CPU backend)");
+ABSL_FLAG(bool, prefetch_hints, true,
+          "send each next batch's keys ahead to servers whose tables keep rows on disk (storage.spill), "
+          "so they read those rows before the pull");
 ABSL_FLAG(std::string, device_data, "auto",
           "keep datasets stored as bytes (IDX) on the device and build batches there: auto or on (when they "
           "fit), off");
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   o.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  o.prefetch_hints = absl::GetFlag(FLAGS_prefetch_hints);
   o.device_data = absl::GetFlag(FLAGS_device_data);
   o.device_data_share = absl::GetFlag(FLAGS_device_data_share);
   if (o.decode_threads < 0 || o.decode_threads > 64) {

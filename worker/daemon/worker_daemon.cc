@@ -222,6 +222,7 @@ class WorkerDaemon::Runner {
     to.shuffle = !spec.data().no_shuffle();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max(1u, options_.slots));
     to.decode_threads = options_.decode_threads > 0 ? options_.decode_threads : data::DefaultDecodeThreads(cores, gpu);
+    to.prefetch_hints = options_.prefetch_hints;
     ASSIGN_OR_RETURN(to.device_data, data::DeviceDataModeFromName(options_.device_data));
     to.device_data_share = options_.device_data_share;
     if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();

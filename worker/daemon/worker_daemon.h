@@ -56,6 +56,8 @@ struct WorkerDaemonOptions {
   // Threads decoding batches per assignment; 0: data::DefaultDecodeThreads
   // for the device (a GPU leaves the cores to the pipeline).
   int decode_threads = 0;
+  // TrainerOptions::prefetch_hints.
+  bool prefetch_hints = true;
   // Datasets on the device (data/device_data.h): auto, on or off, and the
   // share of the device's memory they may take.
   std::string device_data = "auto";

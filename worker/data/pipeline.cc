@@ -210,6 +210,13 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Next() {
   return item;
 }
 
+const Batch* Prefetcher::Peek() const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = ready_.find(consumed_);
+  if (it == ready_.end() || !it->second.ok()) return nullptr;
+  return it->second->get();
+}
+
 void Prefetcher::Recycle(std::unique_ptr<Batch> batch) {
   if (!batch) return;
   std::unique_lock<std::mutex> l(mu_);

@@ -87,6 +87,9 @@ class Prefetcher {
 
   // The next batch, or null at the end of the epoch.
   absl::StatusOr<std::unique_ptr<Batch>> Next();
+  // The batch Next() returns next, if it is decoded already, else null.
+  // It stays the prefetcher's: read it only until the next call to Next().
+  const Batch* Peek() const;
   // Gives a consumed batch back so its buffers are reused.
   void Recycle(std::unique_ptr<Batch> batch);
 

@@ -104,6 +104,18 @@ class GraphModel final : public Model {
     };
   }
 
+  void AheadKeys(const data::Batch& batch,
+                 std::vector<std::pair<size_t, const std::vector<uint64_t>*>>* out) const override {
+    if (batch.host_work_by != plan_.get() || batch.host_work == nullptr) return;
+    const auto* host = static_cast<const GraphHostBatch*>(batch.host_work.get());
+    if (!host->status.ok()) return;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      if (g_.nodes[i].op != GraphOp::kEmbedding) continue;
+      const Bags& b = host->bags[g_.nodes[i].inputs[0]];
+      out->emplace_back(static_cast<size_t>(nodes_[i].table), g_.nodes[i].shared ? &b.distinct_shared : &b.distinct);
+    }
+  }
+
   Task task() const override {
     switch (loss_->loss) {
       case GraphLoss::kSoftmaxCrossEntropy: return Task::kClassification;

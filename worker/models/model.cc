@@ -279,6 +279,12 @@ class SparseLinear final : public Model {
 
   Task task() const override { return Task::kBinary; }
   bool wants_distinct_keys() const override { return true; }
+  void AheadKeys(const data::Batch& batch,
+                 std::vector<std::pair<size_t, const std::vector<uint64_t>*>>* out) const override {
+    if (!batch.sparse() || batch.key_index.size() != batch.keys.size()) return;
+    out->emplace_back(0, &batch.distinct_keys);
+    if (fm_) out->emplace_back(2, &batch.distinct_keys);
+  }
 
   absl::StatusOr<Metrics> Run(const data::Batch& batch, bool train) override {
     const int B = batch.size, k = config_.factors;

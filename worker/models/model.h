@@ -122,6 +122,15 @@ class Model {
   // (data::PrefetchOptions::host_work); null when there is none. Safe to
   // call from several threads at once, and after the model is gone.
   virtual std::function<void(data::Batch*)> HostWork() const { return nullptr; }
+  // The distinct keys `batch` will pull per sparse table (index into
+  // tables()), where the batch holds them already (found on the decoding
+  // threads), so they can be sent ahead as a prefetch hint before Prepare;
+  // the vectors are the batch's. None by default.
+  virtual void AheadKeys(const data::Batch& batch,
+                         std::vector<std::pair<size_t, const std::vector<uint64_t>*>>* out) const {
+    (void)batch;
+    (void)out;
+  }
   const ModelConfig& config() const { return config_; }
   std::vector<Table>& tables() { return tables_; }
   compute::Backend* backend() const { return be_; }

@@ -593,6 +593,31 @@ class GrpcPsClient::Impl {
     return f;
   }
 
+  void Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) {
+    auto job = Job(job_id);
+    if (!job.ok()) return;
+    std::vector<PullPart::Sparse> sparse;
+    for (const SparseTarget& t : keys) {
+      auto it = (*job)->tables.find(t.table);
+      if (it == (*job)->tables.end() || it->second.dense || t.num_keys == 0) continue;
+      PullPart::Sparse& sp = sparse.emplace_back();
+      sp.table = &it->second;
+      sp.keys.assign(t.keys, t.keys + t.num_keys);
+      sp.out.assign(t.num_keys, nullptr);
+    }
+    if (sparse.empty()) return;
+    auto op = NewOp();
+    op->retry_until = absl::Now();  // a hint is not retried
+    auto m = map();
+    auto parts = PlanPull(*m, {}, sparse);
+    op->Add(static_cast<int>(parts.size()));
+    for (auto& [s, p] : parts) {
+      p->prefetch = true;
+      SendPull(op, *job, m, s, job_id, 0, std::move(p), 0);
+    }
+    op->Done(absl::OkStatus());
+  }
+
   static absl::Status Deliver(const PullPart& part, DType dtype, const PullResponseView& r) {
     if (r.dense.size() != part.dense.size() || r.sparse.size() != part.sparse.size()) {
       return absl::InternalError(absl::StrCat("pull response has ", r.dense.size(), " dense and ",
@@ -654,6 +679,7 @@ class GrpcPsClient::Impl {
     msg.rank = options_.rank;
     msg.step = step;
     msg.unclocked = part->unclocked;
+    msg.prefetch = part->prefetch;
     msg.shard_map_version = m->version();
     msg.dtype = options_.wire_dtype;
     msg.wait_timeout_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.pull_wait_timeout));
@@ -671,10 +697,16 @@ class GrpcPsClient::Impl {
       response_bytes += d.table->name.size() + 32 + size_t{d.table->ChunkLength(d.chunk)} * esize;
     }
     for (const PullPart::Sparse& sp : part->sparse) {
+      if (part->prefetch) continue;  // answered with no rows
       response_bytes += sp.table->name.size() + 32 + sp.keys.size() * sp.table->dim * esize;
     }
     Send(address, false, wire::EncodePull(msg), response_bytes, options_.pull_wait_timeout + options_.rpc_timeout,
          [=, this](absl::Status s, Payload body, std::shared_ptr<const void> keepalive) {
+           if (part->prefetch) {
+             // A hint's answer carries no rows; a failed hint is dropped.
+             op->Done(s);
+             return;
+           }
            if (s.ok()) {
              // `body` views the response slices `keepalive` owns until we return.
              PullResponseView r;
@@ -774,6 +806,10 @@ absl::StatusOr<v1::GetJobResponse> GrpcPsClient::GetJobStats(const std::string& 
 }
 uint64_t GrpcPsClient::shard_map_version() const { return impl_->map()->version(); }
 void GrpcPsClient::ExpectPush() { impl_->ExpectPush(); }
+
+void GrpcPsClient::Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) {
+  impl_->Prefetch(job_id, keys);
+}
 
 uint64_t GrpcPsClient::shared_memory_polled() const { return impl_->shm_polled(); }
 uint64_t GrpcPsClient::shared_memory_waited() const { return impl_->shm_waited(); }

@@ -48,6 +48,7 @@ class GrpcPsClient final : public PsClient {
   // Rings the servers this worker shares memory with (their session
   // threads then poll for the push: PsGrpcServer::Options::shared_memory_poll).
   void ExpectPush() override;
+  void Prefetch(const std::string& job_id, const std::vector<SparseTarget>& keys) override;
 
   // Job statistics from one server (PsClient::GetJobStats).
   absl::StatusOr<v1::GetJobResponse> GetJobStats(const std::string& job_id, size_t server) override;

@@ -80,6 +80,7 @@ struct PullPart {
   std::vector<Sparse> sparse;
   bool unclocked = false;  // PullBatch::unclocked
   bool exact = false;      // PullBatch::exact
+  bool prefetch = false;   // a hint (PsClient::Prefetch): nothing delivered
   size_t bytes = 0;
 };
 

@@ -182,6 +182,25 @@ absl::Status Trainer::LoadParameters(uint64_t step, bool prefetch_next) {
   return absl::OkStatus();
 }
 
+void Trainer::HintNext(const data::Prefetcher& prefetch) {
+  if (!options_.prefetch_hints) return;
+  auto& tables = model_->tables();
+  bool spills = false;
+  for (const models::Table& t : tables) spills = spills || (t.sparse && t.spec.has_storage());
+  if (!spills) return;
+  const data::Batch* next = prefetch.Peek();
+  if (next == nullptr) return;
+  ahead_.clear();
+  model_->AheadKeys(*next, &ahead_);
+  std::vector<SparseTarget> hint;
+  for (const auto& [i, keys] : ahead_) {
+    if (i < tables.size() && tables[i].spec.has_storage() && !keys->empty()) {
+      hint.push_back({tables[i].spec.name(), keys->data(), keys->size(), nullptr});
+    }
+  }
+  if (!hint.empty()) client_->Prefetch(options_.job_id, hint);
+}
+
 absl::Status Trainer::PushGroup(const std::vector<size_t>& group, bool last) {
   compute::Backend* be = model_->backend();
   auto& tables = model_->tables();
@@ -415,6 +434,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       const auto t_data = Clock::now();
       ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
       if (!batch) break;
+      HintNext(prefetch);
       const auto t_batch = Clock::now();
       RETURN_IF_ERROR(model_->Prepare(*batch));
       const auto a = Clock::now();
@@ -491,6 +511,7 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const data::Dataset& test) {
   for (;;) {
     ASSIGN_OR_RETURN(std::unique_ptr<data::Batch> batch, prefetch.Next());
     if (!batch) break;
+    if (sparse) HintNext(prefetch);
     RETURN_IF_ERROR(model_->Prepare(*batch));
     // Evaluation reads the parameters as of this rank's clock (the first
     // pull waits for the consistency model; later ones are then ready);

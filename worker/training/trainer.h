@@ -63,6 +63,9 @@ struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
   int prefetch_depth = 4;
+  // Send each next batch's keys ahead to servers whose tables keep rows on
+  // disk (storage.spill), so they read them before the pull (HintNext).
+  bool prefetch_hints = true;
   // Threads decoding batches on the host (data::DefaultDecodeThreads).
   int decode_threads = 1;
   // Datasets kept on the device in their stored form (data/device_data.h),
@@ -214,6 +217,10 @@ class Trainer {
   // pull when there is one for it) and, when allowed, starts the next
   // step's prefetch.
   absl::Status LoadParameters(uint64_t step, bool prefetch_next);
+  // Sends the keys of the batch after the one just taken, where it is
+  // decoded already, as a prefetch hint (PsClient::Prefetch), for the
+  // sparse tables that keep rows on disk (storage.spill).
+  void HintNext(const data::Prefetcher& prefetch);
   absl::Status CopyToDevice(int set);
   // Runs forward and backward, pushing gradient groups as they are ready
   // (the caller has waited for the pushes of step - 2).
@@ -319,6 +326,7 @@ class Trainer {
     Future<absl::Status> done;
   };
   std::optional<Prefetch> prefetch_;
+  std::vector<std::pair<size_t, const std::vector<uint64_t>*>> ahead_;  // HintNext's scratch
   // The datasets on the device, by dataset (null: kept on the host).
   struct OnDevice {
     size_t size = 0;

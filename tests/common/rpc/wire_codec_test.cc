@@ -135,6 +135,25 @@ TEST_CASE("unclocked travels on pushes and pulls, false when absent", "[wire]") 
   CHECK_FALSE(pback.unclocked);
 }
 
+TEST_CASE("a pull's prefetch flag travels, false when absent", "[wire]") {
+  PullMessage pm;
+  pm.job_id = "job";
+  pm.prefetch = true;
+  grpc::ByteBuffer buf = wire::EncodePull(pm).Finish();
+  v1::PullRequest pulled;
+  REQUIRE(pulled.ParseFromString(Flatten(buf)));
+  CHECK(pulled.prefetch());
+  CHECK_FALSE(pulled.unclocked());
+  std::string bytes = pulled.SerializeAsString();
+  PullMessage back;
+  REQUIRE(wire::DecodePull(Payload(bytes.data(), bytes.size()), &back).ok());
+  CHECK(back.prefetch);
+  pulled.set_prefetch(false);
+  bytes = pulled.SerializeAsString();
+  REQUIRE(wire::DecodePull(Payload(bytes.data(), bytes.size()), &back).ok());
+  CHECK_FALSE(back.prefetch);
+}
+
 TEST_CASE("protoc-encoded pull decodes, including from many small pieces", "[wire]") {
   v1::PullRequest req;
   req.set_job_id("j");

@@ -86,10 +86,11 @@ TEST_CASE("a sparse table's line shows its rows, bytes and lifecycle counts", "[
   t.set_demoted(9500);
   t.set_promoted(500);
   t.set_cold_reads(42);
+  t.set_prefetched(7);
   CHECK(SparseTableLine(t) == "  table emb: 1200 rows, " + fulcrum::HumanBytes(3 << 20) +
                                   "; admitted 5000, rejected 2300, evicted 3800 (cap 3700, ttl 100); sketch " +
                                   fulcrum::HumanBytes(32768) +
-                                  "; on disk 9000 rows (moved there 9500, back 500, read there 42)");
+                                  "; on disk 9000 rows (moved there 9500, back 500, read there 42, read ahead 7)");
 }
 
 }  // namespace

@@ -242,9 +242,16 @@ TEST_CASE("the prefetcher delivers every batch in order, stages into host buffer
     }
     examples += b->size;
     ++batches;
-    if (batches == 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it run ahead
+    if (batches == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it run ahead
+      // Decoded by now: Peek shows the batch Next hands out next.
+      const Batch* next = p.Peek();
+      REQUIRE(next != nullptr);
+      CHECK(next->index == batches);
+    }
     p.Recycle(std::move(b));
   }
+  CHECK(p.Peek() == nullptr);  // past the last batch
   REQUIRE(batches == 7);
   REQUIRE(examples == 50);
   REQUIRE(p.wait_seconds() >= 0);
