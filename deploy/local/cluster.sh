@@ -35,8 +35,8 @@
 # --no-shared-memory sends everything over gRPC, as between hosts.
 # FULCRUM_SHM_POLL (default 500us) sets how long each side polls for the
 # other's next message before it sleeps (--shared_memory_poll; 0 never).
-# FULCRUM_PREFETCH_HINTS=false stops workers sending each next batch's keys
-# ahead to servers whose tables keep rows on disk (--prefetch_hints).
+# FULCRUM_PREFETCH_HINTS=true has workers send each next batch's keys ahead
+# to servers whose tables keep rows on disk (--prefetch_hints; off unless set).
 # Workers take the first GPU, else the CPU (--device=auto);
 # FULCRUM_WORKER_DEVICES="cuda:0 cpu" gives worker i the i-th word (workers
 # beyond the list keep auto), to mix GPU and CPU workers in one job.
@@ -196,7 +196,7 @@ case "$cmd" in
         --coordinator="$coord" --data_dir="$data" --slots="$slots" --cpu_threads="${FULCRUM_CPU_THREADS:-1}" \
         --device="${devices[i]:-auto}" \
         --shared_memory="$shm" --shared_memory_poll="${FULCRUM_SHM_POLL:-500us}" \
-        --prefetch_hints="${FULCRUM_PREFETCH_HINTS:-true}" \
+        --prefetch_hints="${FULCRUM_PREFETCH_HINTS:-false}" \
         --metrics_addr="$(metrics_addr $((1 + servers + i)))" $(tls "worker-$i") 2>>"$dir/logs/supervisors.log" &
       echo "$! worker-$i" >>"$dir/pids"
     done

@@ -20,10 +20,10 @@ it, one epoch, testing on the rows that follow the log (its last segment):
              server's peak resident memory against what its tables count
              in memory plus RocksDB's own memory for the tier (memtables,
              indexes, filters, block cache) plus the process before the
-             job, plus 20%; with --no_hints_too, the spilled run again
-             with the worker's prefetch hints off (FULCRUM_PREFETCH_HINTS=
-             false): samples/s with hints against without, and the rows
-             pulls read from disk in each;
+             job, plus 20%; with --hints_too, the spilled run again
+             with the worker's prefetch hints on (FULCRUM_PREFETCH_HINTS=
+             true): samples/s with hints against without, and the rows
+             hints read ahead;
   admission  on a shorter log (--admission_rows): min_count 1, 2, 5 and 10,
              no cap: table memory, rejected gradient rows, the sketch's
              false admissions against exact counts (keys made rows whose
@@ -250,8 +250,8 @@ def main():
     p.add_argument("--dim", type=int, default=0, help="the planted embeddings' width (0: fulcrum-datagen's default)")
     p.add_argument("--factors", type=int, default=4, help="the FM's factors: the width of its \"factors\" table")
     p.add_argument("--spill", action="store_true", help="also the spilled run: rows past the cap go to disk")
-    p.add_argument("--no_hints_too", action="store_true",
-                   help="with --spill: the spilled run again without the workers' prefetch hints")
+    p.add_argument("--hints_too", action="store_true",
+                   help="with --spill: the spilled run again with the workers' prefetch hints")
     p.add_argument("--admission_rows", type=int, default=4_000_000)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--sketch_widths", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
@@ -296,13 +296,13 @@ def main():
                                                                  f"{{memory_bytes: {budget}, spill: rocksdb}}",
                                                                  args.cut_seconds, args.factors))
         results["spilled"] = (st, samples, base, peak)
-        if args.no_hints_too:
-            st, samples, base, _, peak = train(args, "spilled-nohints", spec("spilled-nohints", "stream", args.batch,
-                                                                             f"eviction: {{policy: {args.policy}}}, storage: "
-                                                                             f"{{memory_bytes: {budget}, spill: rocksdb}}",
-                                                                             args.cut_seconds, args.factors),
-                                               env={"FULCRUM_PREFETCH_HINTS": "false"})
-            results["spilled-nohints"] = (st, samples, base, peak)
+        if args.hints_too:
+            st, samples, base, _, peak = train(args, "spilled-hints", spec("spilled-hints", "stream", args.batch,
+                                                                           f"eviction: {{policy: {args.policy}}}, storage: "
+                                                                           f"{{memory_bytes: {budget}, spill: rocksdb}}",
+                                                                           args.cut_seconds, args.factors),
+                                               env={"FULCRUM_PREFETCH_HINTS": "true"})
+            results["spilled-hints"] = (st, samples, base, peak)
 
     print(f"\n## A click log without end: {args.rows:,} rows, drift {args.drift} new ids a row in the largest field, "
           f"vocabulary {args.vocab:,}; test on the {args.test_rows:,} rows that follow (planted best AUC {best:.4f})\n")
@@ -325,7 +325,7 @@ def main():
         print(f"| {run} | {st.get('state')} | {t['rows']:,} | {t['admitted']:,} | {t['evicted_cap']:,} "
               f"| {t['cold_rows']:,} | {auc[run]:.4f} | {sps[run]:,.0f} | {peak[0] / 2**20:,.0f} / {peak[1] / 2**20:,.0f} MiB "
               f"| {bound[0] / 2**20:,.0f} / {bound[1] / 2**20:,.0f} MiB | {'yes' if within else 'NO'} |")
-        if run in ("capped", "spilled", "spilled-nohints"):
+        if run in ("capped", "spilled", "spilled-hints"):
             if st.get("state") != "SUCCEEDED":
                 failures.append(f"{run} run {st.get('state')}: {st.get('message')}")
             if not within:
@@ -346,16 +346,16 @@ def main():
             failures.append(f"spilled AUC {d:.4f} below uncapped")
         if ratio < 0.5:
             failures.append(f"spilled run at {ratio:.2f}x the uncapped samples/s")
-    for run in ("spilled", "spilled-nohints"):
+    for run in ("spilled", "spilled-hints"):
         if run in results:
             st = results[run][0]
             t = {k: sum(int(x.get(k, 0)) for x in st.get("sparse_tables", [])) for k in ("cold_reads", "prefetched",
                                                                                          "promoted", "demoted")}
             print(f"\n{run}: rows read from disk by pulls {t['cold_reads']:,} (kept copies included), read ahead "
                   f"by hints {t['prefetched']:,}; moved there {t['demoted']:,}, back {t['promoted']:,}")
-    if "spilled" in sps and "spilled-nohints" in sps and sps["spilled-nohints"]:
-        print(f"\nprefetch hints: samples/s {sps['spilled']:,.0f} with, {sps['spilled-nohints']:,.0f} without: "
-              f"{sps['spilled'] / sps['spilled-nohints']:.2f}x")
+    if "spilled" in sps and "spilled-hints" in sps and sps["spilled"]:
+        print(f"\nprefetch hints: samples/s {sps['spilled-hints']:,.0f} with, {sps['spilled']:,.0f} without: "
+              f"{sps['spilled-hints'] / sps['spilled']:.2f}x")
     if "capped" in results:
         samples = results["capped"][1]
         print("\nCapped run, each server's resident memory and counted table bytes (MiB) by minute:\n")

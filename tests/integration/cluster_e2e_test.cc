@@ -44,9 +44,11 @@ std::string Example(const std::string& name) { return std::string(FULCRUM_SOURCE
 
 class ProcessCluster {
  public:
-  // `server_flags` go to every server this cluster starts.
-  ProcessCluster(int servers, int workers, int slots, std::vector<std::string> server_flags = {})
-      : slots_(slots), server_flags_(std::move(server_flags)) {
+  // `server_flags` go to every server this cluster starts, `worker_flags`
+  // to every worker.
+  ProcessCluster(int servers, int workers, int slots, std::vector<std::string> server_flags = {},
+                 std::vector<std::string> worker_flags = {})
+      : slots_(slots), server_flags_(std::move(server_flags)), worker_flags_(std::move(worker_flags)) {
     dir_ = fs::temp_directory_path() / absl::StrCat("fulcrum-e2e-cluster-", getpid(), "-", counter_++);
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "logs");
@@ -122,9 +124,11 @@ class ProcessCluster {
   }
 
   void AddWorker() {
-    Start(absl::StrCat("worker-", workers_++),
-          {Bin("worker/fulcrum-worker"), "--coordinator=" + coordinator_, "--device=cpu",
-           std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR, absl::StrCat("--slots=", slots_), "--insecure"});
+    std::vector<std::string> args = {Bin("worker/fulcrum-worker"), "--coordinator=" + coordinator_, "--device=cpu",
+                                     std::string("--data_dir=") + FULCRUM_TEST_DATA_DIR,
+                                     absl::StrCat("--slots=", slots_), "--insecure"};
+    args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
+    Start(absl::StrCat("worker-", workers_++), args);
   }
 
   // What the process `name` logged so far (since its last restart).
@@ -263,6 +267,7 @@ class ProcessCluster {
   std::string coordinator_;
   int slots_;
   std::vector<std::string> server_flags_;
+  std::vector<std::string> worker_flags_;
   int workers_ = 0;
   int servers_ = 0;
   int restarts_ = 0;
@@ -850,7 +855,8 @@ v1::JobSpec SpilledDlrm() {
 TEST_CASE("a server killed with kill -9 while rows move between its memory and disk: the job rolls back to its last "
           "cut and ends with the weights of an undisturbed run, every row on disk counted",
           "[e2e][checkpoint][cold]") {
-  ProcessCluster cluster(2, 2, /*slots=*/1);
+  // With prefetch hints (off by default): they must change no weight.
+  ProcessCluster cluster(2, 2, /*slots=*/1, {}, {"--prefetch_hints=true"});
   const std::string clean = cluster.Submit(SpilledDlrm());
   const v1::Job a = cluster.WaitEnd(clean);
   Report(a);

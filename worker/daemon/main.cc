@@ -35,9 +35,9 @@ ABSL_FLAG(uint32_t, slots, 1, "assignments this worker runs at once");
 ABSL_FLAG(int32_t, cpu_threads, 0, "CPU backend threads per assignment (0: the host's cores / slots)");
 ABSL_FLAG(int32_t, decode_threads, 0,
           "threads decoding batches per assignment (0: up to 4, half the cores, on a GPU; 1 on the CPU backend)");
-ABSL_FLAG(bool, prefetch_hints, true,
+ABSL_FLAG(bool, prefetch_hints, false,
           "send each next batch's keys ahead to servers whose tables keep rows on disk (storage.spill), "
-          "so they read those rows before the pull");
+          "so they read those rows before the pull (docs/embeddings.md, \"Reading ahead\")");
 ABSL_FLAG(std::string, device_data, "auto",
           "keep datasets stored as bytes (IDX) on the device and build batches there: auto or on (when they "
           "fit), off");

@@ -57,7 +57,7 @@ struct WorkerDaemonOptions {
   // for the device (a GPU leaves the cores to the pipeline).
   int decode_threads = 0;
   // TrainerOptions::prefetch_hints.
-  bool prefetch_hints = true;
+  bool prefetch_hints = false;
   // Datasets on the device (data/device_data.h): auto, on or off, and the
   // share of the device's memory they may take.
   std::string device_data = "auto";

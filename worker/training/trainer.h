@@ -65,7 +65,9 @@ struct TrainerOptions {
   int prefetch_depth = 4;
   // Send each next batch's keys ahead to servers whose tables keep rows on
   // disk (storage.spill), so they read them before the pull (HintNext).
-  bool prefetch_hints = true;
+  // Off by default: with the tier's files in the page cache they cost more
+  // than they save (docs/embeddings.md, "Reading ahead").
+  bool prefetch_hints = false;
   // Threads decoding batches on the host (data::DefaultDecodeThreads).
   int decode_threads = 1;
   // Datasets kept on the device in their stored form (data/device_data.h),
