@@ -1,7 +1,10 @@
 #include "server/cold_tier.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
+#include <vector>
 
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
@@ -241,13 +244,20 @@ absl::Status ColdTier::Move(uint32_t space, uint32_t vshard, const uint64_t* gon
   if (read_only_) return absl::FailedPreconditionError(absl::StrCat("the cut of a cold tier in ", dir_, " is read-only"));
   if (n_gone == 0 && rows.size() == 0) return absl::OkStatus();
   RETURN_IF_ERROR(RecoverIfStuck());
+  // In key order: each insert into the memtable's skip list starts where
+  // the one before it ended.
+  std::vector<uint64_t> deletes(gone, gone + n_gone);
+  std::sort(deletes.begin(), deletes.end());
+  std::vector<uint32_t> order(rows.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&rows](uint32_t a, uint32_t b) { return rows.keys[a] < rows.keys[b]; });
   rocksdb::WriteBatch batch;
-  for (size_t i = 0; i < n_gone; ++i) {
-    RowKey key(space, vshard, gone[i]);
+  for (uint64_t k : deletes) {
+    RowKey key(space, vshard, k);
     batch.Delete(key.slice());
   }
   std::string value(kHeaderBytes + size_t{rows.row_floats} * sizeof(float), '\0');
-  for (size_t i = 0; i < rows.size(); ++i) {
+  for (uint32_t i : order) {
     std::memcpy(value.data(), &rows.updates[i], 4);
     std::memcpy(value.data() + 4, &rows.last_step[i], 8);
     std::memcpy(value.data() + 12, &rows.freq[i], 4);

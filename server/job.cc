@@ -220,14 +220,32 @@ Job::KeyGroups Job::GroupKeys(const SparseTable& table, std::vector<uint64_t> ke
   std::vector<uint32_t> vs(n);
   for (size_t i = 0; i < n; ++i) vs[i] = VShardOfKey(table.name_hash(), keys[i], num_virtual_shards_);
   g.idx.resize(n);
-  std::iota(g.idx.begin(), g.idx.end(), 0);
-  std::sort(g.idx.begin(), g.idx.end(), [&](uint32_t a, uint32_t b) {
-    if (vs[a] != vs[b]) return vs[a] < vs[b];
-    if (keys[a] != keys[b]) return keys[a] < keys[b];
-    return a < b;
-  });
-  for (size_t i = 0; i < n; ++i) {
-    if (i + 1 == n || vs[g.idx[i + 1]] != vs[g.idx[i]]) g.runs.push_back({vs[g.idx[i]], i + 1});
+  if (n < num_virtual_shards_ / 4) {
+    // Few keys for many shards: one sort by (shard, key, position).
+    std::iota(g.idx.begin(), g.idx.end(), 0);
+    std::sort(g.idx.begin(), g.idx.end(), [&](uint32_t a, uint32_t b) {
+      if (vs[a] != vs[b]) return vs[a] < vs[b];
+      return keys[a] != keys[b] ? keys[a] < keys[b] : a < b;
+    });
+    for (size_t i = 0; i < n; ++i) {
+      if (i + 1 == n || vs[g.idx[i + 1]] != vs[g.idx[i]]) g.runs.push_back({vs[g.idx[i]], i + 1});
+    }
+    g.keys = std::move(keys);
+    return g;
+  }
+  // By shard (counted, stable), then by (key, position) within each: the
+  // same order, at a small sort a shard.
+  std::vector<uint32_t> start(num_virtual_shards_ + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++start[vs[i] + 1];
+  for (uint32_t v = 0; v < num_virtual_shards_; ++v) start[v + 1] += start[v];
+  std::vector<uint32_t> at(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < n; ++i) g.idx[at[vs[i]]++] = static_cast<uint32_t>(i);
+  for (uint32_t v = 0; v < num_virtual_shards_; ++v) {
+    if (start[v] == start[v + 1]) continue;
+    std::sort(g.idx.begin() + start[v], g.idx.begin() + start[v + 1], [&](uint32_t a, uint32_t b) {
+      return keys[a] != keys[b] ? keys[a] < keys[b] : a < b;
+    });
+    g.runs.push_back({v, start[v + 1]});
   }
   g.keys = std::move(keys);
   return g;
