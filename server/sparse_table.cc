@@ -242,7 +242,7 @@ absl::StatusOr<float*> SparseTable::NewRow(Partition* p, uint64_t key, uint32_t*
   p->updates[r] = 0;
   if (life_.on()) {
     p->slot_key[r] = key;
-    p->live[r] = 1;
+    p->live[r] = kLive;
     p->last_step[r] = step;
     p->freq[r] = 0;
   }
@@ -333,12 +333,13 @@ uint32_t SparseTable::PickVictim(Partition* p, uint64_t step) {
   return best == slots ? kNoSlot : best;
 }
 
-void SparseTable::SweepExpired(Partition* p, uint64_t step) {
+void SparseTable::SweepExpired(Partition* p, uint64_t step, std::vector<uint64_t>* copies) {
   const uint32_t slots = static_cast<uint32_t>(p->live.size());
   if (slots == 0) return;
   uint32_t s = p->ttl_cursor % slots;
   for (uint32_t i = 0; i < std::min(kTtlSweep, slots); ++i, s = (s + 1) % slots) {
     if (p->live[s] && step > p->last_step[s] && step - p->last_step[s] > life_.ttl_steps) {
+      if (p->live[s] & kCopyOnDisk) copies->push_back(p->slot_key[s]);
       Drop(p, s);
       evicted_ttl_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -447,6 +448,10 @@ void SparseTable::MergeColdRows(uint32_t v, ShardState* s) const {
   m.freq.reserve(total);
   size_t a = 0, b = 0;
   while (a < s->keys.size() || b < cold.size()) {
+    if (a < s->keys.size() && b < cold.size() && s->keys[a] == cold.keys[b]) {
+      ++b;  // an older copy of a row in memory (kCopyOnDisk): memory's is the row
+      continue;
+    }
     if (b == cold.size() || (a < s->keys.size() && s->keys[a] < cold.keys[b])) {
       m.keys.push_back(s->keys[a]);
       m.updates.push_back(s->updates[a]);
@@ -571,7 +576,7 @@ absl::Status SparseTable::RestoreLife(uint32_t vshard, Partition* p, size_t n, c
     rows_.fetch_add(1, std::memory_order_relaxed);
     p->updates[r] = updates[k];
     p->slot_key[r] = keys[k];
-    p->live[r] = 1;
+    p->live[r] = kLive;
     p->last_step[r] = life.last_step[k];
     p->freq[r] = life.freq[k];
   }
@@ -777,12 +782,14 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   absl::InlinedVector<float, 64> fresh(life_.max_rows_per_shard != 0 ? dim_ : 0);
   absl::MutexLock lock(&p->mu);
   // With a cold tier: the rows of pushed keys that lie on disk, read in one
-  // batch and promoted as their keys come; the rows this push demotes,
-  // written in one batch after it (a demoted key pushed later in the same
-  // push comes back from here).
+  // batch and promoted as their keys come (their copies stay on disk,
+  // kCopyOnDisk); the rows this push demotes, written in one batch after it
+  // (a demoted key pushed later in the same push comes back from here,
+  // with the mark it had); the copies of rows dropped for good, deleted.
   ColdRows cold, demoted;
+  std::vector<uint8_t> demoted_marks;
   absl::flat_hash_map<uint64_t, uint32_t> cold_at, demoted_at;
-  std::vector<uint64_t> promoted;
+  std::vector<uint64_t> promoted, copies_gone;
   std::vector<float> back;
   uint32_t back_updates = 0;
   uint64_t back_step = 0;
@@ -817,7 +824,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
       for (uint32_t j = static_cast<uint32_t>(kept); j < cold.size(); ++j) cold_at[cold.keys[j]] = j;
     }
   }
-  if (life_.ttl_steps != 0) SweepExpired(p, step);
+  if (life_.ttl_steps != 0) SweepExpired(p, step, &copies_gone);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = keys[idx[i]];
     uint32_t r;
@@ -831,13 +838,16 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
       // A row coming back from the tier (or from this push's demotions).
       const ColdRows* from = nullptr;
       uint32_t at = 0;
+      uint8_t mark = kLive;
       if (tier_ != nullptr) {
         if (auto c = cold_at.find(key); c != cold_at.end()) {
           from = &cold;
           at = c->second;
+          mark = kLive | kCopyOnDisk;
         } else if (auto d = demoted_at.find(key); d != demoted_at.end()) {
           from = &demoted;
           at = d->second;
+          mark = demoted_marks[at];
           demoted_at.erase(d);
         }
       }
@@ -874,6 +884,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
         if (tier_ != nullptr) {
           demoted_at[p->slot_key[victim]] = static_cast<uint32_t>(demoted.size());
           demoted.Add(p->slot_key[victim], p->updates[victim], p->last_step[victim], p->freq[victim], old_row);
+          demoted_marks.push_back(p->live[victim]);
           demoted_.fetch_add(1, std::memory_order_relaxed);
         } else {
           evicted_cap_.fetch_add(1, std::memory_order_relaxed);
@@ -888,6 +899,7 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
         p->updates[r] = back_updates;
         p->last_step[r] = back_step;
         p->freq[r] = back_freq;
+        p->live[r] = mark;
         if (from == &cold) promoted.push_back(key);
         promoted_.fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -906,20 +918,23 @@ absl::Status SparseTable::Apply(uint32_t vshard, const uint64_t* keys, const uin
   }
   if (tier_ != nullptr) {
     // Still under the partition's lock: no pull sees a row in neither tier.
-    // One batch, deletions first, so a row promoted and demoted again by
-    // this push ends on disk.
+    // One batch, deletions first, so a row dropped, made again and demoted
+    // by this push ends on disk. A promotion deletes nothing: the row's
+    // copy stays (kCopyOnDisk; deleting it made more than a third of the
+    // tier's writes).
     ColdRows out;
     out.row_floats = static_cast<uint32_t>(row_floats);
     for (const auto& [key, j] : demoted_at) {
       out.Add(key, demoted.updates[j], demoted.last_step[j], demoted.freq[j], demoted.row(j));
     }
-    if (!promoted.empty() || out.size() != 0) {
+    if (!promoted.empty() || out.size() != 0 || !copies_gone.empty()) {
       // Before the write, which may land though it fails.
       ++p->moves;
       for (uint64_t key : promoted) p->moved_at[MoveBucket(key)] = p->moves;
+      for (uint64_t key : copies_gone) p->moved_at[MoveBucket(key)] = p->moves;
       for (uint64_t key : out.keys) p->moved_at[MoveBucket(key)] = p->moves;
     }
-    RETURN_IF_ERROR(tier_->Move(tier_space_, vshard, promoted.data(), promoted.size(), out));
+    RETURN_IF_ERROR(tier_->Move(tier_space_, vshard, copies_gone.data(), copies_gone.size(), out));
     cold_rows_.fetch_add(out.size(), std::memory_order_relaxed);
     cold_rows_.fetch_sub(promoted.size(), std::memory_order_relaxed);
     // The rows this push moved to disk are kept as a pull would have read

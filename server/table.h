@@ -289,7 +289,7 @@ class SparseTable final : public Table {
     // With a cold tier: rows moved to disk, brought back by a push, and
     // read from disk by a pull; read from disk ahead by a prefetch hint.
     uint64_t demoted = 0, promoted = 0, cold_reads = 0, prefetched = 0;
-    uint64_t cold_rows = 0;  // rows on disk now
+    uint64_t cold_rows = 0;  // rows on disk and not in memory now
   };
   Counts counts() const;
 
@@ -364,6 +364,11 @@ class SparseTable final : public Table {
     // of its last push and (LFU) its decayed push count; freed slots; the
     // victim and TTL cursors; the admission sketch (4 x width counters).
     std::vector<uint64_t> slot_key ABSL_GUARDED_BY(mu);
+    // kLive: the slot holds a row; kCopyOnDisk (with a cold tier): the
+    // tier still holds an older copy of its key's row, left there when
+    // the row came back (a promotion writes nothing to disk). The row in
+    // memory is the row; the copy is overwritten when it is demoted again
+    // and deleted when it is dropped for good.
     std::vector<uint8_t> live ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> last_step ABSL_GUARDED_BY(mu);
     std::vector<float> freq ABSL_GUARDED_BY(mu);
@@ -390,6 +395,7 @@ class SparseTable final : public Table {
     uint64_t restores ABSL_GUARDED_BY(mu) = 0;
     std::vector<uint64_t> moved_at ABSL_GUARDED_BY(mu);  // kMoveBuckets, once a tier is attached
   };
+  static constexpr uint8_t kLive = 1, kCopyOnDisk = 2;
   static constexpr size_t kMoveBuckets = 512;
   static size_t MoveBucket(uint64_t key);
   static constexpr uint32_t kNotOnDisk = 0xffffffffu;
@@ -427,7 +433,9 @@ class SparseTable final : public Table {
   absl::StatusOr<bool> Admit(Partition* p, uint64_t key, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // The row a new one past the cap replaces (kNoSlot: none live).
   uint32_t PickVictim(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
-  void SweepExpired(Partition* p, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+  // Drops expired rows; the keys of those with a copy on disk are appended
+  // to `copies` (to delete from the tier).
+  void SweepExpired(Partition* p, uint64_t step, std::vector<uint64_t>* copies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   void Drop(Partition* p, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
   // Counts `bytes` more held by a partition (already reserved).
   void Charged(uint64_t bytes);
