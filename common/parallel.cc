@@ -16,12 +16,9 @@ ParallelRunner::~ParallelRunner() {
   for (std::thread& t : threads_) t.join();
 }
 
-ParallelRunner& ParallelRunner::Shared() {
-  static ParallelRunner* const runner = [] {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    return new ParallelRunner(std::clamp(cores - 1, 0, 7));
-  }();
-  return *runner;
+int ParallelRunner::DefaultHelpers() {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores - 1, 0, 7);
 }
 
 void ParallelRunner::ForEach(size_t n, absl::FunctionRef<void(size_t)> f) {

@@ -1,8 +1,8 @@
 // ParallelRunner: runs the iterations of a loop on the calling thread and a
 // few helper threads kept parked between calls (a thread started per call
 // costs tens of microseconds, as much as the work it would share here).
-// Used by the parameter server to apply a BSP step's chunks on all cores
-// while the workers wait for that step. Thread-safe: concurrent ForEach
+// The parameter server owns one and hands it to its jobs, which apply a BSP
+// step's chunks on all cores while the workers wait for that step. Thread-safe: concurrent ForEach
 // calls do not queue; a call that finds the helpers busy runs its loop on
 // its own thread.
 #ifndef FULCRUM_COMMON_PARALLEL_H_
@@ -33,8 +33,9 @@ class ParallelRunner {
 
   int helpers() const { return static_cast<int>(threads_.size()); }
 
-  // One runner per process with a helper per core beyond the first.
-  static ParallelRunner& Shared();
+  // A helper per usable core beyond the first, at most 7: what a server's
+  // runner is given.
+  static int DefaultHelpers();
 
  private:
   void Loop();

@@ -72,7 +72,8 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
                                                  uint64_t default_quota_bytes,
                                                  DeadlineTimer* timer,
                                                  std::shared_ptr<MemoryQuota> memory_pool,
-                                                 ColdTier* cold_tier) {
+                                                 ColdTier* cold_tier,
+                                                 std::shared_ptr<ParallelRunner> runner) {
   const std::string& id = spec.job_id();
   if (id.empty() || id.size() > 128 ||
       !std::all_of(id.begin(), id.end(), [](char c) {
@@ -118,6 +119,7 @@ absl::StatusOr<std::shared_ptr<Job>> Job::Create(const v1::PsJobSpec& spec,
   const uint64_t quota = spec.quota_bytes() != 0 ? spec.quota_bytes() : default_quota_bytes;
   std::shared_ptr<Job> job(new Job(spec, model, quota, timer, std::move(memory_pool)));
   job->num_virtual_shards_ = num_virtual_shards;
+  job->runner_ = std::move(runner);
   uint64_t chunks = 0;
   for (const v1::TableSpec& t : spec.tables()) {
     if (job->tables_.contains(t.name())) {

@@ -38,6 +38,8 @@
 
 namespace fulcrum {
 
+class ParallelRunner;
+
 using PullCallback = std::function<void(absl::StatusOr<PullResult>)>;
 
 // A job's state on one server at one instant: what a checkpoint writes.
@@ -75,12 +77,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // the server's disk tier, which tables with storage.spill spill into (in
   // spaces of their own, dropped when the job goes); null on a server
   // without a data directory, where such a table is FAILED_PRECONDITION.
+  // `runner`: the server's threads for a BSP step's dense chunks (null:
+  // they are applied on the calling thread).
   static absl::StatusOr<std::shared_ptr<Job>> Create(const v1::PsJobSpec& spec,
                                                      uint32_t num_virtual_shards,
                                                      uint64_t default_quota_bytes,
                                                      DeadlineTimer* timer,
                                                      std::shared_ptr<MemoryQuota> memory_pool = nullptr,
-                                                     ColdTier* cold_tier = nullptr);
+                                                     ColdTier* cold_tier = nullptr,
+                                                     std::shared_ptr<ParallelRunner> runner = nullptr);
   ~Job();
 
   const v1::PsJobSpec& spec() const { return spec_; }
@@ -318,6 +323,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // The disk tier's spaces of this job's spilling tables, dropped with it.
   ColdTier* cold_tier_ = nullptr;
   std::vector<uint32_t> cold_spaces_;
+  std::shared_ptr<ParallelRunner> runner_;  // null: chunks apply serially
   uint32_t num_virtual_shards_ = 0;
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;  // immutable after Create
   RecentRequestIds dedup_;

@@ -138,8 +138,8 @@ absl::Status Job::ApplyCombined(CombinedStep& c, uint64_t step) {
     }
     applied[k] = table->Apply(chunk, g, step, lr_scale);
   };
-  if (c.dense_elements >= kParallelApplyElements) {
-    ParallelRunner::Shared().ForEach(c.dense_order.size(), apply_chunk);
+  if (runner_ != nullptr && c.dense_elements >= kParallelApplyElements) {
+    runner_->ForEach(c.dense_order.size(), apply_chunk);
   } else {
     for (size_t k = 0; k < c.dense_order.size(); ++k) apply_chunk(k);
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/errors.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "common/status_macros.h"
 
 namespace fulcrum {
@@ -76,7 +77,8 @@ ParameterServer::ParameterServer(ParameterServerOptions options)
     : options_(std::move(options)),
       memory_(std::make_shared<MemoryQuota>(
           "", options_.memory_limit_bytes != 0 ? options_.memory_limit_bytes
-                                               : DefaultMemoryLimit() / std::max(1u, options_.servers_per_host))) {}
+                                               : DefaultMemoryLimit() / std::max(1u, options_.servers_per_host))),
+      runner_(std::make_shared<ParallelRunner>(ParallelRunner::DefaultHelpers())) {}
 
 ParameterServer::~ParameterServer() {
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs;
@@ -223,7 +225,7 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJobUnchecked(const 
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Job::Create(spec, map->num_virtual_shards(),
                                                          options_.default_quota_bytes, &timer_, memory_,
-                                                         cold_tier_.get()));
+                                                         cold_tier_.get(), runner_));
   RETURN_IF_ERROR(job->MaterializeOwned(*map, ref.self));
   v1::CreateJobResponse r;
   r.set_bytes_used(job->bytes_used());

@@ -187,6 +187,8 @@ class ParameterServer {
 
   const ParameterServerOptions options_;
   const std::shared_ptr<MemoryQuota> memory_;  // every job's quota draws from it
+  // Threads every job applies a BSP step's dense chunks on.
+  const std::shared_ptr<ParallelRunner> runner_;
   std::unique_ptr<CheckpointStore> store_;
   // Null without a data_dir. Outlives every job (they drop their rows).
   std::unique_ptr<ColdTier> cold_tier_;

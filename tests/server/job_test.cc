@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/float_env.h"
+#include "common/parallel.h"
 #include "server/job.h"
 #include "tests/testing/test_util.h"
 
@@ -375,7 +376,7 @@ TEST_CASE("BSP sums a many-chunk step in rank order and applies its chunks in pa
   REQUIRE_OK_AND_ASSIGN(
       auto job, Job::Create(JobSpec("j", {DenseTableSpec("big", kElements, 1.0f, v1::OptimizerSpec::SGD, kChunk)},
                                     kRanks),
-                            4, 64 << 20, &timer));
+                            4, 64 << 20, &timer, nullptr, nullptr, std::make_shared<ParallelRunner>(3)));
   REQUIRE_OK(job->MaterializeOwned(*map, 0));
   auto grad = [](uint32_t rank, uint64_t step, uint32_t i) {
     return static_cast<float>((i * 7 + rank * 13 + step * 5) % 101) * 0.37f - 11.0f;
