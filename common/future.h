@@ -37,9 +37,11 @@ class Promise {
   // Before the future is handed out: Wait() calls `helper` until the value
   // is set or `spin` has passed, then blocks. `helper` returns whether it
   // made progress; it must not block.
-  void SetHelper(std::function<bool()> helper, absl::Duration spin) const {
+  // `spare`: asked before and while the helper is called (PollWhileSpare).
+  void SetHelper(std::function<bool()> helper, absl::Duration spin, SpareCoreProbe spare = &SpareCore) const {
     state_->helper = std::move(helper);
     state_->spin = absl::ToChronoNanoseconds(spin);
+    state_->spare = spare;
   }
   // Completes the future; later calls are ignored.
   void Set(T value) const {
@@ -64,6 +66,7 @@ class Promise {
     std::atomic<bool> ready{false};   // value is set
     std::function<bool()> helper;     // set before the future is shared
     std::chrono::nanoseconds spin{0};
+    SpareCoreProbe spare = &SpareCore;
   };
   std::shared_ptr<State> state_;
 };
@@ -109,10 +112,13 @@ class Future {
     const auto& st = *state_;
     if (!st.helper || st.ready.load(std::memory_order_acquire)) return;
     // Only while the host has a core to spare (common/spare_core.h).
-    PollWhileSpare(st.spin, [&st] {
-      st.helper();
-      return st.ready.load(std::memory_order_acquire);
-    });
+    PollWhileSpare(
+        st.spin,
+        [&st] {
+          st.helper();
+          return st.ready.load(std::memory_order_acquire);
+        },
+        st.spare);
   }
   explicit Future(std::shared_ptr<typename Promise<T>::State> s) : state_(std::move(s)) {}
   std::shared_ptr<typename Promise<T>::State> state_;

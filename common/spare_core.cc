@@ -36,22 +36,13 @@ uint32_t UsableCores() {
   return n > 0 ? static_cast<uint32_t>(n) : 1;
 }
 
-namespace {
-std::atomic<int> forced{-1};  // -1 measure, 0 no, 1 yes
-}  // namespace
-
 absl::Status CheckPollFlag(absl::Duration poll) {
   if (poll >= absl::ZeroDuration() && poll <= absl::Seconds(1)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("--shared_memory_poll must be between 0 and 1s, got ", absl::FormatDuration(poll)));
 }
 
-void ForceSpareCoreForTesting(std::optional<bool> answer) {
-  forced.store(answer.has_value() ? (*answer ? 1 : 0) : -1, std::memory_order_relaxed);
-}
-
 bool SpareCore() {
-  if (const int f = forced.load(std::memory_order_relaxed); f >= 0) return f == 1;
   // Opened once and kept: /proc files regenerate on a read from offset 0.
   static const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   static const uint32_t cores = UsableCores();

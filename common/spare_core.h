@@ -28,9 +28,11 @@ namespace fulcrum {
 // read with one pread (about a microsecond); false when it cannot be read.
 bool SpareCore();
 
-// Makes SpareCore() answer `answer` (nullopt: measure again), so tests of
-// polling do not depend on how busy the test machine is.
-void ForceSpareCoreForTesting(std::optional<bool> answer);
+// What a poller asks before and while it polls: SpareCore in use. Passed in
+// by whoever configures the poller (a client's or server's options), so a
+// test of polling gives one that answers as it needs, whatever the load of
+// the machine it runs on.
+using SpareCoreProbe = bool (*)();
 
 // The running count in a /proc/loadavg line ("0.52 0.58 0.59 3/345 12345"
 // -> 3); nullopt when the line has no such field. Exposed for tests.
@@ -53,18 +55,18 @@ absl::Status CheckPollFlag(absl::Duration poll);
 
 // Calls `done()` until it returns true (then true), `spin` passes or the
 // host has no core to spare (then false). Yields the core every 16 calls
-// and asks SpareCore before starting and every 256 calls, so a poller only
+// and asks `spare` before starting and every 256 calls, so a poller only
 // takes time no other thread wants.
 template <typename Done>
-bool PollWhileSpare(std::chrono::nanoseconds spin, Done done) {
-  if (!SpareCore()) return false;
+bool PollWhileSpare(std::chrono::nanoseconds spin, Done done, SpareCoreProbe spare) {
+  if (!spare()) return false;
   const auto until = std::chrono::steady_clock::now() + spin;
   for (uint32_t i = 1;; ++i) {
     if (done()) return true;
     CpuPause();
     if (i % 16 == 0) {
       sched_yield();
-      if (std::chrono::steady_clock::now() >= until || (i % 256 == 0 && !SpareCore())) return false;
+      if (std::chrono::steady_clock::now() >= until || (i % 256 == 0 && !spare())) return false;
     }
   }
 }

@@ -190,7 +190,7 @@ void Ring(Doorbell& bell) {
 }
 
 Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::atomic<bool>& stop,
-            absl::Duration poll) {
+            absl::Duration poll, SpareCoreProbe spare) {
   // A short spin catches the answer to a request just sent without a
   // sleep and a wake-up; longer would take the core the other side needs.
   auto rung = [&] {
@@ -201,7 +201,7 @@ Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::at
     CpuPause();
   }
   // Polling only takes time no other thread wants (PollWhileSpare).
-  if (poll > absl::ZeroDuration() && PollWhileSpare(absl::ToChronoNanoseconds(poll), rung)) {
+  if (poll > absl::ZeroDuration() && PollWhileSpare(absl::ToChronoNanoseconds(poll), rung, spare)) {
     return Waited::kPolling;
   }
   bell.sleeping.store(1, std::memory_order_seq_cst);

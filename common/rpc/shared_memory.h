@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/spare_core.h"
 
 namespace fulcrum::shm {
 
@@ -99,8 +100,9 @@ void Ring(Doorbell& bell);
 // machine takes 50-100 us to wake.
 // Returns the phase in which the wait ended.
 enum class Waited { kSpinning, kPolling, kSleeping };
+// `spare`: asked before and while polling (PollWhileSpare).
 Waited Wait(Doorbell& bell, uint32_t seen, absl::Duration timeout, const std::atomic<bool>& stop,
-            absl::Duration poll = absl::ZeroDuration());
+            absl::Duration poll = absl::ZeroDuration(), SpareCoreProbe spare = &SpareCore);
 
 }  // namespace fulcrum::shm
 

@@ -256,8 +256,14 @@ class ShmSession {
   // Counts requests in `*served` too, and in `*polled` those it found
   // polling for an announced push (every session's, for the metrics).
   ShmSession(ParameterServer* ps, std::shared_ptr<shm::Segment> seg, std::atomic<uint64_t>* served,
-             std::atomic<uint64_t>* polled, absl::Duration poll, std::string caller)
-      : ps_(ps), seg_(std::move(seg)), served_(served), polled_(polled), poll_(poll), caller_(std::move(caller)) {
+             std::atomic<uint64_t>* polled, absl::Duration poll, SpareCoreProbe spare, std::string caller)
+      : ps_(ps),
+        seg_(std::move(seg)),
+        served_(served),
+        polled_(polled),
+        poll_(poll),
+        spare_(spare),
+        caller_(std::move(caller)) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~ShmSession() {
@@ -288,7 +294,7 @@ class ShmSession {
         continue;
       }
       polled = shm::Wait(seg_->server_bell(), seen, absl::Milliseconds(50), stop_,
-                         expecting ? poll_ : absl::ZeroDuration()) == shm::Waited::kPolling;
+                         expecting ? poll_ : absl::ZeroDuration(), spare_) == shm::Waited::kPolling;
       expecting = seg_->server_bell().count.load(std::memory_order_acquire) != seen;
     }
   }
@@ -334,6 +340,7 @@ class ShmSession {
   std::atomic<uint64_t>* const served_;
   std::atomic<uint64_t>* const polled_;
   const absl::Duration poll_;
+  const SpareCoreProbe spare_;
   const std::string caller_;  // the certificate identity of the call that opened it
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> requests_{0};
@@ -350,6 +357,7 @@ struct ShmRegistry {
   std::atomic<uint64_t> requests{0};  // served by every session so far
   std::atomic<uint64_t> polled{0};    // of those, found polling for an announced push
   absl::Duration poll;                // PsGrpcServer::Options::shared_memory_poll
+  SpareCoreProbe spare = &SpareCore;  // PsGrpcServer::Options::spare_core
 };
 
 // One OpenSharedMemory call: describes the segment in one event, then stays
@@ -432,7 +440,7 @@ class ShmReactor final : public grpc::ServerWriteReactor<v1::SharedMemoryEvent> 
                << HumanBytes(seg->slot_bytes()) << " (fd " << seg->fd() << ")";
     absl::MutexLock lock(&mu_);
     session_ = std::make_unique<ShmSession>(ps, std::move(seg), &registry_->requests, &registry_->polled,
-                                            registry_->poll, caller_);
+                                            registry_->poll, registry_->spare, caller_);
     return absl::OkStatus();
   }
 
@@ -609,9 +617,10 @@ class PsGrpcServer::Service final : public ServiceBase {
     return new ShmReactor(ps_, &shm_, ctx->peer(), transport_.CallerId(*ctx), *req, allowed);
   }
 
-  void set_shared_memory(bool on, absl::Duration poll) {
+  void set_shared_memory(bool on, absl::Duration poll, SpareCoreProbe spare) {
     shared_memory_ = on;
     shm_.poll = poll;
+    shm_.spare = spare;
   }
   size_t shared_memory_sessions() {
     absl::MutexLock lock(&shm_.mu);
@@ -701,7 +710,7 @@ absl::StatusOr<std::unique_ptr<PsGrpcServer>> PsGrpcServer::Start(
     return absl::InvalidArgumentError("a client-only TLS transport cannot serve: give the server a member certificate");
   }
   s->service_ = std::make_unique<Service>(ps, *s->security_);
-  s->service_->set_shared_memory(options.shared_memory, options.shared_memory_poll);
+  s->service_->set_shared_memory(options.shared_memory, options.shared_memory_poll, options.spare_core);
   s->service_->set_blocking(options.blocking_threads, options.blocking_queue);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

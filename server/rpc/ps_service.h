@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/rpc/security.h"
+#include "common/spare_core.h"
 #include "server/parameter_server.h"
 
 namespace fulcrum {
@@ -27,6 +28,9 @@ class PsGrpcServer {
     // How long a session's thread polls for a push the worker announced
     // (GrpcPsClient::ExpectPush) before it sleeps again; zero never polls.
     absl::Duration shared_memory_poll = absl::Microseconds(500);
+    // Whether the host has a core to spare for that polling (SpareCore;
+    // tests of polling give one that answers as they need).
+    SpareCoreProbe spare_core = &SpareCore;
     // Calls that block (Checkpoint and Restore wait for a step or the disk;
     // ReadCheckpoint reads the store) run on bounded pools, one for each
     // kind so a Restore waiting on a peer's reads never starves them: at

@@ -13,14 +13,11 @@ namespace fulcrum {
 namespace {
 
 // Helpers run only while the host has a core to spare: the tests of what a
-// helper does pretend it has (the last test checks SpareCore itself).
-struct SpareCoreForTest {
-  SpareCoreForTest() { ForceSpareCoreForTesting(true); }
-  ~SpareCoreForTest() { ForceSpareCoreForTesting(std::nullopt); }
-};
+// helper does give a probe that says it has (the last tests check SpareCore
+// itself, and that a helper does not run when the probe says no).
+bool Spare() { return true; }
 
 TEST_CASE("Future::Wait lets the promise's helper complete the value on the waiting thread", "[future]") {
-  SpareCoreForTest spare;
   Promise<int> p;
   std::atomic<int> calls{0};
   std::thread::id helped_on;
@@ -33,7 +30,7 @@ TEST_CASE("Future::Wait lets the promise's helper complete the value on the wait
         p.Set(42);
         return true;
       },
-      absl::Seconds(10));
+      absl::Seconds(10), &Spare);
   Future<int> f = p.future();
   CHECK(f.Wait() == 42);
   CHECK(calls.load() == 5);
@@ -41,10 +38,9 @@ TEST_CASE("Future::Wait lets the promise's helper complete the value on the wait
 }
 
 TEST_CASE("Future::Wait stops helping after the helper's time and sleeps until the value comes", "[future]") {
-  SpareCoreForTest spare;
   Promise<int> p;
   std::atomic<int> calls{0};
-  p.SetHelper([&] { return ++calls, false; }, absl::Milliseconds(20));
+  p.SetHelper([&] { return ++calls, false; }, absl::Milliseconds(20), &Spare);
   Future<int> f = p.future();
   const absl::Time start = absl::Now();
   std::thread setter([&] {
@@ -63,16 +59,28 @@ TEST_CASE("Future::Wait stops helping after the helper's time and sleeps until t
 }
 
 TEST_CASE("Future::Wait without a helper, or once the value is set, never calls one", "[future]") {
-  SpareCoreForTest spare;
   Promise<int> plain;
   plain.Set(1);
   CHECK(plain.future().Wait() == 1);
 
   Promise<int> p;
   std::atomic<int> calls{0};
-  p.SetHelper([&] { return ++calls, false; }, absl::Seconds(10));
+  p.SetHelper([&] { return ++calls, false; }, absl::Seconds(10), &Spare);
   p.Set(3);
   CHECK(p.future().Wait() == 3);
+  CHECK(calls.load() == 0);
+}
+
+TEST_CASE("Future::Wait never calls the helper while its probe says no core is spare", "[future]") {
+  Promise<int> p;
+  std::atomic<int> calls{0};
+  p.SetHelper([&] { return ++calls, false; }, absl::Seconds(10), +[] { return false; });
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    p.Set(9);
+  });
+  CHECK(p.future().Wait() == 9);
+  setter.join();
   CHECK(calls.load() == 0);
 }
 

@@ -26,6 +26,7 @@ std::unique_ptr<TestCluster> TestCluster::Start(Options options) {
     PsGrpcServer::Options go;
     go.shared_memory = options.shared_memory;
     go.shared_memory_poll = options.shared_memory_poll;
+    go.spare_core = options.spare_core;
     go.blocking_threads = options.blocking_threads;
     go.blocking_queue = options.blocking_queue;
     go.security = options.security;

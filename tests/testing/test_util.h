@@ -65,6 +65,7 @@ class TestCluster {
     int mapped_servers = 0;
     bool shared_memory = true;  // servers offer OpenSharedMemory
     absl::Duration shared_memory_poll = absl::Microseconds(500);  // PsGrpcServer::Options
+    SpareCoreProbe spare_core = &SpareCore;                        // PsGrpcServer::Options
     int blocking_threads = 8;      // PsGrpcServer::Options
     size_t blocking_queue = 256;   // PsGrpcServer::Options
     // The servers' transport (PsGrpcServer::Options); plaintext when null.

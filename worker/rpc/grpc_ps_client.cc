@@ -134,7 +134,8 @@ class GrpcPsClient::Impl {
   std::shared_ptr<Op> NewOp() {
     auto op = std::make_shared<Op>();
     if (options_.shared_memory && options_.shared_memory_poll > absl::ZeroDuration()) {
-      op->promise.SetHelper([s = shm_sessions_] { return s->Poll(); }, options_.shared_memory_poll);
+      op->promise.SetHelper([s = shm_sessions_] { return s->Poll(); }, options_.shared_memory_poll,
+                            options_.spare_core);
     }
     return op;
   }

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/spare_core.h"
 #include "fulcrum/v1/ps.pb.h"
 #include "worker/ps_client.h"
 
@@ -46,6 +47,9 @@ struct RemotePsClientOptions {
   // the answer before it sleeps until the client's dispatcher wakes it
   // (polling yields the core to any thread that wants it); zero never polls.
   absl::Duration shared_memory_poll = absl::Microseconds(500);
+  // Whether the host has a core to spare for that polling (SpareCore;
+  // tests of polling give one that answers as they need).
+  SpareCoreProbe spare_core = &SpareCore;
   absl::Duration rpc_timeout = absl::Seconds(60);
   // How long a pull may wait for the consistency model (sent to the server).
   absl::Duration pull_wait_timeout = absl::Minutes(5);

@@ -108,18 +108,19 @@ TEST_CASE("under ASP and SSP too, pushes decoded in place in shared memory give 
 }
 
 // Polling happens only while the host has a core to spare; these tests of
-// what polling does pretend it always has (common/spare_core.h has its own).
-struct SpareCoreForTest {
-  SpareCoreForTest() { ForceSpareCoreForTesting(true); }
-  ~SpareCoreForTest() { ForceSpareCoreForTesting(std::nullopt); }
-};
+// what polling does give probes that say it has, or has not
+// (tests/common/future_test.cc checks SpareCore itself).
+bool Spare() { return true; }
+bool NoneSpare() { return false; }
 
 TEST_CASE("a thread waiting for an answer reads it out of shared memory itself, unless told not to poll", "[shm]") {
-  SpareCoreForTest spare;
-  auto cluster = TestCluster::Start();
+  TestCluster::Options co;
+  co.spare_core = &Spare;
+  auto cluster = TestCluster::Start(co);
   uint64_t requests = 0, polled = 0;
   GrpcPsClientOptions o = ShmOptions(true);
   o.shared_memory_poll = absl::Seconds(1);
+  o.spare_core = &Spare;
   // Every Push and Pull here is synchronous: its thread waits, polling, so
   // nearly every response is read by it. The session's dispatcher, woken by
   // the server, may win the race for some; on a machine crowded by other
@@ -146,9 +147,10 @@ TEST_CASE("a thread waiting for an answer reads it out of shared memory itself, 
 
 // Announces a push, gives the session threads time to wake, pushes, and
 // returns how many pushes server 0 found polling.
-uint64_t AnnouncedPush(absl::Duration server_poll) {
+uint64_t AnnouncedPush(absl::Duration server_poll, SpareCoreProbe spare = &Spare) {
   TestCluster::Options co;
   co.shared_memory_poll = server_poll;
+  co.spare_core = spare;
   auto cluster = TestCluster::Start(co);
   auto c = cluster->Client(0, ShmOptions(true));
   constexpr size_t n = 1000;
@@ -167,14 +169,12 @@ uint64_t AnnouncedPush(absl::Duration server_poll) {
 }
 
 TEST_CASE("a server polls for a push its worker announced, and only when told to", "[shm]") {
-  SpareCoreForTest spare;
   // The session thread polls for up to a second after the announcement, so
   // the push 100 ms later finds it polling, not asleep.
   CHECK(AnnouncedPush(absl::Seconds(1)) == 1);
   CHECK(AnnouncedPush(absl::ZeroDuration()) == 0);
   // Nor on a host without a core to spare.
-  ForceSpareCoreForTesting(false);
-  CHECK(AnnouncedPush(absl::Seconds(1)) == 0);
+  CHECK(AnnouncedPush(absl::Seconds(1), &NoneSpare) == 0);
 }
 
 // This host's non-loopback IPv4 addresses.
