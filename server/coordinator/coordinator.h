@@ -89,10 +89,10 @@ struct CoordinatorOptions {
   rocksdb::Env* env = nullptr;
   // The time of day for liveness, deadlines, TTLs, checkpoint cadence and
   // timestamps (nullptr: the real one). Long polls' timeouts stay on real
-  // time. Tests give a fake one and call TickForTesting.
+  // time. Tests give a fake one and call RunSchedulerPass.
   const Clock* clock = nullptr;
   // Whether a thread runs the scheduler every `tick`; tests that drive it
-  // with TickForTesting turn it off.
+  // with RunSchedulerPass turn it off.
   bool run_scheduler = true;
 };
 
@@ -204,14 +204,11 @@ class Coordinator {
   // Renders the coordinator's series (docs/metrics.md) into a scrape.
   void CollectMetrics(metrics::Scrape* out) const;
 
-  // Holds the coordinator's lock for `d`, as a write stuck on a slow disk
-  // would: heartbeats and the scheduler wait behind it (tests).
-  void StallForTesting(absl::Duration d);
   // Runs one pass of the scheduler now, on the caller's thread, and waits
   // until the calls to servers it started (shard-map installs, releases,
-  // cuts) have ended (tests with CoordinatorOptions::clock and run_scheduler
-  // false).
-  void TickForTesting();
+  // cuts) have ended: how an owner that set run_scheduler false drives the
+  // coordinator (tests on a fake clock, CoordinatorOptions::clock).
+  void RunSchedulerPass();
 
  private:
   struct RankSlot {

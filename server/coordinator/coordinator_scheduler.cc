@@ -36,12 +36,7 @@ void Coordinator::SchedulerLoop() {
   }
 }
 
-void Coordinator::StallForTesting(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
-  absl::SleepFor(d);
-}
-
-void Coordinator::TickForTesting() {
+void Coordinator::RunSchedulerPass() {
   Tick();
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_ == 0; };

@@ -1,5 +1,5 @@
 // A coordinator on a fake clock with its scheduler run tick by tick by the
-// test (TickForTesting, which also waits out the background calls a tick
+// test (RunSchedulerPass, which also waits out the background calls a tick
 // starts): no scheduler thread, no sleeping. One server registers at once;
 // servers accept every call but checkpoints. A real RocksDB directory holds
 // the coordinator's state.
@@ -129,7 +129,7 @@ class ClockedCluster {
         (void)c_->Heartbeat(hb);
       }
       clock_->Advance(kTick);
-      c_->TickForTesting();
+      c_->RunSchedulerPass();
     }
   }
   void Run(absl::Duration d, const std::string& silent) { Run(d, std::vector<std::string>{silent}); }

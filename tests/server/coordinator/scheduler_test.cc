@@ -1,5 +1,5 @@
 // The coordinator's scheduler on a fake clock, driven tick by tick
-// (TickForTesting) with no scheduler thread and no sleeping: liveness, the
+// (RunSchedulerPass) with no scheduler thread and no sleeping: liveness, the
 // grace after a stall and dead-node retention (no server registered), then job
 // starts, queueing, a lost worker's rank moving, deadlines and TTLs (servers
 // accept every call). A real RocksDB directory holds its state.
@@ -47,7 +47,7 @@ std::string RegisterSilentWorker(Coordinator& coordinator) {
 void Run(testing::FakeClock& clock, Coordinator& c, absl::Duration d, absl::Duration tick = absl::Milliseconds(100)) {
   for (absl::Duration done; done < d; done += tick) {
     clock.Advance(tick);
-    c.TickForTesting();
+    c.RunSchedulerPass();
   }
 }
 
@@ -77,11 +77,11 @@ TEST_CASE("a coordinator that could not run for a while gives nodes a fresh node
   ClockedCluster c(&clock, 0, Timeouts(absl::Seconds(1)));
   const std::string node = RegisterSilentWorker(*c);
   auto alive = [&]() { return NodeState(*c, node) == "alive"; };
-  c->TickForTesting();
+  c->RunSchedulerPass();
   // 2.5 s between two ticks, as when a write stuck on a slow disk held the
   // lock: the node's heartbeats, had it sent any, would have waited behind it.
   clock.Advance(absl::Milliseconds(2500));
-  c->TickForTesting();
+  c->RunSchedulerPass();
   Run(clock, *c, absl::Milliseconds(300));  // three scheduler ticks
   CHECK(alive());  // spared: not declared dead for silence the stall may have caused
   // The grace is one node_timeout, not immunity.
