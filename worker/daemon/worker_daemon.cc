@@ -23,7 +23,8 @@
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/gpu_time.h"
-#include "worker/daemon/job_data.h"
+#include "worker/setup/job_data.h"
+#include "worker/setup/trainer_options.h"
 #include "worker/daemon/progress_outbox.h"
 #include "worker/data/pipeline.h"
 #include "worker/models/model.h"
@@ -148,30 +149,14 @@ class WorkerDaemon::Runner {
   }
 
   // The assignment's training and test data, summarized in progress_.
-  struct JobDatasets {
-    std::shared_ptr<const data::Dataset> train, test;
-  };
   absl::StatusOr<JobDatasets> LoadDatasets(const std::string& tag) {
     const v1::JobSpec& spec = a_.spec();
     ASSIGN_OR_RETURN(auto train_all, data_->Get(spec.data().train(), options_.data_dir, options_.data_roots));
-    JobDatasets d;
-    d.train = train_all;
+    std::shared_ptr<const data::Dataset> test;
     if (spec.data().has_test()) {
-      ASSIGN_OR_RETURN(d.test, data_->Get(spec.data().test(), options_.data_dir, options_.data_roots));
-    } else if (spec.data().test_fraction() > 0) {
-      auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
-      // Each part keeps the whole alive.
-      auto part = [&](const std::vector<int64_t>& idx) {
-        return std::shared_ptr<const data::Dataset>(data::Subset(train_all.get(), idx).release(),
-                                                    [keep = train_all](const data::Dataset* p) { delete p; });
-      };
-      d.train = part(tr);
-      d.test = part(te);
+      ASSIGN_OR_RETURN(test, data_->Get(spec.data().test(), options_.data_dir, options_.data_roots));
     }
-    if (d.test && d.test->num_features() != d.train->num_features() && !d.train->sparse()) {
-      return absl::InvalidArgumentError(absl::StrCat("test data has ", d.test->num_features(),
-                                                     " features, train data ", d.train->num_features()));
-    }
+    ASSIGN_OR_RETURN(JobDatasets d, SplitJobData(spec, std::move(train_all), std::move(test)));
     // What was read, where a user sees it: this log, and the job's status.
     *progress_.mutable_train_data() = SummarizeData(spec.data().train(), *d.train);
     if (d.test) {
@@ -208,31 +193,19 @@ class WorkerDaemon::Runner {
 
   absl::StatusOr<training::TrainerOptions> TrainerOptionsFor(int batch_size, const training::LrScaling& lr_scaling,
                                                              bool gpu) {
-    const v1::JobSpec& spec = a_.spec();
-    training::TrainerOptions to;
-    to.job_id = a_.job_id();
-    to.batch_size = batch_size;
-    to.lr_scaling = lr_scaling;
-    to.seed = spec.seed();
-    // Every consistency model: under BSP the servers hold the early pull
-    // until the step is applied (TrainerOptions::prefetch_parameters).
-    to.prefetch_parameters = true;
-    to.rank = static_cast<int>(a_.rank());
-    to.world_size = static_cast<int>(a_.world_size());
-    to.shuffle = !spec.data().no_shuffle();
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max(1u, options_.slots));
-    to.decode_threads = options_.decode_threads > 0 ? options_.decode_threads : data::DefaultDecodeThreads(cores, gpu);
-    to.prefetch_hints = options_.prefetch_hints;
-    ASSIGN_OR_RETURN(to.device_data, data::DeviceDataModeFromName(options_.device_data));
-    to.device_data_share = options_.device_data_share;
-    if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();
-    to.clip_global_norm = spec.optimizer().clip_global_norm();
-    if (spec.consistency().model() == v1::ConsistencySpec::LOCAL) {
-      to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
-      ASSIGN_OR_RETURN(to.inner, training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer()));
-      to.prefetch_parameters = false;  // a round pulls once, at its start
-      to.overlap_rounds = spec.consistency().overlap_rounds();
-    }
+    RankEnvironment env;
+    env.job_id = a_.job_id();
+    env.rank = static_cast<int>(a_.rank());
+    env.world_size = static_cast<int>(a_.world_size());
+    env.batch_size = batch_size;
+    env.lr_scaling = lr_scaling;
+    env.decode_threads = options_.decode_threads;
+    env.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) / std::max(1u, options_.slots));
+    env.gpu = gpu;
+    env.prefetch_hints = options_.prefetch_hints;
+    env.device_data = options_.device_data;
+    env.device_data_share = options_.device_data_share;
+    ASSIGN_OR_RETURN(training::TrainerOptions to, ::fulcrum::TrainerOptionsFor(a_.spec(), env));
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
       OnStep(step, m, t);
     };

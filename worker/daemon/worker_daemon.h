@@ -28,7 +28,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/node_agent.h"
 #include "fulcrum/v1/cluster.pb.h"
-#include "worker/daemon/job_data.h"
+#include "worker/setup/job_data.h"
 #include "worker/data/dataset.h"
 #include "worker/models/model.h"
 

@@ -20,8 +20,9 @@
 #include "common/status_macros.h"
 #include "worker/compute/backend.h"
 #include "worker/data/pipeline.h"
-#include "worker/daemon/worker_daemon.h"
 #include "worker/local_ps_client.h"
+#include "worker/setup/job_data.h"
+#include "worker/setup/trainer_options.h"
 #include "worker/training/auto_batch.h"
 #include "worker/training/trainer.h"
 
@@ -36,16 +37,16 @@ ABSL_FLAG(std::string, device_data, "auto", "datasets on the device: auto, on or
 namespace {
 
 // The Trainer's options for `spec` in one process, as fulcrum-worker sets
-// them (batch_size auto measured here, as rank 0 of a cluster job does).
-absl::StatusOr<fulcrum::training::TrainerOptions> TrainerOptionsFor(const fulcrum::v1::JobSpec& spec,
-                                                                    fulcrum::compute::Backend* backend,
-                                                                    const fulcrum::models::ModelConfig& mc,
-                                                                    const fulcrum::data::Dataset& train) {
-  fulcrum::training::TrainerOptions to;
-  to.job_id = "local";
-  to.batch_size = static_cast<int>(spec.batch_size());
-  if (spec.batch_size_auto().enabled() && to.batch_size == 0) {
-    // batch_size auto, as rank 0 of a cluster job finds it.
+// them for rank 0 of 1 (TrainerOptionsFor); batch_size auto measured here,
+// as rank 0 of a cluster job does.
+absl::StatusOr<fulcrum::training::TrainerOptions> LocalTrainerOptions(const fulcrum::v1::JobSpec& spec,
+                                                                      fulcrum::compute::Backend* backend,
+                                                                      const fulcrum::models::ModelConfig& mc,
+                                                                      const fulcrum::data::Dataset& train) {
+  fulcrum::RankEnvironment env;
+  env.job_id = "local";
+  env.batch_size = static_cast<int>(spec.batch_size());
+  if (spec.batch_size_auto().enabled() && env.batch_size == 0) {
     const auto o = fulcrum::training::AutoBatchOptionsFromSpec(spec.batch_size_auto());
     std::cout << "batch_size auto: timing batches from " << o.base_batch_size << " on " << backend->name() << "\n";
     auto choice = fulcrum::training::ChooseBatchSize(
@@ -53,31 +54,14 @@ absl::StatusOr<fulcrum::training::TrainerOptions> TrainerOptionsFor(const fulcru
         [&](int b) { return fulcrum::training::MeasureBatch(backend, mc, train, b); });
     if (!choice.ok()) return choice.status();
     std::cout << "batch_size auto: " << choice->summary << "\n";
-    to.batch_size = choice->batch;
-    to.lr_scaling = choice->lr;
+    env.batch_size = choice->batch;
+    env.lr_scaling = choice->lr;
   }
-  to.seed = spec.seed();
-  if (spec.consistency().model() == fulcrum::v1::ConsistencySpec::LOCAL) {
-    to.sync_every = static_cast<int>(spec.consistency().sync_every_steps());
-    auto inner = fulcrum::training::InnerOptimizerFromSpec(spec.consistency().inner_optimizer());
-    if (!inner.ok()) return inner.status();
-    to.inner = *inner;
-    to.overlap_rounds = spec.consistency().overlap_rounds();
-  }
-  to.prefetch_parameters = true;  // as fulcrum-worker does
-  to.clip_global_norm = spec.optimizer().clip_global_norm();
-  if (spec.max_steps_per_epoch() > 0) to.max_steps_per_epoch = spec.max_steps_per_epoch();  // as fulcrum-worker
-  to.decode_threads = absl::GetFlag(FLAGS_decode_threads) > 0
-                          ? absl::GetFlag(FLAGS_decode_threads)
-                          : fulcrum::data::DefaultDecodeThreads(
-                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                                backend->is_gpu());
-  {
-    auto mode = fulcrum::data::DeviceDataModeFromName(absl::GetFlag(FLAGS_device_data));
-    if (!mode.ok()) return mode.status();
-    to.device_data = *mode;
-  }
-  return to;
+  env.decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  env.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  env.gpu = backend->is_gpu();
+  env.device_data = absl::GetFlag(FLAGS_device_data);
+  return fulcrum::TrainerOptionsFor(spec, env);
 }
 
 // The spec's epochs, each evaluated on `test` (when given), with a line of
@@ -133,28 +117,33 @@ int main(int argc, char** argv) {
     std::cerr << "fulcrum-train-local: " << st << "\n";
     return 1;
   };
-  auto train = fulcrum::LoadDataSource(spec.data().train(), dir);
-  if (!train.ok()) return fail(train.status());
-  std::unique_ptr<fulcrum::data::Dataset> test;
+  auto train_all = fulcrum::LoadDataSource(spec.data().train(), dir);
+  if (!train_all.ok()) return fail(train_all.status());
+  std::shared_ptr<const fulcrum::data::Dataset> test_source;
   if (spec.data().has_test()) {
     auto t = fulcrum::LoadDataSource(spec.data().test(), dir);
     if (!t.ok()) return fail(t.status());
-    test = *std::move(t);
+    test_source = *std::move(t);
   }
+  // The test source, or test_fraction of the training rows, as fulcrum-worker splits them.
+  auto split = fulcrum::SplitJobData(spec, *std::move(train_all), std::move(test_source));
+  if (!split.ok()) return fail(split.status());
+  const fulcrum::data::Dataset& train = *split->train;
+  const fulcrum::data::Dataset* test = split->test.get();
   std::string why;
   auto backend = fulcrum::compute::CreateBackend(absl::GetFlag(FLAGS_device), &why, absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return fail(backend.status());
-  auto mc = fulcrum::ModelConfigFor(spec, **train);
+  auto mc = fulcrum::ModelConfigFor(spec, train);
   if (!mc.ok()) return fail(mc.status());
   // What was read, and whether it fits the model, as fulcrum-worker says it.
-  const fulcrum::v1::DataSummary train_data = fulcrum::SummarizeData(spec.data().train(), **train);
+  const fulcrum::v1::DataSummary train_data = fulcrum::SummarizeData(spec.data().train(), train);
   std::cout << "train data " << fulcrum::config::DataSummaryLine(train_data) << "\n";
   fulcrum::v1::DataSummary test_data;
-  if (test) {
-    test_data = fulcrum::SummarizeData(spec.data().test(), *test);
+  if (test != nullptr) {
+    test_data = fulcrum::SummarizeData(spec.data().has_test() ? spec.data().test() : spec.data().train(), *test);
     std::cout << "test data " << fulcrum::config::DataSummaryLine(test_data) << "\n";
   }
-  s = fulcrum::CheckClasses(spec, *mc, train_data, test ? &test_data : nullptr);
+  s = fulcrum::CheckClasses(spec, *mc, train_data, test != nullptr ? &test_data : nullptr);
   if (!s.ok()) return fail(s);
   auto model = fulcrum::models::CreateModel(*mc, backend->get());
   if (!model.ok()) return fail(model.status());
@@ -167,10 +156,10 @@ int main(int argc, char** argv) {
   const bool local = spec.consistency().model() == fulcrum::v1::ConsistencySpec::LOCAL;
   s = client.CreateJob(fulcrum::training::JobSpecFor(**model, "local", spec.optimizer(), local ? spec.consistency() : bsp, 1));
   if (!s.ok()) return fail(s);
-  auto to = TrainerOptionsFor(spec, backend->get(), *mc, **train);
+  auto to = LocalTrainerOptions(spec, backend->get(), *mc, train);
   if (!to.ok()) return fail(to.status());
   fulcrum::training::Trainer trainer(model->get(), &client, *to);
   std::cout << "training " << spec.name() << " in one process on " << (*backend)->name() << "\n";
-  if (s = TrainEpochs(trainer, spec, **train, test.get()); !s.ok()) return fail(s);
+  if (s = TrainEpochs(trainer, spec, train, test); !s.ok()) return fail(s);
   return 0;
 }

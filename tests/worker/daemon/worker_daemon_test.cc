@@ -9,7 +9,7 @@
 #include "common/config/job_spec.h"
 #include "common/config/model_graph.h"
 #include "tests/testing/process_util.h"
-#include "worker/daemon/job_data.h"
+#include "worker/setup/job_data.h"
 #include "worker/compute/backend.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/models/model.h"

@@ -1,7 +1,7 @@
 // A job's data and model as its spec names them: data paths resolved and
 // confined to the worker's roots, datasets read and summarized, the model's
 // configuration completed from the data.
-#include "worker/daemon/job_data.h"
+#include "worker/setup/job_data.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -242,6 +242,28 @@ absl::StatusOr<std::shared_ptr<const data::Dataset>> DataCache::Get(const v1::Da
   absl::MutexLock lock(&mu_);
   cache_.emplace(key, shared);
   return shared;
+}
+
+absl::StatusOr<JobDatasets> SplitJobData(const v1::JobSpec& spec, std::shared_ptr<const data::Dataset> train_all,
+                                         std::shared_ptr<const data::Dataset> test) {
+  JobDatasets d;
+  d.train = train_all;
+  d.test = std::move(test);
+  if (d.test == nullptr && spec.data().test_fraction() > 0) {
+    auto [tr, te] = data::SplitIndices(train_all->size(), spec.data().test_fraction(), spec.seed());
+    // Each part keeps the whole alive.
+    auto part = [&](const std::vector<int64_t>& idx) {
+      return std::shared_ptr<const data::Dataset>(data::Subset(train_all.get(), idx).release(),
+                                                  [keep = train_all](const data::Dataset* p) { delete p; });
+    };
+    d.train = part(tr);
+    d.test = part(te);
+  }
+  if (d.test && d.test->num_features() != d.train->num_features() && !d.train->sparse()) {
+    return absl::InvalidArgumentError(absl::StrCat("test data has ", d.test->num_features(), " features, train data ",
+                                                   d.train->num_features()));
+  }
+  return d;
 }
 
 }  // namespace fulcrum

@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/testing/process_util.h"
-#include "worker/daemon/worker_daemon.h"
+#include "worker/setup/job_data.h"
 
 namespace fulcrum {
 namespace {

@@ -1,8 +1,8 @@
 // A job's data and model as its spec names them: data paths resolved and
 // confined to the worker's roots, datasets read (once per daemon) and
 // summarized, the model's configuration completed from the data.
-#ifndef FULCRUM_WORKER_DAEMON_JOB_DATA_H_
-#define FULCRUM_WORKER_DAEMON_JOB_DATA_H_
+#ifndef FULCRUM_WORKER_SETUP_JOB_DATA_H_
+#define FULCRUM_WORKER_SETUP_JOB_DATA_H_
 
 #include <map>
 #include <memory>
@@ -65,6 +65,18 @@ v1::DataSummary SummarizeData(const v1::DataSource& source, const data::Dataset&
 absl::Status CheckClasses(const v1::JobSpec& spec, const models::ModelConfig& model, const v1::DataSummary& train,
                           const v1::DataSummary* test);
 
+// A job's training and test data: the spec's test source when it has one,
+// else `test_fraction` of the training rows (split by the spec's seed, the
+// same rows on every rank), else none.
+struct JobDatasets {
+  std::shared_ptr<const data::Dataset> train, test;
+};
+// From the loaded training data (all of it) and the test source's data
+// (null without one). INVALID_ARGUMENT when dense test data has another
+// width than the training data's.
+absl::StatusOr<JobDatasets> SplitJobData(const v1::JobSpec& spec, std::shared_ptr<const data::Dataset> train_all,
+                                         std::shared_ptr<const data::Dataset> test);
+
 // Datasets shared by every assignment of a daemon, by source.
 class DataCache {
  public:
@@ -80,4 +92,4 @@ class DataCache {
 
 }  // namespace fulcrum
 
-#endif  // FULCRUM_WORKER_DAEMON_JOB_DATA_H_
+#endif  // FULCRUM_WORKER_SETUP_JOB_DATA_H_
