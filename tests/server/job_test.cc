@@ -101,14 +101,21 @@ TEST_CASE("BSP stops waiting for a worker removed from the active set", "[bsp][j
   REQUIRE_STATUS(job->SetActiveWorkers({7}), absl::StatusCode::kInvalidArgument, "rank 7");
 }
 
+// Job "j" of 2 workers under BSP with a dense table "w" (4 elements) and a
+// sparse table "emb" (dim 2), every shard on this server of `map`.
+std::shared_ptr<Job> DenseAndSparseJob(DeadlineTimer* timer, const ShardMap& map) {
+  using testing::SparseTableSpec;
+  auto job = Job::Create(JobSpec("j", {DenseTableSpec("w", 4), SparseTableSpec("emb", 2, 0.5f)}, 2), 4, 1 << 20, timer);
+  REQUIRE_OK(job.status());
+  REQUIRE_OK((*job)->MaterializeOwned(map, 0));
+  return *std::move(job);
+}
+
 TEST_CASE("a prefetch hint is answered at once with no rows, whatever the clock, and names no dense table",
           "[bsp][job][cold]") {
   DeadlineTimer timer;
   auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
-  using testing::SparseTableSpec;
-  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4), SparseTableSpec("emb", 2, 0.5f)}, 2),
-                                              4, 1 << 20, &timer));
-  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  const std::shared_ptr<Job> job = DenseAndSparseJob(&timer, *map);
   std::vector<uint64_t> keys = {7, 9};
   auto hint = [&](bool dense) {
     auto pull = std::make_shared<PullMessage>();
@@ -138,10 +145,7 @@ TEST_CASE("unclocked rows (local steps' sparse tables) apply on arrival under BS
           "[bsp][job][local]") {
   DeadlineTimer timer;
   auto map = std::make_shared<const ShardMap>(*ShardMap::FromServerList("self:1", 4));
-  using testing::SparseTableSpec;
-  REQUIRE_OK_AND_ASSIGN(auto job, Job::Create(JobSpec("j", {DenseTableSpec("w", 4), SparseTableSpec("emb", 2, 0.5f)}, 2),
-                                              4, 1 << 20, &timer));
-  REQUIRE_OK(job->MaterializeOwned(*map, 0));
+  const std::shared_ptr<Job> job = DenseAndSparseJob(&timer, *map);
   std::vector<uint64_t> keys = {7, 7, 9};
   std::vector<float> rows = {1, 1, 1, 1, 2, 2};  // key 7 twice: summed
   auto unclocked = [&](uint32_t rank, uint64_t seq) {

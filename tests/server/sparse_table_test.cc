@@ -37,6 +37,16 @@ v1::TableSpec Spec(uint32_t dim = 2) {
   return spec;
 }
 
+// The spill tests' table: dim 4, Adagrad (a row that came back without its
+// optimizer state would take other steps), keys admitted on their second
+// push, and at most `max_rows` rows in memory (0: no cap).
+v1::TableSpec SpillSpec(uint32_t max_rows) {
+  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
+  spec.mutable_admission()->set_min_count(2);
+  if (max_rows != 0) spec.mutable_eviction()->set_max_rows(max_rows);
+  return spec;
+}
+
 std::set<uint64_t> Keys(const std::vector<SparseTable::ShardState>& shards) {
   std::set<uint64_t> keys;
   for (const auto& s : shards) keys.insert(s.keys.begin(), s.keys.end());
@@ -308,12 +318,7 @@ void PushBatch(Fixture& f, const std::vector<uint64_t>& keys, uint64_t step) {
 }
 
 TEST_CASE("with a cold tier, rows past the cap go to disk and come back bit for bit: no row is lost") {
-  // Adagrad, so a row that came back without its optimizer state would
-  // take different steps from then on.
-  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
-  spec.mutable_admission()->set_min_count(2);
-  v1::TableSpec capped = spec;
-  capped.mutable_eviction()->set_max_rows(64);
+  const v1::TableSpec spec = SpillSpec(0), capped = SpillSpec(64);
   Fixture all(spec, 4), spill(capped, 4);
   const std::string dir = testing::MakeTempDir("spill");
   REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
@@ -416,10 +421,7 @@ uint64_t PrefetchBatch(Fixture& f, const std::vector<uint64_t>& keys) {
 }
 
 TEST_CASE("with a cold tier, a push after pulls of its keys takes their rows from the pulls, not from disk again") {
-  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
-  spec.mutable_admission()->set_min_count(2);
-  v1::TableSpec capped = spec;
-  capped.mutable_eviction()->set_max_rows(64);
+  const v1::TableSpec spec = SpillSpec(0), capped = SpillSpec(64);
   Fixture all(spec, 4), spill(capped, 4);
   const std::string dir = testing::MakeTempDir("spill-read");
   REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
@@ -548,9 +550,7 @@ TEST_CASE("a row that came back from disk and expires is gone from both tiers: i
 }
 
 TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a restored table goes on as the first") {
-  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
-  spec.mutable_admission()->set_min_count(2);
-  spec.mutable_eviction()->set_max_rows(64);
+  const v1::TableSpec spec = SpillSpec(64);
   const std::string dir = testing::MakeTempDir("spill");
   REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
   REQUIRE_OK_AND_ASSIGN(uint32_t s1, tier->Space("job", "emb"));
@@ -600,9 +600,7 @@ TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a resto
 }
 
 TEST_CASE("a prefetch hint reads exactly its keys' rows on disk, once, and their pull and push read disk no more") {
-  v1::TableSpec spec = testing::SparseTableSpec("emb", 4, 0.1f, v1::OptimizerSpec::ADAGRAD);
-  spec.mutable_admission()->set_min_count(2);
-  spec.mutable_eviction()->set_max_rows(64);
+  const v1::TableSpec spec = SpillSpec(64);
   const std::string dir = testing::MakeTempDir("spill-ahead");
   // b's tier is its own: its counts are b's reads only.
   REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier_a, ColdTier::Open(dir + "/cold-a"));

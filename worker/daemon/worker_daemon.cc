@@ -191,8 +191,8 @@ class WorkerDaemon::Runner {
     return po;
   }
 
-  absl::StatusOr<training::TrainerOptions> TrainerOptionsFor(int batch_size, const training::LrScaling& lr_scaling,
-                                                             bool gpu) {
+  absl::StatusOr<training::TrainerOptions> RankTrainerOptions(int batch_size, const training::LrScaling& lr_scaling,
+                                                              bool gpu) {
     RankEnvironment env;
     env.job_id = a_.job_id();
     env.rank = static_cast<int>(a_.rank());
@@ -205,7 +205,7 @@ class WorkerDaemon::Runner {
     env.prefetch_hints = options_.prefetch_hints;
     env.device_data = options_.device_data;
     env.device_data_share = options_.device_data_share;
-    ASSIGN_OR_RETURN(training::TrainerOptions to, ::fulcrum::TrainerOptionsFor(a_.spec(), env));
+    ASSIGN_OR_RETURN(training::TrainerOptions to, TrainerOptionsFor(a_.spec(), env));
     to.on_step = [this](uint64_t step, const models::Metrics& m, const training::StepTiming& t) {
       OnStep(step, m, t);
     };
@@ -386,7 +386,7 @@ class WorkerDaemon::Runner {
     lr_base_ = spec.optimizer().learning_rate();
     lr_schedule_ = LrScheduleFromProto(spec.optimizer().schedule());
 
-    ASSIGN_OR_RETURN(training::TrainerOptions to, TrainerOptionsFor(batch_size, lr_scaling, backend->is_gpu()));
+    ASSIGN_OR_RETURN(training::TrainerOptions to, RankTrainerOptions(batch_size, lr_scaling, backend->is_gpu()));
     training::Trainer trainer(model.get(), client, to);
     const int64_t spe = trainer.StepsPerEpoch(*d.train);
     if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
