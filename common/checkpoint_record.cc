@@ -81,7 +81,7 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return Crc32cPortable(data, n, crc);
 }
 
-bool KnownFormat(uint32_t format) { return format <= kFormatColdRows; }
+bool KnownFormat(uint32_t format) { return format <= kFormatColdLinked; }
 
 uint32_t CheckpointCrc(uint32_t format, const void* data, size_t n, uint32_t crc) {
   if (format >= kFormatCrc32c) return Crc32c(data, n, crc);
@@ -136,8 +136,11 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
   if (slots > kMaxRecordSlots) return bad(absl::StrCat("its header names ", slots, " optimizer slots"));
   // Before format 3 the word was written 0 and never read.
   if (format_ < kFormatLifecycle) flags = 0;
-  if ((flags & ~kSparseRecordLifecycle) != 0) return bad(absl::StrCat("its header has unknown flags ", flags));
+  const uint32_t known = kSparseRecordLifecycle | (format_ >= kFormatColdLinked ? kSparseRecordColdLinked : 0);
+  if ((flags & ~known) != 0) return bad(absl::StrCat("its header has unknown flags ", flags));
   const bool has_life = (flags & kSparseRecordLifecycle) != 0;
+  const bool linked = (flags & kSparseRecordColdLinked) != 0;
+  if (linked && !has_life) return bad("its rows on disk are linked, and it has no lifecycle");
   const uint64_t row_floats = uint64_t{dim} * (1 + uint64_t{slots});  // < 2^36
   // Per row: key, update count, floats, and with a lifecycle its slot, last
   // step and count (< 2^39, never 0).
@@ -174,6 +177,8 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
     if (!c.Read(&sketch_len) || c.left() / 2 < sketch_len) return bad("its admission sketch runs past its end");
     sketch_.resize(sketch_len);
     c.Bytes(sketch_.data(), size_t{sketch_len} * 2);
+    if (linked && !c.Read(&life.linked_cold_rows)) return bad("its count of linked rows runs past its end");
+    life.cold_linked = linked;
     if (c.left() != 0) return bad("size does not match its header");
     life.slot = slot_.data();
     life.last_step = last_step_.data();
@@ -188,6 +193,43 @@ absl::Status RecordDecoder::Decode(std::string_view prefix, std::string_view res
                                  has_life ? &life : nullptr));
   }
   return absl::OkStatus();
+}
+
+namespace {
+template <typename T>
+void AppendValue(std::string* out, const T& v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+void AppendArray(std::string* out, const T* v, size_t n) {
+  if (n != 0) out->append(reinterpret_cast<const char*>(v), n * sizeof(T));
+}
+}  // namespace
+
+void EncodeSparseRecord(uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys, const uint32_t* updates,
+                        const float* rows, const SparseShardLife* life, std::string* out) {
+  out->clear();
+  const uint32_t flags = life == nullptr ? 0
+                                         : kSparseRecordLifecycle | (life->cold_linked ? kSparseRecordColdLinked : 0);
+  AppendValue(out, static_cast<uint32_t>(n));
+  AppendValue(out, dim);
+  AppendValue(out, slots);
+  AppendValue(out, flags);
+  AppendArray(out, keys, n);
+  AppendArray(out, updates, n);
+  AppendArray(out, rows, n * dim * (1 + size_t{slots}));
+  if (life == nullptr) return;
+  AppendArray(out, life->slot, n);
+  AppendArray(out, life->last_step, n);
+  AppendArray(out, life->freq, n);
+  AppendValue(out, life->slots);
+  AppendValue(out, life->victim_cursor);
+  AppendValue(out, life->ttl_cursor);
+  AppendValue(out, life->num_free);
+  AppendArray(out, life->free_slots, life->num_free);
+  AppendValue(out, life->sketch_len);
+  AppendArray(out, life->sketch, life->sketch_len);
+  if (life->cold_linked) AppendValue(out, life->linked_cold_rows);
 }
 
 }  // namespace fulcrum

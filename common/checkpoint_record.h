@@ -26,8 +26,16 @@ inline constexpr uint32_t kFormatLifecycle = 3;
 // Format 4: format 3, and a lifecycle row may name slot kColdSlot: the row
 // lies in the server's cold tier (server/cold_tier.h), not in memory.
 inline constexpr uint32_t kFormatColdRows = 4;
-inline constexpr uint32_t kCurrentFormat = kFormatColdRows;
+// Format 5: format 4, and a lifecycle record's header word may carry
+// kSparseRecordColdLinked: its shard's rows on disk are not in the record
+// but in the cut's linked copy of the cold tier (ShardCutMeta.cold_cut),
+// and a count of them ends the record. Only the store that wrote the cut
+// reads such a record whole (server/cold_cut.h); what it sends its peers
+// has the rows in it.
+inline constexpr uint32_t kFormatColdLinked = 5;
+inline constexpr uint32_t kCurrentFormat = kFormatColdLinked;
 inline constexpr uint32_t kSparseRecordLifecycle = 1;
+inline constexpr uint32_t kSparseRecordColdLinked = 2;
 inline constexpr uint32_t kColdSlot = 0xffffffffu;
 // More optimizer slots than any optimizer keeps (Adam and FTRL: 2) marks a
 // record as malformed before any size is computed from them.
@@ -59,7 +67,17 @@ struct SparseShardLife {
   uint32_t num_free = 0;
   const uint16_t* sketch = nullptr;
   uint32_t sketch_len = 0;
+  // Format 5: the shard's rows on disk lie in the cut's linked copy of the
+  // cold tier, `linked_cold_rows` of them (keys not among the record's).
+  bool cold_linked = false;
+  uint64_t linked_cold_rows = 0;
 };
+
+// A sparse shard record's value before its checksum (docs/checkpoint-format.md):
+// `n` rows of `dim` weights and `slots` optimizer slots each, and `life`
+// (nullptr: none).
+void EncodeSparseRecord(uint32_t dim, uint32_t slots, size_t n, const uint64_t* keys, const uint32_t* updates,
+                        const float* rows, const SparseShardLife* life, std::string* out);
 
 struct CheckpointVisitor {
   // `block`: length * (1 + slots) floats, not necessarily aligned (copy it).

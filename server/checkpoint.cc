@@ -23,6 +23,7 @@
 #include "common/rocksdb_options.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
+#include "server/cold_cut.h"
 
 namespace fulcrum {
 namespace {
@@ -80,10 +81,55 @@ std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
 }
 
+std::string CheckpointStore::ColdCutDir(const std::string& job_id, uint64_t cut_id) const {
+  return absl::StrCat(dir_, "-cold/", job_id, "-", absl::StrFormat("%016x", cut_id));
+}
+
+absl::StatusOr<LinkedCut> CheckpointStore::Linked(const v1::ShardCutMeta& meta) const {
+  LinkedCut cut;
+  cut.job_id = meta.spec().job_id();
+  if (meta.cold_cut().empty()) return cut;
+  cut.spaces.insert(meta.cold_spaces().begin(), meta.cold_spaces().end());
+  if (meta.cold_cut().find('/') != std::string::npos || meta.cold_cut().starts_with(".")) {
+    return absl::DataLossError(absl::StrCat("cut ", meta.cut_id(), " of job '", meta.spec().job_id(), "' in ", dir_,
+                                            " links a cold tier cut named '", meta.cold_cut(), "'"));
+  }
+  absl::MutexLock lock(&linked_mu_);
+  if (auto it = linked_.find(meta.cold_cut()); it != linked_.end()) {
+    cut.tier = it->second;
+    return cut;
+  }
+  const std::string path = absl::StrCat(dir_, "-cold/", meta.cold_cut());
+  absl::StatusOr<std::unique_ptr<ColdTier>> tier = ColdTier::OpenCut(path);
+  if (!tier.ok()) {
+    return absl::DataLossError(absl::StrCat("cut ", meta.cut_id(), " of job '", meta.spec().job_id(),
+                                            "': its rows on disk lie in ", path, ": ", tier.status().message()));
+  }
+  if (linked_.size() >= 4) linked_.erase(linked_.begin());
+  cut.tier = *std::move(tier);
+  linked_[meta.cold_cut()] = cut.tier;
+  return cut;
+}
+
+void CheckpointStore::CollectColdCuts(const std::set<std::string>& committed) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_ + "-cold", ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t dash = name.rfind('-');
+    const bool known = dash != std::string::npos && name.size() - dash - 1 == 16 &&
+                       committed.count(absl::StrCat("cut/", name.substr(0, dash), "/", name.substr(dash + 1), "/"));
+    if (known) continue;
+    FLOG(INFO) << "checkpoints in " << dir_ << ": removing " << e.path().string() << ", a cold tier cut of no committed cut";
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, rocksdb::Env* env,
                                                                        absl::Duration commit_delay) {
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "ingest", ec);
+  if (!ec) fs::create_directories(dir + "-cold", ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint directory ", dir, ": ", ec.message()));
   std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, env, commit_delay));
   absl::MutexLock lock(&store->db_mu_);
@@ -171,6 +217,7 @@ absl::Status CheckpointStore::CollectGarbageLocked(bool files) {
     RETURN_IF_ERROR(ReclaimLocked(prefix));
   }
   if (!files) return absl::OkStatus();
+  CollectColdCuts(committed);
   // Ingest files of writes that never finished.
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(fs::path(dir_) / "ingest", ec)) fs::remove(f.path(), ec);
@@ -212,9 +259,11 @@ absl::StatusOr<std::vector<CutRecord>> CutRecords(const std::string& prefix, con
   return refs;
 }
 
-// A record's value before its checksum; adds a shard's rows to `rows`. Fails
-// only when a streamed shard's rows on disk could not be read.
-absl::Status EncodeRecord(const JobState& state, const CutRecord& r, std::string* value, uint64_t* rows) {
+// A record's value before its checksum; adds a shard's rows to `rows` (and
+// those it leaves in the cut's linked cold tier to `linked`). Fails only
+// when a streamed shard's rows on disk could not be read.
+absl::Status EncodeRecord(const JobState& state, const CutRecord& r, std::string* value, uint64_t* rows,
+                          uint64_t* linked) {
   value->clear();
   if (r.dense) {
     const JobState::Dense& d = state.dense[r.table];
@@ -229,29 +278,14 @@ absl::Status EncodeRecord(const JobState& state, const CutRecord& r, std::string
   }
   const JobState::Sparse& s = state.sparse[r.table];
   SparseTable::ShardState streamed;
-  if (r.streamed) streamed = s.table->CaptureShard(s.stream[r.item]);
+  if (r.streamed) streamed = s.table->CaptureShard(s.stream[r.item], s.marks.empty() ? nullptr : &s.marks);
   const SparseTable::ShardState& sh = r.streamed ? streamed : s.shards[r.item];
   RETURN_IF_ERROR(sh.error);
-  const uint32_t n = static_cast<uint32_t>(sh.keys.size());
-  Append(value, n);
-  Append(value, s.table->dim());
-  Append(value, static_cast<uint32_t>(s.table->num_slots()));
-  Append(value, sh.has_life ? kSparseRecordLifecycle : uint32_t{0});
-  value->append(reinterpret_cast<const char*>(sh.keys.data()), sh.keys.size() * 8);
-  value->append(reinterpret_cast<const char*>(sh.updates.data()), sh.updates.size() * 4);
-  value->append(reinterpret_cast<const char*>(sh.rows.data()), sh.rows.size() * 4);
-  if (sh.has_life) {
-    value->append(reinterpret_cast<const char*>(sh.slot.data()), sh.slot.size() * 4);
-    value->append(reinterpret_cast<const char*>(sh.last_step.data()), sh.last_step.size() * 8);
-    value->append(reinterpret_cast<const char*>(sh.freq.data()), sh.freq.size() * 4);
-    Append(value, sh.slots);
-    Append(value, sh.victim_cursor);
-    Append(value, sh.ttl_cursor);
-    Append(value, static_cast<uint32_t>(sh.free_slots.size()));
-    value->append(reinterpret_cast<const char*>(sh.free_slots.data()), sh.free_slots.size() * 4);
-    Append(value, static_cast<uint32_t>(sh.sketch.size()));
-    value->append(reinterpret_cast<const char*>(sh.sketch.data()), sh.sketch.size() * 2);
-  }
+  const size_t n = sh.keys.size();
+  const SparseShardLife life = sh.Life();
+  EncodeSparseRecord(s.table->dim(), static_cast<uint32_t>(s.table->num_slots()), n, sh.keys.data(),
+                     sh.updates.data(), sh.rows.data(), sh.has_life ? &life : nullptr, value);
+  *linked += sh.linked_cold_rows;
   *rows += n;
   return absl::OkStatus();
 }
@@ -259,6 +293,7 @@ absl::Status EncodeRecord(const JobState& state, const CutRecord& r, std::string
 struct SstTotals {
   uint32_t combined = 0;  // the records' checksums, combined
   uint64_t bytes = 0, rows = 0;
+  uint64_t linked = 0;  // rows left in the cut's linked cold tier
 };
 
 // Writes the records to the table file `sst`, each with its checksum.
@@ -274,7 +309,7 @@ absl::Status WriteSst(const std::string& sst, rocksdb::Env* env, const JobState&
   RETURN_IF_ERROR(FromRocks(writer.Open(sst), "creating " + sst));
   std::string value;
   for (const CutRecord& r : refs) {
-    RETURN_IF_ERROR(EncodeRecord(state, r, &value, &totals->rows));
+    RETURN_IF_ERROR(EncodeRecord(state, r, &value, &totals->rows, &totals->linked));
     const uint32_t crc = Crc(kCurrentFormat, value.data(), value.size());
     Append(&value, crc);
     totals->combined = Crc(kCurrentFormat, &crc, sizeof(crc), totals->combined);
@@ -289,6 +324,14 @@ absl::Status WriteSst(const std::string& sst, rocksdb::Env* env, const JobState&
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spec, const JobState& state,
                                                         uint64_t cut_id, uint32_t server_index,
                                                         uint64_t shard_map_version) {
+  // A cut of the cold tier taken with the state is this cut's once the
+  // meta commits; until then any failure removes it.
+  bool committed = false;
+  absl::Cleanup remove_cold_cut = [&state, &committed] {
+    if (committed || state.cold_cut_dir.empty()) return;
+    std::error_code ec;
+    fs::remove_all(state.cold_cut_dir, ec);
+  };
   const std::string& job = spec.job_id();
   if (job.empty() || job.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("job id '", job, "' cannot name a checkpoint (empty or has '/')"));
@@ -322,14 +365,23 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Write(const v1::PsJobSpec& spe
   size_t dense_chunks = 0;
   for (const auto& d : state.dense) dense_chunks += d.chunks.size();
   meta.set_dense_chunks(dense_chunks);
-  meta.set_sparse_rows(totals.rows);
+  meta.set_sparse_rows(totals.rows + totals.linked);
+  if (!state.cold_cut_dir.empty()) {
+    meta.set_cold_cut(fs::path(state.cold_cut_dir).filename().string());
+    meta.set_cold_rows(totals.linked);
+    for (const JobState::Sparse& t : state.sparse) {
+      if (!t.marks.empty()) (*meta.mutable_cold_spaces())[t.table->name()] = t.table->tier_space();
+    }
+  }
   meta.set_bytes(totals.bytes);
   meta.set_records(refs.size());
   meta.set_crc32(totals.combined);
   meta.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count());
-  return Commit(spec, cut_id, meta_key, refs.empty() ? std::string() : sst, meta);
+  absl::StatusOr<v1::ShardCutMeta> done = Commit(spec, cut_id, meta_key, refs.empty() ? std::string() : sst, meta);
+  committed = done.ok();
+  return done;
 }
 
 absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Commit(const v1::PsJobSpec& spec, uint64_t cut_id,
@@ -440,6 +492,8 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
   ASSIGN_OR_RETURN(v1::ShardCutMeta meta, Meta(job_id, cut_id));
   RETURN_IF_ERROR(CheckFormat(meta, prefix + " in " + dir_));
 
+  ASSIGN_OR_RETURN(LinkedCut linked, Linked(meta));
+  const CheckpointVisitor whole = LinkedCutVisitor(std::move(linked), visit);
   const std::vector<std::string> bounds = ScanBounds(meta, prefix, threads);
   const size_t ranges = bounds.size() - 1;
   absl::ReaderMutexLock lock(&db_mu_);  // for the scans, on this thread's behalf
@@ -465,7 +519,7 @@ absl::StatusOr<v1::ShardCutMeta> CheckpointStore::Read(const std::string& job_id
       const std::string_view rest = it->key().ToStringView().substr(prefix.size());
       if (rest == "meta") continue;
       uint32_t crc = 0;
-      out[r].status = decoder.Decode(prefix, rest, it->value().ToStringView(), visit, &crc, " in " + dir_);
+      out[r].status = decoder.Decode(prefix, rest, it->value().ToStringView(), whole, &crc, " in " + dir_);
       if (!out[r].status.ok()) return;
       out[r].crcs.push_back(crc);
     }
@@ -499,7 +553,9 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
   v1::ReadCheckpointResponse resp;
   ASSIGN_OR_RETURN(*resp.mutable_meta(), Meta(req.job_id(), req.cut_id()));
   RETURN_IF_ERROR(CheckFormat(resp.meta(), prefix + " in " + dir_));
+  ASSIGN_OR_RETURN(const LinkedCut linked, Linked(resp.meta()));
   const size_t max_bytes = req.max_bytes() == 0 ? size_t{4} << 20 : req.max_bytes();
+  std::string whole;
   rocksdb::ReadOptions scan;
   scan.readahead_size = 4 << 20;
   scan.fill_cache = false;
@@ -517,12 +573,14 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointStore::ReadPage(
     RETURN_IF_ERROR(ParseRecordKey(rest, &k, " in " + prefix));
     last = std::string(rest);
     if (keep && !keep(k.table, k.index, k.dense)) continue;
-    // Sent as stored: the reader's RecordDecoder verifies each checksum.
+    // Sent as stored (the reader's RecordDecoder verifies each checksum),
+    // or with the rows it left in the linked cold tier read back in.
     const std::string_view v = it->value().ToStringView();
+    RETURN_IF_ERROR(ExpandLinkedRecord(linked, resp.meta().format(), prefix, rest, v, &whole));
     v1::CheckpointRecord* r = resp.add_records();
     r->set_key(std::string(rest));
-    r->set_value(std::string(v));
-    bytes += v.size();
+    r->set_value(whole.empty() ? std::string(v) : whole);
+    bytes += r->value().size();
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "reading " + prefix));
   if (it->Valid() && it->key().starts_with(prefix) && bytes >= max_bytes) resp.set_next_start_after(last);
@@ -540,6 +598,16 @@ absl::Status CheckpointStore::Delete(const std::string& job_id, uint64_t cut_id)
   RETURN_IF_ERROR(Wrote(db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), prefix,
                                          PrefixEnd(prefix)),
                         "deleting " + prefix));
+  // Its cut of the cold tier (if any) goes with it: the links' files are
+  // freed once no other cut and not the tier itself hold them.
+  const std::string cold = ColdCutDir(job_id, cut_id);
+  {
+    absl::MutexLock linked_lock(&linked_mu_);
+    linked_.erase(fs::path(cold).filename().string());
+  }
+  std::error_code ec;
+  fs::remove_all(cold, ec);
+  if (ec) return absl::InternalError(absl::StrCat("removing ", cold, ": ", ec.message()));
   return ReclaimLocked(prefix);
 }
 

@@ -10,6 +10,11 @@
 // A failed write (a full or failing disk) stops RocksDB's writes; the next
 // Write or Delete reopens it, so one bad moment of the disk does not end a
 // server's checkpoints until it restarts.
+// A cut of a job with tables that spill links the server's cold tier
+// instead of copying its rows: a RocksDB checkpoint of the tier (hard
+// links, ColdCutDir) taken as the state is, which the cut's sparse records
+// refer to (format 5). It is committed and deleted with the cut, and read
+// back merged into the records, here and for every peer reading pages.
 // Thread-safe; writes of different cuts may run concurrently.
 #ifndef FULCRUM_SERVER_CHECKPOINT_H_
 #define FULCRUM_SERVER_CHECKPOINT_H_
@@ -17,7 +22,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +35,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoint_record.h"
 #include "fulcrum/v1/ps.pb.h"
+#include "server/cold_cut.h"
+#include "server/cold_tier.h"
 #include "server/job.h"
 
 namespace rocksdb {
@@ -50,9 +59,14 @@ class CheckpointStore {
   ~CheckpointStore();
 
   const std::string& dir() const { return dir_; }
+  // Where a cut of the cold tier for `cut_id` of `job_id` goes (Job::
+  // Capture's cold_cut_dir): DIR-cold/<job>-<cut, 16 hex>, beside the store.
+  std::string ColdCutDir(const std::string& job_id, uint64_t cut_id) const;
 
   // Writes `state` of job `spec` as cut `cut_id`, durably; returns its meta.
-  // ALREADY_EXISTS when the cut is already committed.
+  // ALREADY_EXISTS when the cut is already committed. A state linked to a
+  // cut of the cold tier (JobState::cold_cut_dir) commits it with the cut,
+  // or removes it when the write fails.
   absl::StatusOr<v1::ShardCutMeta> Write(const v1::PsJobSpec& spec, const JobState& state, uint64_t cut_id,
                                          uint32_t server_index, uint64_t shard_map_version);
 
@@ -115,6 +129,12 @@ class CheckpointStore {
   absl::Status CollectGarbageLocked(bool files) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // Frees the disk of the deleted records under `prefix`.
   absl::Status ReclaimLocked(const std::string& prefix) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // The cut of the cold tier a meta links, opened (its tier null when it
+  // links none); kept open for the next pages of the same cut.
+  absl::StatusOr<LinkedCut> Linked(const v1::ShardCutMeta& meta) const;
+  // Removes the cold tier cuts of no committed cut (`committed`: their
+  // key prefixes).
+  void CollectColdCuts(const std::set<std::string>& committed);
   // After a failed write: reopens RocksDB.
   absl::Status RecoverIfStuck() ABSL_LOCKS_EXCLUDED(db_mu_);
   // UNAVAILABLE while the database is closed (a reopen failed).
@@ -130,6 +150,9 @@ class CheckpointStore {
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);
   std::atomic<bool> stuck_{false};
   std::atomic<uint64_t> reopens_{0};
+  // Opened cuts of the cold tier, by directory name (a few at most).
+  mutable absl::Mutex linked_mu_;
+  mutable std::map<std::string, std::shared_ptr<ColdTier>> linked_ ABSL_GUARDED_BY(linked_mu_);
 };
 
 

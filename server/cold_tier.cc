@@ -15,6 +15,7 @@
 #include <rocksdb/write_batch.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_record.h"
 #include "common/logging.h"
 #include "common/rocksdb_status.h"
 #include "common/status_macros.h"
@@ -364,6 +365,45 @@ absl::Status ColdTier::Checkpoint(const std::string& dir) {
   std::unique_ptr<rocksdb::Checkpoint> cp(raw);
   // 0: flush the memtable first, so the cut is table files only.
   return Wrote(cp->CreateCheckpoint(dir, /*log_size_for_flush=*/0), absl::StrCat("writing a cut into ", dir));
+}
+
+size_t MergeTiers(uint32_t row_floats, size_t n, const uint64_t* keys, const uint32_t* updates, const float* rows,
+                  const uint32_t* slot, const uint64_t* last_step, const float* freq, const ColdRows& cold,
+                  MergedRows* out) {
+  const size_t total = n + cold.size();
+  *out = MergedRows();
+  out->keys.reserve(total);
+  out->updates.reserve(total);
+  out->rows.reserve(total * row_floats);
+  out->slot.reserve(total);
+  out->last_step.reserve(total);
+  out->freq.reserve(total);
+  size_t a = 0, b = 0, taken = 0;
+  while (a < n || b < cold.size()) {
+    if (a < n && b < cold.size() && keys[a] == cold.keys[b]) {
+      ++b;  // an older copy of a row in memory: memory's is the row
+      continue;
+    }
+    if (b == cold.size() || (a < n && keys[a] < cold.keys[b])) {
+      out->keys.push_back(keys[a]);
+      out->updates.push_back(updates[a]);
+      out->rows.insert(out->rows.end(), rows + a * row_floats, rows + (a + 1) * row_floats);
+      out->slot.push_back(slot[a]);
+      out->last_step.push_back(last_step[a]);
+      out->freq.push_back(freq[a]);
+      ++a;
+    } else {
+      out->keys.push_back(cold.keys[b]);
+      out->updates.push_back(cold.updates[b]);
+      out->rows.insert(out->rows.end(), cold.row(b), cold.row(b) + row_floats);
+      out->slot.push_back(kColdSlot);
+      out->last_step.push_back(cold.last_step[b]);
+      out->freq.push_back(cold.freq[b]);
+      ++b;
+      ++taken;
+    }
+  }
+  return taken;
 }
 
 ColdTier::Counts ColdTier::counts() const {

@@ -59,6 +59,23 @@ struct ColdRows {
   void Clear();
 };
 
+// A shard's rows of both tiers in one key order, each with its update
+// count, lifecycle fields and slot (kColdSlot for a row from disk).
+struct MergedRows {
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> updates;
+  std::vector<float> rows;
+  std::vector<uint32_t> slot;
+  std::vector<uint64_t> last_step;
+  std::vector<float> freq;
+};
+// Merges `n` rows in memory (keys ascending, `row_floats` floats each)
+// with `cold` (ascending; a key also in memory is an older copy of its row
+// and is left out) into *out; returns the rows taken from `cold`.
+size_t MergeTiers(uint32_t row_floats, size_t n, const uint64_t* keys, const uint32_t* updates, const float* rows,
+                  const uint32_t* slot, const uint64_t* last_step, const float* freq, const ColdRows& cold,
+                  MergedRows* out);
+
 class ColdTier {
  public:
   // Opens an empty tier in `dir` (created; what a previous process left

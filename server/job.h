@@ -56,9 +56,16 @@ struct JobState {
     // Or: the virtual shards the cut's writer copies one at a time
     // (SparseTable::CaptureShard), with training held.
     std::vector<uint32_t> stream;
+    // With a cut of the cold tier: the table's SparseTable::MoveMarks just
+    // before it, for CaptureShard.
+    std::vector<uint64_t> marks;
   };
   std::vector<Dense> dense;    // tables in name order
   std::vector<Sparse> sparse;
+  // The cut of the server's cold tier the sparse records link to (empty:
+  // none); the store's writer owns it: it commits it with the cut or
+  // removes it.
+  std::string cold_cut_dir;
   // How long training on this server was held while the state was taken
   // (BSP: from reaching the boundary to releasing it; not the wait for it).
   double pause_seconds = 0;
@@ -124,7 +131,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // a capped table, or one whose copy does not fit the quota, is left to
   // be copied a shard at a time as the cut is written (JobState::Sparse::
   // stream): under BSP training then stays held until EndCapture.
-  absl::StatusOr<JobState> Capture(uint64_t at_step, absl::Time deadline);
+  // `cold_cut_dir` (tables that spill; empty: none): where the server's
+  // cold tier is cut (hard links) as the state is taken, so the cut's
+  // records leave the shards' rows on disk there (JobState::cold_cut_dir;
+  // a shard whose rows on disk moved after that has them copied in). A
+  // tier that cannot be cut, or a directory already there, means copies.
+  absl::StatusOr<JobState> Capture(uint64_t at_step, absl::Time deadline, const std::string& cold_cut_dir = "");
   // Releases training held by Capture (nothing when none is held); sets
   // state->pause_seconds. The caller calls it once the cut is written,
   // also when the write failed.

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +17,7 @@
 namespace fulcrum {
 
 
-absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
+absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline, const std::string& cold_cut_dir) {
   JobState state;
   const bool bsp = model_ == Model::kBsp;
   {
@@ -50,6 +52,33 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
   std::vector<std::string> names;
   for (const auto& [name, t] : tables_) names.push_back(name);
   std::sort(names.begin(), names.end());
+  // The tables that spill: their shards' marks, then one cut of the tier
+  // (hard links, after a flush), which their records link to.
+  std::map<std::string, std::vector<uint64_t>> marks;
+  if (cold_tier_ != nullptr && !cold_cut_dir.empty()) {
+    for (const std::string& name : names) {
+      const Table* t = tables_.at(name).get();
+      if (!t->is_dense() && static_cast<const SparseTable*>(t)->spills()) {
+        marks[name] = static_cast<const SparseTable*>(t)->MoveMarks();
+      }
+    }
+    std::error_code ec;
+    if (!marks.empty() && std::filesystem::exists(cold_cut_dir, ec)) {
+      FLOG(WARNING) << "job '" << id() << "': " << cold_cut_dir << " is already there; the cut copies its rows on disk";
+      marks.clear();
+    } else if (!marks.empty()) {
+      const absl::Time t0 = absl::Now();
+      if (absl::Status s = cold_tier_->Checkpoint(cold_cut_dir); !s.ok()) {
+        FLOG(WARNING) << "job '" << id() << "': " << s << "; the cut copies its rows on disk";
+        marks.clear();
+        std::filesystem::remove_all(cold_cut_dir, ec);
+      } else {
+        state.cold_cut_dir = cold_cut_dir;
+        FLOG(INFO) << "job '" << id() << "': cold tier cut into " << cold_cut_dir << " in "
+                   << absl::ToDoubleSeconds(absl::Now() - t0) << " s";
+      }
+    }
+  }
   uint64_t copied = 0;
   bool streamed = false;
   for (const std::string& name : names) {
@@ -62,6 +91,8 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
     const auto* s = static_cast<const SparseTable*>(t);
     JobState::Sparse& sparse = state.sparse.emplace_back();
     sparse.table = s;
+    if (auto m = marks.find(name); m != marks.end()) sparse.marks = std::move(m->second);
+    const std::vector<uint64_t>* linked = sparse.marks.empty() ? nullptr : &sparse.marks;
     // A capped table was given a memory bound: its cut is never a second
     // copy of it. Others are copied when the copy fits the quota twice (so
     // rows made while it is written still have room); it is held once.
@@ -69,7 +100,7 @@ absl::StatusOr<JobState> Job::Capture(uint64_t at_step, absl::Time deadline) {
     if (!s->capped() && quota_.Reserve(2 * bytes, "a checkpoint's copy").ok()) {
       quota_.Release(bytes);
       copied += bytes;
-      sparse.shards = s->Capture();
+      sparse.shards = s->Capture(linked);
     } else {
       sparse.stream = s->CapturedShards();
       streamed = true;

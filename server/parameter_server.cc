@@ -281,7 +281,7 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   ASSIGN_OR_RETURN(MapRef ref, Map());
   const absl::Time t0 = absl::Now();
-  ASSIGN_OR_RETURN(JobState state, job->Capture(at_step, t0 + wait));
+  ASSIGN_OR_RETURN(JobState state, job->Capture(at_step, t0 + wait, store->ColdCutDir(job_id, cut_id)));
   const absl::Time t1 = absl::Now();
   if (on_captured) on_captured();
   // Training held for a table written shard by shard resumes once the
@@ -299,7 +299,9 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Checkpoint(const std::string& 
   jm.last_checkpoint_bytes.store(static_cast<double>(meta.bytes()));
   jm.last_checkpoint_time.store(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   FLOG(INFO) << "job '" << job_id << "': cut " << cut_id << " at step " << meta.step() << ", " << meta.bytes()
-             << " bytes in " << meta.records() << " records; waited " << absl::ToDoubleSeconds(state.paused - t0)
+             << " bytes in " << meta.records() << " records (" << meta.sparse_rows() << " sparse rows, "
+             << meta.cold_rows() << " of them left on disk in " << (meta.cold_cut().empty() ? "-" : meta.cold_cut())
+             << "); waited " << absl::ToDoubleSeconds(state.paused - t0)
              << " s for the step, paused training " << meta.capture_seconds() << " s, written in "
              << meta.write_seconds() << " s";
   return meta;

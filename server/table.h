@@ -310,16 +310,30 @@ class SparseTable final : public Table {
     std::vector<uint32_t> free_slots;
     std::vector<uint16_t> sketch;
     // With a cold tier, rows on disk are merged in, slot kColdSlot; not OK
-    // when reading them failed (the state is then not a cut).
+    // when reading them failed (the state is then not a cut). Or, captured
+    // against a linked cut of the tier in which the shard's rows on disk
+    // are as they are now (CaptureShard's `marks`): `cold_linked`, and
+    // the rows are left there, `linked_cold_rows` of them.
     absl::Status error;
+    bool cold_linked = false;
+    uint64_t linked_cold_rows = 0;
+    // The lifecycle fields as a record carries them (pointing into this).
+    SparseShardLife Life() const;
   };
   // Every virtual shard that holds rows (or, with a lifecycle, ever held
   // one or has counted a key).
-  std::vector<ShardState> Capture() const;
+  std::vector<ShardState> Capture(const std::vector<uint64_t>* marks = nullptr) const;
   // The same one shard at a time: which shards Capture would copy, and one
   // of them (a cut written shard by shard never holds a copy of the table).
   std::vector<uint32_t> CapturedShards() const;
-  ShardState CaptureShard(uint32_t vshard) const;
+  // `marks`: MoveMarks() as they were just before the cold tier was cut
+  // (ColdTier::Checkpoint). A shard whose rows on disk no push or restore
+  // has moved since is captured linked to that cut; the others (and all,
+  // without marks) have their rows on disk copied in.
+  ShardState CaptureShard(uint32_t vshard, const std::vector<uint64_t>* marks = nullptr) const;
+  // Per virtual shard, a count that changes whenever a push or restore
+  // changes what the cold tier holds for it; empty without a cold tier.
+  std::vector<uint64_t> MoveMarks() const;
   // About what Capture's copy takes: per row its key, floats, update count
   // and lifecycle fields, and the sketches.
   uint64_t CaptureBytes() const;
@@ -336,6 +350,7 @@ class SparseTable final : public Table {
   // storage.spill (lifecycle().spill).
   absl::Status AttachColdTier(ColdTier* tier, uint32_t space);
   bool spills() const { return tier_ != nullptr; }
+  uint32_t tier_space() const { return tier_space_; }
   // Installs rows (creating or overwriting them) into `vshard`: n rows of
   // dim * (1 + slots) floats. DATA_LOSS unless dim and slots are the
   // table's and every key hashes to `vshard`. Without `life`, restored rows
@@ -393,9 +408,12 @@ class SparseTable final : public Table {
     // the last such did, passed what the hint saw) and no restore came.
     uint64_t moves ABSL_GUARDED_BY(mu) = 0;
     uint64_t restores ABSL_GUARDED_BY(mu) = 0;
+    // Rows of the shard on disk and not in memory (as cold_rows_).
+    uint64_t cold ABSL_GUARDED_BY(mu) = 0;
     std::vector<uint64_t> moved_at ABSL_GUARDED_BY(mu);  // kMoveBuckets, once a tier is attached
   };
   static constexpr uint8_t kLive = 1, kCopyOnDisk = 2;
+  static constexpr size_t kSketchRows = 4;  // the admission sketch's rows
   static constexpr size_t kMoveBuckets = 512;
   static size_t MoveBucket(uint64_t key);
   static constexpr uint32_t kNotOnDisk = 0xffffffffu;

@@ -210,6 +210,27 @@ def train(args, run, text, samples=None, env=None):
         c.stop()
 
 
+CUT_LINE = re.compile(r"cut (\d+) at step \d+, (\d+) bytes in \d+ records \((\d+) sparse rows, (\d+) of them left on "
+                      r"disk in \S+\); waited [0-9.e-]+ s for the step, paused training ([0-9.e-]+) s, written in "
+                      r"([0-9.e-]+) s")
+LINK_LINE = re.compile(r"cold tier cut into \S+ in ([0-9.e-]+) s")
+
+
+def cuts_of(args, run):
+    """Each cut the run's servers logged: (bytes of its records, its sparse rows, those left on disk in its cut of
+    the cold tier, seconds training paused, seconds writing), and the seconds each cut of a cold tier took."""
+    out, links = [], []
+    for i in range(2):
+        try:
+            text = open(os.path.join(args.out, "runs", run, "logs", f"server-{i}.log")).read()
+        except OSError:
+            continue
+        out += [(int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)), float(m.group(6)))
+                for m in CUT_LINE.finditer(text)]
+        links += [float(m.group(1)) for m in LINK_LINE.finditer(text)]
+    return out, links
+
+
 def safetensor_keys(path, table):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
@@ -353,6 +374,24 @@ def main():
                                                                                          "promoted", "demoted")}
             print(f"\n{run}: rows read from disk by pulls {t['cold_reads']:,} (kept copies included), read ahead "
                   f"by hints {t['prefetched']:,}; moved there {t['demoted']:,}, back {t['promoted']:,}")
+    for run in ("capped", "spilled", "spilled-hints"):
+        if run not in results:
+            continue
+        cuts, links = cuts_of(args, run)
+        if not cuts:
+            print(f"\n{run}: no cut logged")
+            continue
+        # A cut that copied the rows it leaves on disk would add each one's
+        # key, update count and lifecycle fields (28 bytes) and its floats;
+        # the rows on disk here are all 'factors' rows (the "on disk" column).
+        copied = sum(c[0] + c[2] * (28 + args.factors * 2 * 4) for c in cuts)
+        whole = copied
+        print(f"\n{run}: {len(cuts)} cut parts (both servers); records {sum(c[0] for c in cuts) / len(cuts) / 2**20:,.1f} MiB "
+              f"a part for {sum(c[1] for c in cuts) / len(cuts):,.0f} rows, {sum(c[2] for c in cuts) / len(cuts):,.0f} of them "
+              f"left on disk in the cut's hard links: {sum(c[0] for c in cuts) / whole if whole else 0:.2f} of the bytes "
+              f"a cut copying them writes; training paused {max(c[3] for c in cuts):.2f} s at most "
+              f"(mean {sum(c[3] for c in cuts) / len(cuts):.2f}), written in {sum(c[4] for c in cuts) / len(cuts):.2f} s "
+              f"a part; cold tier cuts {max(links) if links else 0:.2f} s at most")
     if "spilled" in sps and "spilled-hints" in sps and sps["spilled"]:
         print(f"\nprefetch hints: samples/s {sps['spilled-hints']:,.0f} with, {sps['spilled']:,.0f} without: "
               f"{sps['spilled-hints'] / sps['spilled']:.2f}x")

@@ -22,6 +22,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/shard_map.h"
+#include "server/cold_cut.h"
 #include "server/cold_tier.h"
 #include "server/table.h"
 #include "tests/testing/process_util.h"
@@ -279,25 +280,9 @@ TEST_CASE("the same pushes give the same rows: capped tables fed alike end bit-i
   CHECK(a.table->counts().rejected > 0);
 }
 
-// A shard's state as its checkpoint record carries it.
-SparseShardLife LifeOf(const SparseTable::ShardState& s) {
-  SparseShardLife l;
-  l.slot = s.slot.data();
-  l.last_step = s.last_step.data();
-  l.freq = s.freq.data();
-  l.slots = s.slots;
-  l.victim_cursor = s.victim_cursor;
-  l.ttl_cursor = s.ttl_cursor;
-  l.free_slots = s.free_slots.data();
-  l.num_free = static_cast<uint32_t>(s.free_slots.size());
-  l.sketch = s.sketch.data();
-  l.sketch_len = static_cast<uint32_t>(s.sketch.size());
-  return l;
-}
-
 void RestoreInto(Fixture& to, const std::vector<SparseTable::ShardState>& from, uint64_t step) {
   for (const auto& s : from) {
-    const SparseShardLife life = LifeOf(s);
+    const SparseShardLife life = s.Life();
     REQUIRE_OK(to.table->Restore(s.vshard, to.table->dim(), static_cast<uint32_t>(to.table->num_slots()),
                                  s.keys.size(), s.keys.data(), s.updates.data(), s.rows.data(), step,
                                  s.has_life ? &life : nullptr));
@@ -586,7 +571,7 @@ TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a resto
   bool refused = false;
   for (const auto& sh : cut) {
     if (std::count(sh.slot.begin(), sh.slot.end(), kColdSlot) == 0) continue;
-    const SparseShardLife life = LifeOf(sh);
+    const SparseShardLife life = sh.Life();
     const absl::Status st = c.table->Restore(sh.vshard, 4, 1, sh.keys.size(), sh.keys.data(), sh.updates.data(),
                                              sh.rows.data(), 200, &life);
     CHECK(st.code() == absl::StatusCode::kDataLoss);
@@ -595,6 +580,92 @@ TEST_CASE("a cut of a table with a cold tier holds its rows on disk, and a resto
     break;
   }
   CHECK(refused);
+  tier.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a capture linked to a cut of the cold tier leaves each shard's rows on disk there, unless a push moved "
+          "them after the marks, and read back through the cut they are the copied capture") {
+  const v1::TableSpec spec = SpillSpec(64);
+  const std::string dir = testing::MakeTempDir("spill-link");
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> tier, ColdTier::Open(dir + "/cold"));
+  REQUIRE_OK_AND_ASSIGN(uint32_t space, tier->Space("job", "emb"));
+  Fixture a(spec, 4);
+  REQUIRE_OK(a.table->AttachColdTier(tier.get(), space));
+  for (uint64_t step = 0; step < 200; ++step) PushBatch(a, SpillBatch(step), step);
+  const std::vector<uint64_t> marks = a.table->MoveMarks();
+  REQUIRE(marks.size() == 4);
+  REQUIRE_OK(tier->Checkpoint(dir + "/cut"));
+  // A push of one row on disk after the tier's cut: it comes back (a move
+  // of its shard), and nothing of the other shards moves.
+  const auto on_disk = OnlyOnDisk(*tier, space, a, 8);
+  REQUIRE(!on_disk.empty());
+  const uint64_t moved_key = on_disk.begin()->first;
+  const uint32_t moved = VShardOfKey(a.table->name_hash(), moved_key, 4);
+  PushBatch(a, {moved_key}, 200);
+  const std::vector<SparseTable::ShardState> want = a.table->Capture();
+
+  REQUIRE_OK_AND_ASSIGN(std::unique_ptr<ColdTier> cut_tier, ColdTier::OpenCut(dir + "/cut"));
+  std::shared_ptr<ColdTier> cut(std::move(cut_tier));
+  std::vector<SparseTable::ShardState> merged;
+  CheckpointVisitor collect;
+  collect.sparse = [&](const std::string&, uint32_t vshard, uint32_t, uint32_t, size_t n, const uint64_t* keys,
+                       const uint32_t* updates, const float* rows, const SparseShardLife* life) {
+    SparseTable::ShardState& m = merged.emplace_back();
+    m.vshard = vshard;
+    m.keys.assign(keys, keys + n);
+    m.updates.assign(updates, updates + n);
+    m.rows.assign(rows, rows + n * 8);
+    m.slot.assign(life->slot, life->slot + n);
+    CHECK_FALSE(life->cold_linked);
+    return absl::OkStatus();
+  };
+  const CheckpointVisitor whole = LinkedCutVisitor({cut, "job", {{"emb", space}}}, collect);
+  size_t linked = 0, copied = 0;
+  Fixture other(spec, 4);
+  for (const SparseTable::ShardState& w : want) {
+    INFO("virtual shard " << w.vshard);
+    SparseTable::ShardState s = a.table->CaptureShard(w.vshard, &marks);
+    REQUIRE_OK(s.error);
+    const size_t cold_rows = std::count(w.slot.begin(), w.slot.end(), kColdSlot);
+    if (w.vshard == moved) {
+      // Copied in, as without marks.
+      CHECK_FALSE(s.cold_linked);
+      CHECK(s.keys == w.keys);
+      CHECK(s.rows == w.rows);
+      CHECK(s.slot == w.slot);
+      ++copied;
+      continue;
+    }
+    CHECK(s.cold_linked);
+    CHECK(s.linked_cold_rows == cold_rows);
+    CHECK(std::count(s.slot.begin(), s.slot.end(), kColdSlot) == 0);
+    CHECK(s.keys.size() + cold_rows == w.keys.size());
+    SparseShardLife life = s.Life();
+    life.cold_linked = true;
+    life.linked_cold_rows = s.linked_cold_rows;
+    REQUIRE_OK(whole.sparse("emb", s.vshard, 4, 1, s.keys.size(), s.keys.data(), s.updates.data(), s.rows.data(),
+                            &life));
+    CHECK(merged.back().keys == w.keys);
+    CHECK(merged.back().rows == w.rows);
+    CHECK(merged.back().slot == w.slot);
+    // A count that is not the cut's is refused, naming the directory.
+    life.linked_cold_rows += 1;
+    const absl::Status miscounted = whole.sparse("emb", s.vshard, 4, 1, s.keys.size(), s.keys.data(),
+                                                 s.updates.data(), s.rows.data(), &life);
+    CHECK(miscounted.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(miscounted.message()), Catch::Contains(dir + "/cut"));
+    // A table never restores a record whose rows are elsewhere.
+    life.linked_cold_rows -= 1;
+    const absl::Status refused = other.table->Restore(s.vshard, 4, 1, s.keys.size(), s.keys.data(),
+                                                      s.updates.data(), s.rows.data(), 200, &life);
+    CHECK(refused.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(refused.message()), Catch::Contains("linked cut"));
+    linked += cold_rows > 0;
+  }
+  CHECK(copied == 1);
+  CHECK(linked >= 2);
+  cut.reset();
   tier.reset();
   std::filesystem::remove_all(dir);
 }
@@ -872,7 +943,7 @@ TEST_CASE("a restored lifecycle whose slots do not fit together is refused as DA
     SparseTable::ShardState s = cut[0];
     k.damage(s);
     Fixture b(spec);
-    const SparseShardLife life = LifeOf(s);
+    const SparseShardLife life = s.Life();
     REQUIRE_STATUS(b.table->Restore(s.vshard, 2, static_cast<uint32_t>(b.table->num_slots()), s.keys.size(),
                                     s.keys.data(), s.updates.data(), s.rows.data(), 40, &life),
                    absl::StatusCode::kDataLoss, k.error);
