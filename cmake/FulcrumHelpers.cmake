@@ -64,6 +64,19 @@ function(fulcrum_forbid_links)
   endforeach()
 endfunction()
 
+# The same rule at the source: configuration fails, naming the file and
+# line, when any of FILES has a line matching REGEX.
+#   fulcrum_forbid_includes(FILES a.cc a.h REGEX "#include <grpc" WHY "...")
+function(fulcrum_forbid_includes)
+  cmake_parse_arguments(ARG "" "REGEX;WHY" "FILES" ${ARGN})
+  foreach(f ${ARG_FILES})
+    file(STRINGS ${f} bad REGEX "${ARG_REGEX}")
+    if(bad)
+      message(FATAL_ERROR "${f}: ${bad}: ${ARG_WHY}")
+    endif()
+  endforeach()
+endfunction()
+
 # fulcrum_cc_test(NAME name SRCS ... DEPS ... [LABELS ...] [DATA] [GPU])
 #   DATA: the test reads real datasets; ctest fetches them first (fixture
 #         fulcrum_data, deploy/local/fetch_data.sh into FULCRUM_TEST_DATA_DIR).
