@@ -460,47 +460,56 @@ bool SparseTable::Keep(Partition* p, uint64_t key, const ColdRows* rows, size_t 
 
 absl::StatusOr<uint64_t> SparseTable::Prefetch(const uint64_t* keys, const uint32_t* idx,
                                                const std::vector<std::pair<uint32_t, size_t>>& runs) {
-  if (tier_ == nullptr) return uint64_t{0};
+  ASSIGN_OR_RETURN(const ReadAhead read, ReadAheadOf(keys, idx, runs));
+  return KeepReadAhead(read);
+}
+
+absl::StatusOr<SparseTable::ReadAhead> SparseTable::ReadAheadOf(
+    const uint64_t* keys, const uint32_t* idx, const std::vector<std::pair<uint32_t, size_t>>& runs) {
+  ReadAhead out;
+  if (tier_ == nullptr) return out;
   // The keys on neither memory nor a shard's kept rows, shard by shard,
   // and each shard's counts of moves and restores as they were then.
-  std::vector<uint32_t> want_vshard;
-  std::vector<uint64_t> want;
-  std::vector<std::pair<uint64_t, uint64_t>> seen(runs.size());
+  out.shards.reserve(runs.size());
+  out.seen.reserve(runs.size());
   size_t begin = 0;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    Partition* p = partitions_[runs[r].first].get();
+  for (const auto& [v, end] : runs) {
+    Partition* p = partitions_[v].get();
     absl::MutexLock lock(&p->mu);
-    seen[r] = {p->moves, p->restores};
-    for (size_t i = begin; i < runs[r].second; ++i) {
+    out.shards.push_back(v);
+    out.seen.emplace_back(p->moves, p->restores);
+    for (size_t i = begin; i < end; ++i) {
       const uint64_t key = keys[idx[i]];
       if (p->index.contains(key) || p->read_at.contains(key)) continue;
-      want_vshard.push_back(runs[r].first);
-      want.push_back(key);
+      out.vshard.push_back(v);
+      out.keys.push_back(key);
     }
-    begin = runs[r].second;
+    begin = end;
   }
-  if (want.empty()) return uint64_t{0};
+  if (out.keys.empty()) return out;
   // The disk read holds no shard's lock: pulls and pushes go on meanwhile.
-  ColdRows rows;
-  rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
-  std::vector<bool> found;
-  RETURN_IF_ERROR(tier_->Get(tier_space_, want_vshard.data(), want.data(), want.size(), &rows, &found));
-  if (prefetch_hook_) prefetch_hook_();
+  out.rows.row_floats = static_cast<uint32_t>(size_t{dim_} * (1 + num_slots()));
+  RETURN_IF_ERROR(tier_->Get(tier_space_, out.vshard.data(), out.keys.data(), out.keys.size(), &out.rows, &out.found));
+  return out;
+}
+
+uint64_t SparseTable::KeepReadAhead(const ReadAhead& read) {
   uint64_t kept = 0;
   size_t i = 0, next = 0;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    Partition* p = partitions_[runs[r].first].get();
+  for (size_t r = 0; r < read.shards.size(); ++r) {
+    Partition* p = partitions_[read.shards[r]].get();
     absl::MutexLock lock(&p->mu);
     // What a push moved meanwhile may differ from what was read: a key of
     // a bucket a push moved rows of since is not kept, nor is anything
     // after a restore.
-    const bool restored = p->restores != seen[r].second;
-    for (; i < want.size() && want_vshard[i] == runs[r].first; ++i) {
-      const size_t j = found[i] ? next++ : 0;
-      if (restored || p->moved_at[MoveBucket(want[i])] > seen[r].first) continue;
-      if (p->index.contains(want[i]) || p->read_at.contains(want[i])) continue;
-      if (!Keep(p, want[i], found[i] ? &rows : nullptr, j, /*start_over=*/false)) continue;
-      kept += found[i] ? 1 : 0;
+    const bool restored = p->restores != read.seen[r].second;
+    for (; i < read.keys.size() && read.vshard[i] == read.shards[r]; ++i) {
+      const uint64_t key = read.keys[i];
+      const size_t j = read.found[i] ? next++ : 0;
+      if (restored || p->moved_at[MoveBucket(key)] > read.seen[r].first) continue;
+      if (p->index.contains(key) || p->read_at.contains(key)) continue;
+      if (!Keep(p, key, read.found[i] ? &read.rows : nullptr, j, /*start_over=*/false)) continue;
+      kept += read.found[i] ? 1 : 0;
     }
   }
   prefetched_.fetch_add(kept, std::memory_order_relaxed);

@@ -261,9 +261,20 @@ class SparseTable final : public Table {
   // the rows read ahead; 0 without a cold tier.
   absl::StatusOr<uint64_t> Prefetch(const uint64_t* keys, const uint32_t* idx,
                                     const std::vector<std::pair<uint32_t, size_t>>& runs);
-  // Tests: called by Prefetch between its disk read and keeping what it
-  // read, where a push may come. Set before any Prefetch runs.
-  void SetPrefetchHookForTesting(std::function<void()> hook) { prefetch_hook_ = std::move(hook); }
+  // Prefetch's two halves, between which pushes and pulls may come: the
+  // disk read (with what each shard looked like before it), then keeping
+  // what it read where nothing moved meanwhile.
+  struct ReadAhead {
+    std::vector<uint32_t> shards;   // per run: its virtual shard
+    std::vector<std::pair<uint64_t, uint64_t>> seen;  // per run: moves, restores
+    std::vector<uint32_t> vshard;   // per key read
+    std::vector<uint64_t> keys;
+    ColdRows rows;
+    std::vector<bool> found;
+  };
+  absl::StatusOr<ReadAhead> ReadAheadOf(const uint64_t* keys, const uint32_t* idx,
+                                        const std::vector<std::pair<uint32_t, size_t>>& runs);
+  uint64_t KeepReadAhead(const ReadAhead& read);
   // Makes room for the keys' missing rows (all in `vshard`) without
   // reading them; RESOURCE_EXHAUSTED over quota. Used before applying a push
   // so a quota failure leaves nothing half-applied. Without a lifecycle the
@@ -479,7 +490,6 @@ class SparseTable final : public Table {
   // stats, metrics and heartbeats never wait on a partition's lock (a
   // checkpoint holds each in turn while it copies it).
   std::atomic<uint64_t> rows_{0}, bytes_{0};
-  std::function<void()> prefetch_hook_;  // SetPrefetchHookForTesting
 };
 
 // Builds a table from its spec; INVALID_ARGUMENT naming the field on a bad spec.

@@ -753,22 +753,24 @@ TEST_CASE("a push that moves a hinted row while the hint reads it voids what the
   }
   const uint64_t key = 250;
   uint64_t step = 301;
-  spill.table->SetPrefetchHookForTesting([&] {
-    // With the hint's read in hand: a push brings the row back and changes
-    // it, and four more push it out to disk again, unkept; then another
-    // worker's pull of a row on disk makes the full kept rows start over,
-    // so there is room to keep what the hint read.
-    for (uint64_t k : {key, uint64_t{1001}, uint64_t{1002}, uint64_t{1003}, uint64_t{1004}}) {
-      all.Push(k, step);
-      spill.Push(k, step);
-      ++step;
-    }
-    PullBatch(spill, {260});
-  });
   const uint64_t read_before = tier->counts().rows_read;
-  CHECK(PrefetchBatch(spill, {key}) == 0);  // read, then voided
+  std::vector<uint32_t> idx;
+  std::vector<std::pair<uint32_t, size_t>> runs;
+  GroupByShard(spill, {key}, &idx, &runs);
+  REQUIRE_OK_AND_ASSIGN(const SparseTable::ReadAhead read, spill.table->ReadAheadOf(&key, idx.data(), runs));
+  REQUIRE(read.keys.size() == 1);
+  // With the hint's read in hand: a push brings the row back and changes
+  // it, and four more push it out to disk again, unkept; then another
+  // worker's pull of a row on disk makes the full kept rows start over, so
+  // there is room to keep what the hint read.
+  for (uint64_t k : {key, uint64_t{1001}, uint64_t{1002}, uint64_t{1003}, uint64_t{1004}}) {
+    all.Push(k, step);
+    spill.Push(k, step);
+    ++step;
+  }
+  PullBatch(spill, {260});
+  CHECK(spill.table->KeepReadAhead(read) == 0);  // voided
   CHECK(tier->counts().rows_read - read_before >= 2);  // the hint's read and the push's
-  spill.table->SetPrefetchHookForTesting(nullptr);
   CHECK(spill.table->counts().demoted - spill.table->counts().promoted == 300);  // keys 1 to 300
   // The pull reads the row as it is now, from disk.
   std::vector<float> a = PullBatch(all, {key}), b = PullBatch(spill, {key});
