@@ -585,7 +585,12 @@ class GraphModel final : public Model {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> CreateGraphModel(const ModelConfig& config, compute::Backend* backend) {
-  ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(config.graph));
+  config::ModelGraph g;
+  if (config.built_graph != nullptr) {
+    g = *config.built_graph;
+  } else {
+    ASSIGN_OR_RETURN(g, config::BuildModelGraph(config.graph));
+  }
   if (config.precision != DType::kFp32 && config.precision != DType::kBf16 && config.precision != DType::kFp16) {
     return absl::InvalidArgumentError(
         absl::StrCat("model graph: precision must be fp32, bf16 or fp16, not ", DTypeName(config.precision)));

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/model_graph.h"
 #include "common/dtype.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/common.pb.h"
@@ -64,6 +65,9 @@ struct ModelConfig {
   // dense_keys) >> field_bits (Criteo: hash_bits), or of field 0 when
   // field_bits is 0 (LibSVM).
   v1::ModelSpec graph;
+  // `graph` built (config::BuildModelGraph), once, by the job's setup
+  // (worker/setup): the model takes it as it is. Null: the model builds it.
+  std::shared_ptr<const config::ModelGraph> built_graph;
   int dense_keys = 0;
   int field_bits = 0;
 };

@@ -97,7 +97,10 @@ absl::StatusOr<std::unique_ptr<data::Dataset>> LoadDataSource(const v1::DataSour
 // A graph model's view of the data: which keys of a sparse row are dense
 // features and how the rest split into fields (models::ModelConfig).
 static absl::Status GraphLayout(const v1::JobSpec& spec, models::ModelConfig* mc) {
-  ASSIGN_OR_RETURN(config::ModelGraph g, config::BuildModelGraph(spec.model()));
+  // Built here, once for the job: the model takes this one (ModelConfig::built_graph).
+  ASSIGN_OR_RETURN(config::ModelGraph built, config::BuildModelGraph(spec.model()));
+  mc->built_graph = std::make_shared<const config::ModelGraph>(std::move(built));
+  const config::ModelGraph& g = *mc->built_graph;
   mc->graph = spec.model();
   const std::string& format = spec.data().train().format();
   const config::GraphNodeInfo* dense = g.dense_input >= 0 ? &g.nodes[g.dense_input] : nullptr;

@@ -17,6 +17,7 @@
 #include "common/config/model_graph.h"
 #include "tests/testing/process_util.h"
 #include "worker/compute/backend.h"
+#include "worker/models/graph_model.h"
 #include "worker/models/model.h"
 #include "worker/training/trainer.h"
 
@@ -183,6 +184,19 @@ TEST_CASE("a graph reading libsvm rows by position takes their keys as fields, a
   INFO(mc.status().message());
   REQUIRE(mc.ok());
   CHECK(mc->dense_keys == 0);
+  // The setup built the graph, once: the model takes that one, not the
+  // proto (here emptied, which would not build).
+  REQUIRE(mc->built_graph != nullptr);
+  CHECK(mc->built_graph->nodes.size() == static_cast<size_t>(spec.model().graph_size()));
+  {
+    models::ModelConfig taken = *mc;
+    taken.graph.clear_graph();
+    CHECK_FALSE(config::BuildModelGraph(taken.graph).ok());
+    std::unique_ptr<compute::Backend> cpu = compute::NewCpuBackend(1);
+    auto model = models::CreateGraphModel(taken, cpu.get());
+    INFO(model.status().message());
+    CHECK(model.ok());
+  }
   // A sparse_input of two fields without by_position: libsvm rows have one.
   spec.mutable_model()->mutable_graph(0)->set_by_position(false);
   mc = ModelConfigFor(spec, **data);
