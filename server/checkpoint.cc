@@ -81,8 +81,20 @@ std::string CutPrefix(const std::string& job_id, uint64_t cut_id) {
   return absl::StrCat("cut/", job_id, "/", absl::StrFormat("%016x", cut_id), "/");
 }
 
+namespace {
+
+// A cut's cold tier cut, by name: "<job>-<cut, 16 hex>", from the cut's key
+// prefix "cut/<job>/<cut, 16 hex>/".
+std::string ColdCutName(std::string_view prefix) {
+  const std::string_view inner = prefix.substr(4, prefix.size() - 5);
+  const size_t slash = inner.rfind('/');
+  return std::string(inner.substr(0, slash)) + "-" + std::string(inner.substr(slash + 1));
+}
+
+}  // namespace
+
 std::string CheckpointStore::ColdCutDir(const std::string& job_id, uint64_t cut_id) const {
-  return absl::StrCat(dir_, "-cold/", job_id, "-", absl::StrFormat("%016x", cut_id));
+  return absl::StrCat(ColdCutsRoot(), "/", ColdCutName(CutPrefix(job_id, cut_id)));
 }
 
 absl::StatusOr<LinkedCut> CheckpointStore::Linked(const v1::ShardCutMeta& meta) const {
@@ -99,7 +111,7 @@ absl::StatusOr<LinkedCut> CheckpointStore::Linked(const v1::ShardCutMeta& meta) 
     cut.tier = it->second;
     return cut;
   }
-  const std::string path = absl::StrCat(dir_, "-cold/", meta.cold_cut());
+  const std::string path = absl::StrCat(ColdCutsRoot(), "/", meta.cold_cut());
   absl::StatusOr<std::unique_ptr<ColdTier>> tier = ColdTier::OpenCut(path);
   if (!tier.ok()) {
     return absl::DataLossError(absl::StrCat("cut ", meta.cut_id(), " of job '", meta.spec().job_id(),
@@ -112,13 +124,11 @@ absl::StatusOr<LinkedCut> CheckpointStore::Linked(const v1::ShardCutMeta& meta) 
 }
 
 void CheckpointStore::CollectColdCuts(const std::set<std::string>& committed) {
+  std::set<std::string> kept;
+  for (const std::string& prefix : committed) kept.insert(ColdCutName(prefix));
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir_ + "-cold", ec)) {
-    const std::string name = e.path().filename().string();
-    const size_t dash = name.rfind('-');
-    const bool known = dash != std::string::npos && name.size() - dash - 1 == 16 &&
-                       committed.count(absl::StrCat("cut/", name.substr(0, dash), "/", name.substr(dash + 1), "/"));
-    if (known) continue;
+  for (const auto& e : fs::directory_iterator(ColdCutsRoot(), ec)) {
+    if (kept.count(e.path().filename().string())) continue;
     FLOG(INFO) << "checkpoints in " << dir_ << ": removing " << e.path().string() << ", a cold tier cut of no committed cut";
     std::error_code rm;
     fs::remove_all(e.path(), rm);
@@ -129,7 +139,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std
                                                                        absl::Duration commit_delay) {
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "ingest", ec);
-  if (!ec) fs::create_directories(dir + "-cold", ec);
+  if (!ec) fs::create_directories(ColdCutsRootOf(dir), ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create checkpoint directory ", dir, ": ", ec.message()));
   std::unique_ptr<CheckpointStore> store(new CheckpointStore(dir, env, commit_delay));
   absl::MutexLock lock(&store->db_mu_);

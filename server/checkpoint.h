@@ -132,6 +132,9 @@ class CheckpointStore {
   // The cut of the cold tier a meta links, opened (its tier null when it
   // links none); kept open for the next pages of the same cut.
   absl::StatusOr<LinkedCut> Linked(const v1::ShardCutMeta& meta) const;
+  // Where the cuts of the cold tier lie: DIR-cold beside the store's DIR.
+  static std::string ColdCutsRootOf(const std::string& dir) { return dir + "-cold"; }
+  std::string ColdCutsRoot() const { return ColdCutsRootOf(dir_); }
   // Removes the cold tier cuts of no committed cut (`committed`: their
   // key prefixes).
   void CollectColdCuts(const std::set<std::string>& committed);

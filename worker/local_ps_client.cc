@@ -25,12 +25,12 @@ absl::StatusOr<const v1::TableSpec*> FindTable(const v1::PsJobSpec& spec, const 
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ParameterServer>> LocalPsClient::NewServer() {
-  ASSIGN_OR_RETURN(ShardMap map, ShardMap::RoundRobin(1, 64, {"in-process"}));
-  ParameterServerOptions o;
-  o.server_index = 0;
-  o.shard_map = map.ToProto();
-  ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(std::move(o)));
+absl::StatusOr<std::shared_ptr<ParameterServer>> LocalPsClient::NewServer(ParameterServerOptions options,
+                                                                          uint32_t virtual_shards) {
+  ASSIGN_OR_RETURN(ShardMap map, ShardMap::RoundRobin(1, virtual_shards, {"in-process"}));
+  options.server_index = 0;
+  options.shard_map = map.ToProto();
+  ASSIGN_OR_RETURN(std::unique_ptr<ParameterServer> ps, ParameterServer::Create(std::move(options)));
   return std::shared_ptr<ParameterServer>(std::move(ps));
 }
 

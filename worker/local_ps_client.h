@@ -19,8 +19,10 @@ namespace fulcrum {
 
 class LocalPsClient final : public PsClient {
  public:
-  // A server owning every virtual shard.
-  static absl::StatusOr<std::shared_ptr<ParameterServer>> NewServer();
+  // A server owning every virtual shard (of `virtual_shards`), with
+  // `options` otherwise (their shard map and server index are set here).
+  static absl::StatusOr<std::shared_ptr<ParameterServer>> NewServer(ParameterServerOptions options = {},
+                                                                    uint32_t virtual_shards = 64);
 
   LocalPsClient(std::shared_ptr<ParameterServer> server, std::string worker_id, uint32_t rank = 0);
 

@@ -34,16 +34,13 @@ using testing::DenseTableSpec;
 using testing::JobSpec;
 using testing::SparseTableSpec;
 
-std::unique_ptr<ParameterServer> NewServer(const std::string& data_dir, rocksdb::Env* env = nullptr) {
-  auto map = ShardMap::RoundRobin(1, 64, {"in-process"});
-  REQUIRE_OK(map.status());
+std::shared_ptr<ParameterServer> NewServer(const std::string& data_dir, rocksdb::Env* env = nullptr) {
   ParameterServerOptions o;
-  o.shard_map = map->ToProto();
   o.data_dir = data_dir;
   o.checkpoint_env = env;
-  auto ps = ParameterServer::Create(std::move(o));
+  auto ps = LocalPsClient::NewServer(std::move(o));
   REQUIRE_OK(ps.status());
-  return std::move(*ps);
+  return *std::move(ps);
 }
 
 constexpr size_t kDense = 1000;  // 4 chunks of 256 (the last shorter)
@@ -1015,13 +1012,10 @@ TEST_CASE("a full disk under a table's cold tier is an error naming its path, th
   INFO("fault " << static_cast<int>(fault));
   const std::string dir = testing::MakeTempDir("cold-full");
   testing::FaultFs disk;
-  auto map = ShardMap::RoundRobin(1, 16, {"in-process"});
-  REQUIRE_OK(map.status());
   ParameterServerOptions po;
-  po.shard_map = map->ToProto();
   po.data_dir = dir;
   po.cold_tier_env = disk.env();
-  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, ParameterServer::Create(std::move(po)));
+  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, LocalPsClient::NewServer(std::move(po), 16));
   const v1::TableSpec spill = SpillTable(true);
   auto one_step = [&](PsClient& c, const std::string& job, uint64_t t) -> absl::Status {
     const std::vector<uint64_t> keys = StreamKeys(0, t);
@@ -1083,11 +1077,7 @@ TEST_CASE("a full disk under a table's cold tier is an error naming its path, th
 }
 
 TEST_CASE("a table that spills needs a server with a data directory, and its spec is checked", "[checkpoint][cold]") {
-  auto map = ShardMap::RoundRobin(1, 16, {"in-process"});
-  REQUIRE_OK(map.status());
-  ParameterServerOptions po;
-  po.shard_map = map->ToProto();
-  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, ParameterServer::Create(std::move(po)));
+  REQUIRE_OK_AND_ASSIGN(std::shared_ptr<ParameterServer> ps, LocalPsClient::NewServer({}, 16));
   LocalPsClient c(ps, "w0");
   REQUIRE_STATUS(c.CreateJob(JobSpec("job", {SpillTable(true)}, 1)), absl::StatusCode::kFailedPrecondition,
                  "no data directory");

@@ -16,7 +16,6 @@
 #include <catch2/catch.hpp>
 
 #include "common/checkpoint_record.h"
-#include "common/shard_map.h"
 #include "server/checkpoint.h"
 #include "server/cold_cut.h"
 #include "server/parameter_server.h"
@@ -34,14 +33,11 @@ constexpr uint32_t kDim = 4;
 constexpr uint32_t kRowFloats = kDim * 2;  // Adagrad: weights and accumulator
 
 std::shared_ptr<ParameterServer> Server(const std::string& data_dir) {
-  auto map = ShardMap::RoundRobin(1, 16, {"in-process"});
-  REQUIRE_OK(map.status());
   ParameterServerOptions o;
-  o.shard_map = map->ToProto();
   o.data_dir = data_dir;
-  auto ps = ParameterServer::Create(std::move(o));
+  auto ps = LocalPsClient::NewServer(std::move(o), 16);
   REQUIRE_OK(ps.status());
-  return std::shared_ptr<ParameterServer>(std::move(*ps));
+  return *std::move(ps);
 }
 
 // 32 rows' worth of memory; the rest of the job's 2 000 ids go to disk.
