@@ -127,8 +127,11 @@ absl::StatusOr<std::unique_ptr<Batch>> Prefetcher::Produce(int64_t i, std::uniqu
   const size_t floats = bt.dense.size() + bt.labels.size();
   const size_t bytes = floats * sizeof(float) + bt.rows.size() * sizeof(int32_t);
   if (bt.staged.bytes() < bytes) {
+    // Room for a full batch (bytes grow with its examples), so an epoch's
+    // short last batch, pooled, stages the next epoch's batches as well.
+    const size_t room = n > 0 && n < b ? bytes / static_cast<size_t>(n) * static_cast<size_t>(b) : bytes;
     bt.staged.Reset();
-    auto buf = backend_->AllocateHost(bytes);
+    auto buf = backend_->AllocateHost(room);
     if (!buf.ok()) {
       return absl::Status(buf.status().code(), absl::StrCat("staging batch ", i, ": ", buf.status().message()));
     }
