@@ -232,6 +232,12 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJobUnchecked(const 
   {
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = jobs_.emplace(spec.job_id(), job);
+    if (inserted) {
+      if (auto fence = fences_.find(spec.job_id()); fence != fences_.end()) {
+        job->set_min_incarnation(fence->second);
+        fences_.erase(fence);
+      }
+    }
     if (!inserted) {
       // Created concurrently (every worker of a job creates it): the same
       // spec is success, a different one a conflict.
@@ -331,6 +337,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> ParameterServer::ReadCut(const v1::Re
 absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job_id, uint64_t cut_id,
                                                           const std::vector<CutReader>& sources,
                                                           uint32_t min_incarnation) {
+  if (cut_id == 0) return RestartJob(job_id, min_incarnation);
   ASSIGN_OR_RETURN(MapRef ref, Map());
   const ShardMap& map = *ref.map;
   // The spec first (from a meta alone), then the job afresh.
@@ -404,6 +411,35 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::Restore(const std::string& job
              << (sources.empty() ? absl::StrCat(", ", skipped.load(), " owned by other servers now") : std::string())
              << (min_incarnation > 0 ? absl::StrCat("; incarnations below ", min_incarnation, " fenced off") : std::string());
   return cut;
+}
+
+absl::StatusOr<v1::ShardCutMeta> ParameterServer::RestartJob(const std::string& job_id, uint32_t min_incarnation) {
+  v1::ShardCutMeta meta;
+  meta.mutable_spec()->set_job_id(job_id);
+  {
+    // Noted first: a worker creating the job while it is replaced below
+    // creates it fenced.
+    absl::MutexLock lock(&mu_);
+    uint32_t& fence = fences_[job_id];
+    fence = std::max(fence, min_incarnation);
+  }
+  absl::StatusOr<std::shared_ptr<Job>> old = FindJob(job_id);
+  if (!old.ok()) {
+    FLOG(INFO) << "job " << QuoteInput(job_id) << " starts again from step 0; it is not on this server: "
+               << "incarnations below " << min_incarnation << " will be fenced off when it is created";
+    return meta;
+  }
+  const v1::PsJobSpec spec = (*old)->spec();
+  old->reset();
+  RETURN_IF_ERROR(DeleteJob(job_id).status());
+  RETURN_IF_ERROR(CreateJobUnchecked(spec).status());
+  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  // Also when a worker's CreateJob made it between the two calls above.
+  job->set_min_incarnation(std::max(job->min_incarnation(), min_incarnation));
+  *meta.mutable_spec() = spec;
+  FLOG(INFO) << "job " << QuoteInput(job_id) << " starts again from step 0: its tables are as created; "
+             << "incarnations below " << min_incarnation << " fenced off";
+  return meta;
 }
 
 absl::StatusOr<v1::ShardCutMeta> ParameterServer::SourcesMeta(const std::string& job_id, uint64_t cut_id,

@@ -125,9 +125,16 @@ class ParameterServer {
   // this one perhaps among them), so a cut taken on N servers restores onto
   // any number. Afterwards requests of incarnations below `min_incarnation`
   // are refused.
+  // Cut 0 is the job's start (RestartJob below).
   absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& job_id, uint64_t cut_id,
                                            const std::vector<CutReader>& sources = {},
                                            uint32_t min_incarnation = 0);
+  // The job as it was created (its spec's tables, every clock at 0) in
+  // place of what it trained, for a job that lost a rank or a server before
+  // any cut was committed; incarnations below `min_incarnation` are refused
+  // afterwards. Without the job here only the fence is noted, for the
+  // CreateJob that makes it. The answer names cut 0 at step 0.
+  absl::StatusOr<v1::ShardCutMeta> RestartJob(const std::string& job_id, uint32_t min_incarnation);
   absl::Status DeleteCut(const std::string& job_id, uint64_t cut_id);
   // Null without a data_dir.
   CheckpointStore* checkpoints() const { return store_.get(); }
@@ -202,6 +209,9 @@ class ParameterServer {
   // when each job held here has been missing from that list.
   absl::flat_hash_map<std::string, uint64_t> admitted_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> unadmitted_since_ ABSL_GUARDED_BY(mu_);
+  // RestartJob's fences (job -> lowest incarnation allowed), taken by the
+  // job's next creation.
+  absl::flat_hash_map<std::string, uint32_t> fences_ ABSL_GUARDED_BY(mu_);
   // require_admission: each admitted job's ranks as the coordinator gave
   // them (index: rank). A lock of its own: every push and pull reads it.
   mutable absl::Mutex owners_mu_;

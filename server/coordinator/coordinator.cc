@@ -22,6 +22,7 @@
 namespace fulcrum {
 
 using coordinator_internal::kJobPrefix;
+using coordinator_internal::RollingBack;
 using coordinator_internal::kMetaKey;
 using coordinator_internal::kNodePrefix;
 using coordinator_internal::Serial;
@@ -136,12 +137,12 @@ absl::Status Coordinator::Load() {
         RankSlot& slot = r.ranks[w.rank()];
         slot.incarnation = w.incarnation();
         slot.finished = w.state() == "finished";
-        if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0 && w.state() != "lost") {
+        if (r.job.status().state() == v1::RUNNING && !RollingBack(r.job.status()) && w.state() != "lost") {
           slot.node_id = w.worker_id();
         }
       }
       r.release_pending = config::JobEnded(r.job.status().state());
-      r.final_cut_pending = r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0 &&
+      r.final_cut_pending = r.job.status().state() == v1::RUNNING && !RollingBack(r.job.status()) &&
                             !r.ranks.empty() &&
                             std::all_of(r.ranks.begin(), r.ranks.end(), [](const RankSlot& s) { return s.finished; });
       if (r.job.status().state() == v1::RUNNING) r.started = now;

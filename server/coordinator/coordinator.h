@@ -369,8 +369,10 @@ class Coordinator {
   // (failures in a row without progress); FAILS the job with
   // BackoffLimitExceeded and returns true when that passes the limit.
   bool CountFailureLocked(JobRecord& r, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `or_start`: a job with no committed cut starts again from step 0
+  // (JobStatus.restarting) instead of returning false.
   bool BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason, const std::string& message,
-                           bool counts_as_restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           bool counts_as_restart, bool or_start = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes cuts on servers, best effort (outside the lock).
   void DeleteCuts(const std::string& job_id, const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts);
   void Spawn(std::function<void()> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

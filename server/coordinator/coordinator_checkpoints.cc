@@ -22,6 +22,7 @@ namespace fulcrum {
 
 using coordinator_internal::kInstallingShardMap;
 using coordinator_internal::kJobPrefix;
+using coordinator_internal::RollingBack;
 
 // ---------------------------------------------------------------- checkpoints
 
@@ -102,13 +103,16 @@ bool Coordinator::CountFailureLocked(JobRecord& r, const std::string& message) {
 }
 
 bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason,
-                                      const std::string& message, bool counts_as_restart) {
+                                      const std::string& message, bool counts_as_restart, bool or_start) {
   v1::JobStatus* st = r.job.mutable_status();
   const v1::CheckpointInfo* cut = FindCut(*st, cut_id);
-  if (cut == nullptr) return false;
-  const uint64_t id = cut->cut_id(), step = cut->step();
+  // No cut committed yet: back to the start, when the caller allows it.
+  const bool to_start = cut == nullptr && or_start && cut_id == 0 && st->checkpoints_size() == 0;
+  if (cut == nullptr && !to_start) return false;
+  const uint64_t id = to_start ? 0 : cut->cut_id(), step = to_start ? 0 : cut->step();
   if (counts_as_restart && CountFailureLocked(r, message)) return true;
   st->set_restoring_cut(id);
+  st->set_restarting(to_start);
   st->set_rollbacks(st->rollbacks() + 1);
   st->set_end_time_unix_ms(0);
   for (size_t i = 0; i < r.ranks.size(); ++i) {
@@ -119,13 +123,13 @@ bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::
   r.final_cut_pending = false;
   r.restore_since = Now();
   if (r.started == absl::InfinitePast()) r.started = Now();
-  SetStateLocked(r, v1::RUNNING, "Restarting", reason,
-                 absl::StrCat(message, "; rolling back to checkpoint ", id, " (step ", step, ")"));
+  const std::string where = to_start ? std::string("starting again from step 0 (no checkpoint committed yet)")
+                                     : absl::StrCat("rolling back to checkpoint ", id, " (step ", step, ")");
+  SetStateLocked(r, v1::RUNNING, "Restarting", reason, absl::StrCat(message, "; ", where));
   RecomputeLocked(r);
   SaveJobLocked(r, true);
   BumpGenerationLocked();
-  FLOG(WARNING) << "job " << r.job.id() << ": " << message << "; rolling back to checkpoint " << id << " (step "
-                << step << ")";
+  FLOG(WARNING) << "job " << r.job.id() << ": " << message << "; " << where;
   return true;
 }
 
@@ -136,7 +140,7 @@ void Coordinator::ScheduleCheckpointsLocked() {
   const bool map_ready = shard_maps_.HeldBy(live);
   const absl::Time now = Now();
   for (auto& [jid, r] : jobs_) {
-    if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() != 0) {
+    if (r.job.status().state() == v1::RUNNING && RollingBack(r.job.status())) {
       MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
     } else if (map_ready && !r.cut_in_flight) {
       MaybeStartCutLocked(jid, r, now);
@@ -148,7 +152,9 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
                                           bool map_ready, absl::Time now) {
   if (r.restore_in_flight || r.release_pending) return;
   v1::JobStatus* st = r.job.mutable_status();
-  const v1::CheckpointInfo* cut = FindCut(*st, st->restoring_cut());
+  // Starting again from step 0: cut 0, which no server reads.
+  v1::CheckpointInfo start;
+  const v1::CheckpointInfo* cut = st->restarting() ? &start : FindCut(*st, st->restoring_cut());
   if (cut == nullptr) {
     FinishLocked(r, v1::FAILED, "CheckpointLost",
                  absl::StrCat("checkpoint ", st->restoring_cut(), " is no longer recorded"));
@@ -160,14 +166,22 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
     if (!live.count(s)) missing.push_back(s);
   }
   if (!missing.empty() || !map_ready) {
+    const std::string what = st->restarting() ? std::string("starting again from step 0")
+                                              : absl::StrCat("restoring checkpoint ", cut->cut_id());
     if (now - r.restore_since > options_.restore_timeout) {
-      FinishLocked(r, v1::FAILED, "ServerLost",
-                   absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
-                                ", not back after ", absl::FormatDuration(options_.restore_timeout)));
+      const std::string after = absl::FormatDuration(options_.restore_timeout);
+      if (missing.empty()) {
+        FinishLocked(r, v1::FAILED, "RestoreFailed",
+                     absl::StrCat(what, ": the live servers did not take the shard map within ", after));
+      } else {
+        FinishLocked(r, v1::FAILED, "ServerLost",
+                     absl::StrCat("checkpoint ", cut->cut_id(), " has parts on ", absl::StrJoin(missing, ", "),
+                                  ", not back after ", after));
+      }
       return;
     }
     const std::string why =
-        missing.empty() ? absl::StrCat("installing the shard map before restoring checkpoint ", cut->cut_id())
+        missing.empty() ? absl::StrCat("installing the shard map before ", what)
                         : absl::StrCat("waiting for ", absl::StrJoin(missing, ", "),
                                        " to come back: it holds part of checkpoint ", cut->cut_id());
     if (st->message() != why) {
@@ -183,8 +197,13 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
   for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
   ++t.min_incarnation;
   r.restore_in_flight = true;
-  FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
-             << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto " << absl::StrJoin(t.targets, ", ");
+  if (st->restarting()) {
+    FLOG(INFO) << "job " << jid << ": starting again from step 0 on " << absl::StrJoin(t.targets, ", ");
+  } else {
+    FLOG(INFO) << "job " << jid << ": restoring checkpoint " << cut->cut_id() << " (step " << cut->step()
+               << ", written by " << absl::StrJoin(cut->servers(), ", ") << ") onto "
+               << absl::StrJoin(t.targets, ", ");
+  }
   Spawn([this, t = std::move(t)]() mutable { RunRestore(std::move(t)); });
 }
 
@@ -284,7 +303,7 @@ void Coordinator::RunCut(CutTask t) {
       JobRecord& r = it->second;
       v1::JobStatus* st = r.job.mutable_status();
       r.cut_in_flight = false;
-      const bool current = st->state() == v1::RUNNING && st->restoring_cut() == 0 &&
+      const bool current = st->state() == v1::RUNNING && !RollingBack(*st) &&
                            (t.trigger != "final" || r.final_cut_pending);
       if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
       // Parts captured on both sides of a rollback would mix two histories
@@ -329,7 +348,7 @@ void Coordinator::RunCut(CutTask t) {
           r.manual_result = failed;
         }
       }
-      if (t.trigger == "final" && r.final_cut_pending && st->state() == v1::RUNNING && st->restoring_cut() == 0) {
+      if (t.trigger == "final" && r.final_cut_pending && st->state() == v1::RUNNING && !RollingBack(*st)) {
         SucceedLocked(r, failed.ok() ? absl::StrCat("; final checkpoint ", t.cut_id)
                                      : absl::StrCat("; no final checkpoint (", failed.message(), ")"));
       }
@@ -388,11 +407,16 @@ void Coordinator::RunRestore(RestoreTask t) {
   JobRecord& r = it->second;
   r.restore_in_flight = false;
   v1::JobStatus* st = r.job.mutable_status();
-  if (st->state() != v1::RUNNING || st->restoring_cut() != t.cut.cut_id()) return;  // superseded
+  const bool to_start = t.cut.cut_id() == 0;
+  // Superseded: the job ended, or rolls back elsewhere now.
+  if (st->state() != v1::RUNNING || !RollingBack(*st) || st->restoring_cut() != t.cut.cut_id()) return;
+  const std::string what =
+      to_start ? std::string("starting again from step 0") : absl::StrCat("restoring checkpoint ", t.cut.cut_id());
   if (!failed.ok()) {
-    st->set_last_checkpoint_error(absl::StrCat("restoring checkpoint ", t.cut.cut_id(), ": ", failed.message()));
-    FLOG(WARNING) << "job " << t.job_id << ": restoring checkpoint " << t.cut.cut_id() << " failed: " << failed;
-    if (failed.code() == absl::StatusCode::kNotFound || failed.code() == absl::StatusCode::kDataLoss) {
+    st->set_last_checkpoint_error(absl::StrCat(what, ": ", failed.message()));
+    FLOG(WARNING) << "job " << t.job_id << ": " << what << " failed: " << failed;
+    if (!to_start &&
+        (failed.code() == absl::StatusCode::kNotFound || failed.code() == absl::StatusCode::kDataLoss)) {
       // That cut is gone or damaged: fall back to the one before it.
       auto* cps = st->mutable_checkpoints();
       for (int i = 0; i < cps->size(); ++i) {
@@ -412,7 +436,7 @@ void Coordinator::RunRestore(RestoreTask t) {
       // that cannot hold the job, a source that never answers) must end the
       // job with its cause, not leave it restoring for ever.
       FinishLocked(r, v1::FAILED, "RestoreFailed",
-                   absl::StrCat("restoring checkpoint ", t.cut.cut_id(), " still failed after ",
+                   absl::StrCat(what, " still failed after ",
                                 absl::FormatDuration(options_.restore_timeout), ": ", failed.message()));
       return;
     }
@@ -422,14 +446,18 @@ void Coordinator::RunRestore(RestoreTask t) {
   // Every server holds the cut: the ranks start again from it, as new
   // incarnations (the servers refuse the old ones).
   st->set_restoring_cut(0);
-  uint32_t min_epoch = UINT32_MAX;
+  st->set_restarting(false);
+  uint32_t min_epoch = to_start ? 0 : UINT32_MAX;
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     r.ranks[i].node_id.clear();
     r.ranks[i].finished = false;
     r.ranks[i].incarnation = t.min_incarnation - 1;  // the reassignment bumps it to min_incarnation
     v1::WorkerProgress* w = st->mutable_workers(static_cast<int>(i));
     w->set_state("restored");
-    if (i < static_cast<size_t>(t.cut.positions_size())) {
+    if (to_start) {
+      w->set_step(0);
+      w->set_epoch(0);
+    } else if (i < static_cast<size_t>(t.cut.positions_size())) {
       w->set_step(t.cut.positions(static_cast<int>(i)).step());
       w->set_epoch(t.cut.positions(static_cast<int>(i)).epoch());
       min_epoch = std::min(min_epoch, w->epoch());
@@ -443,15 +471,17 @@ void Coordinator::RunRestore(RestoreTask t) {
     }
   }
   st->clear_weights_fingerprint();
-  SetStateLocked(r, v1::RUNNING, "Running", "CheckpointRestored",
-                 absl::StrCat("restored checkpoint ", t.cut.cut_id(), " (step ", t.cut.step(), ") onto ",
+  const std::string done =
+      to_start ? absl::StrCat("started again from step 0 on ", t.targets.size(), " servers in ",
+                              absl::FormatDuration(Now() - t0), "; workers begin anew")
+               : absl::StrCat("restored checkpoint ", t.cut.cut_id(), " (step ", t.cut.step(), ") onto ",
                               t.targets.size(), " servers in ", absl::FormatDuration(Now() - t0),
-                              "; workers resume there"));
+                              "; workers resume there");
+  SetStateLocked(r, v1::RUNNING, "Running", to_start ? "JobRestarted" : "CheckpointRestored", done);
   RecomputeLocked(r);
   SaveJobLocked(r, true);
   BumpGenerationLocked();
-  FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut.cut_id() << " restored onto " << t.targets.size()
-             << " servers in " << absl::FormatDuration(Now() - t0);
+  FLOG(INFO) << "job " << t.job_id << ": " << done;
 }
 
 void Coordinator::InstallOnServers(const v1::ShardMap& map, const std::vector<std::string>& servers) {

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/errors.h"
+#include "fulcrum/v1/cluster.pb.h"
 
 namespace fulcrum::coordinator_internal {
 
@@ -35,6 +36,10 @@ inline uint64_t Serial(const std::string& id) {
   const size_t dash = id.rfind('-');
   return dash == std::string::npos ? 0 : std::strtoull(id.c_str() + dash + 1, nullptr, 10);
 }
+
+// Whether a running job is rolling back, to a committed cut or (none yet)
+// to its start: its workers are stopped until every server holds it again.
+inline bool RollingBack(const v1::JobStatus& st) { return st.restoring_cut() != 0 || st.restarting(); }
 
 }  // namespace fulcrum::coordinator_internal
 

@@ -21,6 +21,7 @@
 namespace fulcrum {
 
 using coordinator_internal::kJobPrefix;
+using coordinator_internal::RollingBack;
 using coordinator_internal::kMetaKey;
 using coordinator_internal::kNodePrefix;
 using coordinator_internal::Serial;
@@ -564,7 +565,7 @@ bool Coordinator::RankFailedLocked(JobRecord& r, const v1::ReportProgressRequest
   // (TornStep: that worker's loss was the failure).
   const bool final = reason == "BadData" || reason == "BadSpec" || reason == "UserError" || reason == "QuotaExceeded";
   const bool counts = reason != "ServerLost" && reason != "TornStep";
-  if (!final && BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/counts)) {
+  if (!final && BeginRollbackLocked(r, 0, reason, message, /*counts_as_restart=*/counts, /*or_start=*/true)) {
     return true;
   }
   FinishLocked(r, v1::FAILED, reason,
@@ -625,7 +626,7 @@ std::vector<std::string> Coordinator::LiveServersLocked() const { return members
 bool Coordinator::AnyRunningLocked() const {
   // A job rolling back holds no tables yet: the map may change under it.
   for (const auto& [id, r] : jobs_) {
-    if (r.job.status().state() == v1::RUNNING && r.job.status().restoring_cut() == 0) return true;
+    if (r.job.status().state() == v1::RUNNING && !RollingBack(r.job.status())) return true;
   }
   return false;
 }

@@ -20,6 +20,7 @@ namespace fulcrum {
 
 using coordinator_internal::kInstallingShardMap;
 using coordinator_internal::kJobPrefix;
+using coordinator_internal::RollingBack;
 using coordinator_internal::kNodePrefix;
 using coordinator_internal::Serial;
 
@@ -94,12 +95,10 @@ void Coordinator::NodeDiedLocked(const std::string& id, const Membership::Node& 
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() != v1::RUNNING) continue;
     if (n.info.role() == v1::SERVER) {
-      if (r.job.status().restoring_cut() == 0 && shard_maps_.Lists(n.info.address())) {
+      if (!RollingBack(r.job.status()) && shard_maps_.Lists(n.info.address())) {
         const std::string why = absl::StrCat("parameter server ", id, " at ", n.info.address(),
                                              " stopped; its shards of this job are lost");
-        if (!BeginRollbackLocked(r, 0, "ServerLost", why, false)) {
-          FinishLocked(r, v1::FAILED, "ServerLost", absl::StrCat(why, " (and the job has no checkpoint)"));
-        }
+        BeginRollbackLocked(r, 0, "ServerLost", why, /*counts_as_restart=*/false, /*or_start=*/true);
       }
       continue;
     }
@@ -179,7 +178,7 @@ void Coordinator::ReleaseFinishedJobsLocked() {
 
 void Coordinator::ReassignLostRanksLocked(JobRecord& r, std::map<std::string, int>& free) {
   // A job rolling back gets its workers once the servers hold the cut.
-  if (r.job.status().state() != v1::RUNNING || r.job.status().restoring_cut() != 0) return;
+  if (r.job.status().state() != v1::RUNNING || RollingBack(r.job.status())) return;
   std::set<std::string> in_job;
   for (const RankSlot& s : r.ranks) {
     if (!s.node_id.empty()) in_job.insert(s.node_id);

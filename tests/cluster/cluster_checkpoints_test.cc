@@ -337,6 +337,82 @@ TEST_CASE("repeated rollbacks onto the same worker overlap old and new incarnati
   Cancel(cluster.jobs(), id);
 }
 
+// A rank (or server) lost before the job's first cut is committed: nothing
+// to roll back to, so the job starts again from step 0 on servers that drop
+// what it trained, rather than failing. BSP: it ends with the weights of an
+// undisturbed run.
+TEST_CASE("a job that loses a rank before any checkpoint is committed starts again from step 0 and ends as an "
+          "undisturbed run does",
+          "[cluster][checkpoint]") {
+  InProcessCluster cluster(2, 2);
+  v1::JobSpec spec = DigitsSpec();
+  spec.set_epochs(300);
+  std::string undisturbed_id;
+  REQUIRE(Submit(cluster.jobs(), spec, &undisturbed_id).ok());
+  int events = 0;
+  const v1::Job undisturbed = WatchToEnd(cluster.jobs(), undisturbed_id, &events);
+  INFO(undisturbed.status().message());
+  REQUIRE(undisturbed.status().state() == v1::SUCCEEDED);
+  REQUIRE(!undisturbed.status().weights_fingerprint().empty());
+
+  // No cut commits while the coordinator does not hear back from the servers.
+  Faults& faults = cluster.faults();
+  faults.hold_cuts = true;
+  std::string id;
+  REQUIRE(Submit(cluster.jobs(), spec, &id).ok());
+  v1::Job j = WaitForJob(
+      cluster.jobs(), id,
+      [](const v1::Job& j) {
+        return j.status().workers_size() == 2 && j.status().workers(0).state() == "training" &&
+               j.status().step() >= 20;
+      },
+      absl::Seconds(30));
+  REQUIRE(j.status().state() == v1::RUNNING);
+  REQUIRE(j.status().checkpoints_size() == 0);
+  const uint64_t failed_at = j.status().step();
+  CHECK(FailRank0(cluster.address(), j, "WorkerError", "a crash (injected)").stop());
+  j = Get(cluster.jobs(), id);
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::RUNNING);
+  CHECK(j.status().rollbacks() == 1);
+  CHECK(j.status().restarts() == 1);  // a rank's own error counts against backoff_limit
+  bool restarting = false;  // the condition stays when the restart is already done
+  for (const v1::JobCondition& c : j.status().conditions()) {
+    restarting = restarting || (c.type() == "Restarting" && c.reason() == "WorkerError" &&
+                                c.message().find("starting again from step 0 (no checkpoint committed yet)") !=
+                                    std::string::npos);
+  }
+  CHECK(restarting);
+  faults.hold_cuts = false;
+  // Back at the start: every rank trains again as incarnation 1 from step 0.
+  j = WaitForJob(
+      cluster.jobs(), id,
+      [](const v1::Job& j) {
+        return !j.status().restarting() && j.status().workers_size() == 2 &&
+               j.status().workers(0).incarnation() == 1 && j.status().workers(1).incarnation() == 1;
+      },
+      absl::Seconds(30));
+  CHECK(!j.status().restarting());
+  CHECK(j.status().restoring_cut() == 0);
+  const v1::Job done = WatchToEnd(cluster.jobs(), id, &events);
+  INFO(done.status().message() << " " << done.status().last_checkpoint_error());
+  REQUIRE(done.status().state() == v1::SUCCEEDED);
+  bool restarted = false;
+  for (const v1::JobCondition& c : done.status().conditions()) {
+    if (c.reason() == "JobRestarted") {
+      restarted = true;
+      CHECK(c.message().find("started again from step 0 on 2 servers") != std::string::npos);
+    }
+  }
+  CHECK(restarted);
+  CHECK(done.status().rollbacks() == 1);
+  CHECK(done.status().step() > failed_at);
+  // Bit-identical to the undisturbed run: nothing of the first attempt's
+  // steps survived on the servers.
+  CHECK(done.status().weights_fingerprint() == undisturbed.status().weights_fingerprint());
+  CHECK(std::abs(done.status().test_accuracy() - undisturbed.status().test_accuracy()) < 1e-9);
+}
+
 // A cut whose servers answered before a rollback began, but which the
 // coordinator hears back from only after the job runs again from an older
 // cut, holds parameters from the history the rollback discarded (or, had a

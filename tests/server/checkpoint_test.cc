@@ -734,6 +734,75 @@ TEST_CASE("a cut taken on 2 servers restores onto 3, fetched from the servers th
   std::filesystem::remove_all(dir);
 }
 
+// Cut 0 is a job's start: what a job lost before its first cut restarts
+// from. Over gRPC, as the coordinator asks it.
+v1::ShardCutMeta RestartOverGrpc(testing::TestCluster& cluster, size_t server, const std::string& job,
+                                 uint32_t min_incarnation) {
+  auto stub = v1::ParameterService::NewStub(
+      CreateFulcrumChannel(cluster.address(server), 0, *security::Transport::Plaintext()));
+  grpc::ClientContext ctx;
+  v1::RestoreRequest req;
+  req.set_job_id(job);
+  req.set_cut_id(0);
+  req.set_min_incarnation(min_incarnation);
+  v1::ShardCutMeta meta;
+  REQUIRE_OK(FromGrpcStatus(stub->Restore(&ctx, req, &meta)));
+  return meta;
+}
+
+TEST_CASE("restoring cut 0 puts a job back as it was created, fenced, on a server without a data directory too",
+          "[checkpoint]") {
+  testing::TestCluster::Options o;
+  o.num_servers = 2;
+  auto cluster = testing::TestCluster::Start(o);
+  auto c = cluster->Client(0);
+  REQUIRE_OK(c->CreateJob(Spec("job")));
+  const Weights at0 = Read(*c, "job", 0);
+  for (uint64_t t = 0; t < 3; ++t) Step(*c, "job", t);
+  REQUIRE_FALSE(Read(*c, "job", 3) == at0);
+  c.reset();
+
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::ShardCutMeta meta = RestartOverGrpc(*cluster, i, "job", 1);
+    CHECK(meta.cut_id() == 0);
+    CHECK(meta.step() == 0);
+    CHECK(meta.spec().job_id() == "job");
+    REQUIRE_OK_AND_ASSIGN(v1::GetJobResponse stats, cluster->server(i)->GetJob("job"));
+    CHECK(stats.applied_step() == 0);
+  }
+  // The new incarnation finds the initial weights (rows made again by the
+  // table's initializer) and trains the same steps to the same bits.
+  GrpcPsClientOptions fenced;
+  fenced.incarnation = 1;
+  auto again = cluster->Client(0, fenced);
+  REQUIRE_OK(again->CreateJob(Spec("job")));  // what its worker does: the same spec is success
+  REQUIRE(Read(*again, "job", 0) == at0);
+  // The first attempt (incarnation 0) can no longer touch the job.
+  GrpcPsClientOptions old;
+  old.worker_id = "stale";
+  auto stale = cluster->Client(0, old);
+  REQUIRE_OK(stale->OpenJob("job"));
+  std::vector<float> w(kDense);
+  REQUIRE_STATUS(stale->Pull("job", {0, {{"w", w.data(), kDense}}, {}}), absl::StatusCode::kFailedPrecondition,
+                 "incarnation 0");
+
+  // A server that does not hold the job keeps the fence for the creation.
+  (void)cluster->server(0)->DeleteJob("job");
+  (void)cluster->server(1)->DeleteJob("job");
+  for (size_t i = 0; i < 2; ++i) CHECK(RestartOverGrpc(*cluster, i, "job", 2).cut_id() == 0);
+  REQUIRE_FALSE(cluster->server(0)->GetJob("job").ok());
+  auto late = cluster->Client(0, fenced);  // incarnation 1 creates it...
+  REQUIRE_OK(late->CreateJob(Spec("job")));
+  REQUIRE_STATUS(late->Pull("job", {0, {{"w", w.data(), kDense}}, {}}), absl::StatusCode::kFailedPrecondition,
+                 "incarnation 2 onwards");  // ...but may not train it
+  GrpcPsClientOptions third;
+  third.incarnation = 2;
+  third.worker_id = "third";
+  auto current = cluster->Client(0, third);
+  REQUIRE_OK(current->OpenJob("job"));
+  CHECK(Read(*current, "job", 0) == at0);
+}
+
 // A table with a lifecycle under a stream of ids that keeps arriving: each
 // step's keys slide 8 on over a window of 160, so old ids fade, rows are
 // admitted on their second push, capped (96 rows over 16 virtual shards)

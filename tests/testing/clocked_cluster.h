@@ -1,7 +1,8 @@
 // A coordinator on a fake clock with its scheduler run tick by tick by the
 // test (RunSchedulerPass, which also waits out the background calls a tick
 // starts): no scheduler thread, no sleeping. One server registers at once;
-// servers accept every call but checkpoints. A real RocksDB directory holds
+// servers accept every call but checkpoints (a job's start, cut 0, they
+// restore). A real RocksDB directory holds
 // the coordinator's state.
 #ifndef FULCRUM_TESTS_TESTING_CLOCKED_CLUSTER_H_
 #define FULCRUM_TESTS_TESTING_CLOCKED_CLUSTER_H_
@@ -30,9 +31,13 @@ class AcceptingServers final : public ServerControl {
                                               absl::Duration) override {
     return absl::UnimplementedError("no cuts here");
   }
-  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string&, const std::string&, uint64_t,
+  // Cut 0, a job's start, needs no cut.
+  absl::StatusOr<v1::ShardCutMeta> Restore(const std::string&, const std::string& job_id, uint64_t cut_id,
                                            const std::vector<std::string>&, uint32_t) override {
-    return absl::UnimplementedError("no cuts here");
+    if (cut_id != 0) return absl::UnimplementedError("no cuts here");
+    v1::ShardCutMeta start;
+    start.mutable_spec()->set_job_id(job_id);
+    return start;
   }
   absl::Status DeleteCut(const std::string&, const std::string&, uint64_t) override { return absl::OkStatus(); }
   absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string&, const std::string&) override {

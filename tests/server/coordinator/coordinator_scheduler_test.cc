@@ -178,6 +178,38 @@ TEST_CASE("a worker silent past node_timeout loses its rank to a free worker on 
   CHECK(c.Assignments(*b) == std::vector<std::string>{id + "/0/1"});
 }
 
+TEST_CASE("a server lost before the job's first cut starts the job again from step 0 on the live servers",
+          "[coordinator]") {
+  testing::FakeClock clock;
+  ClockedCluster c(&clock, 2);
+  auto w = c.Register("", 1);
+  REQUIRE(w.ok());
+  const std::string id = c.Submit(false, 1, "early");
+  REQUIRE(c.RunUntil(id, v1::RUNNING));
+  REQUIRE(c.Assignments(*w) == std::vector<std::string>{id + "/0/0"});
+  std::string lost;
+  const v1::ClusterState before = c->GetCluster();
+  for (const v1::NodeStatus& n : before.nodes()) {
+    if (n.info().role() == v1::SERVER) lost = n.info().node_id();
+  }
+  REQUIRE(!lost.empty());
+  REQUIRE(c->GetJob(id)->status().checkpoints_size() == 0);
+  c.Run(absl::Seconds(6), lost);  // past node_timeout: declared dead
+  const v1::Job j = *c->GetJob(id);
+  INFO(j.status().message());
+  CHECK(j.status().state() == v1::RUNNING);
+  CHECK(!j.status().restarting());
+  CHECK(j.status().rollbacks() == 1);
+  CHECK(j.status().restarts() == 0);  // a lost server is not the job's failure
+  CHECK(j.status().reason() == "JobRestarted");
+  CHECK(j.status().workers(0).step() == 0);
+  // The shard map followed the live server, and the rank starts again as a
+  // new incarnation.
+  const v1::ClusterState cluster = c->GetCluster();
+  CHECK(cluster.shard_map().servers_size() == 1);
+  CHECK(c.Assignments(*w) == std::vector<std::string>{id + "/0/1"});
+}
+
 TEST_CASE("activeDeadlineSeconds fails a running job and ttlSecondsAfterFinished forgets it, on the clock",
           "[coordinator]") {
   testing::FakeClock clock;
