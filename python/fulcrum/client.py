@@ -160,32 +160,38 @@ class Client:
     # ----------------------------------------------------------------- jobs
 
     def submit(self, spec, validate_only=False):
-        """Submits a job; returns its id.
+        """Submits a job; returns its id ("" with validate_only).
 
         spec: a dict (the keys of a spec file), a path to a YAML or JSON spec
-        file, or a cluster_pb2.JobSpec. The coordinator parses dicts and
-        files as fulcrumctl's, so errors name the field (and the line).
+        file, or a cluster_pb2.JobSpec. Dicts and files go through parse()
+        first, so errors name the field (and the line) as fulcrumctl's do.
         """
-        request = cluster_pb2.SubmitJobRequest(validate_only=validate_only)
-        if isinstance(spec, cluster_pb2.JobSpec):
-            request.spec.CopyFrom(spec)
-        elif isinstance(spec, dict):
-            request.spec_text = json.dumps(spec)
-            request.spec_source = "spec"
+        if not isinstance(spec, cluster_pb2.JobSpec):
+            spec = self.parse(spec)
+        request = cluster_pb2.SubmitJobRequest(spec=spec, validate_only=validate_only)
+        return self._call("submit", self._jobs.SubmitJob, request).job_id
+
+    def parse(self, spec):
+        """The cluster_pb2.JobSpec a dict or a spec file (YAML or JSON)
+        stands for, parsed by the coordinator as fulcrumctl parses files:
+        a mistake raises FulcrumError (INVALID_ARGUMENT) naming the field
+        and the line. Nothing is submitted."""
+        if isinstance(spec, dict):
+            request = cluster_pb2.ParseJobSpecRequest(text=json.dumps(spec), source="spec")
         elif isinstance(spec, (str, os.PathLike)):
             path = os.fspath(spec)
             try:
                 with open(path) as f:
-                    request.spec_text = f.read()
+                    text = f.read()
             except OSError as e:
                 raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT,
                                    f"cannot read the spec file {path}: {e.strerror}") from None
-            if not request.spec_text.strip():
+            if not text.strip():
                 raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT, f"the spec file {path} is empty")
-            request.spec_source = os.path.basename(path)
+            request = cluster_pb2.ParseJobSpecRequest(text=text, source=os.path.basename(path))
         else:
             raise TypeError(f"spec must be a dict, a file path or a JobSpec, not {type(spec).__name__}")
-        return self._call("submit", self._jobs.SubmitJob, request).job_id
+        return self._call("submit", self._jobs.ParseJobSpec, request)
 
     def status(self, job_id):
         """The job (cluster_pb2.Job): its spec, state and progress."""

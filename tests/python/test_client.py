@@ -87,13 +87,23 @@ def test_bad_specs_and_unknown_jobs_raise_with_the_code_and_the_coordinators_mes
             c.submit(42)
 
 
-def test_a_request_with_both_spec_and_spec_text_is_refused(cluster):
+def test_parse_gives_the_spec_a_submit_carries_and_names_the_line_of_a_mistake(cluster):
     with cluster.client() as c:
-        request = cluster_pb2.SubmitJobRequest(spec_text="name: x\n")
-        request.spec.name = "x"
+        spec = c.parse({"name": "parsed", "model": {"type": "softmax"}, "epochs": 2, "num_workers": 1,
+                        "data": {"train": {"format": "csv", "path": "digits/digits.csv.gz"}}})
+        assert isinstance(spec, cluster_pb2.JobSpec)
+        assert spec.name == "parsed" and spec.model.type == "softmax" and spec.epochs == 2
+        assert spec.data.train.format == "csv"
         with pytest.raises(fulcrum.FulcrumError) as e:
-            c._call("submit", c._jobs.SubmitJob, request)  # pylint: disable=protected-access
-        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "not both" in e.value.message
+            c._call("parse", c._jobs.ParseJobSpec,  # pylint: disable=protected-access
+                    cluster_pb2.ParseJobSpecRequest(text="name: x\nepochs: many\n", source="x.yaml"))
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "x.yaml" in e.value.message and "epochs" in e.value.message and "line 2" in e.value.message
+    # Parsing needs a caller as every job call does.
+    with cluster.client(token="") as c:
+        with pytest.raises(fulcrum.FulcrumError) as e:
+            c.parse({"name": "x"})
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_credentials_come_from_the_arguments_or_the_environment(cluster, monkeypatch):

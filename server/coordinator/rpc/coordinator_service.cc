@@ -220,20 +220,17 @@ class CoordinatorGrpcServer::JobImpl final
                          v1::SubmitJobResponse* resp) override {
     auto caller = Who(*ctx);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
-    v1::JobSpec parsed;
-    if (!req->spec_text().empty()) {
-      if (req->has_spec()) {
-        return ToGrpcStatus(absl::InvalidArgumentError("SubmitJobRequest: give spec or spec_text, not both"));
-      }
-      const std::string source = req->spec_source().empty() ? "spec_text" : req->spec_source();
-      if (absl::Status s = config::ParseSpecText(req->spec_text(), source, &parsed); !s.ok()) {
-        return ToGrpcStatus(s);
-      }
-    }
-    auto id = c_->SubmitJob(req->spec_text().empty() ? req->spec() : parsed, req->validate_only(), caller->user);
+    auto id = c_->SubmitJob(req->spec(), req->validate_only(), caller->user);
     if (!id.ok()) return ToGrpcStatus(id.status());
     resp->set_job_id(*id);
     return grpc::Status::OK;
+  }
+  grpc::Status ParseJobSpec(grpc::ServerContext* ctx, const v1::ParseJobSpecRequest* req,
+                            v1::JobSpec* resp) override {
+    auto caller = Who(*ctx);
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    const std::string source = req->source().empty() ? "spec" : req->source();
+    return ToGrpcStatus(config::ParseSpecText(req->text(), source, resp));
   }
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::Job* resp) override {
     auto j = Access(*ctx, req->job_id());
