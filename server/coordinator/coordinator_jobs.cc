@@ -171,6 +171,8 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
   uint64_t min_step = UINT64_MAX;
   uint32_t min_epoch = UINT32_MAX;
   double loss = 0, acc = 0, sps = 0;
+  double prog_auc = 0, prog_loss = 0;
+  uint64_t prog_examples = 0;
   int n = 0;
   uint32_t active = 0, succeeded = 0, failed = 0;
   for (const v1::WorkerProgress& w : st->workers()) {
@@ -187,6 +189,19 @@ void Coordinator::RecomputeLocked(JobRecord& r) {
       sps += w.samples_per_second();
       ++n;
     }
+    // Progressive validation: every rank's latest window, weighted by its
+    // examples (a finished rank's last one too).
+    if (w.progressive_examples() > 0) {
+      const double weight = static_cast<double>(w.progressive_examples());
+      prog_auc += weight * w.progressive_auc();
+      prog_loss += weight * w.progressive_log_loss();
+      prog_examples += w.progressive_examples();
+    }
+  }
+  if (prog_examples > 0) {
+    st->set_progressive_auc(prog_auc / static_cast<double>(prog_examples));
+    st->set_progressive_log_loss(prog_loss / static_cast<double>(prog_examples));
+    st->set_progressive_examples(prog_examples);
   }
   if (min_step != UINT64_MAX) st->set_step(min_step);
   if (min_epoch != UINT32_MAX) st->set_epoch(min_epoch);

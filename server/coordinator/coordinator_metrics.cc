@@ -83,6 +83,14 @@ void Coordinator::CollectJobMetricsLocked(const std::string& id, const JobRecord
     out->Gauge("fulcrum_coordinator_job_test_log_loss", "Binary tasks: test log loss after the last evaluated epoch",
                job, st.test_loss());
   }
+  if (st.progressive_examples() > 0) {
+    out->Gauge("fulcrum_coordinator_job_progressive_auc",
+               "Binary tasks: AUC of the ranks' trailing windows of batches, each scored before it was trained on",
+               job, st.progressive_auc());
+    out->Gauge("fulcrum_coordinator_job_progressive_log_loss",
+               "Binary tasks: log loss of the ranks' trailing windows of batches, each scored before it was trained on",
+               job, st.progressive_log_loss());
+  }
   if (st.test_rmse() > 0) {
     out->Gauge("fulcrum_coordinator_job_test_rmse", "Regression tasks: test RMSE after the last evaluated epoch", job,
                st.test_rmse());

@@ -108,6 +108,7 @@ absl::Status CheckProgressReport(const v1::ReportProgressRequest& req) {
       {"progress.samples_per_second", p.samples_per_second()},
       {"progress.data_wait_seconds", p.data_wait_seconds()},
       {"progress.learning_rate", p.learning_rate()},
+      {"progress.progressive_log_loss", p.progressive_log_loss()},
       {"epoch_done.samples_per_second", req.epoch_done().samples_per_second()},
       {"epoch_done.seconds", req.epoch_done().seconds()},
   };
@@ -116,6 +117,15 @@ absl::Status CheckProgressReport(const v1::ReportProgressRequest& req) {
       return absl::InvalidArgumentError(
           absl::StrCat("progress report: ", field, " is ", v, "; must be a finite number >= 0"));
     }
+  }
+  if (!(p.progressive_auc() >= 0 && p.progressive_auc() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("progress report: progress.progressive_auc is ", p.progressive_auc(), "; must be in [0, 1]"));
+  }
+  constexpr uint64_t kMaxWindow = uint64_t{1} << 40;
+  if (p.progressive_examples() > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("progress report: progress.progressive_examples is ",
+                                                   p.progressive_examples(), "; at most ", kMaxWindow, " allowed"));
   }
   return absl::OkStatus();
 }

@@ -120,6 +120,9 @@ std::string JobLine(const Job& j) {
       }
     }
     absl::StrAppend(&line, TestFigure(j));
+    if (s.progressive_examples() > 0 && TaskOf(j) == Task::kBinary) {
+      absl::StrAppendFormat(&line, " prog_auc %.4f prog_logloss %.4f", s.progressive_auc(), s.progressive_log_loss());
+    }
     if (s.samples_per_second() > 0 && s.state() == fulcrum::v1::RUNNING) {
       absl::StrAppendFormat(&line, " %.0f samples/s ETA %s", s.samples_per_second(), Duration(s.eta_seconds()));
     }

@@ -524,6 +524,42 @@ TEST_CASE("a job's test AUC and log loss or RMSE reach Prometheus as its rank 0 
   Cancel(cluster.jobs(), regression_id);
 }
 
+TEST_CASE("the ranks' progressive validation windows are weighted by their examples into the job's status and "
+          "metrics",
+          "[cluster]") {
+  InProcessCluster cluster(1, 0);
+  FakeNodes fakes(cluster.address(), 2);
+  std::string id;
+  const v1::Job j = SubmitRunning(cluster.jobs(), DigitsSpec(), &id);
+  REQUIRE(j.spec().num_workers() == 2);
+  const std::string series = "fulcrum_coordinator_job_progressive_auc{job=\"" + id + "\"}";
+  CHECK(MetricOf(cluster.coordinator(), series) == -1);  // nothing reported yet
+  auto report = [&](uint32_t rank, double auc, double log_loss, uint64_t examples) {
+    v1::ReportProgressResponse resp;
+    const grpc::Status s = ReportAsRank(
+        cluster.address(), j, rank,
+        [&](v1::ReportProgressRequest& req) {
+          req.mutable_progress()->set_state("training");
+          req.mutable_progress()->set_progressive_auc(auc);
+          req.mutable_progress()->set_progressive_log_loss(log_loss);
+          req.mutable_progress()->set_progressive_examples(examples);
+        },
+        &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  };
+  report(0, 0.8, 0.40, 1000);
+  report(1, 0.7, 0.50, 3000);
+  const v1::Job after = Get(cluster.jobs(), id);
+  CHECK(after.status().progressive_examples() == 4000);
+  CHECK(after.status().progressive_auc() == Approx(0.725));
+  CHECK(after.status().progressive_log_loss() == Approx(0.475));
+  CHECK(MetricOf(cluster.coordinator(), series) == Approx(0.725));
+  CHECK(MetricOf(cluster.coordinator(), "fulcrum_coordinator_job_progressive_log_loss{job=\"" + id + "\"}") ==
+        Approx(0.475));
+  Cancel(cluster.jobs(), id);
+}
+
 TEST_CASE("progress reports with oversized strings or impossible speeds are refused by field and change nothing",
           "[cluster]") {
   InProcessCluster cluster(1, 0);
@@ -555,6 +591,14 @@ TEST_CASE("progress reports with oversized strings or impossible speeds are refu
        "epoch_done.samples_per_second is -inf; must be a finite number >= 0"},
       {[](auto& r) { r.mutable_epoch_done()->set_seconds(-0.5); },
        "epoch_done.seconds is -0.5; must be a finite number >= 0"},
+      {[](auto& r) { r.mutable_progress()->set_progressive_auc(1.5); },
+       "progress.progressive_auc is 1.5; must be in [0, 1]"},
+      {[](auto& r) { r.mutable_progress()->set_progressive_auc(std::nan("")); },
+       "progress.progressive_auc is nan; must be in [0, 1]"},
+      {[](auto& r) { r.mutable_progress()->set_progressive_log_loss(-1); },
+       "progress.progressive_log_loss is -1; must be a finite number >= 0"},
+      {[](auto& r) { r.mutable_progress()->set_progressive_examples(uint64_t{1} << 62); },
+       "progress.progressive_examples is 4611686018427387904; at most 1099511627776 allowed"},
   };
   for (const auto& [fill, want] : bad) {
     v1::ReportProgressResponse resp;

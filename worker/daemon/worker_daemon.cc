@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -138,6 +139,19 @@ class WorkerDaemon::Runner {
     if (!force && now - last_report_ < absl::ToChronoNanoseconds(options_.progress_interval)) return false;
     last_report_ = now;
     return true;
+  }
+
+  // Progressive validation's figures now into progress_ and the metrics
+  // (on the training thread, at each report and each epoch's end).
+  void NoteProgressive() {
+    if (trainer_ == nullptr) return;
+    const training::ProgressiveWindow::Figures f = trainer_->progressive().Now();
+    if (f.auc <= 0) return;  // not a binary task, or one class so far
+    progress_.set_progressive_auc(f.auc);
+    progress_.set_progressive_log_loss(f.log_loss);
+    progress_.set_progressive_examples(f.examples);
+    metrics_.progressive_auc.store(f.auc);
+    metrics_.progressive_log_loss.store(f.log_loss);
   }
 
   void SendProgress(const std::string& state) {
@@ -285,6 +299,7 @@ class WorkerDaemon::Runner {
                << e.data_wait_seconds << " s, prepare " << e.prepare_seconds << " s";
     v1::ReportProgressRequest r = Base();
     progress_.set_state("training");
+    NoteProgressive();
     *r.mutable_progress() = progress_;
     *r.mutable_epoch_done() = sum;
     r.set_total_steps(total_steps_);
@@ -388,6 +403,8 @@ class WorkerDaemon::Runner {
 
     ASSIGN_OR_RETURN(training::TrainerOptions to, RankTrainerOptions(batch_size, lr_scaling, backend->is_gpu()));
     training::Trainer trainer(model.get(), client, to);
+    trainer_ = &trainer;
+    absl::Cleanup forget_trainer = [this] { trainer_ = nullptr; };
     const int64_t spe = trainer.StepsPerEpoch(*d.train);
     if (spe <= 0) return absl::InvalidArgumentError("the training data gives this rank no batches");
     total_steps_ = static_cast<uint64_t>(spe) * spec.epochs();
@@ -455,6 +472,7 @@ class WorkerDaemon::Runner {
       progress_.set_has_metrics(true);
     }
     progress_.set_samples_per_second(secs > 0 ? epoch_examples_ / secs : 0);
+    NoteProgressive();
     SendProgress("training");
   }
 
@@ -511,6 +529,14 @@ class WorkerDaemon::Runner {
     out->Gauge("fulcrum_worker_learning_rate",
                "The optimizer's learning rate at the rank's last step (the spec's optimizer.schedule)", l,
                metrics_.learning_rate.load());
+    if (metrics_.progressive_auc.load() > 0) {
+      out->Gauge("fulcrum_worker_progressive_auc",
+                 "Binary tasks: AUC of the rank's trailing window of batches, each scored before it was trained on",
+                 l, metrics_.progressive_auc.load());
+      out->Gauge("fulcrum_worker_progressive_log_loss",
+                 "Binary tasks: log loss of the rank's trailing window of batches, each scored before it was trained on",
+                 l, metrics_.progressive_log_loss.load());
+    }
     if (metrics_.grad_norm.load() >= 0) {  // clipping is on: the trainer computes the norm
       out->Gauge("fulcrum_worker_gradient_norm",
                  "Global L2 norm of the rank's last step's gradients before clipping (optimizer.clip_global_norm)", l,
@@ -599,6 +625,8 @@ class WorkerDaemon::Runner {
   // The servers' optimizer schedule, for reporting the rate of each step.
   float lr_base_ = 0;
   LrSchedule lr_schedule_;
+  // The rank's trainer while it trains (its progressive window, read in OnStep).
+  const training::Trainer* trainer_ = nullptr;
   int64_t epoch_examples_ = 0, epoch_correct_ = 0;
   double epoch_loss_ = 0;
   Clock::time_point epoch_start_, last_report_;
@@ -606,6 +634,8 @@ class WorkerDaemon::Runner {
     metrics::Histogram data_wait, pull, compute, push, step;
     std::atomic<double> samples{0}, loss{0}, epoch{0}, learning_rate{0};
     std::atomic<double> grad_norm{-1};  // -1 until a step computed it (clipping on)
+    // Binary tasks: 0 until the progressive window holds both classes.
+    std::atomic<double> progressive_auc{0}, progressive_log_loss{0};
     std::atomic<uint64_t> steps{0}, clipped_steps{0};
   } metrics_;
   // The row cache's numbers (spec.cache), summed over the assignments run.

@@ -11,6 +11,7 @@ absl::StatusOr<training::TrainerOptions> TrainerOptionsFor(const v1::JobSpec& sp
   to.batch_size = env.batch_size;
   to.lr_scaling = env.lr_scaling;
   to.seed = spec.seed();
+  to.progressive_window = spec.progressive_window();
   // Every consistency model: under BSP the servers hold the early pull
   // until the step is applied (TrainerOptions::prefetch_parameters).
   to.prefetch_parameters = true;

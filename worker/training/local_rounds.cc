@@ -426,7 +426,7 @@ absl::Status Trainer::TrainLocal(data::Prefetcher& prefetch, int64_t steps, Epoc
     t.push = std::chrono::duration<double>(d - c).count();
     t.total = std::chrono::duration<double>(d - t_data).count();
     CloseStep(t, m, result);
-    train_auc_.Add(m, *batch);
+    NoteScores(m, *batch);
     prefetch.Recycle(std::move(batch));
   }
   // The epoch's sparse rows are on the servers before it ends.

@@ -70,7 +70,7 @@ bool AllowsPrefetch(const v1::ConsistencySpec& c) {
 }
 
 Trainer::Trainer(models::Model* model, PsClient* client, TrainerOptions options)
-    : model_(model), client_(client), options_(std::move(options)) {
+    : progressive_(options.progressive_window), model_(model), client_(client), options_(std::move(options)) {
   for (Staging& st : staging_) {
     st.value.resize(model_->tables().size());
     st.grad.resize(model_->tables().size());
@@ -345,6 +345,12 @@ void Trainer::AucSamples::Add(const models::Metrics& m, const data::Batch& batch
   }
 }
 
+void Trainer::NoteScores(const models::Metrics& m, const data::Batch& batch) {
+  train_auc_.Add(m, batch);
+  const size_t n = std::min(m.scores.size(), static_cast<size_t>(batch.size));
+  if (n > 0) progressive_.Add(m.scores.data(), batch.label_data(), n);
+}
+
 double Trainer::AucSamples::Auc() const { return scores.empty() ? 0 : fulcrum::Auc(scores, labels); }
 
 // Sums while running; Finish turns the sums into means.
@@ -458,7 +464,7 @@ absl::StatusOr<EpochResult> Trainer::TrainEpoch(const data::Dataset& train, int 
       t.push = std::chrono::duration<double>((c - b) + (e - d)).count();
       t.total = std::chrono::duration<double>(e - t_data).count();
       CloseStep(t, m, &result);
-      train_auc_.Add(m, *batch);
+      NoteScores(m, *batch);
       prefetch.Recycle(std::move(batch));
     }
     // The epoch's results (evaluation, fingerprints) include every push.

@@ -43,6 +43,7 @@
 #include "worker/models/model.h"
 #include "worker/ps_client.h"
 #include "worker/training/auto_batch.h"
+#include "worker/training/progressive.h"
 
 namespace fulcrum::training {
 
@@ -111,6 +112,9 @@ struct TrainerOptions {
   // Checked before every step and between consistency waits (see Pull);
   // when set, TrainEpoch returns CANCELLED.
   const std::atomic<bool>* stop = nullptr;
+  // Binary tasks: examples in progressive validation's window (0: its
+  // default; progressive()).
+  uint64_t progressive_window = 0;
 };
 
 struct EvalResult {
@@ -180,6 +184,11 @@ class Trainer {
   absl::Status Flush();
   // Steps per epoch of this rank's shard (equal for every rank).
   int64_t StepsPerEpoch(const data::Dataset& train) const;
+  // Binary tasks: every trained batch's scores, taken before its gradients
+  // were pushed, over the trailing progressive_window examples of this
+  // rank (progressive validation, worker/training/progressive.h). Read on
+  // the training thread (TrainerOptions::on_step).
+  const ProgressiveWindow& progressive() const { return progressive_; }
   // Pulls every dense table at this rank's clock and hashes its fp32 bytes
   // (FNV-1a 64, tables in order): equal hashes mean bit-identical weights.
   absl::StatusOr<std::string> DenseFingerprint();
@@ -280,6 +289,9 @@ class Trainer {
     double Auc() const;
   };
   AucSamples train_auc_;
+  // A trained batch's scores toward the epoch's AUC and the progressive window.
+  void NoteScores(const models::Metrics& m, const data::Batch& batch);
+  ProgressiveWindow progressive_;
   static void Finish(models::Task task, EvalResult* r);
 
   models::Model* model_;

@@ -60,6 +60,11 @@ TEST_CASE("regression jobs show RMSE, binary jobs AUC and log loss, class jobs a
   CHECK(TaskOf(ctr) == Task::kBinary);
   CHECK(FinalFigures(ctr) == "test AUC 0.8012, log loss 0.4512");
   CHECK(JobLine(ctr).find(" logloss 0.4700 test_auc 0.8012 test_logloss 0.4512") != std::string::npos);
+  CHECK(JobLine(ctr).find("prog_auc") == std::string::npos);  // no window reported yet
+  ctr.mutable_status()->set_progressive_auc(0.7931);
+  ctr.mutable_status()->set_progressive_log_loss(0.4602);
+  ctr.mutable_status()->set_progressive_examples(1 << 20);
+  CHECK(JobLine(ctr).find(" test_logloss 0.4512 prog_auc 0.7931 prog_logloss 0.4602") != std::string::npos);
   CHECK(TaskOf(JobOf("graph", "binary")) == Task::kBinary);
 
   v1::Job digits = JobOf("softmax");

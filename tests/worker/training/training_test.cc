@@ -396,14 +396,31 @@ TEST_CASE("sparse logistic regression fits LibSVM's heart_scale fixture", "[data
   TrainerOptions o;
   o.job_id = "heart";
   o.batch_size = 16;
+  o.progressive_window = 800;  // 8 chunks of 100
   Run r = Start(c, Optimizer(v1::OptimizerSpec::ADAGRAD, 0.5f), o);
   EvalResult t;
-  for (int epoch = 0; epoch < 20; ++epoch) {
+  // Progressive validation: the first epoch's batches, each scored before
+  // it was trained on, are the window; its figures are the epoch's.
+  REQUIRE_OK_AND_ASSIGN(const EpochResult first, r.trainer->TrainEpoch(*data, 0));
+  REQUIRE(first.train.auc > 0);
+  ProgressiveWindow::Figures f = r.trainer->progressive().Now();
+  CHECK(f.examples == 270);
+  CHECK(std::abs(f.auc - first.train.auc) < 0.002);
+  CHECK(std::abs(f.log_loss - first.train.loss) < 1e-3);
+  for (int epoch = 1; epoch < 20; ++epoch) {
     REQUIRE_OK(r.trainer->TrainEpoch(*data, epoch).status());
   }
   REQUIRE_OK_AND_ASSIGN(t, r.trainer->Evaluate(*data));
   std::printf("heart_scale sparse_lr: training accuracy %.4f, loss %.4f\n", t.accuracy, t.loss);
   CHECK(t.accuracy >= 0.80);  // linear models reach ~0.84 on it
+  // The window slid: the last 700-800 examples, scored by a better model.
+  f = r.trainer->progressive().Now();
+  std::printf("heart_scale sparse_lr: progressive AUC %.4f over the first epoch, %.4f over the last %llu examples\n",
+              first.train.auc, f.auc, static_cast<unsigned long long>(f.examples));
+  CHECK(f.examples >= 700);
+  CHECK(f.examples <= 800);
+  CHECK(f.auc > first.train.auc);
+  CHECK(f.log_loss < first.train.loss);
 }
 
 
