@@ -559,13 +559,21 @@ absl::Status ParameterServer::CheckRankCaller(const std::string& job_id, uint32_
   if (caller.empty() || !options_.require_admission) return absl::OkStatus();
   absl::MutexLock lock(&owners_mu_);
   auto it = owners_.find(job_id);
-  // Not admitted (yet, or any more): the job's own lookup answers.
-  if (it == owners_.end()) return absl::OkStatus();
   // Every push and pull passes here: the message is made only for a refusal.
   auto who = [&] {
     return absl::StrCat(what, " as rank ", rank, " (incarnation ", incarnation, ") of job ", QuoteInput(job_id),
                         " with certificate ", caller);
   };
+  if (it == owners_.end()) {
+    // A job held here (the caller checked) that the coordinator does not
+    // list as running: it ended (its tables wait for their release, and no
+    // rank may touch them), or it was restored here before this server
+    // heard it runs. Retryable, as a new incarnation is (a worker of a
+    // running job retries; none of an ended one is left to).
+    return absl::UnavailableError(absl::StrCat(who(), ": the coordinator does not list the job as running on this "
+                                               "server (it ended, or this server learns of it with its next "
+                                               "heartbeat)"));
+  }
   if (rank >= it->second.size()) {
     return absl::InvalidArgumentError(absl::StrCat(who(), ": the job has ", it->second.size(), " ranks"));
   }
@@ -595,11 +603,14 @@ absl::Status ParameterServer::CheckRankCaller(const std::string& job_id, uint32_
 
 absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
   const absl::Time t0 = absl::Now();
-  if (absl::Status s = CheckRankCaller(m.job_id, m.rank, m.incarnation, m.caller, "push"); !s.ok()) {
-    CountRejected(0, s);
-    return s;
-  }
+  // The job first: an unknown one is NOT_FOUND (a restarted server) whoever asks.
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(m.job_id);
+  if (job.ok()) {
+    if (absl::Status s = CheckRankCaller(m.job_id, m.rank, m.incarnation, m.caller, "push"); !s.ok()) {
+      CountRejected(0, s);
+      return s;
+    }
+  }
   absl::StatusOr<MapRef> ref = job.ok() ? Map() : job.status();
   absl::Status s = ref.ok() ? (*job)->Push(m, *ref->map, ref->self, out) : ref.status();
   if (!s.ok()) {
@@ -618,12 +629,14 @@ absl::Status ParameterServer::Push(const PushMessage& m, PushResult* out) {
 
 void ParameterServer::Pull(std::shared_ptr<const PullMessage> m, absl::Time rpc_deadline,
                            PullCallback done) {
-  if (absl::Status s = CheckRankCaller(m->job_id, m->rank, m->incarnation, m->caller, "pull"); !s.ok()) {
-    CountRejected(1, s);
-    done(s);
-    return;
-  }
   auto job = FindJob(m->job_id);
+  if (job.ok()) {
+    if (absl::Status s = CheckRankCaller(m->job_id, m->rank, m->incarnation, m->caller, "pull"); !s.ok()) {
+      CountRejected(1, s);
+      done(s);
+      return;
+    }
+  }
   auto map = job.ok() ? Map() : job.status();
   if (!map.ok()) {
     CountRejected(1, map.status());

@@ -184,7 +184,9 @@ class ParameterServer {
   // (`caller`) must be of a rank the coordinator gave to a node of that
   // certificate, in the incarnation it gave: PERMISSION_DENIED for another
   // certificate, FAILED_PRECONDITION for an incarnation the rank has left,
-  // UNAVAILABLE (retried) for one this server has not heard of yet.
+  // UNAVAILABLE (retried) for one this server has not heard of yet, and for
+  // a job held here that the coordinator does not list (ended). Called for
+  // jobs this server holds (an unknown one is NOT_FOUND before).
   absl::Status CheckRankCaller(const std::string& job_id, uint32_t rank, uint32_t incarnation,
                                const std::string& caller, absl::string_view what) const;
 

@@ -752,7 +752,16 @@ TEST_CASE("the parameter service: with a coordinator, a certificate pushes and p
     REQUIRE_OK(cluster->server(0)->GetJob("owned").status());
     REQUIRE_OK(push_and_pull(*owner));
     CHECK(cluster->server(0)->GetJob("owned")->rank_clock(0) == 1);
+    // The job ended (the coordinator lists it no more) and its tables wait
+    // for their release: no rank may touch them, its owner neither.
+    cluster->server(0)->SetAdmittedJobs({}, absl::Now());
+    REQUIRE_STATUS(owner->Push("owned", push), absl::StatusCode::kUnavailable,
+                   "the coordinator does not list the job as running on this server");
+    REQUIRE_STATUS(client("worker-1", 0, 1)->Pull("owned", {1, {{"w", w.data(), w.size()}}, {}, false}),
+                   absl::StatusCode::kUnavailable, "does not list the job as running");
+    CHECK(cluster->server(0)->GetJob("owned")->rank_clock(0) == 1);
     REQUIRE_OK(cluster->server(0)->DeleteJob("owned").status());
+    AdmitWithOwners(*cluster, "owned", spec.quota_bytes());
   }
 
   // The parameter service's other calls, by role: the control calls refuse
