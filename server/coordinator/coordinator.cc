@@ -146,10 +146,11 @@ absl::Status Coordinator::Load() {
                             !r.ranks.empty() &&
                             std::all_of(r.ranks.begin(), r.ranks.end(), [](const RankSlot& s) { return s.finished; });
       if (r.job.status().state() == v1::RUNNING) r.started = now;
-      r.restore_since = now;
-      if (r.job.status().checkpoints_size() > 0) {
-        r.last_cut = absl::FromUnixMillis(r.job.status().checkpoints().rbegin()->created_unix_ms());
-      }
+      checkpoints_.Loaded(r.job.id(),
+                          r.job.status().checkpoints_size() > 0
+                              ? absl::FromUnixMillis(r.job.status().checkpoints().rbegin()->created_unix_ms())
+                              : absl::InfinitePast(),
+                          now);
       // Ids are never given twice, even if the meta record was not saved.
       next_job_ = std::max(next_job_, Serial(r.job.id()) + 1);
       jobs_.emplace(r.job.id(), std::move(r));

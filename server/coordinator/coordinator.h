@@ -38,10 +38,12 @@
 #include "common/metrics/metrics.h"
 #include "fulcrum/v1/cluster.pb.h"
 #include "fulcrum/v1/ps.pb.h"
+#include "server/coordinator/checkpoint_manager.h"
 #include "server/coordinator/coordinator_store.h"
 #include "server/coordinator/membership.h"
 #include "server/coordinator/parked_polls.h"
 #include "server/coordinator/placement.h"
+#include "server/coordinator/server_control.h"
 #include "server/coordinator/shard_map_state.h"
 
 namespace rocksdb {
@@ -96,32 +98,6 @@ struct CoordinatorOptions {
   bool run_scheduler = true;
 };
 
-// Talks to parameter servers on the coordinator's behalf (the gRPC one in
-// production, fakes in tests).
-class ServerControl {
- public:
-  virtual ~ServerControl() = default;
-  // OK also when the server already has this version.
-  virtual absl::Status InstallShardMap(const std::string& address, const v1::ShardMap& map) = 0;
-  // OK also when the job is not there.
-  virtual absl::Status DeleteJob(const std::string& address, const std::string& job_id) = 0;
-  // Checkpoints (ParameterService's Checkpoint, Restore, DeleteCheckpoint,
-  // ListCheckpoints and ReadCheckpoint).
-  virtual absl::StatusOr<v1::ShardCutMeta> Checkpoint(const std::string& address, const std::string& job_id,
-                                                      uint64_t cut_id, uint64_t at_step, absl::Duration wait) = 0;
-  virtual absl::StatusOr<v1::ShardCutMeta> Restore(const std::string& address, const std::string& job_id,
-                                                   uint64_t cut_id, const std::vector<std::string>& sources,
-                                                   uint32_t min_incarnation) = 0;
-  // OK also when the cut is not there.
-  virtual absl::Status DeleteCut(const std::string& address, const std::string& job_id, uint64_t cut_id) = 0;
-  virtual absl::StatusOr<std::vector<v1::ShardCutMeta>> ListCuts(const std::string& address,
-                                                                 const std::string& job_id) = 0;
-  virtual absl::StatusOr<v1::ReadCheckpointResponse> ReadCut(const std::string& address,
-                                                             const v1::ReadCheckpointRequest& req) = 0;
-  // Cancels calls in flight and fails later ones (the coordinator is
-  // stopping and must not wait out a cut's step).
-  virtual void CancelAll() {}
-};
 // The gRPC ServerControl: server/coordinator/rpc/grpc_server_control.h.
 
 class Coordinator {
@@ -223,47 +199,10 @@ class Coordinator {
     bool release_pending = false;  // tables still to drop on the servers
     bool release_in_flight = false;  // a background ReleaseOnServers runs
     absl::Time started = absl::InfinitePast();
-    // Checkpoints (not persisted: a cut in flight when the coordinator
-    // stops is never committed, and its parts are deleted later).
-    bool cut_in_flight = false;
-    absl::Time last_cut = absl::InfinitePast();
-    uint64_t manual_requested = 0;  // tickets of CheckpointJob calls
-    uint64_t manual_served = 0;
-    absl::StatusOr<v1::CheckpointInfo> manual_result = absl::UnknownError("no checkpoint yet");
-    absl::Time cut_backoff_until = absl::InfinitePast();  // after a failed cut
-    // Steps added to a BSP cut's lead after its step was passed before the
-    // servers were asked (progress reports lag); doubles on each miss.
-    uint64_t extra_lead = 0;
     bool final_cut_pending = false;  // every rank finished: a last cut, then SUCCEEDED
-    bool first_cut_failed = false;   // the early "first" cut failed: not retried
-    // SSP/ASP: the highest every_steps boundary a cut was asked for. Their
-    // cuts record the slowest rank's clock, which can stay below the
-    // boundary the fastest rank crossed.
-    uint64_t steps_boundary_asked = 0;
-    bool restore_in_flight = false;
-    absl::Time restore_since = absl::InfinitePast();
     // Each server's sparse tables of the job, as its last heartbeat said
     // (summed over the live ones into status.sparse_tables).
     std::map<std::string, std::vector<v1::SparseTableStats>> server_tables;
-  };
-  // A cut or a restore to run outside the lock.
-  struct CutTask {
-    std::string job_id;
-    uint64_t cut_id = 0;
-    uint64_t at_step = 0;
-    std::string trigger;
-    std::vector<std::string> servers;  // the map's, in order
-    uint64_t map_version = 0;
-    uint64_t manual_ticket = 0;
-    uint64_t steps_per_epoch = 0;
-    v1::JobSpec spec;        // the job's (local steps: clocks count rounds)
-    uint32_t rollbacks = 0;  // the job's count when the cut started
-  };
-  struct RestoreTask {
-    std::string job_id;
-    v1::CheckpointInfo cut;
-    std::vector<std::string> targets;
-    uint32_t min_incarnation = 0;
   };
   Coordinator(CoordinatorOptions options, std::unique_ptr<ServerControl> servers,
               std::unique_ptr<CoordinatorStore> store);
@@ -351,17 +290,11 @@ class Coordinator {
                                bool map_ready, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record of a cut every server wrote: its step, each rank's position,
-  // sizes and the longest pause.
-  v1::CheckpointInfo CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) const;
   void RunCut(CutTask task);
   // A cut every server wrote: into the job's list (the oldest past `keep`
-  // to `to_delete`, the ids kept to `kept`), saved.
-  v1::CheckpointInfo CommitCutLocked(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas, JobRecord& r,
-                                     std::vector<std::pair<uint64_t, std::vector<std::string>>>* to_delete,
-                                     std::set<uint64_t>* kept) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a commit: parts of earlier cuts no record keeps (outside the lock).
-  void DeleteStrayCuts(const CutTask& t, const std::set<uint64_t>& kept);
+  // to `to_delete`), saved; returns the ids kept.
+  std::set<uint64_t> CommitCutLocked(const v1::CheckpointInfo& info, JobRecord& r, CutList* to_delete)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunRestore(RestoreTask task);
   // Rolls a running job back to its latest committed cut (or `cut_id`);
   // false when it has none to roll back to.
@@ -373,8 +306,6 @@ class Coordinator {
   // (JobStatus.restarting) instead of returning false.
   bool BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::string& reason, const std::string& message,
                            bool counts_as_restart, bool or_start = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes cuts on servers, best effort (outside the lock).
-  void DeleteCuts(const std::string& job_id, const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts);
   void Spawn(std::function<void()> f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Background work of the scheduler, on every server at once, so that a
   // server that hangs holds up only its own call and never the scheduler's
@@ -412,6 +343,9 @@ class Coordinator {
   const Clock* const clock_;
   std::unique_ptr<ServerControl> servers_;
   std::unique_ptr<CoordinatorStore> store_;  // its own lock, taken inside mu_
+  // Cuts and restores in flight, their calls to servers (its own lock,
+  // taken inside mu_).
+  CheckpointManager checkpoints_{servers_.get(), clock_, options_.checkpoint_wait};
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -28,47 +28,9 @@ using coordinator_internal::RollingBack;
 
 namespace {
 
-const v1::CheckpointInfo* FindCut(const v1::JobStatus& st, uint64_t cut_id) {
-  if (st.checkpoints_size() == 0) return nullptr;
-  if (cut_id == 0) return &*st.checkpoints().rbegin();
-  for (const v1::CheckpointInfo& c : st.checkpoints()) {
-    if (c.cut_id() == cut_id) return &c;
-  }
-  return nullptr;
-}
-
-std::string CutIds(const v1::JobStatus& st) {
-  std::vector<std::string> ids;
-  for (const v1::CheckpointInfo& c : st.checkpoints()) ids.push_back(absl::StrCat(c.cut_id()));
-  return ids.empty() ? std::string("none") : absl::StrJoin(ids, ", ");
-}
-
-// Calls `call` for every server at once, each on its own thread; returns
-// the answers in the servers' order.
-template <typename Result>
-std::vector<Result> CallEachServer(const std::vector<std::string>& servers,
-                                   const std::function<Result(const std::string&)>& call) {
-  std::vector<Result> results(servers.size(), Result(absl::UnknownError("not asked")));
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < servers.size(); ++i) threads.emplace_back([&, i] { results[i] = call(servers[i]); });
-  for (std::thread& th : threads) th.join();
-  return results;
-}
-
-// CallEachServer for cuts and restores. On success *out holds the answers
-// in the servers' order; otherwise the first failure, naming its server.
-absl::Status OnEachServer(const std::vector<std::string>& servers, std::vector<v1::ShardCutMeta>* out,
-                          const std::function<absl::StatusOr<v1::ShardCutMeta>(const std::string&)>& call) {
-  std::vector<absl::StatusOr<v1::ShardCutMeta>> results = CallEachServer(servers, call);
-  out->clear();
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (!results[i].ok()) {
-      return absl::Status(results[i].status().code(),
-                          absl::StrCat("server ", servers[i], ": ", results[i].status().message()));
-    }
-    out->push_back(*std::move(results[i]));
-  }
-  return absl::OkStatus();
+// What a rollback to cut `cut_id` does, in messages (cut 0: the job's start).
+std::string RestoreWhat(uint64_t cut_id) {
+  return cut_id == 0 ? std::string("starting again from step 0") : absl::StrCat("restoring checkpoint ", cut_id);
 }
 
 }  // namespace
@@ -121,7 +83,7 @@ bool Coordinator::BeginRollbackLocked(JobRecord& r, uint64_t cut_id, const std::
     st->mutable_workers(static_cast<int>(i))->set_state("restoring");
   }
   r.final_cut_pending = false;
-  r.restore_since = Now();
+  checkpoints_.RollbackBegan(r.job.id(), Now());
   if (r.started == absl::InfinitePast()) r.started = Now();
   const std::string where = to_start ? std::string("starting again from step 0 (no checkpoint committed yet)")
                                      : absl::StrCat("rolling back to checkpoint ", id, " (step ", step, ")");
@@ -142,7 +104,7 @@ void Coordinator::ScheduleCheckpointsLocked() {
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() == v1::RUNNING && RollingBack(r.job.status())) {
       MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
-    } else if (map_ready && !r.cut_in_flight) {
+    } else if (map_ready && !checkpoints_.Of(jid).cut_in_flight) {
       MaybeStartCutLocked(jid, r, now);
     }
   }
@@ -150,7 +112,8 @@ void Coordinator::ScheduleCheckpointsLocked() {
 
 void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, const std::set<std::string>& live,
                                           bool map_ready, absl::Time now) {
-  if (r.restore_in_flight || r.release_pending) return;
+  const CheckpointManager::Book book = checkpoints_.Of(jid);
+  if (book.restore_in_flight || r.release_pending) return;
   v1::JobStatus* st = r.job.mutable_status();
   // Starting again from step 0: cut 0, which no server reads.
   v1::CheckpointInfo start;
@@ -166,9 +129,8 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
     if (!live.count(s)) missing.push_back(s);
   }
   if (!missing.empty() || !map_ready) {
-    const std::string what = st->restarting() ? std::string("starting again from step 0")
-                                              : absl::StrCat("restoring checkpoint ", cut->cut_id());
-    if (now - r.restore_since > options_.restore_timeout) {
+    const std::string what = RestoreWhat(cut->cut_id());
+    if (now - book.restore_since > options_.restore_timeout) {
       const std::string after = absl::FormatDuration(options_.restore_timeout);
       if (missing.empty()) {
         FinishLocked(r, v1::FAILED, "RestoreFailed",
@@ -196,7 +158,7 @@ void Coordinator::MaybeStartRestoreLocked(const std::string& jid, JobRecord& r, 
   t.targets = shard_maps_.servers();
   for (const RankSlot& s : r.ranks) t.min_incarnation = std::max(t.min_incarnation, s.incarnation);
   ++t.min_incarnation;
-  r.restore_in_flight = true;
+  checkpoints_.SetRestoreInFlight(jid, true);
   if (st->restarting()) {
     FLOG(INFO) << "job " << jid << ": starting again from step 0 on " << absl::StrJoin(t.targets, ", ");
   } else {
@@ -214,26 +176,21 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   view.spec = &r.job.spec();
   view.status = st;
   view.final_pending = r.final_cut_pending;
-  view.manual_pending = r.manual_requested > r.manual_served;
-  view.first_cut_failed = r.first_cut_failed;
-  view.extra_lead = r.extra_lead;
-  view.steps_boundary_asked = r.steps_boundary_asked;
+  checkpoints_.FillView(jid, &view);
   view.now = now;
   view.started = r.started;
-  view.last_cut = r.last_cut;
-  view.backoff_until = r.cut_backoff_until;
   const cut_schedule::Due due = cut_schedule::NextCut(view);
   if (due.kind == cut_schedule::Due::Kind::kSucceed) {
     SucceedLocked(r, "");
     return;
   }
   if (due.kind != cut_schedule::Due::Kind::kCut) return;
-  r.steps_boundary_asked = due.steps_boundary_asked;
+  checkpoints_.SetBoundaryAsked(jid, due.steps_boundary_asked);
   const v1::JobSpec& spec = r.job.spec();
   CutTask t;
   t.trigger = due.trigger;
   t.at_step = due.at_step;
-  if (due.trigger == "manual") t.manual_ticket = r.manual_requested;
+  if (due.trigger == "manual") t.manual_ticket = checkpoints_.Of(jid).manual_requested;
   const uint64_t spe = due.steps_per_epoch;
   // No cut while state cannot be saved: a cut id is never used twice.
   if (!store_->AllSaved()) return;
@@ -247,52 +204,15 @@ void Coordinator::MaybeStartCutLocked(const std::string& jid, JobRecord& r, absl
   t.rollbacks = st->rollbacks();
   SaveJobLocked(r, true);
   if (!store_->Saved(kJobPrefix + jid)) return;
-  r.cut_in_flight = true;
+  checkpoints_.CutStarted(jid);
   Spawn([this, t = std::move(t)]() mutable { RunCut(std::move(t)); });
-}
-
-v1::CheckpointInfo Coordinator::CommittedCut(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas) const {
-  v1::CheckpointInfo info;
-  info.set_cut_id(t.cut_id);
-  info.set_trigger(t.trigger);
-  info.set_shard_map_version(t.map_version);
-  info.set_created_unix_ms(NowMs());
-  for (const std::string& s : t.servers) info.add_servers(s);
-  uint64_t step = UINT64_MAX;
-  std::vector<uint64_t> clocks;  // per rank, the lowest over the servers
-  for (const auto& m : metas) {
-    step = std::min(step, m.step());
-    info.set_bytes(info.bytes() + m.bytes());
-    info.set_pause_seconds(std::max(info.pause_seconds(), m.capture_seconds()));
-    info.set_write_seconds(std::max(info.write_seconds(), m.write_seconds()));
-    if (clocks.empty()) clocks.assign(m.rank_clock().begin(), m.rank_clock().end());
-    for (size_t k = 0; k < clocks.size() && k < static_cast<size_t>(m.rank_clock_size()); ++k) {
-      clocks[k] = std::min(clocks[k], m.rank_clock(static_cast<int>(k)));
-    }
-  }
-  info.set_step(cut_schedule::StepsOfRounds(t.spec, t.steps_per_epoch, step));
-  for (size_t k = 0; k < clocks.size(); ++k) {
-    v1::RankPosition* p = info.add_positions();
-    p->set_rank(static_cast<uint32_t>(k));
-    // Under local steps the servers' clock counts rounds: positions are in
-    // the ranks' steps.
-    const uint64_t rank_step = cut_schedule::StepsOfRounds(t.spec, t.steps_per_epoch, clocks[k]);
-    p->set_step(rank_step);
-    if (t.steps_per_epoch > 0) {
-      p->set_epoch(static_cast<uint32_t>(rank_step / t.steps_per_epoch));
-      p->set_batch(rank_step % t.steps_per_epoch);
-    }
-  }
-  return info;
 }
 
 void Coordinator::RunCut(CutTask t) {
   const absl::Time t0 = Now();
-  std::vector<v1::ShardCutMeta> metas;
-  absl::Status failed = OnEachServer(t.servers, &metas, [&](const std::string& server) {
-    return servers_->Checkpoint(server, t.job_id, t.cut_id, t.at_step, options_.checkpoint_wait);
-  });
-  std::vector<std::pair<uint64_t, std::vector<std::string>>> to_delete;
+  absl::StatusOr<std::vector<v1::ShardCutMeta>> metas = checkpoints_.TakeCut(t);
+  absl::Status failed = metas.status();
+  CutList to_delete;
   std::set<uint64_t> kept;
   {
     absl::MutexLock lock(&mu_);
@@ -302,7 +222,6 @@ void Coordinator::RunCut(CutTask t) {
     } else {
       JobRecord& r = it->second;
       v1::JobStatus* st = r.job.mutable_status();
-      r.cut_in_flight = false;
       const bool current = st->state() == v1::RUNNING && !RollingBack(*st) &&
                            (t.trigger != "final" || r.final_cut_pending);
       if (failed.ok() && !current) failed = absl::AbortedError("the job changed state while the cut was taken");
@@ -314,39 +233,31 @@ void Coordinator::RunCut(CutTask t) {
       if (failed.ok() && shard_maps_.version() != t.map_version) {
         failed = absl::AbortedError("the shard map changed while the cut was taken");
       }
-      v1::CheckpointInfo info;
       const bool too_late = failed.code() == absl::StatusCode::kFailedPrecondition &&
                             absl::StrContains(failed.message(), "too late");
+      // A manual cut answers the requests made before it; the final cut
+      // answers every one still waiting.
+      const uint64_t answers = t.trigger == "final" ? checkpoints_.Of(t.job_id).manual_requested : t.manual_ticket;
       if (failed.ok()) {
-        info = CommitCutLocked(t, metas, r, &to_delete, &kept);
+        const v1::CheckpointInfo info = checkpoints_.Committed(t, *metas);
+        kept = CommitCutLocked(info, r, &to_delete);
+        checkpoints_.CutEnded(t, CheckpointManager::Outcome::kCommitted, info, answers);
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " committed (" << t.trigger << ", step "
                    << info.step() << ", " << info.bytes() << " bytes on " << t.servers.size() << " servers, pause "
                    << info.pause_seconds() << " s, " << absl::FormatDuration(Now() - t0) << " in all)";
       } else if (too_late) {
         // The step went by before a server was asked: ask again at once,
         // further ahead (a manual request stays pending).
-        r.extra_lead = std::max<uint64_t>(16, r.extra_lead * 2);
+        const uint64_t lead = checkpoints_.CutEnded(t, CheckpointManager::Outcome::kTooLate, failed, answers);
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(INFO) << "job " << t.job_id << ": checkpoint " << t.cut_id << " at step " << t.at_step
-                   << " came too late; asking again " << r.extra_lead << " steps further ahead";
+                   << " came too late; asking again " << lead << " steps further ahead";
       } else {
         st->set_last_checkpoint_error(absl::StrCat("checkpoint ", t.cut_id, ": ", failed.message()));
-        r.cut_backoff_until = Now() + absl::Seconds(5);
-        if (t.trigger == "first") r.first_cut_failed = true;
+        checkpoints_.CutEnded(t, CheckpointManager::Outcome::kFailed, failed, answers);
         SaveJobLocked(r, false);
         to_delete.emplace_back(t.cut_id, t.servers);
         FLOG(WARNING) << "job " << t.job_id << ": checkpoint " << t.cut_id << " (" << t.trigger << ") failed: " << failed;
-      }
-      // A manual cut answers the requests made before it; the final cut
-      // answers every one still waiting.
-      const uint64_t answers = t.trigger == "final" ? r.manual_requested : t.manual_ticket;
-      if (!too_late && answers > r.manual_served) {
-        r.manual_served = answers;
-        if (failed.ok()) {
-          r.manual_result = info;
-        } else {
-          r.manual_result = failed;
-        }
       }
       if (t.trigger == "final" && r.final_cut_pending && st->state() == v1::RUNNING && !RollingBack(*st)) {
         SucceedLocked(r, failed.ok() ? absl::StrCat("; final checkpoint ", t.cut_id)
@@ -356,62 +267,35 @@ void Coordinator::RunCut(CutTask t) {
       WakeJobLocked(t.job_id);
     }
   }
-  DeleteCuts(t.job_id, to_delete);
+  checkpoints_.DeleteCuts(t.job_id, to_delete);
   if (!failed.ok()) return;
   if (t.trigger == "final") return;  // the job's tables are being released
-  DeleteStrayCuts(t, kept);
-}
-
-v1::CheckpointInfo Coordinator::CommitCutLocked(const CutTask& t, const std::vector<v1::ShardCutMeta>& metas,
-                                                JobRecord& r,
-                                                std::vector<std::pair<uint64_t, std::vector<std::string>>>* to_delete,
-                                                std::set<uint64_t>* kept) {
-  v1::JobStatus* st = r.job.mutable_status();
-  v1::CheckpointInfo info = CommittedCut(t, metas);
-  *st->add_checkpoints() = info;
-  const uint32_t keep = r.job.spec().checkpoint().keep() == 0 ? 3 : r.job.spec().checkpoint().keep();
-  while (static_cast<uint32_t>(st->checkpoints_size()) > keep) {
-    const v1::CheckpointInfo& old = st->checkpoints(0);
-    to_delete->emplace_back(old.cut_id(), std::vector<std::string>(old.servers().begin(), old.servers().end()));
-    st->mutable_checkpoints()->DeleteSubrange(0, 1);
-  }
-  for (const v1::CheckpointInfo& c : st->checkpoints()) kept->insert(c.cut_id());
-  st->clear_last_checkpoint_error();
-  r.last_cut = Now();
-  SaveJobLocked(r, true);
-  return info;
-}
-
-void Coordinator::DeleteStrayCuts(const CutTask& t, const std::set<uint64_t>& kept) {
   // Parts of cuts this coordinator never committed (it stopped mid-cut, or
-  // a server failed one) are deleted once a later cut commits.
-  for (const std::string& s : t.servers) {
-    absl::StatusOr<std::vector<v1::ShardCutMeta>> cuts = servers_->ListCuts(s, t.job_id);
-    if (!cuts.ok()) continue;
-    for (const v1::ShardCutMeta& m : *cuts) {
-      if (m.cut_id() < t.cut_id && !kept.count(m.cut_id())) (void)servers_->DeleteCut(s, t.job_id, m.cut_id());
-    }
-  }
+  // a server failed one) go once a later cut commits.
+  checkpoints_.DeleteStrayCuts(t, kept);
+}
+
+std::set<uint64_t> Coordinator::CommitCutLocked(const v1::CheckpointInfo& info, JobRecord& r, CutList* to_delete) {
+  v1::JobStatus* st = r.job.mutable_status();
+  std::set<uint64_t> kept = CheckpointManager::Record(info, r.job.spec().checkpoint().keep(), st, to_delete);
+  st->clear_last_checkpoint_error();
+  SaveJobLocked(r, true);
+  return kept;
 }
 
 void Coordinator::RunRestore(RestoreTask t) {
   const absl::Time t0 = Now();
-  const std::vector<std::string> sources(t.cut.servers().begin(), t.cut.servers().end());
-  std::vector<v1::ShardCutMeta> results;
-  const absl::Status failed = OnEachServer(t.targets, &results, [&](const std::string& server) {
-    return servers_->Restore(server, t.job_id, t.cut.cut_id(), sources, t.min_incarnation);
-  });
+  const absl::Status failed = checkpoints_.Restore(t);
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(t.job_id);
   if (it == jobs_.end()) return;
   JobRecord& r = it->second;
-  r.restore_in_flight = false;
+  checkpoints_.SetRestoreInFlight(t.job_id, false);
   v1::JobStatus* st = r.job.mutable_status();
   const bool to_start = t.cut.cut_id() == 0;
   // Superseded: the job ended, or rolls back elsewhere now.
   if (st->state() != v1::RUNNING || !RollingBack(*st) || st->restoring_cut() != t.cut.cut_id()) return;
-  const std::string what =
-      to_start ? std::string("starting again from step 0") : absl::StrCat("restoring checkpoint ", t.cut.cut_id());
+  const std::string what = RestoreWhat(t.cut.cut_id());
   if (!failed.ok()) {
     st->set_last_checkpoint_error(absl::StrCat(what, ": ", failed.message()));
     FLOG(WARNING) << "job " << t.job_id << ": " << what << " failed: " << failed;
@@ -431,7 +315,7 @@ void Coordinator::RunRestore(RestoreTask t) {
         return;
       }
       st->set_restoring_cut(cps->rbegin()->cut_id());
-    } else if (Now() - r.restore_since > options_.restore_timeout) {
+    } else if (Now() - checkpoints_.Of(t.job_id).restore_since > options_.restore_timeout) {
       // Retried at every tick until then; a failure that persists (a server
       // that cannot hold the job, a source that never answers) must end the
       // job with its cause, not leave it restoring for ever.
@@ -541,16 +425,6 @@ void Coordinator::ReleaseOnServers(const std::string& job_id, const std::vector<
   }
 }
 
-void Coordinator::DeleteCuts(const std::string& job_id,
-                             const std::vector<std::pair<uint64_t, std::vector<std::string>>>& cuts) {
-  for (const auto& [cut, servers] : cuts) {
-    for (const std::string& s : servers) {
-      absl::Status st = servers_->DeleteCut(s, job_id, cut);
-      if (!st.ok()) FLOG(WARNING) << "deleting checkpoint " << cut << " of job " << job_id << " on " << s << ": " << st;
-    }
-  }
-}
-
 uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Duration timeout,
                                          CheckpointCallback done) {
   absl::MutexLock lock(&mu_);
@@ -569,7 +443,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
         absl::StrCat("job '", job_id, "' is ", v1::JobState_Name(st.state()),
                      "; only a running job can be checkpointed (its checkpoints: ", CutIds(st), ")")));
   }
-  const uint64_t ticket = ++it->second.manual_requested;
+  const uint64_t ticket = checkpoints_.RequestManual(job_id);
   kick_ = true;
   // Real time: the waker's, which answers the call at its deadline.
   const absl::Time deadline = absl::Now() + timeout;
@@ -581,10 +455,10 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
       r = absl::UnavailableError("coordinator is shutting down");
     } else if (j == jobs_.end()) {
       r = absl::NotFoundError(absl::StrCat("job '", job_id, "' was deleted"));
-    } else if (j->second.manual_served >= ticket) {
-      r = j->second.manual_result;
+    } else if (auto answer = checkpoints_.ManualAnswer(job_id, ticket); answer.has_value()) {
+      r = *std::move(answer);
     } else if (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
-               !j->second.cut_in_flight) {
+               !checkpoints_.Of(job_id).cut_in_flight) {
       r = absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
     } else if (absl::Now() >= deadline) {
       r = absl::DeadlineExceededError(absl::StrCat(
@@ -604,11 +478,7 @@ absl::StatusOr<v1::Job> Coordinator::RestoreJob(const std::string& job_id, uint6
   if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
   JobRecord& r = it->second;
   const v1::JobStatus& st = r.job.status();
-  if (FindCut(st, cut_id) == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
-                                            cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
-                                            " (its checkpoints: ", CutIds(st), ")"));
-  }
+  if (FindCut(st, cut_id) == nullptr) return NoCutError(job_id, st, cut_id);
   if (st.state() == v1::PENDING) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' has not started"));
   }
@@ -629,37 +499,10 @@ absl::Status Coordinator::ExportCheckpoint(const std::string& job_id, uint64_t c
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return coordinator_internal::NoJobError(job_id);
     const v1::CheckpointInfo* cut = FindCut(it->second.job.status(), cut_id);
-    if (cut == nullptr) {
-      return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no committed checkpoint",
-                                              cut_id == 0 ? std::string() : absl::StrCat(" ", cut_id),
-                                              " (its checkpoints: ", CutIds(it->second.job.status()), ")"));
-    }
+    if (cut == nullptr) return NoCutError(job_id, it->second.job.status(), cut_id);
     info = *cut;
   }
-  bool first = true;
-  for (const std::string& server : info.servers()) {
-    v1::ReadCheckpointRequest req;
-    req.set_job_id(job_id);
-    req.set_cut_id(info.cut_id());
-    for (;;) {
-      absl::StatusOr<v1::ReadCheckpointResponse> page = servers_->ReadCut(server, req);
-      if (!page.ok()) {
-        return absl::Status(page.status().code(), absl::StrCat("reading checkpoint ", info.cut_id(), " from ", server,
-                                                               ": ", page.status().message()));
-      }
-      v1::ExportCheckpointChunk chunk;
-      if (first) {
-        *chunk.mutable_checkpoint() = info;
-        *chunk.mutable_meta() = page->meta();
-        first = false;
-      }
-      chunk.mutable_records()->Swap(page->mutable_records());
-      if (!write(chunk)) return absl::CancelledError("the reader went away");
-      if (page->next_start_after().empty()) break;
-      req.set_start_after(page->next_start_after());
-    }
-  }
-  return absl::OkStatus();
+  return checkpoints_.Export(job_id, info, write);
 }
 
 }  // namespace fulcrum

@@ -129,17 +129,18 @@ void Coordinator::ExpireJobsLocked(absl::Time now) {
     const uint32_t ttl = r.job.spec().run_policy().ttl_seconds_after_finished();
     if (config::JobEnded(r.job.status().state()) && ttl > 0 && !r.release_pending &&
         absl::ToUnixMillis(now) - r.job.status().end_time_unix_ms() > int64_t{ttl} * 1000) {
-      std::vector<std::pair<uint64_t, std::vector<std::string>>> cuts;
+      CutList cuts;
       for (const v1::CheckpointInfo& c : r.job.status().checkpoints()) {
         cuts.emplace_back(c.cut_id(), std::vector<std::string>(c.servers().begin(), c.servers().end()));
       }
       if (!cuts.empty()) {
-        Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { DeleteCuts(jid, cuts); });
+        Spawn([this, jid = r.job.id(), cuts = std::move(cuts)] { checkpoints_.DeleteCuts(jid, cuts); });
       }
       FLOG(INFO) << "job " << r.job.id() << " forgotten " << ttl << " s after it ended (ttlSecondsAfterFinished)";
       const std::string key = kJobPrefix + r.job.id();
       const std::string forgotten = r.job.id();
       it = jobs_.erase(it);
+      checkpoints_.Forget(forgotten);
       WakeJobLocked(forgotten);  // its watchers learn it is gone
       WriteKeyLocked(key, false);  // deletes it (ValueOfLocked)
       continue;
@@ -165,8 +166,8 @@ void Coordinator::FollowLiveServersLocked(const std::vector<std::string>& live, 
 
 void Coordinator::ReleaseFinishedJobsLocked() {
   for (auto& [jid, r] : jobs_) {
-    if (!r.release_pending || r.release_in_flight || r.final_cut_pending || r.cut_in_flight ||
-        r.restore_in_flight || shard_maps_.version() == 0) {
+    if (!r.release_pending || r.release_in_flight || r.final_cut_pending || checkpoints_.Busy(jid) ||
+        shard_maps_.version() == 0) {
       continue;
     }
     r.release_in_flight = true;

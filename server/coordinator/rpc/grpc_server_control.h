@@ -9,7 +9,7 @@
 
 #include "absl/time/time.h"
 #include "common/rpc/security.h"
-#include "server/coordinator/coordinator.h"
+#include "server/coordinator/server_control.h"
 
 namespace fulcrum {
 
