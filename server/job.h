@@ -154,7 +154,6 @@ class Job : public std::enable_shared_from_this<Job> {
   // Refuses pushes and pulls of incarnations below `n` from now on (a job
   // restored from a checkpoint fences off the run it rolled back).
   void set_min_incarnation(uint32_t n) { min_incarnation_.store(n); }
-  uint32_t min_incarnation() const { return min_incarnation_.load(); }
 
  private:
   enum class Model { kBsp, kSsp, kAsp };

@@ -237,8 +237,7 @@ absl::StatusOr<v1::CreateJobResponse> ParameterServer::CreateJobUnchecked(const 
         job->set_min_incarnation(fence->second);
         fences_.erase(fence);
       }
-    }
-    if (!inserted) {
+    } else {
       // Created concurrently (every worker of a job creates it): the same
       // spec is success, a different one a conflict.
       if (it->second->spec().SerializeAsString() != spec.SerializeAsString()) {
@@ -432,10 +431,9 @@ absl::StatusOr<v1::ShardCutMeta> ParameterServer::RestartJob(const std::string& 
   const v1::PsJobSpec spec = (*old)->spec();
   old->reset();
   RETURN_IF_ERROR(DeleteJob(job_id).status());
+  // Created fenced (the fence noted above), also when a worker's CreateJob
+  // made it between the two calls.
   RETURN_IF_ERROR(CreateJobUnchecked(spec).status());
-  ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
-  // Also when a worker's CreateJob made it between the two calls above.
-  job->set_min_incarnation(std::max(job->min_incarnation(), min_incarnation));
   *meta.mutable_spec() = spec;
   FLOG(INFO) << "job " << QuoteInput(job_id) << " starts again from step 0: its tables are as created; "
              << "incarnations below " << min_incarnation << " fenced off";

@@ -184,14 +184,14 @@ class Client:
                 with open(path) as f:
                     text = f.read()
             except OSError as e:
-                raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT,
+                raise FulcrumError("parse", grpc.StatusCode.INVALID_ARGUMENT,
                                    f"cannot read the spec file {path}: {e.strerror}") from None
             if not text.strip():
-                raise FulcrumError("submit", grpc.StatusCode.INVALID_ARGUMENT, f"the spec file {path} is empty")
+                raise FulcrumError("parse", grpc.StatusCode.INVALID_ARGUMENT, f"the spec file {path} is empty")
             request = cluster_pb2.ParseJobSpecRequest(text=text, source=os.path.basename(path))
         else:
             raise TypeError(f"spec must be a dict, a file path or a JobSpec, not {type(spec).__name__}")
-        return self._call("submit", self._jobs.ParseJobSpec, request)
+        return self._call("parse", self._jobs.ParseJobSpec, request)
 
     def status(self, job_id):
         """The job (cluster_pb2.Job): its spec, state and progress."""

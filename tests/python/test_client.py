@@ -103,7 +103,7 @@ def test_parse_gives_the_spec_a_submit_carries_and_names_the_line_of_a_mistake(c
     with cluster.client(token="") as c:
         with pytest.raises(fulcrum.FulcrumError) as e:
             c.parse({"name": "x"})
-        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED and e.value.call == "parse"
 
 
 def test_credentials_come_from_the_arguments_or_the_environment(cluster, monkeypatch):
