@@ -8,9 +8,13 @@
 //
 //   fulcrum-compute-bench [--device=auto|cpu|cuda:N] [--quick] [--precision=fp32|bf16|fp16]
 //                         [--steps=N] [--decode_threads=N] [--device_data=auto|on|off]
+// A second table runs each built-in type as its preset graph
+// (config::PresetGraph, the graph model's code) on the same data and
+// batches: the built-in code's samples/s over the graph's.
 // The dense models train on MNIST-like bytes kept on the device, batches
 // built there (--device_data=auto; off: decoded on the host). Other data is
 // decoded by --decode_threads threads (0: as fulcrum-worker chooses).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config/model_graph.h"
 #include "common/logging.h"
 #include "tests/testing/source_dir.h"
 #include "worker/compute/backend.h"
@@ -82,6 +87,7 @@ class SyntheticSparse final : public data::Dataset {
 struct Case {
   std::string name;
   models::ModelConfig config;
+  v1::ModelSpec spec;  // the same model as a spec, for its preset graph
   int batch;
   const data::Dataset* data;
   std::string torch_dims;  // the same step in PyTorch (torch_step.py): "784,1024,1024,10"; empty: none
@@ -128,11 +134,18 @@ struct DataOptions {
   int decode_threads = 0;  // 0: data::DefaultDecodeThreads
 };
 
-void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& d, TorchPeer* torch) {
+// Timed steps of one case: samples/s, and samples/s of the step without
+// its wait for data (-1 after an error, printed as a row); with `torch`
+// the main table's row is printed.
+struct Rate {
+  double samples_per_s = -1;
+  double compute_samples_per_s = -1;
+};
+Rate RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& d, TorchPeer* torch) {
   auto model = models::CreateModel(c.config, &be);
   if (!model.ok()) {
     std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(model.status().message()).c_str());
-    return;
+    return Rate();
   }
   data::PrefetchOptions po;
   po.batch_size = c.batch;
@@ -146,7 +159,7 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
   auto on_device = data::DeviceData::Upload(*c.data, &be, d.device_data, 0.25, &why);
   if (!on_device.ok()) {
     std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(on_device.status().message()).c_str());
-    return;
+    return Rate();
   }
   po.device = on_device->get();
   data::Prefetcher prefetch(c.data, data::ShardOrder(c.data->size(), 0, 1, 1, 0), 0, po, &be);
@@ -179,7 +192,7 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
     if (st.ok()) st = be.Synchronize();
     if (!st.ok()) {
       std::printf("| %s | error: %s |\n", c.name.c_str(), std::string(st.message()).c_str());
-      return;
+      return Rate();
     }
     if (s >= 1) {
       total += Seconds(t0, Clock::now());
@@ -194,6 +207,8 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
   const double wait = prefetch.wait_seconds() - wait_before;
   const double rest = std::max(0.0, total - gemm - other - copy - wait);
   const double ours = done * c.batch / total;
+  const Rate rate{ours, total > wait ? done * c.batch / (total - wait) : -1};
+  if (torch == nullptr) return rate;
   const double peer = torch->Run(be.is_gpu() ? "cuda" : "cpu", c, steps,
                                  be.is_gpu() ? 0 : static_cast<int>(std::thread::hardware_concurrency()));
   std::printf("| %s | %s | %d | %.0f | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %.0f%% | %s | %s | %s |\n", c.name.c_str(),
@@ -203,6 +218,17 @@ void RunCase(compute::Backend& be, const Case& c, int steps, const DataOptions& 
               gemm > 0 ? absl::StrCat(static_cast<int>(flops / gemm / 1e9), " GFLOP/s").c_str() : "-",
               peer > 0 ? absl::StrFormat("%.0f", peer).c_str() : "-",
               peer > 0 ? absl::StrFormat("%.2fx", ours / peer).c_str() : "-");
+  return rate;
+}
+
+// The case's model as its preset graph (the same tables and data).
+absl::StatusOr<Case> AsPresetGraph(const Case& c) {
+  Case g = c;
+  auto preset = config::PresetGraph(c.spec, c.config.num_features, c.config.num_classes);
+  if (!preset.ok()) return preset.status();
+  g.config.type = "graph";
+  g.config.graph = *std::move(preset);
+  return g;
 }
 
 // The backend's own GEMM speed on the MLP's shapes (forward and both
@@ -297,6 +323,8 @@ int main(int argc, char** argv) {
   auto add = [&](std::string name, std::string type, int batch, const data::Dataset* d) {
     Case c;
     c.name = std::move(name);
+    c.spec.set_type(type);
+    c.spec.set_factors(16);
     c.config.type = std::move(type);
     c.config.num_features = 784;
     c.config.num_classes = 10;
@@ -310,6 +338,8 @@ int main(int argc, char** argv) {
   {
     Case* c = add("mlp 784-1024-1024-10", "mlp", mlp_batch, mnist_like.get());
     c->config.hidden = {1024, 1024};
+    c->spec.add_hidden(1024);
+    c->spec.add_hidden(1024);
     c->config.precision = precision;
     c->torch_dims = "784,1024,1024,10";
   }
@@ -326,6 +356,37 @@ int main(int argc, char** argv) {
     std::printf("\ntorch column: the same step in PyTorch (tests/bench/torch_step.py: same widths, batch and "
                 "precision, bytes decoded on the device, autocast for bf16/fp16 on a GPU), run by %s\n",
                 torch.python.c_str());
+  }
+  // One model path (docs/compute.md): each built-in type against its
+  // preset graph, same data, batches and backend, in this run, alternating
+  // `reps` times; medians. "Compute" leaves out the wait for data, which
+  // is the same decoder for both.
+  const int reps = quick ? 1 : 5;
+  std::printf("\n| model | built-in samples/s | preset graph samples/s | built-in / graph | compute only: built-in / graph |\n"
+              "|---|---|---|---|---|\n");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? -1.0 : v[v.size() / 2];
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Case> g = AsPresetGraph(c);
+    if (!g.ok()) {
+      std::printf("| %s | %s |\n", c.name.c_str(), std::string(g.status().message()).c_str());
+      continue;
+    }
+    std::vector<double> b, gr, bc, gc;
+    for (int r = 0; r < reps; ++r) {
+      const Rate x = RunCase(**be, c, steps, data_options, nullptr);
+      const Rate y = RunCase(**be, *g, steps, data_options, nullptr);
+      b.push_back(x.samples_per_s);
+      gr.push_back(y.samples_per_s);
+      bc.push_back(x.compute_samples_per_s);
+      gc.push_back(y.compute_samples_per_s);
+    }
+    const double mb = median(b), mg = median(gr), mbc = median(bc), mgc = median(gc);
+    std::printf("| %s | %.0f | %.0f | %s | %s |\n", c.name.c_str(), mb, mg,
+                mb > 0 && mg > 0 ? absl::StrFormat("%.2fx", mb / mg).c_str() : "-",
+                mbc > 0 && mgc > 0 ? absl::StrFormat("%.2fx", mbc / mgc).c_str() : "-");
   }
   const double bound = GemmBound(**be, mlp_dims, mlp_batch, precision, quick ? 2 : (gpu ? 50 : 5));
   std::printf("\nGEMM bound: the backend's %s GEMMs alone on the MLP's shapes (batch %d): %.0f GFLOP/s\n",
