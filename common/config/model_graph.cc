@@ -32,10 +32,11 @@ constexpr OpName kOps[] = {
     {"layer_norm", GraphOp::kLayerNorm},   {"loss", GraphOp::kLoss},
     {"cross", GraphOp::kCross},            {"bias", GraphOp::kBias},
     {"field", GraphOp::kField},            {"slice", GraphOp::kSlice},
+    {"mul", GraphOp::kMul},
 };
 constexpr char kAllowedOps[] =
-    "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, dot_interaction, "
-    "fm, layer_norm, loss, cross, bias, field, slice";
+    "dense_input, sparse_input, embedding, linear, mlp, relu, gelu, sigmoid, tanh, concat, add, mul, "
+    "dot_interaction, fm, layer_norm, loss, cross, cross_net, bias, field, slice";
 
 bool IsActivation(GraphOp op) {
   return op == GraphOp::kRelu || op == GraphOp::kGelu || op == GraphOp::kSigmoid || op == GraphOp::kTanh;
@@ -59,10 +60,66 @@ bool ParseOp(const std::string& s, GraphOp* op) {
   return false;
 }
 
-// Expands one spec node (an mlp into its layers) onto *out.
+// A cross_net (DCN-v2's cross network) as the nodes it stands for: layer l
+// takes x_l (x_0 the input) to x_{l+1} = x_0 * (W_l x_l + b_l) + x_l, W_l
+// square (layers[l] 0) or of rank r = layers[l] (W_l = U_l V_l: a linear
+// NAME.down<l> to r values, then NAME.up<l> back to the input's width).
+void ExpandCrossNet(const v1::GraphNode& n, const std::string& path, std::vector<Raw>* out,
+                    std::vector<std::string>* p) {
+  if (n.inputs_size() != 1) {
+    p->push_back(absl::StrCat(path, ".inputs: cross_net takes 1 input (x_0), not ", n.inputs_size()));
+    return;
+  }
+  if (n.layers_size() == 0) {
+    p->push_back(absl::StrCat(path, ".layers: a cross_net needs at least one layer (0: full rank, r: rank r)"));
+    return;
+  }
+  const std::string x0 = n.inputs(0);
+  const int L = n.layers_size();
+  std::string prev = x0;
+  auto node = [&](GraphOp op, std::string name, std::vector<std::string> inputs, int l) {
+    Raw r;
+    r.path = absl::StrCat(path, ".layers[", l, "]");
+    r.spec = &n;
+    r.info.op = op;
+    r.info.name = std::move(name);
+    r.info.from = n.name();
+    r.input_names = std::move(inputs);
+    out->push_back(std::move(r));
+    return &out->back();
+  };
+  for (int l = 0; l < L; ++l) {
+    const int rank = n.layers(l);
+    if (rank < 0 || rank > kMaxWidth) {
+      p->push_back(absl::StrCat(path, ".layers[", l, "]: rank ", rank, " must be 0 (full) to ", kMaxWidth));
+      return;
+    }
+    std::string in = prev;
+    if (rank > 0) {
+      Raw* down = node(GraphOp::kLinear, absl::StrCat(n.name(), ".down", l), {in}, l);
+      down->info.cols = rank;
+      in = down->info.name;
+    }
+    Raw* lin = node(GraphOp::kLinear, absl::StrCat(n.name(), rank > 0 ? ".up" : ".linear", l), {in}, l);
+    lin->info.input_width = rank > 0 ? 2 : 1;
+    const std::string lin_name = lin->info.name;
+    const std::string mul = absl::StrCat(n.name(), ".mul", l);
+    node(GraphOp::kMul, mul, {x0, lin_name}, l);
+    const std::string sum = l + 1 == L ? n.name() : absl::StrCat(n.name(), ".add", l);
+    node(GraphOp::kAdd, sum, {mul, prev}, l);
+    prev = sum;
+  }
+}
+
+// Expands one spec node (an mlp into its layers, a cross_net into its
+// nodes) onto *out.
 void Expand(const v1::GraphNode& n, int index, std::vector<Raw>* out, std::vector<std::string>* p) {
   const std::string path = absl::StrCat("model.graph[", index, "] '", n.name(), "'");
   std::vector<std::string> inputs(n.inputs().begin(), n.inputs().end());
+  if (n.op() == "cross_net") {
+    ExpandCrossNet(n, path, out, p);
+    return;
+  }
   if (n.op() != "mlp") {
     Raw r;
     r.path = path;
@@ -178,6 +235,7 @@ void ReadParameters(Raw& r, std::vector<std::string>* p) {
       break;
     case GraphOp::kLinear:
       if (g.from.empty()) g.cols = s.width();
+      if (g.input_width > 0) break;  // an input's width, set with the shapes
       if (g.cols <= 0 || g.cols > kMaxWidth) {
         bad(g.from.empty() ? "width" : "layers", absl::StrCat(g.cols, " must be 1 to ", kMaxWidth));
       }
@@ -212,6 +270,7 @@ std::pair<int, int> Arity(GraphOp op) {
     case GraphOp::kField: return {1, 1};
     case GraphOp::kConcat:
     case GraphOp::kAdd: return {2, -1};
+    case GraphOp::kMul: return {2, 2};
     case GraphOp::kDotInteraction:
     case GraphOp::kFm: return {1, -1};
     default: return {1, 1};
@@ -237,11 +296,12 @@ void ConcatShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
   g.cols = same ? in(0).cols : static_cast<int>(width);
 }
 
+// add and mul: inputs of one width.
 void AddShape(GraphNodeInfo& g, const InputOf& in, const Bad& bad) {
   for (size_t k = 1; k < g.inputs.size(); ++k) {
     if (in(k).width() != in(0).width()) {
       bad(absl::StrCat("input '", in(k).name, "' has width ", in(k).width(), " but '", in(0).name, "' has ",
-                       in(0).width(), "; add needs equal widths"));
+                       in(0).width(), "; ", GraphOpName(g.op), " needs equal widths"));
       return;
     }
   }
@@ -357,6 +417,15 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       }
       break;
     case GraphOp::kLinear:
+      if (g.input_width > 0) {
+        const GraphNodeInfo* src = &in(0);
+        for (int h = 1; h < g.input_width && !src->inputs.empty(); ++h) src = &nodes[src->inputs[0]];
+        if (src->width() <= 0 || src->width() > kMaxWidth) {
+          bad(absl::StrCat("'", src->name, "' has width ", src->width(), "; a cross_net needs 1 to ", kMaxWidth));
+          break;
+        }
+        g.cols = static_cast<int>(src->width());
+      }
       if (g.cols > 0) g.dense_parameters = in(0).width() * g.cols + g.cols;
       if (g.dense_parameters > (int64_t{1} << 31)) bad(absl::StrCat(in(0).width(), " x ", g.cols, " weights, over 2^31"));
       break;
@@ -372,7 +441,8 @@ void InferShape(const Raw& r, std::vector<GraphNodeInfo>& nodes, GraphNodeInfo& 
       if (g.op == GraphOp::kBias) g.dense_parameters = g.width();
       break;
     case GraphOp::kConcat: ConcatShape(g, in, bad); break;
-    case GraphOp::kAdd: AddShape(g, in, bad); break;
+    case GraphOp::kAdd:
+    case GraphOp::kMul: AddShape(g, in, bad); break;
     case GraphOp::kDotInteraction:
     case GraphOp::kFm: InteractionShape(g, in, bad); break;
     case GraphOp::kLoss: LossShape(g, in, bad); break;
@@ -412,7 +482,7 @@ void ExpandAll(const v1::ModelSpec& model, std::vector<Raw>* raw, std::vector<st
       p->push_back(absl::StrCat(path, ".name: required"));
     } else if (n.name().find_first_of("./") != std::string::npos) {
       p->push_back(absl::StrCat(path, " '", n.name(),
-                                "'.name: '.' and '/' are reserved ('.' joins an mlp's name and its layers')"));
+                                "'.name: '.' and '/' are reserved ('.' joins an mlp's or cross_net's name and its nodes')"));
     } else if (!by_name.emplace(n.name(), i).second) {
       p->push_back(absl::StrCat(path, " '", n.name(), "'.name: also the name of model.graph[", by_name[n.name()], "]"));
     } else {
@@ -536,9 +606,21 @@ ModelGraph Assemble(const std::vector<Raw>& raw, const std::vector<std::vector<i
   return g;
 }
 
+std::optional<ModelGraph> BuildStages(const v1::ModelSpec& model, std::vector<std::string>* p);
+
 // The graph, or nullopt with every problem found on *p (each stage runs
-// only when the ones before it found none).
+// only when the ones before it found none), each said once: the nodes a
+// shorthand expands to can share one (a cross_net's linear and mul both
+// read x_0).
 std::optional<ModelGraph> Build(const v1::ModelSpec& model, std::vector<std::string>* p) {
+  std::optional<ModelGraph> g = BuildStages(model, p);
+  std::set<std::string> seen;
+  p->erase(std::remove_if(p->begin(), p->end(), [&](const std::string& s) { return !seen.insert(s).second; }),
+           p->end());
+  return g;
+}
+
+std::optional<ModelGraph> BuildStages(const v1::ModelSpec& model, std::vector<std::string>* p) {
   if (model.graph_size() == 0) {
     p->push_back("model.graph: a graph model needs nodes (docs/compute.md, \"Model graphs\")");
     return std::nullopt;

@@ -1,6 +1,7 @@
 // Model graphs (ModelSpec.graph): the checked, expanded form of the nodes a
 // job spec lists. BuildModelGraph resolves names, expands `mlp` shorthands
-// into linear and activation nodes, orders the nodes so every input comes
+// into linear and activation nodes and `cross_net` shorthands (DCN-v2)
+// into linear, mul and add nodes, orders the nodes so every input comes
 // before its reader, infers each node's per-example shape and parameter
 // count, and reports every mistake at once, each naming the node and field
 // ("model.graph[3] 'top'.inputs: unknown node 'bottm'"). The coordinator
@@ -25,7 +26,7 @@ namespace fulcrum::config {
 
 enum class GraphOp {
   kDenseInput, kSparseInput, kEmbedding, kLinear, kRelu, kGelu, kSigmoid, kTanh,
-  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross, kBias, kField, kSlice,
+  kConcat, kAdd, kDotInteraction, kFm, kLayerNorm, kLoss, kCross, kBias, kField, kSlice, kMul,
 };
 // sparse_input, cross and field: categorical fields, read by embeddings only.
 inline bool IsSparseSource(GraphOp op) {
@@ -54,7 +55,10 @@ struct GraphNodeInfo {
   float epsilon = 1e-5f;            // layer_norm
   GraphLoss loss = GraphLoss::kBinaryCrossEntropy;
   int64_t dense_parameters = 0;     // linear: in x out + out; layer_norm: 2 x width; bias: width
-  std::string from;                 // the mlp node a node was expanded from
+  std::string from;                 // the mlp or cross_net node a node was expanded from
+  // linear: as wide as the node this many steps up its first inputs (a
+  // cross_net's: 1, its input x_l; 2 when low rank, x_l through NAME.down<l>)
+  int input_width = 0;
 };
 
 struct ModelGraph {

@@ -12,6 +12,9 @@
 #               torchrec_dlrm); then through a local cluster (mutual TLS and
 #               shared memory, the local cluster's defaults) of 1 and
 #               2 servers and one GPU worker
+#   dcnv2       the MLPerf-shaped DLRM-DCNv2 example at batch 8192 (1
+#               epoch) in one process, against MLPerf Training v4.0's
+#               per-GPU rate on the same GPU model
 # On a GPU machine (CUDA toolkit, python with torch), from a bundle made by
 # tests/gpu/bundle.sh and carried as .gpu-bundle.tar.xz:
 #   tests/gpu/ctr.sh
@@ -94,3 +97,23 @@ for s in 1 2; do
   read -r auc sps < <(ctr_cluster_run "$bin" "$(spec dlrm $b 1)" "$s" $((7400 + 20 * s)) "$tmp/data" "$tmp/c$s")
   echo "| local cluster, $s server(s) + 1 worker | $b | $sps | - | $(ctr_fmt "$sps / max(${one[$b]}, 1)" .2f) of one process | $(ctr_fmt "$sps / 740000" .2f) | $auc |"
 done
+
+# DLRM-DCNv2 in MLPerf's shape against MLPerf Training v4.0's per-GPU rate
+# (HugeCTR, all in GPU memory, batch 55 296: about 1.73 M samples/s per
+# H100 and 1.88 M per H200); here one worker, batch 8 192, generated data.
+echo
+echo "| DLRM-DCNv2 (ctr-dcnv2.yaml), 1 epoch, $dev | batch | samples/s | MLPerf v4.0 per GPU | ratio | test AUC |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+b=8192
+((dry)) && b=256
+mlperf=0
+case "$(nvidia-smi -L 2>/dev/null)" in
+  *H200*) mlperf=1880000 ;;
+  *H100*) mlperf=1730000 ;;
+esac
+read -r auc sps _ _ < <(ctr_local_run "$bin" "$(spec dcnv2 "$b" 1)" "$dev" "$tmp/data")
+if ((mlperf > 0)); then
+  echo "| one process | $b | ${sps:-0} | $mlperf | $(ctr_fmt "${sps:-0} / $mlperf" .2f) | $auc |"
+else
+  echo "| one process | $b | ${sps:-0} | - (not an H100 or H200) | - | $auc |"
+fi

@@ -150,6 +150,8 @@ def torch_step(d, meta, nodes, tables):
             y = torch.cat(ins, 1)
         elif op == "add":
             y = sum(ins)
+        elif op == "mul":
+            y = ins[0] * ins[1]
         elif op in ("dot_interaction", "fm"):
             dd = shapes[n["inputs"][0]][1]
             x = torch.cat(ins, 1).reshape(B, -1, dd)

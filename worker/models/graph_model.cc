@@ -300,6 +300,8 @@ class GraphModel final : public Model {
         RETURN_IF_ERROR(be_->Copy(y, x, 4 * W * B));
         for (size_t k = 1; k < n.inputs.size(); ++k) RETURN_IF_ERROR(be_->Axpy(W * B, 1.0f, out(n.inputs[k]), y));
         return absl::OkStatus();
+      case GraphOp::kMul:
+        return Product(W * B, x, out(n.inputs[1]), y);
       case GraphOp::kDotInteraction:
       case GraphOp::kFm: {
         ASSIGN_OR_RETURN(const float* v, Stacked(n, s, B));
@@ -316,6 +318,13 @@ class GraphModel final : public Model {
         return Loss(n, B, x);
     }
     return absl::OkStatus();
+  }
+
+  // y = a * b element-wise over n values: ScaleRows over n rows of one
+  // value, on every backend.
+  absl::Status Product(size_t n, const float* a, const float* b, float* y) {
+    if (n > static_cast<size_t>(INT32_MAX)) return absl::InvalidArgumentError("mul: over 2^31 values in a batch");
+    return be_->ScaleRows(static_cast<int>(n), 1, a, b, 1, y, 1);
   }
 
   absl::Status DenseInput(const data::Batch& batch, size_t W, float* y) {
@@ -520,6 +529,13 @@ class GraphModel final : public Model {
       case GraphOp::kAdd:
         for (int k : n.inputs) {
           RETURN_IF_ERROR(InputGrad(k, W * B, [&](float* dx) { return be_->Copy(dx, g, 4 * W * B); }));
+        }
+        return absl::OkStatus();
+      case GraphOp::kMul:
+        // d(a * b) = g * b da + g * a db.
+        for (int k = 0; k < 2; ++k) {
+          const float* other = out(n.inputs[1 - k]);
+          RETURN_IF_ERROR(InputGrad(n.inputs[k], W * B, [&](float* dx) { return Product(W * B, g, other, dx); }));
         }
         return absl::OkStatus();
       case GraphOp::kLayerNorm: {

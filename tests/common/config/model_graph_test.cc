@@ -203,6 +203,62 @@ TEST_CASE("model graph: concat stacks vectors of one width and flattens others",
   CHECK(Find(*g, "n").dense_parameters == 34);
 }
 
+TEST_CASE("model graph: a cross_net is DCN-v2's layers as linear, mul and add nodes, full or low rank", "[graph]") {
+  // x_0: 4 fields of 3 values beside 5 dense ones, 17 wide.
+  auto g = BuildModelGraph(Graph("  - {name: x, op: dense_input, width: 5}\n"
+                                 "  - {name: c, op: sparse_input, fields: 4}\n"
+                                 "  - {name: e, op: embedding, inputs: [c], dim: 3}\n"
+                                 "  - {name: x0, op: concat, inputs: [x, e]}\n"
+                                 "  - {name: cross, op: cross_net, inputs: [x0], layers: [0, 2, 0]}\n"
+                                 "  - {name: l, op: linear, inputs: [cross], width: 1}\n"
+                                 "  - {name: loss, op: loss, inputs: [l], loss: binary_cross_entropy}\n"));
+  INFO(g.status().message());
+  REQUIRE(g.ok());
+  const int w = 17;
+  // Layer 0, full rank: x_1 = x_0 * (W x_0 + b) + x_0.
+  CHECK(Find(*g, "cross.linear0").cols == w);
+  CHECK(Find(*g, "cross.linear0").dense_parameters == w * w + w);
+  CHECK(Find(*g, "cross.mul0").op == GraphOp::kMul);
+  CHECK(Find(*g, "cross.mul0").width() == w);
+  CHECK(Find(*g, "cross.add0").op == GraphOp::kAdd);
+  // Layer 1, rank 2: U (V x_1 + c) + b.
+  CHECK(Find(*g, "cross.down1").cols == 2);
+  CHECK(Find(*g, "cross.down1").dense_parameters == w * 2 + 2);
+  CHECK(Find(*g, "cross.up1").cols == w);
+  CHECK(Find(*g, "cross.up1").dense_parameters == 2 * w + w);
+  // The last layer's sum carries the node's name.
+  const GraphNodeInfo& out = Find(*g, "cross");
+  CHECK(out.op == GraphOp::kAdd);
+  CHECK(out.width() == w);
+  CHECK(out.from == "cross");
+  CHECK(g->nodes[out.inputs[1]].name == "cross.add1");
+  // Each mul reads x_0 and its layer's linear.
+  const GraphNodeInfo& mul2 = Find(*g, "cross.mul2");
+  CHECK(g->nodes[mul2.inputs[0]].name == "x0");
+  CHECK(g->nodes[mul2.inputs[1]].name == "cross.linear2");
+  CHECK(Find(*g, "l").dense_parameters == w + 1);
+}
+
+TEST_CASE("model graph: a mul takes two inputs of one width, a cross_net one input and layer ranks", "[graph]") {
+  const std::string x = "  - {name: x, op: dense_input, width: 4}\n"
+                        "  - {name: y, op: linear, inputs: [x], width: 3}\n";
+  const std::string tail = "  - {name: loss, op: loss, inputs: [m], loss: squared_error}\n";
+  CHECK_THAT(Problems(x + "  - {name: m, op: mul, inputs: [x, y]}\n" + tail),
+             Catch::Contains("model.graph[2] 'm': input 'y' has width 3 but 'x' has 4; mul needs equal widths"));
+  CHECK_THAT(Problems(x + "  - {name: m, op: mul, inputs: [x, x, x]}\n" + tail),
+             Catch::Contains("model.graph[2] 'm'.inputs: mul takes 2 input"));
+  CHECK_THAT(Problems(x + "  - {name: m, op: cross_net, inputs: [x, y], layers: [0]}\n" + tail),
+             Catch::Contains("model.graph[2] 'm'.inputs: cross_net takes 1 input (x_0), not 2"));
+  CHECK_THAT(Problems(x + "  - {name: m, op: cross_net, inputs: [x]}\n" + tail),
+             Catch::Contains("model.graph[2] 'm'.layers: a cross_net needs at least one layer"));
+  CHECK_THAT(Problems(x + "  - {name: m, op: cross_net, inputs: [x], layers: [0, -1]}\n" + tail),
+             Catch::Contains("model.graph[2] 'm'.layers[1]: rank -1 must be 0 (full) to"));
+  // Its linear and its mul both read x_0: the problem is said once.
+  CHECK(Problems("  - {name: c, op: sparse_input, fields: 2}\n"
+                 "  - {name: m, op: cross_net, inputs: [c], layers: [0]}\n" + tail) ==
+        "model.graph[1] 'm'.layers[0]: input 'c' is a sparse_input; only an embedding, a cross or a field reads one");
+}
+
 TEST_CASE("model graph: a bias node keeps its input's shape with one parameter per column", "[graph]") {
   auto g = BuildModelGraph(Graph("  - {name: c, op: sparse_input, fields: 2}\n"
                                  "  - {name: e, op: embedding, inputs: [c], dim: 3, zero_init: true}\n"

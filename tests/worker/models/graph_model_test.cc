@@ -263,7 +263,7 @@ TEST_CASE("graph: a cross holds one key per pair of its fields' values", "[graph
   CHECK(CrossKey(0, 1, 10, 20) != CrossKey(0, 1, 20, 10));
 }
 
-TEST_CASE("graph: concat add dot_interaction and fm match finite differences", "[graph]") {
+TEST_CASE("graph: concat add mul cross_net dot_interaction and fm match finite differences", "[graph]") {
   const std::string dense =
       "graph:\n"
       "  - {name: x, op: dense_input, width: 5}\n"
@@ -281,6 +281,19 @@ TEST_CASE("graph: concat add dot_interaction and fm match finite differences", "
                                        "  - {name: t, op: tanh, inputs: [bot]}\n"
                                        "  - {name: u, op: add, inputs: [s, t]}\n"
                                        "  - {name: logit, op: linear, inputs: [u], width: 1}\n"
+                                       "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+  SECTION("mul, of two nodes and of a node by itself") {
+    CheckGradients(ParseGraph(dense + "  - {name: t, op: tanh, inputs: [bot]}\n"
+                                       "  - {name: m, op: mul, inputs: [bot, t]}\n"
+                                       "  - {name: q, op: mul, inputs: [m, m]}\n"
+                                       "  - {name: logit, op: linear, inputs: [q], width: 1}\n"
+                                       "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
+  }
+  SECTION("cross_net, full rank and low rank, over embeddings and a dense layer") {
+    CheckGradients(ParseGraph(inputs + "  - {name: x0, op: concat, inputs: [bot, emb]}\n"
+                                       "  - {name: c, op: cross_net, inputs: [x0], layers: [0, 2]}\n"
+                                       "  - {name: logit, op: linear, inputs: [c], width: 1}\n"
                                        "  - {name: loss, op: loss, inputs: [logit], loss: binary_cross_entropy}\n"));
   }
   SECTION("dot_interaction over two inputs") {
