@@ -99,12 +99,17 @@ void Coordinator::ScheduleCheckpointsLocked() {
   if (shard_maps_.version() == 0 || shutdown_) return;
   const std::vector<std::string> live = LiveServersLocked();
   const std::set<std::string> live_set(live.begin(), live.end());
+  // A restore waits for the map to list exactly the live servers (it may
+  // land on another number of servers); a cut needs only the map's own
+  // servers live and holding it: a server that joins while jobs run is
+  // listed once none does, and holds up none of their cuts meanwhile.
   const bool map_ready = shard_maps_.HeldBy(live);
+  const bool cut_ready = shard_maps_.HeldByItsServers(live);
   const absl::Time now = Now();
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() == v1::RUNNING && RollingBack(r.job.status())) {
       MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
-    } else if (map_ready && !checkpoints_.Of(jid).cut_in_flight) {
+    } else if (cut_ready && !checkpoints_.Of(jid).cut_in_flight) {
       MaybeStartCutLocked(jid, r, now);
     }
   }

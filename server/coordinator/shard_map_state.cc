@@ -48,6 +48,17 @@ bool ShardMapState::HeldBy(const std::vector<std::string>& live) const {
   });
 }
 
+bool ShardMapState::HeldByItsServers(const std::vector<std::string>& live) const {
+  absl::MutexLock lock(&mu_);
+  if (!map_ || map_->servers().empty()) return false;
+  return std::all_of(map_->servers().begin(), map_->servers().end(),
+                     [&](const std::string& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       auto it = installed_.find(s);
+                       return std::count(live.begin(), live.end(), s) > 0 && it != installed_.end() &&
+                              it->second == map_->version();
+                     });
+}
+
 void ShardMapState::Restore(v1::ShardMap map) {
   absl::MutexLock lock(&mu_);
   map_ = std::move(map);

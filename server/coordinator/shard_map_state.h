@@ -34,6 +34,10 @@ class ShardMapState {
   bool ListsExactly(const std::vector<std::string>& servers) const;
   // ListsExactly(live), and every one of them holds the current version.
   bool HeldBy(const std::vector<std::string>& live) const;
+  // Whether every server of the map is live and holds it; live servers the
+  // map does not list do not matter (a running job's cuts, which a server
+  // joining meanwhile must not hold up).
+  bool HeldByItsServers(const std::vector<std::string>& live) const;
 
   // The map saved before a restart; no server is known to hold it.
   void Restore(v1::ShardMap map);

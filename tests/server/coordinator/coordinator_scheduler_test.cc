@@ -210,6 +210,31 @@ TEST_CASE("a server lost before the job's first cut starts the job again from st
   CHECK(c.Assignments(*w) == std::vector<std::string>{id + "/0/1"});
 }
 
+TEST_CASE("a server that joins while a job runs on a map without it holds up none of the job's cuts",
+          "[coordinator]") {
+  // The job starts on one server; a second registers while it runs (a
+  // server back from a partition at a new node id, or one added): the map
+  // stays the job's until no job runs, and the job's cuts, its final one
+  // included, go on over the map's servers.
+  testing::FakeClock clock;
+  ClockedCluster c(&clock, 1);
+  auto w = c.Register("", 1);
+  REQUIRE(w.ok());
+  const std::string id = c.Submit(false, 1, "joined");
+  REQUIRE(c.RunUntil(id, v1::RUNNING));
+  c.AddServer();
+  c.Run(absl::Seconds(1));
+  CHECK(c->GetCluster().shard_map().servers_size() == 1);
+  c.Finish(id, 0);
+  // The job's end is decided (its final cut, here none: it trained no
+  // step) instead of waiting for the map to list the new server.
+  REQUIRE(c.RunUntil(id, v1::SUCCEEDED));
+  CHECK_THAT(c->GetJob(id)->status().message(), Catch::Contains("all 1 ranks finished"));
+  // Once no job runs, the map follows both servers.
+  c.Run(absl::Seconds(1));
+  CHECK(c->GetCluster().shard_map().servers_size() == 2);
+}
+
 TEST_CASE("activeDeadlineSeconds fails a running job and ttlSecondsAfterFinished forgets it, on the clock",
           "[coordinator]") {
   testing::FakeClock clock;

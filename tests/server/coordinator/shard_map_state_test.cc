@@ -51,6 +51,24 @@ TEST_CASE("shard map state: installations are tracked per server and one runs at
   CHECK(s.BeginInstall({"a:1", "b:1"}, &map) == Servers{"a:1"});
 }
 
+TEST_CASE("shard map state: held by its servers ignores live servers it does not list, not dead ones it does",
+          "[coordinator]") {
+  ShardMapState s(16);
+  s.Follow({"a:1", "b:1"});
+  CHECK_FALSE(s.HeldByItsServers({"a:1", "b:1"}));  // nobody has it yet
+  v1::ShardMap map;
+  REQUIRE(s.BeginInstall({"a:1", "b:1"}, &map).size() == 2);
+  REQUIRE(s.EndInstall(1, {"a:1", "b:1"}, {true, true}));
+  // A server that joined (not listed until the map follows again).
+  CHECK_FALSE(s.HeldBy({"a:1", "b:1", "c:1"}));
+  CHECK(s.HeldByItsServers({"a:1", "b:1", "c:1"}));
+  // One of its servers not live.
+  CHECK_FALSE(s.HeldByItsServers({"a:1", "c:1"}));
+  // One of its servers restarted: it holds nothing yet.
+  s.Forget("b:1");
+  CHECK_FALSE(s.HeldByItsServers({"a:1", "b:1"}));
+}
+
 TEST_CASE("shard map state: an installation of a replaced version records nothing", "[coordinator]") {
   ShardMapState s(16);
   s.Follow({"a:1"});
