@@ -74,6 +74,12 @@ void CheckpointManager::Forget(const std::string& job_id) {
   books_.erase(job_id);
 }
 
+bool CheckpointManager::CutInFlight(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = books_.find(job_id);
+  return it != books_.end() && it->second.cut_in_flight;
+}
+
 bool CheckpointManager::Busy(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = books_.find(job_id);

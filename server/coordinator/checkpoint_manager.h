@@ -99,7 +99,8 @@ class CheckpointManager {
   // counts from `now`.
   void Loaded(const std::string& job_id, absl::Time last_cut, absl::Time now);
   void Forget(const std::string& job_id);
-  // Whether a cut or a restore of the job is in flight.
+  // Whether a cut of the job is in flight; Busy: a cut or a restore.
+  bool CutInFlight(const std::string& job_id) const;
   bool Busy(const std::string& job_id) const;
 
   // The schedule's view of the job's earlier tries (cut_schedule::JobView).

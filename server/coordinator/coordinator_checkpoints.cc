@@ -109,7 +109,7 @@ void Coordinator::ScheduleCheckpointsLocked() {
   for (auto& [jid, r] : jobs_) {
     if (r.job.status().state() == v1::RUNNING && RollingBack(r.job.status())) {
       MaybeStartRestoreLocked(jid, r, live_set, map_ready, now);
-    } else if (cut_ready && !checkpoints_.Of(jid).cut_in_flight) {
+    } else if (cut_ready && !checkpoints_.CutInFlight(jid)) {
       MaybeStartCutLocked(jid, r, now);
     }
   }
@@ -463,7 +463,7 @@ uint64_t Coordinator::CheckpointJobAsync(const std::string& job_id, absl::Durati
     } else if (auto answer = checkpoints_.ManualAnswer(job_id, ticket); answer.has_value()) {
       r = *std::move(answer);
     } else if (config::JobEnded(j->second.job.status().state()) && !j->second.final_cut_pending &&
-               !checkpoints_.Of(job_id).cut_in_flight) {
+               !checkpoints_.CutInFlight(job_id)) {
       r = absl::FailedPreconditionError(absl::StrCat("job '", job_id, "' ended before the checkpoint was taken"));
     } else if (absl::Now() >= deadline) {
       r = absl::DeadlineExceededError(absl::StrCat(

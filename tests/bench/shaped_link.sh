@@ -37,23 +37,13 @@ skip() {
   echo "SKIP: shaped_link.sh: $1" >&2
   exit 77
 }
-cleanup() {
-  ip link del "$host_if" 2>/dev/null || true  # removes its peer too
-  ip netns del "$ns" 2>/dev/null || true
-}
+# shellcheck source=tests/testing/netns.sh
+source "$root/tests/testing/netns.sh"
+cleanup() { netns_unlink "$ns" "$host_if"; }
 trap cleanup EXIT
 
-if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  skip "needs ip and tc (Debian package iproute2)"
-fi
-ip netns add "$ns" 2>/dev/null || skip "cannot create a network namespace (needs root or CAP_NET_ADMIN)"
-ip link add "$host_if" type veth peer name "$ns_if" 2>/dev/null || skip "cannot create a veth pair"
-ip link set "$ns_if" netns "$ns"
-ip addr add "$host_ip/30" dev "$host_if"
-ip link set "$host_if" up
-ip netns exec "$ns" ip addr add "$ns_ip/30" dev "$ns_if"
-ip netns exec "$ns" ip link set "$ns_if" up
-ip netns exec "$ns" ip link set lo up
+command -v tc >/dev/null || skip "needs ip and tc (Debian package iproute2)"
+netns_link "$ns" "$host_if" "$ns_if" "$host_ip" "$ns_ip"
 if [[ $rate != none ]]; then
   # The bucket holds 2 ms of traffic (at least one 64 KiB GSO segment): a
   # larger one lets short runs through above the rate.

@@ -32,6 +32,8 @@ octet=$(($$ % 250 + 1))
 host_ip=10.232.$octet.1 ns_ip=10.232.$octet.2
 work=$(mktemp -d /tmp/fulcrum-partition-XXXXXX)
 pids=()
+# shellcheck source=tests/testing/netns.sh
+source "$root/tests/testing/netns.sh"
 
 skip() {
   echo "SKIP: partition_test.sh: $1"
@@ -40,8 +42,7 @@ skip() {
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  ip link del "$host_if" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
+  netns_unlink "$ns" "$host_if"
   if [[ ${FULCRUM_KEEP_WORK:-0} == 1 ]]; then echo "(kept $work)"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -53,15 +54,7 @@ fail() {
   exit 1
 }
 
-command -v ip >/dev/null || skip "needs ip (Debian package iproute2)"
-ip netns add "$ns" 2>/dev/null || skip "cannot create a network namespace (needs root or CAP_NET_ADMIN)"
-ip link add "$host_if" type veth peer name "$ns_if" 2>/dev/null || skip "cannot create a veth pair"
-ip link set "$ns_if" netns "$ns"
-ip addr add "$host_ip/30" dev "$host_if"
-ip link set "$host_if" up
-ip netns exec "$ns" ip addr add "$ns_ip/30" dev "$ns_if"
-ip netns exec "$ns" ip link set "$ns_if" up
-ip netns exec "$ns" ip link set lo up
+netns_link "$ns" "$host_if" "$ns_if" "$host_ip" "$ns_ip"
 
 spec=$work/job.yaml
 sed -e 's/^epochs: .*/epochs: 2/' -e 's/^checkpoint: .*/checkpoint: {every_steps: 150, keep: 2}/' \

@@ -189,6 +189,7 @@ TEST_CASE("what a cut's outcome teaches the schedule") {
   const CutTask first = Task(1, "first");
   m.CutStarted("j-1");
   CHECK(m.Busy("j-1"));
+  CHECK(m.CutInFlight("j-1"));
   CHECK(!m.Busy("j-2"));
 
   // A failed first cut: a backoff of 5 s, and no second "first".
@@ -274,6 +275,7 @@ TEST_CASE("a restore asks every target, naming a failing one") {
 
   m.SetRestoreInFlight("j-1", true);
   CHECK(m.Busy("j-1"));
+  CHECK(!m.CutInFlight("j-1"));
   m.Loaded("j-2", absl::FromUnixSeconds(5), clock.Now());
   CHECK(m.Of("j-2").last_cut == absl::FromUnixSeconds(5));
   CHECK(m.Of("j-2").restore_since == clock.Now());
